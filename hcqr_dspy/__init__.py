@@ -1,0 +1,12 @@
+"""hcqr-dspy: Hypothesis-Conditioned Query Rewriting (HCQR) as DSPy programs.
+
+HCQR forms a working hypothesis from a multiple-choice question, rewrites it
+into three retrieval queries (support, distinction, key features), retrieves
+with all three through one shared retriever, fuses the hits into a fixed
+budget and answers from question + options + context only.
+"""
+
+from hcqr_dspy.errors import HCQRError
+
+__version__ = "0.1.0"
+__all__ = ["HCQRError", "__version__"]

@@ -1,0 +1,260 @@
+"""The retriever contract shared by every search backend.
+
+``search(queries, k) -> list[list[Hit]]`` is batched: one hit list per query,
+best first, at most ``k`` hits each (fewer only when the corpus is smaller or
+the query matches nothing). ``get(passage_id) -> Passage`` resolves hits.
+The contract follows BEIR's single search interface (Thakur et al. 2021)
+with hit lists instead of ``{query_id: {doc_id: score}}`` dicts, because
+rank order matters to fusion.
+
+Indexes are folders: the backend's files plus ``manifest.json`` holding the
+corpus fingerprint, encoder name, dimension, passage count, library versions
+and a SHA-256 of every file. They are written to a temporary sibling folder
+and renamed into place, so a crash never leaves a valid-looking half index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple, Sequence
+
+from hcqr_dspy.errors import QueryError, RetrievalIndexError
+from hcqr_dspy.retrieval.corpus import Corpus, Passage
+
+MANIFEST = "manifest.json"
+INDEX_FORMAT = "hcqr-index"
+INDEX_FORMAT_VERSION = 1
+
+
+class Hit(NamedTuple):
+    """One search result: a passage id and the backend's score (higher is better)."""
+
+    passage_id: str
+    score: float
+
+
+def check_queries(queries: Sequence[str]) -> list[str]:
+    """Validate a batch of queries.
+
+    Raises:
+        QueryError: if ``queries`` is a bare string, empty, or holds an
+            empty / non-string query (its position is named).
+    """
+    if isinstance(queries, str):
+        raise QueryError("queries must be a list of strings, not one string")
+    queries = list(queries)
+    if not queries:
+        raise QueryError("no queries given")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str) or not q.strip():
+            raise QueryError(f"query {i + 1} is empty")
+    return queries
+
+
+def check_k(k: int) -> int:
+    """Validate ``k`` (hits per query).
+
+    Raises:
+        QueryError: if ``k`` is not a positive integer.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise QueryError(f"k must be a positive integer, got {k!r}")
+    return k
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def library_versions(*names: str) -> dict[str, str]:
+    """Installed versions of the named distributions (``"missing"`` if absent)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+class Retriever(ABC):
+    """A search backend over one :class:`Corpus`.
+
+    Subclasses implement :meth:`_search` (queries already validated, ``k``
+    clipped to the corpus size), :meth:`_write` and :meth:`_read`.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, corpus: Corpus):
+        self.corpus = corpus
+
+    # -- searching -----------------------------------------------------
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """Search a batch of queries.
+
+        Args:
+            queries: Query strings, ``n >= 1`` of them, none empty.
+            k: Hits per query, ``k >= 1``; clipped to the corpus size.
+
+        Returns:
+            ``n`` lists of at most ``k`` :class:`Hit`, best first.
+
+        Raises:
+            QueryError: empty query list or query, or ``k <= 0``.
+        """
+        queries = check_queries(queries)
+        k = min(check_k(k), len(self.corpus))
+        return self._search(queries, k)
+
+    def get(self, passage_id: str) -> Passage:
+        """The passage behind a hit.
+
+        Raises:
+            KeyError: unknown passage id.
+        """
+        return self.corpus.get(passage_id)
+
+    @abstractmethod
+    def _search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
+
+    # -- persistence ---------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Backend settings recorded in the manifest (encoder, dimension ...)."""
+        return {}
+
+    @abstractmethod
+    def _write(self, folder: Path) -> None:
+        """Write the backend's files into ``folder`` (exists, empty)."""
+
+    @classmethod
+    @abstractmethod
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, **options: Any) -> "Retriever":
+        """Rebuild the retriever from ``folder`` (manifest already verified)."""
+
+    def save(self, path: str | Path) -> Path:
+        """Save the index to a folder, atomically.
+
+        The files are written to a temporary sibling folder, checksummed into
+        ``manifest.json``, then renamed to ``path`` (replacing an existing
+        index there only once the new one is complete).
+
+        Returns:
+            The index folder.
+
+        Raises:
+            RetrievalIndexError: if ``path`` exists and is not an index folder.
+        """
+        path = Path(path)
+        if path.exists() and not (path / MANIFEST).is_file():
+            if not path.is_dir() or any(path.iterdir()):
+                raise RetrievalIndexError(f"{path} exists and is not an hcqr index folder; refusing to overwrite it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            self._write(tmp)
+            manifest = self._manifest(tmp)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            if path.exists():
+                old = path.with_name(f".{path.name}.old-{os.getpid()}")
+                path.rename(old)
+                tmp.rename(path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+    def _manifest(self, folder: Path) -> dict[str, Any]:
+        files = {
+            str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()
+        }
+        return {
+            "format": INDEX_FORMAT,
+            "format_version": INDEX_FORMAT_VERSION,
+            "retriever": self.kind,
+            "corpus": {
+                "source": _portable_source(self.corpus.source),
+                "fingerprint": self.corpus.fingerprint,
+                "count": len(self.corpus),
+            },
+            **self.describe(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy"),
+            "files": files,
+        }
+
+
+def _portable_source(source: str) -> str:
+    p = Path(source)
+    return str(p.resolve()) if p.exists() else source
+
+
+def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]:
+    """Read and check an index folder's manifest.
+
+    Args:
+        path: The index folder.
+        verify_files: Recompute each file's SHA-256 against the manifest.
+
+    Raises:
+        RetrievalIndexError: no folder, no or unreadable manifest, another
+            format or a newer version, a missing file or a checksum mismatch
+            (a corrupted or truncated index).
+    """
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise RetrievalIndexError(f"{path} is not an hcqr index folder (no {MANIFEST}); build one with `hcqr index`")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RetrievalIndexError(f"{mpath} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != INDEX_FORMAT:
+        raise RetrievalIndexError(f"{mpath} is not an hcqr index manifest")
+    if manifest.get("format_version", 0) > INDEX_FORMAT_VERSION:
+        raise RetrievalIndexError(
+            f"{path} was written by a newer hcqr-dspy (index format {manifest['format_version']}, "
+            f"this one reads up to {INDEX_FORMAT_VERSION}); upgrade hcqr-dspy"
+        )
+    if verify_files:
+        for name, digest in manifest.get("files", {}).items():
+            f = path / name
+            if not f.is_file():
+                raise RetrievalIndexError(f"index {path} is incomplete: {name} is missing")
+            if file_sha256(f) != digest:
+                raise RetrievalIndexError(
+                    f"index {path} is corrupted: {name} does not match its checksum in {MANIFEST}; rebuild the index"
+                )
+    return manifest
+
+
+def check_corpus(manifest: dict[str, Any], corpus: Corpus, where: Path) -> None:
+    """Refuse a corpus other than the one the index was built for.
+
+    Raises:
+        RetrievalIndexError: naming both corpora and their fingerprints.
+    """
+    built = manifest["corpus"]
+    if corpus.fingerprint != built["fingerprint"]:
+        raise RetrievalIndexError(
+            f"index {where} was built for corpus {built['source']!r} ({built['count']} passages, "
+            f"fingerprint {built['fingerprint'][:12]}) but was given corpus {corpus.source!r} "
+            f"({len(corpus)} passages, fingerprint {corpus.fingerprint[:12]}); rebuild the index "
+            "or pass the corpus it was built for"
+        )

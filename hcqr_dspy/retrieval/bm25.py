@@ -1,0 +1,86 @@
+"""Lexical retrieval: Okapi BM25 through bm25s.
+
+Text is lower-cased, split into word tokens, stripped of English stopwords
+and Snowball-stemmed (PyStemmer's English stemmer), then scored with bm25s'
+default BM25 variant and parameters (Lucene's BM25, k1=1.5, b=0.75;
+Lù 2024, "BM25S: Orders of magnitude faster lexical search via eager
+sparse scoring").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.retrieval.base import Hit, Retriever
+from hcqr_dspy.retrieval.corpus import Corpus
+
+STOPWORDS = "en"
+STEMMER_LANGUAGE = "english"
+
+
+def _stemmer():
+    import Stemmer
+
+    return Stemmer.Stemmer(STEMMER_LANGUAGE)
+
+
+class BM25Retriever(Retriever):
+    """BM25 over ``title + "\\n" + content`` of each passage.
+
+    Args:
+        corpus: The passages.
+        model: A fitted ``bm25s.BM25``; fitted on the corpus when omitted.
+        show_progress: Show bm25s' progress bars while indexing.
+
+    A query whose every token is a stopword or unseen in the corpus matches
+    nothing and gets an empty hit list.
+    """
+
+    kind = "bm25"
+
+    def __init__(self, corpus: Corpus, model: Any = None, show_progress: bool = True):
+        super().__init__(corpus)
+        import bm25s
+
+        self._stemmer = _stemmer()
+        if model is None:
+            tokens = bm25s.tokenize(
+                [p.text for p in corpus], stopwords=STOPWORDS, stemmer=self._stemmer, show_progress=show_progress
+            )
+            model = bm25s.BM25()
+            model.index(tokens, show_progress=show_progress)
+        self.model = model
+        self._vocab = model.vocab_dict
+
+    def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        import bm25s
+
+        token_lists = bm25s.tokenize(
+            queries, stopwords=STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
+        )
+        known = [[t for t in toks if t in self._vocab] for toks in token_lists]
+        out: list[list[Hit]] = [[] for _ in queries]
+        live = [i for i, toks in enumerate(known) if toks]
+        if not live:
+            return out
+        rows, scores = self.model.retrieve([known[i] for i in live], k=k, show_progress=False, n_threads=1)
+        passages = self.corpus.passages
+        for i, rrow, srow in zip(live, rows, scores):
+            out[i] = [Hit(passages[int(r)].id, float(s)) for r, s in zip(rrow, srow) if s > 0]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"stopwords": STOPWORDS, "stemmer": f"PyStemmer:{STEMMER_LANGUAGE}", "k1": self.model.k1, "b": self.model.b,
+                "method": self.model.method}
+
+    def _write(self, folder: Path) -> None:
+        self.model.save(str(folder / "bm25"))
+
+    @classmethod
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, **_: Any):
+        import bm25s
+
+        # bm25s stores numpy arrays (np.load with allow_pickle=False) and JSON: no pickle.
+        model = bm25s.BM25.load(str(folder / "bm25"), mmap=False, allow_pickle=False)
+        return cls(corpus, model=model)

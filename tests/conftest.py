@@ -1,0 +1,36 @@
+"""Shared fixtures: offline environment, tiny corpora, the real shared data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+from helpers import TINY_ROWS, snippet, write_jsonl  # noqa: E402
+
+
+@pytest.fixture
+def tiny_corpus_file(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus():
+    from hcqr_dspy.retrieval import Corpus, Passage
+
+    return Corpus([Passage(*r) for r in TINY_ROWS], source="tiny")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (SHARED_DATA / "corpus").is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (set HCQR_SHARED_DATA to point at shared/data)")
+    return SHARED_DATA

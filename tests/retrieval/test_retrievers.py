@@ -1,0 +1,166 @@
+"""Each retriever on a tiny corpus, with the real packaged encoder (offline)."""
+
+import json
+
+import pytest
+
+from hcqr_dspy.errors import QueryError, RetrievalIndexError
+from hcqr_dspy.retrieval import (
+    BM25Retriever,
+    DenseRetriever,
+    HybridRetriever,
+    build_retriever,
+    load_corpus,
+    load_index,
+    read_manifest,
+)
+
+QUERIES = [
+    "microcytic anemia low ferritin",
+    "fatigable ptosis acetylcholine receptor antibodies",
+    "exophthalmos TSH receptor antibodies",
+]
+EXPECTED_TOP = ["p1", "p7", "p4"]
+
+
+@pytest.fixture(scope="module")
+def dense(tiny_corpus):
+    return DenseRetriever(tiny_corpus, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def bm25(tiny_corpus):
+    return BM25Retriever(tiny_corpus, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def hybrid(dense, bm25):
+    return HybridRetriever([dense, bm25])
+
+
+@pytest.fixture(params=["dense", "bm25", "hybrid"])
+def retriever(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_batched_search_finds_the_right_passage(retriever):
+    results = retriever.search(QUERIES, k=3)
+    assert len(results) == 3
+    assert [hits[0].passage_id for hits in results] == EXPECTED_TOP
+    for hits in results:
+        assert len(hits) <= 3
+        scores = [h.score for h in hits]
+        assert scores == sorted(scores, reverse=True)
+        assert len({h.passage_id for h in hits}) == len(hits)
+
+
+def test_get_resolves_hits(retriever):
+    hit = retriever.search(["Digoxin yellow vision"], k=1)[0][0]
+    assert retriever.get(hit.passage_id).title == "Digoxin toxicity"
+    with pytest.raises(KeyError, match="nope"):
+        retriever.get("nope")
+
+
+def test_k_larger_than_corpus_is_clipped(retriever, tiny_corpus):
+    hits = retriever.search(["anemia"], k=1000)[0]
+    assert 1 <= len(hits) <= len(tiny_corpus)
+
+
+@pytest.mark.parametrize("k", [0, -3, 2.5, True])
+def test_bad_k(retriever, k):
+    with pytest.raises(QueryError, match="k must be a positive integer"):
+        retriever.search(["anemia"], k=k)
+
+
+@pytest.mark.parametrize("queries, message", [([], "no queries"), (["ok", "  "], "query 2 is empty"), ("anemia", "not one string")])
+def test_bad_queries(retriever, queries, message):
+    with pytest.raises(QueryError, match=message):
+        retriever.search(queries, k=2)
+
+
+def test_dense_scores_are_cosines(dense):
+    hits = dense.search(["Graves disease exophthalmos"], k=8)[0]
+    assert all(-1.0001 <= h.score <= 1.0001 for h in hits)
+    assert dense.dimension == 384
+
+
+def test_bm25_stopword_only_query_matches_nothing(bm25):
+    assert bm25.search(["the of and", "anemia"], k=2)[0] == []
+
+
+@pytest.mark.parametrize("kind", ["dense", "bm25", "hybrid"])
+def test_save_load_round_trip(tmp_path, tiny_corpus_file, kind):
+    corpus = load_corpus(tiny_corpus_file)
+    built = build_retriever(corpus, kind, show_progress=False)
+    out = built.save(tmp_path / f"idx-{kind}")
+    manifest = read_manifest(out)
+    assert manifest["retriever"] == kind
+    assert manifest["corpus"]["count"] == len(corpus)
+    assert manifest["corpus"]["fingerprint"] == corpus.fingerprint
+    assert manifest["versions"]["hcqr-dspy"] != "missing"
+    if kind == "dense":
+        assert manifest["encoder"] == "sentence-transformers/all-MiniLM-L6-v2" and manifest["dimension"] == 384
+    loaded = load_index(out)  # corpus reloaded from the manifest's source
+    assert loaded.search(QUERIES, 3) == built.search(QUERIES, 3)
+    assert not list(tmp_path.glob(".idx-*"))  # no temporary folder left
+
+
+def test_refuses_another_corpus(tmp_path, tiny_corpus_file, bm25):
+    out = bm25.save(tmp_path / "idx")  # built on the in-memory tiny corpus (same rows)
+    other = load_corpus(tiny_corpus_file)
+    load_index(out, corpus=other)  # same passages: accepted
+    rows = [json.loads(line) for line in tiny_corpus_file.read_text().splitlines()][:-1]
+    smaller = tmp_path / "smaller.jsonl"
+    smaller.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RetrievalIndexError, match=r"built for corpus 'tiny' \(8 passages.*given corpus .*smaller\.jsonl' \(7 passages"):
+        load_index(out, corpus=smaller)
+
+
+def test_refuses_another_encoder(tmp_path, dense):
+    out = dense.save(tmp_path / "idx")
+    load_index(out, corpus=dense.corpus, encoder="all-MiniLM-L6-v2")  # alias of the default: accepted
+    with pytest.raises(RetrievalIndexError, match=r"built with encoder 'sentence-transformers/all-MiniLM-L6-v2', not 'BAAI/bge-small-en'"):
+        load_index(out, corpus=dense.corpus, encoder="BAAI/bge-small-en")
+
+
+def test_corrupted_or_truncated_file_detected(tmp_path, dense):
+    out = dense.save(tmp_path / "idx")
+    f = out / "faiss.index"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index does not match its checksum"):
+        load_index(out, corpus=dense.corpus)
+    f.unlink()
+    with pytest.raises(RetrievalIndexError, match="incomplete: faiss.index is missing"):
+        load_index(out, corpus=dense.corpus)
+
+
+def test_not_an_index_folder(tmp_path):
+    with pytest.raises(RetrievalIndexError, match="not an hcqr index folder"):
+        load_index(tmp_path)
+
+
+def test_save_refuses_to_clobber_a_non_index_folder(tmp_path, bm25):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "thesis.txt").write_text("do not delete")
+    with pytest.raises(RetrievalIndexError, match="not an hcqr index folder; refusing"):
+        bm25.save(target)
+    assert (target / "thesis.txt").read_text() == "do not delete"
+
+
+def test_failed_save_leaves_no_index(tmp_path, bm25, monkeypatch):
+    def boom(folder):
+        (folder / "partial.bin").write_bytes(b"x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bm25, "_write", boom)
+    with pytest.raises(OSError, match="disk full"):
+        bm25.save(tmp_path / "idx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resave_replaces_existing_index(tmp_path, bm25):
+    out = bm25.save(tmp_path / "idx")
+    out = bm25.save(tmp_path / "idx")
+    assert read_manifest(out)["retriever"] == "bm25"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
