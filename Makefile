@@ -1,6 +1,6 @@
 # hcqr-dspy: every target sets up what it needs by itself on a fresh machine.
-#   make demo   set up, build the demo index, run CoT / Simple RAG / HCQR on the demo questions
-#   make test   set up (with the smallest packaged LM) and run the test suite
+#   make demo   set up (default 1.5B model), build the demo index, run CoT / Simple RAG / HCQR on the demo questions
+#   make test   set up (smallest packaged model) and run the test suite
 #   make bench  set up and write bench/results.json + bench/RESULTS.md
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMPS := $(VENV)/.stamps
 # llama-cpp-python has no binary wheel on PyPI: it is compiled once per machine
-# (4-8 min) and the wheel kept here for later setups and CI on the same machine.
+# (4-8 min) and the wheel kept in WHEELHOUSE for later setups and CI runs.
 LLAMA_CPP_VERSION := 0.3.36
 WHEELHOUSE ?= $(HOME)/.cache/hcqr-dspy/wheels
 
@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm-test setup-llm-demo test demo bench clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b test demo bench clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -26,8 +26,29 @@ $(STAMPS)/base: pyproject.toml
 	$(PIP) install --quiet torch==2.13.0 -e '.[dev]'
 	@mkdir -p $(STAMPS) && touch $@
 
-test: setup
+setup-llm: $(STAMPS)/llm
+$(STAMPS)/llm: $(STAMPS)/base
+	@if ! ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once for this machine (4-8 min) into $(WHEELHOUSE)"; \
+	  mkdir -p $(WHEELHOUSE) && \
+	  CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(PIP) wheel --quiet --no-deps -w $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	fi
+	$(PIP) install --quiet --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	@touch $@
+
+setup-model-135m: $(STAMPS)/model-135m
+setup-model-0p5b: $(STAMPS)/model-0p5b
+setup-model-1p5b: $(STAMPS)/model-1p5b
+$(STAMPS)/model-%: $(STAMPS)/llm
+	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[model-$*]'
+	@touch $@
+
+test: setup-model-135m
 	$(PY) -m pytest -q
+
+demo: setup-model-1p5b
+	$(VENV)/bin/hcqr demo
 
 bench: setup
 	$(PY) bench/retrieval.py

@@ -76,6 +76,181 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- eval / ask / demo / ui --------------------------------------------------
+def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
+    p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
+    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model")
+    p.add_argument(
+        "--api-key-env", default=None, help="name of the environment variable holding the API key (never the key itself)"
+    )
+    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
+    p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
+
+
+def _program_options(args: argparse.Namespace) -> dict:
+    opts = {"budget": args.budget}
+    if args.method == "hcqr":
+        opts.update(k_per_query=args.k_per_query, fusion=args.fusion)
+    return opts
+
+
+def _add_program_args(p: argparse.ArgumentParser) -> None:
+    from hcqr_dspy.programs import PROGRAMS
+    from hcqr_dspy.retrieval.fusion import STRATEGIES
+
+    p.add_argument("--method", default="hcqr", help=f"one of: {', '.join(PROGRAMS)}")
+    p.add_argument("--index", default=None, help="index folder (from `hcqr index`)")
+    p.add_argument("--budget", type=_positive_int, default=15, help="passages shown to the answer step (paper: 15)")
+    p.add_argument("--k-per-query", type=_positive_int, default=5, help="HCQR passages per query (paper: 5)")
+    p.add_argument("--fusion", choices=STRATEGIES, default="score_sum", help="HCQR fusion strategy")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.run import EvalSpec, run_evaluation
+
+    spec = EvalSpec(
+        method=args.method, dataset=args.dataset, index=args.index, lm=args.lm, limit=args.limit, seed=args.seed,
+        ids=args.ids.split(",") if args.ids else None, program_options=_program_options(args),
+        max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
+        num_threads=args.threads, run_dir=args.run_dir,
+    )
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    print(metrics_table([(args.method, result.metrics)]))
+    print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
+    if run_id:
+        print(f"MLflow run {run_id} in {_store(args)} (view with `hcqr ui`)")
+    return 0
+
+
+def _store(args) -> str:
+    from hcqr_dspy.tracking import tracking_uri
+
+    return tracking_uri(getattr(args, "mlflow_dir", None))
+
+
+def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    from hcqr_dspy.data import DataError, check_question
+
+    if args.json:
+        try:
+            row = json.loads(Path(args.json).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"cannot read question file {args.json}: {exc}") from None
+        if isinstance(row, dict) and "question" not in row and len(row) == 1:
+            row = next(iter(row.values()))  # a one-question MIRAGE file
+        if isinstance(row, dict) and "answer" not in row:
+            row = {**row, "answer": next(iter(row.get("options") or {"A": ""}), "A")}
+        ex = check_question("ask", row, args.json)
+        return ex.question, ex.options
+    if not args.question:
+        raise DataError("give --question and --option A=... --option B=..., or --json FILE")
+    options = {}
+    for item in args.option or []:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise DataError(f"--option {item!r} must look like A=text")
+        options[key.strip()] = text
+    ex = check_question("ask", {"question": args.question, "options": options, "answer": next(iter(options), None)}, "--option")
+    return ex.question, ex.options
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    import dspy
+
+    from hcqr_dspy.lm import build_lm, parse_lm_spec
+    from hcqr_dspy.programs import PROGRAMS, make_program
+    from hcqr_dspy.retrieval import load_index
+
+    question, options = _read_question(args)
+    parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)
+    if args.method not in PROGRAMS:
+        raise HCQRError(f"unknown method {args.method!r}; choose one of {', '.join(PROGRAMS)}")
+    retriever = None
+    if PROGRAMS[args.method].uses_retrieval:
+        if not args.index:
+            raise HCQRError(f"method {args.method!r} needs --index (build one with `hcqr index`)")
+        retriever = load_index(args.index)
+    program = make_program(args.method, retriever, **_program_options(args))
+    lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        pred = program(question=question, options=options)
+    if pred.get("hypothesis"):
+        h = pred.hypothesis
+        print("Hypothesis")
+        print(f"  best option:        {h['working_hypothesis']}. {options.get(h['working_hypothesis'], '')}")
+        print(f"  features:           {h['discriminating_features']}")
+        print(f"  confirming evidence: {h['confirming_evidence']}")
+        print(f"  reasoning:          {h['reasoning']}")
+    roles = ["support", "distinction", "key features"] if args.method == "hcqr" else ["question"]
+    if pred.get("queries"):
+        print("Queries")
+        for i, q in enumerate(pred.queries):
+            src = f" [{pred.query_sources[i]}]" if pred.get("query_sources") else ""
+            print(f"  q{i + 1} {roles[i] if i < len(roles) else ''}{src}: {q}")
+    if pred.get("passages"):
+        print(f"Passages ({len(pred.passages)})")
+        for i, p in enumerate(pred.passages, start=1):
+            found_by = ",".join(f"q{q + 1}" for q in p["queries"])
+            print(f"  [{i:>2}] {p['title']}  ({p['id']}; found by {found_by})")
+    print("Answer")
+    if pred.valid:
+        print(f"  {pred.answer}. {options[pred.answer]}")
+    else:
+        print(f"  invalid reply ({pred.error})")
+    if pred.reasoning:
+        print(f"  reasoning: {pred.reasoning}")
+    return 0 if pred.valid else 1
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_DIR = REPO_ROOT / "data" / "demo"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.errors import RetrievalIndexError
+    from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index
+    from hcqr_dspy.run import EvalSpec, run_evaluation
+
+    corpus = load_corpus(DEMO_DIR / "corpus.jsonl")
+    index = Path(args.index)
+    try:
+        load_index(index, corpus=corpus)
+        print(f"demo index: {index} (reused)", file=sys.stderr)
+    except RetrievalIndexError:
+        print(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}", file=sys.stderr)
+        build_retriever(corpus, args.retriever).save(index)
+    results = []
+    for method in args.methods.split(","):
+        print(f"\n== {method} on {DEMO_DIR / 'questions.json'} with --lm {args.lm}", file=sys.stderr, flush=True)
+        lm_slug = args.lm.replace(":", "-").replace("/", "-")
+        spec = EvalSpec(method=method, dataset=str(DEMO_DIR / "questions.json"), index=str(index), lm=args.lm,
+                        limit=args.limit, max_tokens=args.max_tokens,
+                        run_dir=str(Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"))
+        result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir)
+        results.append((method, result.metrics))
+        print(f"   {run_dir}  (MLflow run {run_id})", file=sys.stderr)
+    print()
+    print(metrics_table(results))
+    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with `hcqr ui` (http://127.0.0.1:5000)")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from hcqr_dspy.tracking import store_dir, tracking_uri
+
+    folder = store_dir(args.mlflow_dir)
+    if not (folder / "mlflow.db").exists():
+        raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(args.mlflow_dir),
+           "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} for {folder}", file=sys.stderr)
+    return subprocess.call(cmd)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA."
@@ -98,6 +273,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=_positive_int, default=160, help="characters of each passage to print")
     p.add_argument("queries", nargs="+", help="query strings")
     p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
+    _add_program_args(p)
+    p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
+    p.add_argument("--limit", type=_positive_int, default=None, help="evaluate a seeded random sample of N questions")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    p.add_argument("--ids", default=None, help="comma-separated question ids")
+    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+    _add_lm_args(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("ask", help="answer one question and show hypothesis, queries and passages")
+    _add_program_args(p)
+    p.add_argument("--question", default=None, help="question text")
+    p.add_argument("--option", action="append", help="an option as LETTER=text (repeat)")
+    p.add_argument("--json", default=None, help="a JSON file holding {question, options}")
+    _add_lm_args(p)
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("demo", help="run CoT, Simple RAG and HCQR on the embedded demo questions")
+    p.add_argument("--index", default="indexes/demo", help="demo index folder (built if missing)")
+    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
+    p.add_argument("--methods", default="cot,simple_rag,hcqr")
+    p.add_argument("--runs", default="runs/demo", help="folder of the demo's run folders (resumed if present)")
+    p.add_argument("--limit", type=_positive_int, default=None)
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--lm", default="local")
+    p.add_argument("--max-tokens", type=_positive_int, default=1024)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_positive_int, default=5000)
+    p.set_defaults(func=cmd_ui)
     return parser
 
 

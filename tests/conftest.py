@@ -34,3 +34,24 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "corpus").is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (set HCQR_SHARED_DATA to point at shared/data)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """One SQLite MLflow store per test session (creating one takes seconds)."""
+    from hcqr_dspy import tracking
+
+    folder = tmp_path_factory.mktemp("mlflow")
+    tracking.configure(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def pathoma_bm25(shared_data, tmp_path_factory):
+    """A small real corpus slice (Pathoma, ~500 passages) indexed with BM25."""
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+
+    corpus = load_corpus(shared_data / "corpus" / "textbooks" / "Pathoma_Husain.jsonl")
+    out = tmp_path_factory.mktemp("idx") / "pathoma-bm25"
+    BM25Retriever(corpus, show_progress=False).save(out)
+    return out

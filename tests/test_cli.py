@@ -71,3 +71,55 @@ def test_index_bad_corpus_exit_2(tmp_path, capsys, content, message):
 def test_search_not_an_index_exit_2(tmp_path, capsys):
     code, err = error_of(capsys, ["search", "--index", str(tmp_path), "anemia"])
     assert code == 2 and "not an hcqr index folder" in err[0]
+
+
+QUESTIONS = {"x1": {"question": "Which?", "options": {"A": "a", "B": "b"}, "answer": "A"}}
+
+
+@pytest.fixture
+def bench_file(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(QUESTIONS))
+    return path
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "magic"], "unknown method 'magic'; choose one of cot, simple_rag, hcqr"),
+        (["--lm", "gpt-4o"], "unknown --lm spec 'gpt-4o'"),
+        (["--lm", "local:nope"], "unknown packaged model 'nope'"),
+        (["--method", "hcqr"], "method 'hcqr' needs --index"),
+    ],
+)
+def test_eval_bad_input_exit_2_before_any_lm_call(bench_file, tmp_path, capsys, extra, message):
+    argv = ["eval", "--dataset", str(bench_file), "--no-mlflow", "--run-dir", str(tmp_path / "run"), *extra]
+    code, err = error_of(capsys, argv)
+    assert code == 2 and len(err) == 1 and message in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_malformed_question_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"x1": {"question": "Which?", "options": {"A": "a"}, "answer": "A"}}))
+    code, err = error_of(capsys, ["eval", "--method", "cot", "--dataset", str(bad), "--no-mlflow"])
+    assert code == 2 and "has 1 option(s); at least two are needed" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--question", "Which?", "--option", "A=x"], "at least two are needed"),
+        (["--question", "Which?", "--option", "A=x", "--option", "C=y"], "labels must be the letters A, B"),
+        (["--question", "Which?", "--option", "Ax"], "must look like A=text"),
+        ([], "give --question"),
+    ],
+)
+def test_ask_bad_question_exit_2(capsys, argv, message):
+    code, err = error_of(capsys, ["ask", "--method", "cot", *argv])
+    assert code == 2 and message in err[0]
+
+
+def test_ui_refuses_missing_store(tmp_path, capsys):
+    code, err = error_of(capsys, ["ui", "--mlflow-dir", str(tmp_path / "none")])
+    assert code == 2 and "no MLflow store" in err[0]

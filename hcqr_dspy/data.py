@@ -1,0 +1,154 @@
+"""Benchmarks -> ``dspy.Example``.
+
+A question is ``dspy.Example(qid, question, options, answer)`` with inputs
+``question, options``; ``options`` maps option letters (``"A"``, ``"B"``, ...,
+consecutive from ``A``, two or more) to option texts.
+
+Sources: MIRAGE-format JSON files ``{qid: {question, options, answer}}``
+(Xiong et al. 2024, the MIRAGE benchmark: MedQA-US, MMLU-Med, MedMCQA,
+PubMedQA*, BioASQ-Y/N), or a hub dataset name through :func:`datasets.load_dataset` with the same fields
+(needs network access).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import dspy
+
+from hcqr_dspy.errors import HCQRError
+
+LETTERS = string.ascii_uppercase
+
+
+class DataError(HCQRError):
+    """A benchmark file or question row is malformed."""
+
+
+def check_question(qid: str, row: object, where: str) -> dspy.Example:
+    """Validate one MIRAGE row and build its Example.
+
+    Raises:
+        DataError: not an object, missing/empty question, fewer than two
+            options, option labels that are not consecutive letters from
+            ``A``, an empty option text, or an answer not among the options.
+    """
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: question {qid!r} is not a JSON object")
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: question {qid!r} has no 'question' text")
+    options = row.get("options")
+    if isinstance(options, list):  # a list of option texts is labelled A, B, C ...
+        options = {LETTERS[i]: o for i, o in enumerate(options)} if len(options) <= 26 else None
+    if not isinstance(options, dict):
+        raise DataError(f"{where}: question {qid!r} has no 'options' object")
+    if len(options) < 2:
+        raise DataError(f"{where}: question {qid!r} has {len(options)} option(s); at least two are needed")
+    labels = [str(k).strip().upper() for k in options]
+    if sorted(labels) != list(LETTERS[: len(labels)]):
+        raise DataError(
+            f"{where}: question {qid!r} has options labelled {list(options)}; labels must be the letters "
+            f"{', '.join(LETTERS[: len(labels)])}"
+        )
+    opts = {}
+    for key, text in sorted(zip(labels, options.values())):
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: question {qid!r} option {key} is empty")
+        opts[key] = text.strip()
+    answer = row.get("answer")
+    answer = answer.strip().upper() if isinstance(answer, str) else answer
+    if answer not in opts:
+        raise DataError(f"{where}: question {qid!r} has answer {row.get('answer')!r}, not one of its options {list(opts)}")
+    return dspy.Example(qid=str(qid), question=question.strip(), options=opts, answer=answer).with_inputs(
+        "question", "options"
+    )
+
+
+def _from_mapping(data: object, where: str) -> list[dspy.Example]:
+    if isinstance(data, dict):
+        items: Iterable = data.items()
+    elif isinstance(data, list):
+        items = ((row.get("qid", row.get("id", i)) if isinstance(row, dict) else i, row) for i, row in enumerate(data))
+    else:
+        raise DataError(f"{where}: expected a JSON object {{qid: question}} or a list of questions")
+    examples = [check_question(str(qid), row, where) for qid, row in items]
+    if not examples:
+        raise DataError(f"{where}: holds no questions")
+    return examples
+
+
+def load_questions(source: str | Path, split: str = "test") -> list[dspy.Example]:
+    """Load a benchmark as Examples, in file order.
+
+    Args:
+        source: A MIRAGE-format ``.json`` file, or a hub dataset name (with
+            fields ``question``, ``options``, ``answer`` and optionally ``id``).
+        split: Split of a hub dataset.
+
+    Raises:
+        DataError: unreadable or malformed file (see :func:`check_question`),
+            or a hub dataset that cannot be reached.
+    """
+    path = Path(source)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        return _from_mapping(data, str(path))
+    text = str(source)
+    if text.count("/") == 1 and not path.suffix and not text.startswith((".", "/", "~")):
+        try:
+            import datasets
+
+            ds = datasets.load_dataset(text, split=split)
+        except Exception as exc:
+            raise DataError(
+                f"could not load hub dataset {text!r} (split {split!r}): {type(exc).__name__}; it needs network "
+                "access to the Hugging Face hub, or pass a MIRAGE-format .json file"
+            ) from None
+        return _from_mapping([dict(r) for r in ds], text)
+    raise DataError(f"benchmark {text!r} not found: give a MIRAGE-format .json file or a hub dataset name")
+
+
+def select(
+    examples: Sequence[dspy.Example], limit: int | None = None, seed: int = 0, ids: Sequence[str] | None = None
+) -> list[dspy.Example]:
+    """Deterministic subset of questions, kept in their original order.
+
+    Args:
+        examples: All questions.
+        limit: Keep a random sample of this many (seeded); ``None`` keeps all.
+        seed: Seed of the sample (same seed, same questions).
+        ids: Keep exactly these question ids (applied before ``limit``).
+
+    Raises:
+        DataError: unknown ids, or ``limit < 1``.
+    """
+    chosen = list(examples)
+    if ids:
+        known = {e.qid: e for e in chosen}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise DataError(f"unknown question ids: {', '.join(missing[:10])}")
+        wanted = set(ids)
+        chosen = [e for e in chosen if e.qid in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise DataError(f"limit must be >= 1, got {limit}")
+        if limit < len(chosen):
+            keep = set(random.Random(seed).sample(range(len(chosen)), limit))
+            chosen = [e for i, e in enumerate(chosen) if i in keep]
+    return chosen
+
+
+def format_options(options: dict[str, str]) -> str:
+    """Options as ``"A. text"`` lines, the form every signature receives."""
+    return "\n".join(f"{k}. {v}" for k, v in options.items())

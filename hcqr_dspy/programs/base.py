@@ -1,0 +1,188 @@
+"""Shared machinery of every method: option formatting, the answer step,
+context building under a token budget, and per-stage cost accounting.
+
+Every program is a ``dspy.Module`` whose ``forward(question, options)``
+returns a ``dspy.Prediction`` with at least:
+
+* ``answer`` — an option letter, or ``None`` when the LM's reply could not be
+  parsed into one of the question's letters (never mapped to a default);
+* ``valid`` — whether ``answer`` is one of the option letters;
+* ``error`` — why the question is invalid (stage and message), else ``None``;
+* ``stages`` — ``{stage: {seconds, lm_calls, prompt_tokens, completion_tokens}}``;
+* retrieval methods also ``queries`` and ``passages`` (id, title, fused score,
+  positions of the queries that retrieved it and its rank in each).
+
+The retriever is injected at construction and is not part of the program
+state (``program.save`` stores only predictor instructions and demos), so a
+saved program loads against any retriever.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError, ContextWindowExceededError
+from dspy.utils.usage_tracker import track_usage
+
+from hcqr_dspy.data import format_options
+from hcqr_dspy.lm import count_tokens
+from hcqr_dspy.retrieval.base import Retriever
+from hcqr_dspy.retrieval.fusion import FusedPassage
+from hcqr_dspy.signatures import restrict_letters
+
+# Replies that make one question invalid but must not stop a run: unparseable
+# output, a letter outside the options, a prompt too long for the model.
+BAD_REPLY_ERRORS: tuple[type[BaseException], ...] = (AdapterParseError, ContextWindowExceededError)
+
+DEFAULT_MAX_CONTEXT_TOKENS = 6000
+# Tokens of DSPy's JSONAdapter template around the answer step's inputs
+# (field list, instructions, output format, chat markup): 320 with the
+# Qwen2.5 tokenizer for empty inputs (dspy 3.4.1), plus margin for chat
+# markup and tokenizer differences.
+PROMPT_OVERHEAD_TOKENS = 600
+
+
+@contextmanager
+def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
+    """Record wall time, LM calls and tokens of one stage into ``stages[name]``.
+
+    LM calls and tokens come from DSPy's usage tracker; cache hits are not
+    counted as calls (DSPy does not report usage for them).
+    """
+    t0 = time.perf_counter()
+    with track_usage() as tracker:
+        try:
+            yield
+        finally:
+            entries = [u for lm_entries in tracker.usage_data.values() for u in lm_entries]
+            stages[name] = {
+                "seconds": round(time.perf_counter() - t0, 4),
+                "lm_calls": len(entries),
+                "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
+                "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
+            }
+
+
+def passage_records(retriever: Retriever, fused: list[FusedPassage]) -> list[dict[str, Any]]:
+    """JSON-able description of fused passages (id, title, score, provenance)."""
+    return [
+        {
+            "id": f.passage_id,
+            "title": retriever.get(f.passage_id).title,
+            "score": round(f.score, 6),
+            "queries": list(f.queries),
+            "ranks": list(f.ranks),
+        }
+        for f in fused
+    ]
+
+
+class MCQProgram(dspy.Module):
+    """Base of every method: holds the answer step and the context budget.
+
+    Args:
+        retriever: Shared retriever (``None`` for methods without retrieval).
+        budget: Maximum passages shown to the answer step (15 in HCQR).
+        max_context_tokens: Token budget of the context; passages are
+            dropped from the end (and the last one cut) to fit, and the cut
+            is recorded in ``context_cut``.
+    """
+
+    method: str = "base"
+    uses_retrieval: bool = True
+
+    def __init__(self, retriever: Retriever | None = None, budget: int = 15, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS):
+        super().__init__()
+        if self.uses_retrieval and retriever is None:
+            raise ValueError(f"method {self.method!r} needs a retriever")
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        self.retriever = retriever
+        self.budget = budget
+        self.max_context_tokens = max_context_tokens
+
+    def settings(self) -> dict[str, Any]:
+        """Configuration recorded with each run (not the learned state)."""
+        return {"method": self.method, "budget": self.budget, "max_context_tokens": self.max_context_tokens}
+
+    # -- context -------------------------------------------------------
+    def context_budget(self, question: str, options: dict[str, str]) -> int:
+        """Tokens the context may use: ``max_context_tokens``, and for a local
+        llama.cpp model no more than its window leaves after the output
+        (``max_tokens``), the question, the options and the prompt template
+        (:data:`PROMPT_OVERHEAD_TOKENS`)."""
+        lm = dspy.settings.lm
+        budget = self.max_context_tokens
+        engine = getattr(lm, "engine", None)
+        n_ctx = getattr(engine, "n_ctx", None)
+        if isinstance(n_ctx, int):
+            max_tokens = int((getattr(lm, "kwargs", {}) or {}).get("max_tokens") or 1024)
+            rest = count_tokens(lm, question + "\n" + format_options(options))
+            budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
+        return max(0, budget)
+
+    def build_context(self, passage_ids: list[str], budget: int | None = None) -> tuple[str, dict[str, int]]:
+        """MedRAG's context format, ``Document [i] (Title: t) text``, cut to the token budget.
+
+        Returns:
+            The context string and the cut: passages kept and dropped, tokens
+            before and after (``tokens_dropped`` 0 when nothing was cut).
+        """
+        lm = dspy.settings.lm
+        docs = []
+        for i, pid in enumerate(passage_ids, start=1):
+            p = self.retriever.get(pid)
+            docs.append(f"Document [{i}] (Title: {p.title}) {p.content}")
+        limit = self.max_context_tokens if budget is None else budget
+        counts = [count_tokens(lm, d) for d in docs]
+        total = sum(counts)
+        kept, used = [], 0
+        for doc, n in zip(docs, counts):
+            if used + n <= limit:
+                kept.append(doc)
+                used += n
+                continue
+            room = limit - used
+            if room > 50:  # keep the head of the passage that crosses the budget
+                cut = doc[: int(len(doc) * room / n)]
+                kept.append(cut)
+                used += count_tokens(lm, cut)
+            break
+        cut = {
+            "passages_kept": len(kept),
+            "passages_dropped": len(docs) - len(kept),
+            "tokens_before": total,
+            "tokens_after": used,
+            "tokens_dropped": max(0, total - used),
+        }
+        return "\n".join(kept), cut
+
+    # -- answering -----------------------------------------------------
+    def answer_step(self, predictor: dspy.Predict, options: dict[str, str], **inputs: Any) -> dict[str, Any]:
+        """Run an answer predictor with its letter field narrowed to the options.
+
+        Returns:
+            ``{"answer", "valid", "reasoning", "error"}``; a reply that cannot
+            be parsed into one of the letters gives ``answer=None``,
+            ``valid=False`` and the parse error.
+        """
+        letters = list(options)
+        try:
+            pred = predictor(
+                options=format_options(options),
+                signature=restrict_letters(predictor.signature, "answer", letters),
+                **inputs,
+            )
+        except BAD_REPLY_ERRORS as exc:
+            return {"answer": None, "valid": False, "reasoning": None, "error": f"answer: {type(exc).__name__}: {exc}"[:500]}
+        answer = str(pred.answer).strip().upper() if pred.answer is not None else None
+        valid = answer in letters
+        return {
+            "answer": answer if valid else None,
+            "valid": valid,
+            "reasoning": pred.reasoning,
+            "error": None if valid else f"answer: {pred.answer!r} is not one of {letters}",
+        }

@@ -1,0 +1,29 @@
+"""CoT: no retrieval, step-by-step reasoning then an option letter (the paper's no-retrieval baseline)."""
+
+from __future__ import annotations
+
+import dspy
+
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.signatures import AnswerQuestionNoContext
+
+
+class CoT(MCQProgram):
+    """Chain-of-thought answering without retrieval.
+
+    Example:
+        >>> CoT()(question="...", options={"A": "...", "B": "..."}).answer
+    """
+
+    method = "cot"
+    uses_retrieval = False
+
+    def __init__(self, retriever=None, budget: int = 15, **kwargs):
+        super().__init__(retriever=None, budget=budget, **kwargs)
+        self.answer = dspy.Predict(AnswerQuestionNoContext)
+
+    def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
+        stages: dict = {}
+        with stage(stages, "answer"):
+            out = self.answer_step(self.answer, options, question=question)
+        return dspy.Prediction(**out, stages=stages, queries=[], passages=[])

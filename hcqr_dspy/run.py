@@ -1,0 +1,162 @@
+"""One evaluation end to end: resolve LM, index, questions and program; run;
+track in MLflow. Shared by ``hcqr eval``, ``hcqr demo`` and experiments."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import dspy
+
+from hcqr_dspy import __version__
+from hcqr_dspy.data import load_questions, select
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluate import EvalResult, evaluate, prepare_run_dir, update_config
+from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, parse_lm_spec
+from hcqr_dspy.programs import PROGRAMS, make_program
+from hcqr_dspy.retrieval import load_index, read_manifest
+
+DEFAULT_RUNS = Path("runs")
+
+
+@dataclass
+class EvalSpec:
+    """Everything that defines one evaluation (it becomes the run's config).
+
+    Attributes:
+        method: Registered method name (``cot``, ``simple_rag``, ``hcqr``).
+        dataset: MIRAGE-format file or hub name.
+        index: Index folder (``None`` only for methods without retrieval).
+        lm: ``--lm`` spec.
+        limit / seed / ids: Question selection (see :func:`hcqr_dspy.data.select`).
+        program_options: Method settings (``budget``, ``k_per_query``, ``fusion`` ...).
+        temperature / max_tokens / n_ctx: LM settings (temperature 0 as in the reference setup).
+        api_base / api_key_env: LiteLLM endpoint and the name of its key variable.
+        num_threads: Questions in flight.
+        run_dir: Run folder; derived from the spec when ``None``.
+    """
+
+    method: str
+    dataset: str
+    index: str | None = None
+    lm: str = "local"
+    limit: int | None = None
+    seed: int = 0
+    ids: Sequence[str] | None = None
+    program_options: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    n_ctx: int = DEFAULT_N_CTX
+    api_base: str | None = None
+    api_key_env: str | None = None
+    num_threads: int = 1
+    run_dir: str | None = None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60]
+
+
+def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
+    """Check every input before any LM call: method, LM spec, questions, index.
+
+    Returns:
+        The run config, the selected questions and the retriever (or ``None``).
+
+    Raises:
+        HCQRError: unknown method or LM spec, malformed questions, a missing
+            or mismatched index.
+    """
+    if spec.method not in PROGRAMS:
+        raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
+    lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
+    questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
+    retriever, index_info = None, None
+    if PROGRAMS[spec.method].uses_retrieval:
+        if not spec.index:
+            raise HCQRError(f"method {spec.method!r} needs --index (build one with `hcqr index`)")
+        retriever = load_index(spec.index)
+        manifest = read_manifest(spec.index, verify_files=False)
+        index_info = {
+            "path": str(Path(spec.index).resolve()),
+            "retriever": manifest["retriever"],
+            "encoder": manifest.get("encoder"),
+            "corpus_source": manifest["corpus"]["source"],
+            "corpus_fingerprint": manifest["corpus"]["fingerprint"],
+            "corpus_count": manifest["corpus"]["count"],
+        }
+    program = make_program(spec.method, retriever, **spec.program_options)
+    qids = [q.qid for q in questions]
+    config = {
+        "method": spec.method,
+        "program": program.settings(),
+        "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
+        "questions": {
+            "count": len(qids),
+            "limit": spec.limit,
+            "seed": spec.seed,
+            "ids_sha256": hashlib.sha256("\n".join(qids).encode()).hexdigest(),
+        },
+        "index": index_info,
+        "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
+        "adapter": "JSONAdapter",
+        "hcqr_dspy_version": __version__,
+    }
+    return config, questions, program
+
+
+def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
+    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>``: the same spec reuses (resumes) its folder."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+    dataset = _slug(Path(spec.dataset).stem if Path(spec.dataset).exists() else spec.dataset)
+    lm = _slug(spec.lm.replace(":", "-").replace("/", "-"))
+    return DEFAULT_RUNS / dataset / f"{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
+
+
+def run_evaluation(
+    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None
+) -> tuple[EvalResult, Path, str | None]:
+    """Resolve, run (resuming if the run folder has rows) and track one evaluation.
+
+    Args:
+        spec: The evaluation.
+        mlflow_dir: MLflow store folder (see :func:`hcqr_dspy.tracking.store_dir`).
+        progress: Show a progress bar.
+        track: Track in MLflow.
+        lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
+            (tests, notebooks); ``spec.lm`` is still what the config records.
+
+    Returns:
+        The result, the run folder and the MLflow run id (``None`` untracked).
+
+    Raises:
+        HCQRError: bad input (before any LM call), an unusable run folder, or
+            :class:`~hcqr_dspy.evaluate.LMUnavailableError` mid-run.
+    """
+    from hcqr_dspy import tracking
+
+    config, questions, program = resolve(spec)
+    run_dir = prepare_run_dir(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
+    lm = lm or build_lm(
+        spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
+        api_base=spec.api_base, api_key_env=spec.api_key_env,
+    )
+    old_id = json.loads((run_dir / "config.json").read_text()).get("mlflow_run_id")
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        if not track:
+            return evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress), run_dir, None
+        name = f"{spec.method} | {Path(spec.dataset).stem} | {spec.lm}"
+        tags = {"method": spec.method, "dataset": Path(spec.dataset).stem, "lm": spec.lm}
+        with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+            run_id = run.info.run_id
+            update_config(run_dir, mlflow_run_id=run_id)
+            try:
+                result = evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress)
+            finally:
+                tracking.log_run_folder(run_dir)
+            tracking.log_metrics(result.metrics)
+    return result, run_dir, run_id

@@ -1,0 +1,142 @@
+"""MLflow tracking: one MLflow run per evaluation.
+
+The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under
+``<dir>/artifacts`` (MLflow 3's file store is in maintenance mode), where
+``<dir>`` is ``--mlflow-dir`` or ``$HCQR_MLFLOW_DIR`` or ``./mlruns``; an
+explicit ``$MLFLOW_TRACKING_URI`` wins. Each run logs the full configuration
+as params, the metrics of :func:`hcqr_dspy.metrics.summarize`, the run
+folder's ``config.json``, ``predictions.jsonl`` and ``metrics.json`` as
+artifacts, and DSPy traces through ``mlflow.dspy.autolog()``. A resumed
+evaluation continues its MLflow run (its id is kept in ``config.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from hcqr_dspy.errors import HCQRError
+
+DEFAULT_DIR = "mlruns"
+EXPERIMENT = "hcqr-dspy"
+
+
+def store_dir(path: str | Path | None = None) -> Path:
+    """The tracking folder: the argument, ``$HCQR_MLFLOW_DIR`` or ``./mlruns``."""
+    return Path(path or os.environ.get("HCQR_MLFLOW_DIR") or DEFAULT_DIR).resolve()
+
+
+def tracking_uri(path: str | Path | None = None) -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<store_dir>/mlflow.db``."""
+    if os.environ.get("MLFLOW_TRACKING_URI") and path is None:
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{store_dir(path) / 'mlflow.db'}"
+
+
+def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> str:
+    """Point MLflow at the store and select (creating if needed) the experiment.
+
+    Returns:
+        The experiment id.
+
+    Raises:
+        HCQRError: the store folder cannot be created.
+    """
+    import mlflow
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    folder = store_dir(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HCQRError(f"cannot create MLflow folder {folder}: {exc.strerror}") from None
+    mlflow.set_tracking_uri(tracking_uri(path))
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return mlflow.create_experiment(experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+    except Exception:  # created concurrently by another process
+        found = mlflow.get_experiment_by_name(experiment)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> MLflow params (``a.b`` keys, values as strings, 6000 chars max)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
+
+@contextmanager
+def mlflow_run(
+    run_name: str,
+    params: dict[str, Any],
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    store: str | Path | None = None,
+    experiment: str = EXPERIMENT,
+    traces: bool = True,
+) -> Iterator[Any]:
+    """Start (or resume, given ``run_id``) an MLflow run with params and tags.
+
+    Args:
+        run_name: Display name.
+        params: Configuration, flattened into params (logged once; a resumed
+            run keeps its params).
+        tags: Extra tags (method, dataset ...).
+        run_id: Resume this run instead of starting a new one.
+        store: Tracking folder (see :func:`store_dir`).
+        experiment: MLflow experiment name.
+        traces: Record DSPy traces with ``mlflow.dspy.autolog()``.
+
+    Yields:
+        The active ``mlflow.ActiveRun``.
+    """
+    import mlflow
+
+    experiment_id = configure(store, experiment)
+    if traces:
+        import mlflow.dspy
+
+        mlflow.dspy.autolog(log_traces=True, silent=True)
+    try:
+        if run_id:
+            run = mlflow.start_run(run_id=run_id)
+        else:
+            run = mlflow.start_run(run_name=run_name, experiment_id=experiment_id, tags=tags or {})
+            mlflow.log_params(flatten(params))
+        with run:
+            yield run
+    finally:
+        if traces:
+            import mlflow.dspy
+
+            mlflow.dspy.autolog(disable=True, silent=True)
+
+
+def log_metrics(metrics: dict[str, float]) -> None:
+    """Log numeric metrics to the active run."""
+    import mlflow
+
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+
+
+def log_run_folder(run_dir: str | Path) -> None:
+    """Log a run folder's files as artifacts of the active run (under ``run/``)."""
+    import mlflow
+
+    for f in sorted(Path(run_dir).iterdir()):
+        if f.is_file() and not f.name.startswith("."):
+            mlflow.log_artifact(str(f), artifact_path="run")

@@ -1,0 +1,192 @@
+"""Program logic with dspy.utils.DummyLM: routing, budget, anchoring, invalid replies."""
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from hcqr_dspy.programs import CoT, HCQR, SimpleRAG, make_program
+from hcqr_dspy.programs.hcqr import clean_query
+from hcqr_dspy.retrieval import BM25Retriever
+
+QUESTION = "A 70-year-old woman on digoxin reports nausea and yellow-tinted vision. What explains this?"
+OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "Myasthenia gravis"}
+
+# Marker strings that appear only in the hypothesis; they must never reach the answer prompt.
+HYPOTHESIS = {
+    "discriminating_features": "HYPMARK-features yellow vision",
+    "reasoning": "HYPMARK-reasoning cardiac glycoside",
+    "working_hypothesis": "A",
+    "confirming_evidence": "HYPMARK-evidence hypokalemia worsens it",
+}
+QUERIES = {
+    "support_query": "digoxin toxicity yellow vision",
+    "distinction_query": "digoxin toxicity versus hypokalemia",
+    "key_feature_query": "nausea visual changes elderly",
+}
+ANSWER = {"reasoning": "Glycoside excess.", "answer": "A"}
+
+
+def scripted(hypothesis=HYPOTHESIS, queries=QUERIES, answer=ANSWER):
+    # DummyLM answers with the first entry whose key occurs in the last message.
+    return DummyLM(
+        {"`support_query`": queries, "`discriminating_features`": hypothesis, "`answer`": answer},
+        adapter=dspy.JSONAdapter(),
+    )
+
+
+class SpyRetriever(BM25Retriever):
+    def __init__(self, corpus):
+        super().__init__(corpus, show_progress=False)
+        self.calls = []
+
+    def search(self, queries, k):
+        self.calls.append((list(queries), k))
+        return super().search(queries, k)
+
+
+@pytest.fixture
+def spy(tiny_corpus):
+    return SpyRetriever(tiny_corpus)
+
+
+def run(program, lm):
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        return program(question=QUESTION, options=OPTIONS)
+
+
+def answer_prompts(lm):
+    return [h["messages"] for h in lm.history if "`answer`" in h["messages"][-1]["content"]]
+
+
+def test_hcqr_hypothesis_never_reaches_answer_prompt(spy):
+    lm = scripted()
+    pred = run(HCQR(spy), lm)
+    assert pred.valid and pred.answer == "A"
+    assert pred.hypothesis["working_hypothesis"] == "A"
+    [messages] = answer_prompts(lm)
+    text = "\n".join(m["content"] for m in messages)
+    assert "HYPMARK" not in text
+    assert "Document [1]" in text  # the context did reach it
+    # ...while the rewrite step did see the hypothesis
+    rewrite = [h for h in lm.history if "`support_query`" in h["messages"][-1]["content"]]
+    assert "HYPMARK-evidence" in rewrite[0]["messages"][-1]["content"]
+
+
+def test_hcqr_sends_exactly_three_queries_in_one_batched_call(spy):
+    pred = run(HCQR(spy), scripted())
+    assert spy.calls == [(list(QUERIES.values()), 5)]
+    assert pred.queries == list(QUERIES.values())
+    assert pred.query_sources == ["rewrite"] * 3
+    assert len(pred.stages) == 4 and pred.stages["retrieval"]["lm_calls"] == 0
+    assert [pred.stages[s]["lm_calls"] for s in ("hypothesis", "rewrite", "answer")] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_fused_context_never_exceeds_budget(spy, budget):
+    lm = scripted()
+    pred = run(HCQR(spy, budget=budget, k_per_query=5), lm)
+    assert 1 <= len(pred.passages) <= budget
+    [messages] = answer_prompts(lm)
+    prompt = messages[-1]["content"]
+    assert prompt.count("Document [") == len(pred.passages)
+    assert f"Document [{budget + 1}]" not in prompt
+    # provenance: each kept passage names the queries that found it
+    assert all(p["queries"] and set(p["queries"]) <= {0, 1, 2} for p in pred.passages)
+
+
+def test_invalid_answer_is_invalid_not_defaulted(spy):
+    pred = run(HCQR(spy), scripted(answer={"reasoning": "?", "answer": "Z"}))
+    assert pred.valid is False and pred.answer is None
+    assert pred.error.startswith("answer: AdapterParseError")
+
+
+def test_garbage_hypothesis_makes_question_invalid_without_raising(spy):
+    lm = DummyLM({"`discriminating_features`": {"oops": "no fields"}}, adapter=dspy.JSONAdapter())
+    pred = run(HCQR(spy), lm)
+    assert pred.valid is False and pred.error.startswith("hypothesis:")
+    assert spy.calls == []
+
+
+def test_unusable_queries_fall_back_to_hypothesis_fields(spy):
+    dup = {"support_query": "A", "distinction_query": "digoxin toxicity", "key_feature_query": "Digoxin Toxicity"}
+    pred = run(HCQR(spy), scripted(queries=dup))
+    # one usable query (the duplicate and the bare letter are not): all three built from the hypothesis
+    assert pred.query_sources == ["hypothesis"] * 3
+    assert len(spy.calls) == 1 and len(spy.calls[0][0]) == 3
+    assert pred.queries[0].startswith("Digoxin toxicity HYPMARK-evidence")
+
+
+def test_one_unusable_query_is_replaced_by_its_role(spy):
+    partial = {**QUERIES, "distinction_query": "  "}
+    pred = run(HCQR(spy), scripted(queries=partial))
+    assert pred.query_sources == ["rewrite", "hypothesis", "rewrite"]
+    assert "versus alternatives" in pred.queries[1]
+
+
+def test_simple_rag_retrieves_with_the_question_alone(spy):
+    lm = scripted()
+    pred = run(SimpleRAG(spy, budget=3), lm)
+    assert spy.calls == [([QUESTION], 3)]
+    assert pred.valid and len(pred.passages) <= 3
+    assert all(o not in spy.calls[0][0][0] for o in ("Graves disease", "Myasthenia"))
+
+
+def test_cot_uses_no_retrieval():
+    lm = scripted()
+    pred = run(CoT(), lm)
+    assert pred.valid and pred.answer == "A" and pred.passages == []
+    assert "Document [" not in lm.history[-1]["messages"][-1]["content"]
+
+
+def test_answer_letters_follow_the_question():
+    lm = scripted(answer={"reasoning": "r", "answer": "E"})
+    options = {**OPTIONS, "E": "Lambert-Eaton syndrome"}
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        pred = CoT()(question=QUESTION, options=options)
+    assert pred.valid and pred.answer == "E"
+    assert "Literal['A', 'B', 'C', 'D', 'E']" in lm.history[-1]["messages"][-1]["content"]
+
+
+def test_context_is_cut_to_the_token_budget(spy):
+    lm = scripted()
+    pred = run(SimpleRAG(spy, budget=8, max_context_tokens=20), lm)
+    cut = pred.context_cut
+    assert cut["tokens_before"] > 20 and cut["tokens_after"] <= 20 + 3 and cut["tokens_dropped"] > 0
+    assert cut["passages_kept"] + cut["passages_dropped"] == len(pred.passages)
+
+
+def test_registry_and_construction_errors(spy):
+    assert isinstance(make_program("hcqr", spy), HCQR)
+    with pytest.raises(Exception, match="unknown method 'rag'.*cot, simple_rag, hcqr"):
+        make_program("rag", spy)
+    with pytest.raises(ValueError, match="needs a retriever"):
+        HCQR(None)
+    with pytest.raises(ValueError, match="unknown fusion strategy"):
+        HCQR(spy, fusion="max")
+
+
+def test_saved_program_holds_no_retriever_and_loads_against_another(tmp_path, spy, tiny_corpus):
+    program = HCQR(spy)
+    program.answer.demos = [dspy.Example(question="q", options="A. x", context="c", reasoning="r", answer="A")]
+    path = tmp_path / "hcqr.json"
+    program.save(str(path))
+    text = path.read_text()
+    assert "Digoxin toxicity" not in text  # no corpus content in the saved state
+    other = HCQR(SpyRetriever(tiny_corpus))
+    other.load(str(path))
+    assert len(other.answer.demos) == 1
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("q1: digoxin toxicity", "digoxin toxicity"),
+        ('"yellow vision"', "yellow vision"),
+        ("A", None),
+        ("{support_query}", None),
+        (None, None),
+        (" ".join(["word"] * 50), " ".join(["word"] * 32)),
+    ],
+)
+def test_clean_query(raw, expected):
+    assert clean_query(raw) == expected

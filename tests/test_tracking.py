@@ -1,0 +1,68 @@
+"""MLflow tracking of evaluations: params, metrics, artifacts; a resumed run continues its MLflow run."""
+
+import json
+
+import dspy
+import mlflow
+import pytest
+from dspy.utils import DummyLM
+
+from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.programs.cot import CoT
+from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.tracking import flatten
+
+
+@pytest.fixture
+def bench(tmp_path):
+    rows = {f"t{i}": {"question": f"Tracked question {i}?", "options": {"A": "a", "B": "b"}, "answer": "A"} for i in range(3)}
+    path = tmp_path / "tiny_bench.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def dummy():
+    return DummyLM({"`answer`": {"reasoning": "r", "answer": "A"}}, adapter=dspy.JSONAdapter())
+
+
+def test_run_logged_with_params_metrics_artifacts(bench, tmp_path, mlflow_store):
+    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", api_key_env="SOME_KEY_VAR",
+                    run_dir=str(tmp_path / "run"))
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_store, progress=False, lm=dummy())
+    run = mlflow.get_run(run_id)
+    assert run.data.metrics["accuracy"] == 1.0 and run.data.metrics["n"] == 3
+    assert run.data.params["lm.spec"] == "openai/test-model"
+    assert run.data.params["lm.api_key_env"] == "SOME_KEY_VAR"
+    assert run.data.params["questions.count"] == "3"
+    assert run.data.tags["method"] == "cot"
+    names = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "run")}
+    assert {"run/config.json", "run/predictions.jsonl", "run/metrics.json"} <= names
+
+
+def test_resumed_evaluation_continues_its_mlflow_run(bench, tmp_path, mlflow_store, monkeypatch):
+    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", run_dir=str(tmp_path / "run"))
+    calls = {"n": 0}
+    real_forward = CoT.forward
+
+    def flaky(self, question, options):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            from dspy.utils.exceptions import LMTransportError
+
+            raise LMTransportError("down", model="test")
+        return real_forward(self, question, options)
+
+    monkeypatch.setattr(CoT, "forward", flaky)
+    with pytest.raises(LMUnavailableError):
+        run_evaluation(spec, mlflow_dir=mlflow_store, progress=False, lm=dummy())
+    first_id = json.loads((tmp_path / "run" / "config.json").read_text())["mlflow_run_id"]
+    assert mlflow.get_run(first_id).info.status == "FAILED"
+
+    result, _, run_id = run_evaluation(spec, mlflow_dir=mlflow_store, progress=False, lm=dummy())
+    assert run_id == first_id and result.resumed == 1 and result.ran == 2
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["n"] == 3
+
+
+def test_flatten_nested_config():
+    assert flatten({"a": {"b": 1, "c": {"d": None}}, "e": [1, 2]}) == {"a.b": "1", "a.c.d": "None", "e": "[1, 2]"}
