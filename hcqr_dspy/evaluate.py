@@ -24,6 +24,7 @@ import dspy
 from dspy.utils.exceptions import (
     LMAuthError,
     LMBillingError,
+    LMConfigurationError,
     LMRateLimitError,
     LMServerError,
     LMTimeoutError,
@@ -34,9 +35,11 @@ from dspy.utils.parallelizer import ParallelExecutor
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.metrics import summarize
 
-# Errors that mean "the LM is not answering" (after DSPy's own retries with
-# backoff): the run stops rather than marking every later question invalid.
+# Errors that mean "the LM is not answering or cannot be used" (after DSPy's
+# own retries with backoff): the run stops rather than marking every later
+# question invalid, and those questions are redone on resume.
 LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    LMConfigurationError,
     LMTransportError,
     LMTimeoutError,
     LMServerError,
@@ -239,7 +242,7 @@ def evaluate(
         if isinstance(exc, RunError):
             raise RunError(f"{exc}; {len(rows)}/{len(examples)} questions are saved; fix it and run again to resume")
         raise LMUnavailableError(
-            f"the LM stopped answering ({type(exc).__name__}: {str(exc)[:200]}); {len(rows)}/{len(examples)} "
+            f"the LM stopped answering or cannot be used ({type(exc).__name__}: {(str(exc).splitlines() or [""])[0][:300]}); {len(rows)}/{len(examples)} "
             f"questions are saved in {path}; run the same command again to resume"
         )
     return EvalResult(rows=rows, metrics=metrics, resumed=len(done), ran=len(new_rows))

@@ -389,7 +389,12 @@ def build_lm(
     if cfg.kind in ("packaged", "gguf"):
         path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path)
         engine = _engine_for(path, n_ctx)
-        lm = dspy.LM(cfg.model, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache)
+        name = cfg.model
+        if cfg.kind == "gguf":
+            # DSPy's response cache is keyed by model name: tell apart files that share a stem.
+            ident = f"{path.resolve()}:{path.stat().st_size}"
+            name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+        lm = dspy.LM(name, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache)
     else:
         kwargs: dict[str, Any] = {}
         if cfg.api_base:
