@@ -36,9 +36,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval import build_retriever, load_corpus
 
     t0 = time.perf_counter()
-    corpus = load_corpus(args.corpus)
+    corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids)
     t_load = time.perf_counter() - t0
-    print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s", file=sys.stderr)
+    renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
+    print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
     t0 = time.perf_counter()
     options = {"batch_size": args.batch_size} if args.retriever != "bm25" else {}
     retriever = build_retriever(corpus, args.retriever, encoder=args.encoder, **options)
@@ -237,6 +238,73 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_judge(args: argparse.Namespace) -> int:
+    from hcqr_dspy import tracking
+    from hcqr_dspy.dur import judge_run
+    from hcqr_dspy.lm import build_lm
+    from hcqr_dspy.retrieval import load_index
+
+    for run_dir in args.runs:
+        config_path = Path(run_dir) / "config.json"
+        if not config_path.is_file():
+            raise HCQRError(f"{run_dir} is not a run folder (no config.json); made by `hcqr eval`")
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        index = args.index or (config.get("index") or {}).get("path")
+        if not index:
+            print(f"{run_dir}: no retrieval (method {config.get('method')}): nothing to judge", file=sys.stderr)
+            continue
+        spec = args.judge_lm or config["lm"]["spec"]
+        lm = build_lm(spec, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
+        metrics = judge_run(run_dir, load_index(index), lm, mode=args.mode, num_threads=args.threads)
+        print(json.dumps({"run": str(run_dir), "judge_lm": spec, "mode": args.mode, **metrics}))
+        run_id = config.get("mlflow_run_id")
+        if run_id and not args.no_mlflow:
+            import mlflow
+
+            tracking.configure(args.mlflow_dir)
+            with mlflow.start_run(run_id=run_id):
+                tracking.log_metrics(metrics)
+                mlflow.log_params({"dur.judge_lm": spec, "dur.mode": args.mode})
+                tracking.log_run_folder(run_dir)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from hcqr_dspy import tracking
+    from hcqr_dspy.compare import compare
+
+    report, files = compare(args.runs, reference=args.reference, out_dir=args.out)
+    print(report)
+    print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
+    if not args.no_mlflow:
+        import mlflow
+
+        with tracking.mlflow_run("compare", {"runs": [str(r) for r in args.runs], "reference": args.reference},
+                                 tags={"kind": "comparison"}, store=args.mlflow_dir, traces=False) as run:
+            for f in files:
+                mlflow.log_artifact(str(f), artifact_path="comparison")
+        print(f"MLflow run {run.info.run_id} in {_store(args)}", file=sys.stderr)
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.experiment import load_experiment, run_experiment
+
+    exp = load_experiment(args.file, limit=args.limit, lm=args.lm)
+    if args.check:
+        print(f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s), lm {exp.lm})")
+        return 0
+    out = run_experiment(exp, runs_root=args.runs, mlflow_dir=args.mlflow_dir)
+    for dname, cells in out["cells"].items():
+        print(f"\n## {dname}\n")
+        print(metrics_table(list(cells.items())))
+        if dname in out["reports"]:
+            print(f"\nreport: {out['reports'][dname]}")
+    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -262,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
     p.add_argument("--encoder", default=None, help="sentence-transformers model name or path (default: all-MiniLM-L6-v2)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="passages per encoder batch")
+    p.add_argument("--duplicate-ids", choices=["error", "rename"], default="error",
+                   help="a repeated passage id: refuse (default) or keep the row as <id>#2, #3 ...")
     p.add_argument("--out", required=True, help="index folder to write")
     p.set_defaults(func=cmd_index)
 
@@ -305,6 +375,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm", default="local")
     p.add_argument("--max-tokens", type=_positive_int, default=1024)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("judge", help="label each run question's retrieved context with the DUR judge")
+    p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
+    p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
+    p.add_argument("--mode", choices=["context", "passage"], default="context", help="judge the fused context or each passage")
+    p.add_argument("--index", default=None, help="index folder (default: the run's)")
+    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--no-mlflow", action="store_true")
+    p.add_argument("--api-base", default=None)
+    p.add_argument("--api-key-env", default=None)
+    p.add_argument("--max-tokens", type=_positive_int, default=256)
+    p.add_argument("--n-ctx", type=_positive_int, default=8192)
+    p.set_defaults(func=cmd_judge)
+
+    p = sub.add_parser("compare", help="compare runs on the same questions: table, McNemar tests, plots")
+    p.add_argument("runs", nargs="+", help="two or more run folders")
+    p.add_argument("--reference", default=None, help="reference run (method label or folder; default: the first)")
+    p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--no-mlflow", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
+    p.add_argument("file", help="experiment YAML (see experiments/)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size")
+    p.add_argument("--lm", default=None, help="override the experiment's LM spec")
+    p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
+    p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
     p.add_argument("--mlflow-dir", default=None)

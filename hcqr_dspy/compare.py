@@ -1,8 +1,124 @@
-"""Tables over finished runs (the paired statistics build on this)."""
+"""Paired comparison of runs on the same questions: tables, exact McNemar tests, plots.
+
+Every run is a run folder written by ``hcqr eval`` (``config.json``,
+``predictions.jsonl``, ``metrics.json``, and ``dur.json`` /
+``judgments.jsonl`` once judged by ``hcqr judge``). Runs are compared only on
+identical question sets; accuracy differences against a reference run are
+tested with the exact McNemar test on the discordant pairs
+(``statsmodels.stats.contingency_tables.mcnemar(..., exact=True)``: a
+two-sided binomial test of b vs c; McNemar 1947).
+"""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluate import CONFIG, PREDICTIONS, read_rows
+from hcqr_dspy.metrics import hypothesis_changes, summarize
+
+DUR_FILE = "dur.json"
+JUDGMENTS_FILE = "judgments.jsonl"
+
+
+@dataclass
+class Run:
+    """A finished run folder, loaded."""
+
+    path: Path
+    label: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    dur: dict[str, Any] = field(default_factory=dict)
+    judgments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def correct(self) -> dict[str, bool]:
+        return {r["qid"]: bool(r["correct"]) for r in self.rows}
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    """Load a run folder.
+
+    Raises:
+        HCQRError: not a run folder, or no finished question.
+    """
+    path = Path(path)
+    if not (path / CONFIG).is_file() or not (path / PREDICTIONS).is_file():
+        raise HCQRError(f"{path} is not a run folder (needs {CONFIG} and {PREDICTIONS}; made by `hcqr eval`)")
+    config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    rows = read_rows(path / PREDICTIONS)
+    if not rows:
+        raise HCQRError(f"run {path} has no finished question")
+    dur = json.loads((path / DUR_FILE).read_text()) if (path / DUR_FILE).is_file() else {}
+    judgments = read_rows(path / JUDGMENTS_FILE)
+    return Run(path, label or config.get("method", path.name), config, rows, summarize(rows), dur, judgments)
+
+
+def mcnemar_exact(reference: dict[str, bool], other: dict[str, bool]) -> dict[str, float]:
+    """Exact McNemar test of two paired correctness vectors over the same question ids.
+
+    Returns:
+        ``b`` (reference right, other wrong), ``c`` (reference wrong, other
+        right), ``both_right``, ``both_wrong`` and the two-sided exact
+        ``p_value`` (1.0 when there is no discordant pair).
+    """
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    a = sum(reference[q] and other[q] for q in reference)
+    b = sum(reference[q] and not other[q] for q in reference)
+    c = sum(not reference[q] and other[q] for q in reference)
+    d = sum(not reference[q] and not other[q] for q in reference)
+    p = 1.0 if b + c == 0 else float(mcnemar([[a, b], [c, d]], exact=True).pvalue)
+    return {"both_right": a, "b": b, "c": c, "both_wrong": d, "p_value": p}
+
+
+def check_same_questions(runs: Sequence[Run]) -> list[str]:
+    """The shared question ids, in the first run's order.
+
+    Raises:
+        HCQRError: a run covers other questions (the first differing ids are named).
+    """
+    first = [r["qid"] for r in runs[0].rows]
+    for run in runs[1:]:
+        ids = [r["qid"] for r in run.rows]
+        if set(ids) != set(first):
+            only_a = sorted(set(first) - set(ids))[:5]
+            only_b = sorted(set(ids) - set(first))[:5]
+            raise HCQRError(
+                f"runs cover different questions: {runs[0].path} ({len(first)}) vs {run.path} ({len(ids)}); "
+                f"only in the first: {only_a or '-'}; only in the second: {only_b or '-'}. "
+                "Compare runs made with the same dataset, --limit/--seed or --ids (finish interrupted runs first)."
+            )
+    return first
+
+
+def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
+    """Markdown: accuracy ± SE, invalid answers, DUR, cost, and McNemar vs the reference."""
+    lines = [
+        "| run | n | accuracy | ± SE | invalid | DUR | LM calls/q | prompt tok/q | completion tok/q | s/q | vs ref (b/c) | McNemar p |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        m = run.metrics
+        dur = f"{run.dur['dur']:.1%}" if "dur" in run.dur else "–"
+        if reference is not None and run is not reference:
+            t = mcnemar_exact(reference.correct, run.correct)
+            vs = f"{t['b']}/{t['c']}"
+            p = f"{t['p_value']:.3g}"
+        else:
+            vs, p = ("reference", "") if reference is run else ("", "")
+        lines.append(
+            f"| {run.label} | {m['n']} | {m['accuracy']:.1%} | {m['accuracy_se']:.1%} | {m['invalid']} | {dur} | "
+            f"{m['mean_lm_calls']:.1f} | {m['mean_prompt_tokens']:.0f} | {m['mean_completion_tokens']:.0f} | "
+            f"{m['mean_seconds']:.1f} | {vs} | {p} |"
+        )
+    return "\n".join(lines)
 
 
 def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
@@ -25,3 +141,153 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
             f"{m['mean_completion_tokens']:.0f} | {m['mean_seconds']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def disagreements(runs: Sequence[Run], qids: Sequence[str]) -> str:
+    """Markdown list of the questions on which the runs' correctness differs."""
+    by_run = [{r["qid"]: r for r in run.rows} for run in runs]
+    lines = ["| qid | gold | " + " | ".join(run.label for run in runs) + " |", "|---|---|" + "---|" * len(runs)]
+    for q in qids:
+        marks = [rows[q]["correct"] for rows in by_run]
+        if len(set(marks)) > 1:
+            cells = [f"{rows[q]['prediction'] or 'invalid'} {'✓' if rows[q]['correct'] else '✗'}" for rows in by_run]
+            lines.append(f"| {q} | {by_run[0][q]['gold']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else "No question is answered differently."
+
+
+def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
+    """Bar chart of accuracy with 95% Wilson intervals (statsmodels ``proportion_confint``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from statsmodels.stats.proportion import proportion_confint
+
+    labels = [r.label for r in runs]
+    acc = [r.metrics["accuracy"] for r in runs]
+    lo, hi = zip(*(proportion_confint(r.metrics["correct"], r.metrics["n"], method="wilson") for r in runs))
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(runs)), 3.5))
+    ax.bar(labels, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]], capsize=4, color="#4C72B0")
+    ax.set_ylabel("accuracy (95% Wilson CI)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Accuracy on {runs[0].metrics['n']} questions")
+    plt.xticks(rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
+    """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run."""
+    judged = [r for r in runs if r.dur.get("dur_n")]
+    if not judged:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(judged)), 3.5))
+    bottom = [0.0] * len(judged)
+    for key, color in (("entailed", "#2ca02c"), ("useful", "#98df8a"), ("not_useful", "#d62728"), ("invalid", "#7f7f7f")):
+        vals = []
+        for r in judged:
+            n, inv = r.dur["dur_n"], r.dur["dur_invalid"]
+            vals.append(inv / n if key == "invalid" else r.dur.get(f"dur_{key}", 0.0) * (n - inv) / n)
+        ax.bar([r.label for r in judged], vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("share of judged questions")
+    ax.set_title("Decision-Useful Rate labels")
+    ax.legend(fontsize=7, loc="upper right")
+    plt.xticks(rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
+    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...)."""
+    with_h = [(r, hypothesis_changes(r.rows)) for r in runs]
+    with_h = [(r, c) for r, c in with_h if c["with_hypothesis"]]
+    if not with_h:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("kept_right", "fixed", "kept_wrong", "broke", "changed_wrong_to_wrong", "invalid_answer")
+    colors = ("#2ca02c", "#98df8a", "#ff9896", "#d62728", "#ffbb78", "#7f7f7f")
+    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(with_h)), 3.5))
+    bottom = [0] * len(with_h)
+    for key, color in zip(keys, colors):
+        vals = [c[key] for _, c in with_h]
+        ax.bar([r.label for r, _ in with_h], vals, bottom=bottom, label=key.replace("_", " "), color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("questions")
+    ax.set_title("Final answer vs working hypothesis")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
+    """Compare runs: Markdown report and plots.
+
+    Args:
+        run_dirs: Two or more run folders over the same questions.
+        reference: Label (method) or folder of the reference run; default the first run.
+        out_dir: Where to write ``comparison.md``, ``comparison.json`` and the PNGs (default ``./comparison``).
+
+    Returns:
+        The Markdown report and the written files.
+
+    Raises:
+        HCQRError: fewer than two runs, unknown reference, or different question sets.
+    """
+    if len(run_dirs) < 2:
+        raise HCQRError("compare needs at least two run folders")
+    runs = [load_run(p) for p in run_dirs]
+    counts: dict[str, int] = {}
+    for r in runs:  # make labels unique: method, then method + lm
+        counts[r.label] = counts.get(r.label, 0) + 1
+    for r in runs:
+        if counts[r.label] > 1:
+            r.label = f"{r.label} ({r.config.get('lm', {}).get('spec', r.path.name)})"
+    qids = check_same_questions(runs)
+    ref = runs[0]
+    if reference:
+        matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)]
+        if not matches:
+            raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
+        ref = matches[0]
+    out = Path(out_dir or "comparison")
+    out.mkdir(parents=True, exist_ok=True)
+    files = [plot_accuracy(runs, out / "accuracy.png")]
+    files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
+    ordered = [ref] + [r for r in runs if r is not ref]
+    report = "\n\n".join(
+        [
+            f"# Comparison on {len(qids)} questions (reference: {ref.label})",
+            comparison_table(ordered, ref),
+            "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
+            "(statsmodels) on b vs c.",
+            "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
+            "## Questions answered differently\n\n" + disagreements(ordered, qids),
+        ]
+    ) + "\n"
+    md = out / "comparison.md"
+    md.write_text(report, encoding="utf-8")
+    summary = {
+        "reference": ref.label,
+        "questions": len(qids),
+        "runs": {r.label: {"path": str(r.path), **r.metrics, **r.dur} for r in ordered},
+        "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
+    }
+    js = out / "comparison.json"
+    js.write_text(json.dumps(summary, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
+    return report, [md, js, *files]

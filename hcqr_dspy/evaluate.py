@@ -88,7 +88,7 @@ def _truncate_partial_tail(path: Path) -> None:
 def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, seconds: float) -> dict[str, Any]:
     """One run record: question id, answer, validity, correctness, retrieval and cost."""
     stages = dict(pred.get("stages") or {})
-    return {
+    row = {
         "qid": example.qid,
         "method": method,
         "prediction": pred.get("answer"),
@@ -108,6 +108,10 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         "completion_tokens": sum(s.get("completion_tokens", 0) for s in stages.values()),
         "seconds": round(seconds, 4),
     }
+    for key in pred.keys():  # method-specific fields (hypothetical passage, reranker, query roles ...)
+        if key not in row and key not in ("answer", "valid"):
+            row[key] = pred.get(key)
+    return row
 
 
 def error_row(example: dspy.Example, method: str, exc: BaseException, seconds: float) -> dict[str, Any]:
@@ -163,6 +167,80 @@ class EvalResult:
     ran: int
 
 
+def resumable_map(
+    items: Sequence[Any],
+    key: Callable[[Any], str],
+    work: Callable[[Any], dict[str, Any]],
+    path: Path,
+    num_threads: int = 1,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Apply ``work`` to each item not yet in the JSONL file ``path``, appending its row as it finishes.
+
+    Rows are keyed by ``row["qid"]`` (``key(item)`` for items). A partial
+    last line (killed writer) is dropped and its item redone. ``work`` may
+    raise: LM-unavailable errors stop the whole map; a write failure stops
+    it; anything else is the item's own problem and must be turned into a
+    row by ``work`` itself.
+
+    Returns:
+        ``(rows in item order, resumed count, run-now count)``.
+
+    Raises:
+        LMUnavailableError: the LM stopped answering; finished rows are kept.
+        RunError: a row could not be written (disk full ...); finished rows are kept.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _truncate_partial_tail(path)
+    wanted = {key(item) for item in items}
+    done = {r["qid"]: r for r in read_rows(path) if r["qid"] in wanted}
+    todo = [item for item in items if key(item) not in done]
+    lock = threading.Lock()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run_one(item):
+        if stop.is_set():
+            return None
+        try:
+            row = work(item)
+        except LM_UNAVAILABLE as exc:
+            stop.set()
+            failure.append(exc)
+            return None
+        try:
+            with lock:
+                with path.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        except OSError as exc:  # disk full, folder removed: stop, never drop rows silently
+            stop.set()
+            failure.append(RunError(f"cannot write {path}: {exc.strerror or exc}"))
+            return None
+        if on_row:
+            on_row(row)
+        return row
+
+    new_rows: list[dict[str, Any]] = []
+    if todo:
+        executor = ParallelExecutor(num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1)
+        new_rows = [r for r in executor.execute(run_one, todo) if r is not None]
+    by_key = {**done, **{r["qid"]: r for r in new_rows}}
+    rows = [by_key[key(item)] for item in items if key(item) in by_key]
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, RunError):
+            raise RunError(f"{exc}; {len(rows)}/{len(items)} questions are saved; fix it and run again to resume")
+        first_line = (str(exc).splitlines() or [""])[0][:300]
+        raise LMUnavailableError(
+            f"the LM stopped answering or cannot be used ({type(exc).__name__}: {first_line}); "
+            f"{len(rows)}/{len(items)} questions are saved in {path}; run the same command again to resume"
+        )
+    return rows, len(done), len(new_rows)
+
+
 def evaluate(
     program: dspy.Module,
     examples: Sequence[dspy.Example],
@@ -192,57 +270,32 @@ def evaluate(
         RunError: a row could not be written (disk full ...); finished rows are kept.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / PREDICTIONS
-    _truncate_partial_tail(path)
-    wanted = {e.qid for e in examples}
-    done = {r["qid"]: r for r in read_rows(path) if r["qid"] in wanted}
-    todo = [e for e in examples if e.qid not in done]
-    lock = threading.Lock()
-    stop = threading.Event()
-    failure: list[BaseException] = []
 
-    def run_one(example: dspy.Example):
-        if stop.is_set():
-            return None
+    def work(example: dspy.Example) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             pred = program(question=example.question, options=example.options)
-            row = prediction_row(example, pred, method, time.perf_counter() - t0)
-        except LM_UNAVAILABLE as exc:
-            stop.set()
-            failure.append(exc)
-            return None
+            return prediction_row(example, pred, method, time.perf_counter() - t0)
+        except LM_UNAVAILABLE:
+            raise
         except Exception as exc:  # one broken question must not end the run
-            row = error_row(example, method, exc, time.perf_counter() - t0)
-        try:
-            with lock:
-                with path.open("a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-        except OSError as exc:  # disk full, folder removed: stop, never drop rows silently
-            stop.set()
-            failure.append(RunError(f"cannot write {path}: {exc.strerror or exc}"))
-            return None
-        if on_row:
-            on_row(row)
-        return row
+            return error_row(example, method, exc, time.perf_counter() - t0)
 
-    new_rows: list[dict[str, Any]] = []
-    if todo:
-        executor = ParallelExecutor(num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1)
-        new_rows = [r for r in executor.execute(run_one, todo) if r is not None]
-    by_qid = {**done, **{r["qid"]: r for r in new_rows}}
-    rows = [by_qid[e.qid] for e in examples if e.qid in by_qid]
+    try:
+        rows, resumed, ran = resumable_map(
+            examples, lambda e: e.qid, work, run_dir / PREDICTIONS, num_threads, progress, on_row
+        )
+    except HCQRError:
+        write_metrics(run_dir, read_rows(run_dir / PREDICTIONS), {e.qid for e in examples})
+        raise
+    metrics = write_metrics(run_dir, rows)
+    return EvalResult(rows=rows, metrics=metrics, resumed=resumed, ran=ran)
+
+
+def write_metrics(run_dir: Path, rows: list[dict[str, Any]], keep: set[str] | None = None) -> dict[str, float]:
+    """Summarize rows (those with qid in ``keep``, if given) into ``metrics.json``."""
+    if keep is not None:
+        rows = [r for r in rows if r["qid"] in keep]
     metrics = summarize(rows)
     (run_dir / METRICS).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    if failure:
-        exc = failure[0]
-        if isinstance(exc, RunError):
-            raise RunError(f"{exc}; {len(rows)}/{len(examples)} questions are saved; fix it and run again to resume")
-        raise LMUnavailableError(
-            f"the LM stopped answering or cannot be used ({type(exc).__name__}: {(str(exc).splitlines() or [""])[0][:300]}); {len(rows)}/{len(examples)} "
-            f"questions are saved in {path}; run the same command again to resume"
-        )
-    return EvalResult(rows=rows, metrics=metrics, resumed=len(done), ran=len(new_rows))
+    return metrics

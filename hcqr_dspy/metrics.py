@@ -56,10 +56,41 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     for name, fields in per_stage.items():
         for field, total in fields.items():
             out[f"{name}_mean_{field}"] = total / n
-    hyp = [r for r in rows if r.get("hypothesis")]
-    if hyp:
-        out["hypothesis_accuracy"] = sum(r["hypothesis"]["working_hypothesis"] == r["gold"] for r in hyp) / len(hyp)
-        out["answer_changed_rate"] = sum(
-            r["valid"] and r["prediction"] != r["hypothesis"]["working_hypothesis"] for r in hyp
-        ) / len(hyp)
+    changes = hypothesis_changes(rows)
+    if changes["with_hypothesis"]:
+        n_h = changes["with_hypothesis"]
+        out["hypothesis_accuracy"] = changes["hypothesis_correct"] / n_h
+        out["answer_changed_rate"] = (changes["fixed"] + changes["broke"] + changes["changed_wrong_to_wrong"]) / n_h
+        out.update({f"hypothesis_{k}": v for k, v in changes.items() if k not in ("with_hypothesis", "hypothesis_correct")})
     return out
+
+
+def hypothesis_changes(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How the final answer relates to HCQR's working hypothesis.
+
+    Counts over rows that have a hypothesis (HCQR runs): ``hypothesis_correct``;
+    ``kept_right`` / ``kept_wrong`` (answer = hypothesis); ``fixed`` (wrong
+    hypothesis, right answer); ``broke`` (right hypothesis, wrong answer);
+    ``changed_wrong_to_wrong``; ``invalid_answer`` (no valid final answer).
+    """
+    c = dict.fromkeys(
+        ("with_hypothesis", "hypothesis_correct", "kept_right", "kept_wrong", "fixed", "broke",
+         "changed_wrong_to_wrong", "invalid_answer"), 0)
+    for r in rows:
+        h = (r.get("hypothesis") or {}).get("working_hypothesis")
+        if not h:
+            continue
+        c["with_hypothesis"] += 1
+        h_right = h == r["gold"]
+        c["hypothesis_correct"] += h_right
+        if not r["valid"]:
+            c["invalid_answer"] += 1
+        elif r["prediction"] == h:
+            c["kept_right" if h_right else "kept_wrong"] += 1
+        elif r["correct"]:
+            c["fixed"] += 1
+        elif h_right:
+            c["broke"] += 1
+        else:
+            c["changed_wrong_to_wrong"] += 1
+    return c

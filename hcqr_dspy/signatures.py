@@ -9,12 +9,24 @@ HCQR (Hypothesis-Conditioned Query Rewriting) has three LM steps:
    support / distinction / key features.
 3. :class:`AnswerQuestion` — answer from question + options + retrieved
    context only; the hypothesis is never an input (no anchoring).
+   :class:`AnswerQuestionWithHypothesis` adds it, for the anchoring ablation.
+
+Baselines:
+
+* :class:`WriteHypotheticalPassage` — HyDE (Gao et al. 2022): a textbook-style
+  passage answering the question (options not shown), used as the query.
+* :class:`RewriteQuestion` / :class:`RewriteQuestionWithOptions` — a generic
+  query rewriter (Rewrite-Retrieve-Read, Ma et al. 2023), without and with the
+  options, never with a hypothesis.
+* :class:`RatePassageRelevance` — an LM reranker's 0-10 usefulness score.
 
 Option letters vary per question (any number of letter-labelled options), so
 the letter fields are typed ``str`` here and narrowed per call to
 ``Literal[<that question's letters>]`` by :func:`restrict_letters`; with
 ``dspy.JSONAdapter`` and a schema-capable LM the narrowing becomes
-constrained decoding.
+constrained decoding. Likewise :func:`restrict_range` narrows an integer score
+to ``Literal[low..high]`` and :func:`ask_for_count` states how many items a
+list field must hold.
 """
 
 from __future__ import annotations
@@ -74,6 +86,21 @@ class AnswerQuestion(dspy.Signature):
     answer: str = dspy.OutputField(desc="the letter of the correct option")
 
 
+class AnswerQuestionWithHypothesis(dspy.Signature):
+    """Answer the medical exam question using the relevant documents and a working hypothesis formed before
+    retrieval. The hypothesis may be wrong: check it against the documents. Think step by step, then choose one
+    option."""
+
+    context: str = dspy.InputField(desc="retrieved documents, each as 'Document [i] (Title: ...) text'")
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    hypothesis: str = dspy.InputField(
+        desc="the working hypothesis formed before retrieval: best option, discriminating features, confirming evidence, reasoning"
+    )
+    reasoning: str = dspy.OutputField(desc="step-by-step reasoning, at most 120 words")
+    answer: str = dspy.OutputField(desc="the letter of the correct option")
+
+
 class AnswerQuestionNoContext(dspy.Signature):
     """Answer the medical exam question. Think step by step, then choose one option."""
 
@@ -81,6 +108,51 @@ class AnswerQuestionNoContext(dspy.Signature):
     options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
     reasoning: str = dspy.OutputField(desc="step-by-step reasoning, at most 120 words")
     answer: str = dspy.OutputField(desc="the letter of the correct option")
+
+
+class WriteHypotheticalPassage(dspy.Signature):
+    """Write a short passage from a medical textbook that answers the question. Write it as the textbook would:
+    plain factual statements dense with the relevant medical terms (diagnosis, mechanism, findings, treatment), with
+    no mention of the question or of a patient case. The passage is used only as a search query to find real
+    textbook passages."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    passage: str = dspy.OutputField(desc="a textbook-style paragraph answering the question, 40-100 words")
+
+
+QUERIES_DESC = "different search queries; each is " + QUERY_DESC
+
+
+class RewriteQuestion(dspy.Signature):
+    """Rewrite the medical exam question into several different search queries that together retrieve the textbook
+    evidence needed to answer it: the condition, mechanism or drug it asks about and its key findings. Each query
+    is a short keyword phrase, not a sentence. For instance, for a child with a rash after amoxicillin given for a
+    sore throat: "amoxicillin rash infectious mononucleosis", "maculopapular rash after aminopenicillin",
+    "sore throat fever lymphadenopathy adolescent"."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    queries: list[str] = dspy.OutputField(desc=QUERIES_DESC)
+
+
+class RewriteQuestionWithOptions(dspy.Signature):
+    """Rewrite the medical exam question into several different search queries that together retrieve the textbook
+    evidence needed to choose between its options: the key findings of the question and what separates the
+    options. Each query is a short keyword phrase, not a sentence and not a list of the options. For instance, for
+    a child with a rash after amoxicillin given for a sore throat: "amoxicillin rash infectious mononucleosis",
+    "drug allergy versus viral exanthem rash", "sore throat fever lymphadenopathy adolescent"."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    queries: list[str] = dspy.OutputField(desc=QUERIES_DESC)
+
+
+class RatePassageRelevance(dspy.Signature):
+    """Rate how useful a retrieved textbook passage is for answering a medical exam question: 0 means unrelated
+    or useless, 5 means on topic but not deciding the answer, 10 means it states the fact that decides the answer."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    passage: str = dspy.InputField(desc="one retrieved passage: its title, then its text")
+    relevance: int = dspy.OutputField(desc="0-10 how useful this passage is for answering the question (an integer)")
 
 
 def restrict_letters(signature: type[dspy.Signature], field: str, letters: list[str]) -> type[dspy.Signature]:
@@ -92,3 +164,60 @@ def restrict_letters(signature: type[dspy.Signature], field: str, letters: list[
         letters: The question's option letters, e.g. ``["A", "B", "C", "D", "E"]``.
     """
     return signature.with_updated_fields(field, type_=Literal[tuple(letters)])
+
+
+DUR_LABELS_DESC = (
+    "ENTAILED if the documents alone imply the correct answer; USEFUL if they strongly support it but need a "
+    "small inference; NOT_USEFUL otherwise"
+)
+
+
+class JudgeContext(dspy.Signature):
+    """Judge whether retrieved documents are decision-useful for answering an exam question correctly.
+    Use only the documents, not your own knowledge: ENTAILED means the documents alone imply the correct answer;
+    USEFUL means they give strong support for it but need a small inference; NOT_USEFUL means neither."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    correct_answer: str = dspy.InputField(desc="the correct option")
+    context: str = dspy.InputField(desc="retrieved documents, each as 'Document [i] (Title: ...) text'")
+    label: Literal["ENTAILED", "USEFUL", "NOT_USEFUL"] = dspy.OutputField(desc=DUR_LABELS_DESC)
+
+
+class JudgePassage(dspy.Signature):
+    """Judge whether one retrieved document is decision-useful for answering an exam question correctly.
+    Use only the document, not your own knowledge: ENTAILED means it alone implies the correct answer;
+    USEFUL means it gives strong support for it but needs a small inference; NOT_USEFUL means neither."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    correct_answer: str = dspy.InputField(desc="the correct option")
+    passage: str = dspy.InputField(desc="one retrieved document as 'Document [i] (Title: ...) text'")
+    label: Literal["ENTAILED", "USEFUL", "NOT_USEFUL"] = dspy.OutputField(desc=DUR_LABELS_DESC)
+
+
+def restrict_range(signature: type[dspy.Signature], field: str, low: int, high: int) -> type[dspy.Signature]:
+    """The signature with the integer ``field`` typed ``Literal[low, ..., high]``.
+
+    A reply outside the range then fails to parse (``AdapterParseError``)
+    instead of passing as an out-of-scale score.
+
+    Args:
+        signature: A signature holding an output ``field``.
+        field: Name of the score field (``relevance``).
+        low: Lowest allowed value.
+        high: Highest allowed value (inclusive).
+    """
+    return signature.with_updated_fields(field, type_=Literal[tuple(range(low, high + 1))])
+
+
+def ask_for_count(signature: type[dspy.Signature], field: str, n: int) -> type[dspy.Signature]:
+    """The signature with the list ``field``'s description asking for exactly ``n`` items.
+
+    Args:
+        signature: A signature holding a list output ``field``.
+        field: Name of the list field (``queries``).
+        n: How many items to ask for.
+    """
+    desc = signature.output_fields[field].json_schema_extra.get("desc") or ""
+    return signature.with_updated_fields(field, desc=f"exactly {n} {desc}")

@@ -91,6 +91,9 @@ def mlflow_run(
 ) -> Iterator[Any]:
     """Start (or resume, given ``run_id``) an MLflow run with params and tags.
 
+    Started while another run is active (an experiment's parent run), it is
+    a nested child run.
+
     Args:
         run_name: Display name.
         params: Configuration, flattened into params (logged once; a resumed
@@ -111,11 +114,12 @@ def mlflow_run(
         import mlflow.dspy
 
         mlflow.dspy.autolog(log_traces=True, silent=True)
+    nested = mlflow.active_run() is not None  # a cell of an experiment: child of its parent run
     try:
         if run_id:
-            run = mlflow.start_run(run_id=run_id)
+            run = mlflow.start_run(run_id=run_id, nested=nested)
         else:
-            run = mlflow.start_run(run_name=run_name, experiment_id=experiment_id, tags=tags or {})
+            run = mlflow.start_run(run_name=run_name, experiment_id=experiment_id, tags=tags or {}, nested=nested)
             mlflow.log_params(flatten(params))
         with run:
             yield run

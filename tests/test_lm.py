@@ -1,7 +1,6 @@
 """LM specs, packaged-model assembly and checksum, key handling."""
 
 import hashlib
-import sys
 
 import pytest
 

@@ -1,14 +1,40 @@
-"""One ``dspy.Module`` per method, registered by name."""
+"""One ``dspy.Module`` per method, registered by name.
+
+Methods: ``cot`` (no retrieval), ``simple_rag`` (the question, top 15),
+``hcqr``, and the baselines ``hyde``, ``query_rewrite``,
+``query_rewrite_options`` and ``rerank_rag``. HCQR's ablations are options of
+:class:`HCQR` (``roles``, ``show_hypothesis``), registered with those options
+fixed as ``hcqr_no_support``, ``hcqr_no_distinction``,
+``hcqr_no_key_features`` and ``hcqr_show_hypothesis``.
+"""
 
 from __future__ import annotations
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.programs.hcqr import HCQR
+from hcqr_dspy.programs.hcqr import HCQR, HCQRNoDistinction, HCQRNoKeyFeatures, HCQRNoSupport, HCQRShowHypothesis
+from hcqr_dspy.programs.hyde import HyDE
+from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
+from hcqr_dspy.programs.rerank_rag import RerankRAG
 from hcqr_dspy.programs.simple_rag import SimpleRAG
 
-PROGRAMS: dict[str, type[MCQProgram]] = {"cot": CoT, "simple_rag": SimpleRAG, "hcqr": HCQR}
+PROGRAMS: dict[str, type[MCQProgram]] = {
+    cls.method: cls
+    for cls in (
+        CoT,
+        SimpleRAG,
+        HCQR,
+        HyDE,
+        QueryRewrite,
+        QueryRewriteOptions,
+        RerankRAG,
+        HCQRNoSupport,
+        HCQRNoDistinction,
+        HCQRNoKeyFeatures,
+        HCQRShowHypothesis,
+    )
+}
 
 
 def make_program(method: str, retriever=None, **options) -> MCQProgram:
@@ -22,4 +48,19 @@ def make_program(method: str, retriever=None, **options) -> MCQProgram:
     return PROGRAMS[method](retriever=retriever, **options)
 
 
-__all__ = ["CoT", "HCQR", "MCQProgram", "PROGRAMS", "SimpleRAG", "make_program"]
+__all__ = [
+    "CoT",
+    "HCQR",
+    "HCQRNoDistinction",
+    "HCQRNoKeyFeatures",
+    "HCQRNoSupport",
+    "HCQRShowHypothesis",
+    "HyDE",
+    "MCQProgram",
+    "PROGRAMS",
+    "QueryRewrite",
+    "QueryRewriteOptions",
+    "RerankRAG",
+    "SimpleRAG",
+    "make_program",
+]

@@ -15,13 +15,21 @@ returns a ``dspy.Prediction`` with at least:
 The retriever is injected at construction and is not part of the program
 state (``program.save`` stores only predictor instructions and demos), so a
 saved program loads against any retriever.
+
+Also here: the query cleaning shared by every method whose LM writes search
+queries (:func:`clean_query`, :func:`dedupe`), and :func:`variant`, which
+registers a method as another one with some options fixed (ablations,
+``query_rewrite_options``) without copying its code.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 import time
+import types
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError, ContextWindowExceededError
@@ -43,6 +51,7 @@ DEFAULT_MAX_CONTEXT_TOKENS = 6000
 # Qwen2.5 tokenizer for empty inputs (dspy 3.4.1), plus margin for chat
 # markup and tokenizer differences.
 PROMPT_OVERHEAD_TOKENS = 600
+MAX_QUERY_WORDS = 32
 
 
 @contextmanager
@@ -64,6 +73,37 @@ def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
                 "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
                 "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
             }
+
+
+def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
+    """A usable search query, or ``None``.
+
+    Strips quotes, list markers (``1.``, ``-``), labels like ``q1:`` or
+    ``query 2:`` and whitespace; keeps at most ``max_words`` words (the 1.5B
+    model's "queries" were often 30-60-word copies of its reasoning). Empty or
+    letter-only text, and a template placeholder echoed back
+    (``{support_query}``, seen with SmolLM2-135M), are unusable.
+    """
+    if not isinstance(text, str) or re.fullmatch(r"\s*\{[\w ]*\}\s*", text):
+        return None  # missing, or a template placeholder echoed back ("{support_query}")
+    q = re.sub(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+", "", text.strip())
+    q = re.sub(r"^\s*(q\d|query(\s*\d)?|support|distinction|key[ _]features?)\s*[:\-]\s*", "", q, flags=re.I)
+    q = " ".join(q.strip().strip("\"'`").split())
+    if len(re.sub(r"[^A-Za-z0-9]", "", q)) < 3:
+        return None
+    return " ".join(q.split()[:max_words])
+
+
+def dedupe(queries: list[str | None]) -> list[str | None]:
+    """Mark a query that repeats an earlier one (ignoring case) as unusable."""
+    seen: set[str] = set()
+    out: list[str | None] = []
+    for q in queries:
+        key = q.lower() if q else None
+        out.append(None if key is None or key in seen else q)
+        if key:
+            seen.add(key)
+    return out
 
 
 def passage_records(retriever: Retriever, fused: list[FusedPassage]) -> list[dict[str, Any]]:
@@ -109,10 +149,11 @@ class MCQProgram(dspy.Module):
         return {"method": self.method, "budget": self.budget, "max_context_tokens": self.max_context_tokens}
 
     # -- context -------------------------------------------------------
-    def context_budget(self, question: str, options: dict[str, str]) -> int:
+    def context_budget(self, question: str, options: dict[str, str], other_inputs: str = "") -> int:
         """Tokens the context may use: ``max_context_tokens``, and for a local
         llama.cpp model no more than its window leaves after the output
-        (``max_tokens``), the question, the options and the prompt template
+        (``max_tokens``), the question, the options, any ``other_inputs`` of
+        the answer step (e.g. a hypothesis shown to it) and the prompt template
         (:data:`PROMPT_OVERHEAD_TOKENS`)."""
         lm = dspy.settings.lm
         budget = self.max_context_tokens
@@ -120,7 +161,7 @@ class MCQProgram(dspy.Module):
         n_ctx = getattr(engine, "n_ctx", None)
         if isinstance(n_ctx, int):
             max_tokens = int((getattr(lm, "kwargs", {}) or {}).get("max_tokens") or 1024)
-            rest = count_tokens(lm, question + "\n" + format_options(options))
+            rest = count_tokens(lm, "\n".join(filter(None, [question, format_options(options), other_inputs])))
             budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
         return max(0, budget)
 
@@ -161,6 +202,28 @@ class MCQProgram(dspy.Module):
         return "\n".join(kept), cut
 
     # -- answering -----------------------------------------------------
+    def answer_from_passages(
+        self, question: str, options: dict[str, str], fused: list[FusedPassage], stages: dict, **shown: str
+    ) -> dict[str, Any]:
+        """The answer step over fused passages: context under the token budget, answer, passage records.
+
+        Args:
+            question, options: The question.
+            fused: Passages in context order (at most ``budget``).
+            stages: The prediction's stage record (``answer`` is added).
+            **shown: Extra inputs of the answer predictor (e.g. a hypothesis
+                for the anchoring ablation); counted against the context budget.
+
+        Returns:
+            ``answer, valid, reasoning, error, stages, passages, context_cut``
+            for the method's ``dspy.Prediction``.
+        """
+        budget = self.context_budget(question, options, "\n".join(shown.values()))
+        context, cut = self.build_context([f.passage_id for f in fused], budget)
+        with stage(stages, "answer"):
+            out = self.answer_step(self.answer, options, question=question, context=context, **shown)
+        return {**out, "stages": stages, "passages": passage_records(self.retriever, fused), "context_cut": cut}
+
     def answer_step(self, predictor: dspy.Predict, options: dict[str, str], **inputs: Any) -> dict[str, Any]:
         """Run an answer predictor with its letter field narrowed to the options.
 
@@ -186,3 +249,51 @@ class MCQProgram(dspy.Module):
             "reasoning": pred.reasoning,
             "error": None if valid else f"answer: {pred.answer!r} is not one of {letters}",
         }
+
+
+P = TypeVar("P", bound=MCQProgram)
+
+
+def variant(base: type[P], name: str, method: str, doc: str, **fixed: Any) -> type[P]:
+    """A registered method that is ``base`` with some constructor options fixed.
+
+    Ablations and controls are options of one class, not copies of it; this
+    gives such a configuration its own registry name (recorded as ``method``
+    in ``settings()`` and the run records). The class is placed in ``base``'s
+    module: assign it there to a module-level ``name`` so it pickles.
+
+    Args:
+        base: The program class.
+        name: Class name of the variant (``"HCQRNoSupport"``).
+        method: Its registry name (``"hcqr_no_support"``).
+        doc: Its docstring.
+        **fixed: The options it fixes; passing one of them with another
+            value raises ``ValueError`` (passing the same value is allowed).
+
+    Example:
+        >>> HCQRNoSupport = variant(HCQR, "HCQRNoSupport", "hcqr_no_support", "...",
+        ...                         roles=("distinction", "key_features"))
+        >>> HCQRNoSupport(retriever).settings()["roles"]
+        ['distinction', 'key_features']
+    """
+
+    def __init__(self, retriever=None, **options: Any) -> None:
+        for key, value in fixed.items():
+            if key in options and _as_tuple(options[key]) != _as_tuple(value):
+                raise ValueError(f"method {method!r} fixes {key}={value!r}; use {base.method!r} to choose {key}")
+            options[key] = value
+        base.__init__(self, retriever, **options)
+
+    # Introspection (e.g. checking an experiment's method_options) sees base's options minus the fixed ones.
+    sig = inspect.signature(base.__init__)
+    __init__.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in fixed])
+
+    def body(ns: dict[str, Any]) -> None:
+        ns.update(__init__=__init__, __doc__=doc, __module__=base.__module__, method=method, fixed_options=dict(fixed))
+
+    return types.new_class(name, (base,), exec_body=body)
+
+
+def _as_tuple(value: Any) -> Any:
+    """Lists and tuples compare equal by content (settings() records tuples as lists)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value

@@ -14,53 +14,45 @@ instead (reference behaviour); a single unusable (empty, too short, or
 repeating an earlier) query is replaced by the
 query its role builds from the hypothesis. Each query's source is recorded.
 
+Ablations are options of :class:`HCQR`, not copies: ``roles`` keeps a subset
+of the three queries (the rewrite step is unchanged and still writes all
+three, so the only difference from full HCQR is which queries reach the
+retriever), and ``show_hypothesis`` shows the hypothesis to the answer step
+(:class:`~hcqr_dspy.signatures.AnswerQuestionWithHypothesis`), the anchoring
+control. The registered variants ``hcqr_no_support``,
+``hcqr_no_distinction``, ``hcqr_no_key_features`` and
+``hcqr_show_hypothesis`` fix those options (:func:`~hcqr_dspy.programs.base.variant`).
+
 Note: retrieval here sees the options (through the hypothesis), which breaks
 MIRAGE's rule that retrieval must not see them; this is HCQR's design.
 """
 
 from __future__ import annotations
 
-import re
+import math
+from typing import Sequence
 
 import dspy
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, passage_records, stage
+from hcqr_dspy.programs.base import (
+    BAD_REPLY_ERRORS,
+    MCQProgram,
+    clean_query,
+    dedupe,
+    stage,
+    variant,
+)
 from hcqr_dspy.retrieval.fusion import STRATEGIES, fuse
-from hcqr_dspy.signatures import AnswerQuestion, FormHypothesis, RewriteQueries, restrict_letters
+from hcqr_dspy.signatures import (
+    AnswerQuestion,
+    AnswerQuestionWithHypothesis,
+    FormHypothesis,
+    RewriteQueries,
+    restrict_letters,
+)
 
 QUERY_ROLES = ("support", "distinction", "key_features")
-MAX_QUERY_WORDS = 32
-
-
-def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
-    """A usable search query, or ``None``.
-
-    Strips quotes, labels like ``q1:`` and whitespace; keeps at most
-    ``max_words`` words (the 1.5B model's "queries" were often 30-60-word
-    copies of its reasoning). Empty or letter-only text, and a template
-    placeholder echoed back (``{support_query}``, seen with SmolLM2-135M),
-    are unusable.
-    """
-    if not isinstance(text, str) or re.fullmatch(r"\s*\{[\w ]*\}\s*", text):
-        return None  # missing, or a template placeholder echoed back ("{support_query}")
-    q = re.sub(r"^\s*(q[123]|query|support|distinction|key[ _]features?)\s*[:\-]\s*", "", text.strip(), flags=re.I)
-    q = " ".join(q.strip().strip("\"'`").split())
-    if len(re.sub(r"[^A-Za-z0-9]", "", q)) < 3:
-        return None
-    return " ".join(q.split()[:max_words])
-
-
-def dedupe(queries: list[str | None]) -> list[str | None]:
-    """Mark a query that repeats an earlier one (ignoring case) as unusable."""
-    seen: set[str] = set()
-    out: list[str | None] = []
-    for q in queries:
-        key = q.lower() if q else None
-        out.append(None if key is None or key in seen else q)
-        if key:
-            seen.add(key)
-    return out
 
 
 def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str]) -> list[str]:
@@ -89,32 +81,68 @@ class HCQR(MCQProgram):
     Args:
         retriever: The shared retriever (not saved with the program).
         budget: Passages kept after fusion (paper: 15).
-        k_per_query: Passages retrieved per query (paper: 5).
+        k_per_query: Passages retrieved per query. ``None`` (default):
+            ``ceil(budget / len(roles))``, so the candidates always cover the
+            budget: 5 for the paper's 15 passages and three queries, 8 when
+            one query is dropped (16 candidates, fused down to 15). An integer
+            is used as given, whatever the roles.
         fusion: ``"score_sum"`` (reference), ``"rrf"`` or ``"round_robin"``.
+        roles: The queries sent to the retriever, a non-empty subset of
+            ``("support", "distinction", "key_features")`` (kept in that
+            order). Default: all three. Dropping one is the paper's
+            q1/q2/q3 ablation; the fallback rule (fewer than two usable
+            rewritten queries of the three: all built from the hypothesis) is
+            decided on all three, as in full HCQR.
+        show_hypothesis: Show the hypothesis (best option, features, evidence,
+            reasoning) to the answer step. Default ``False``: the paper's
+            no-anchoring rule; ``True`` is the anchoring ablation.
         max_context_tokens: Token budget of the answer step's context.
 
     Example:
         >>> program = HCQR(load_index("indexes/demo"))
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.answer, pred.hypothesis["working_hypothesis"], pred.queries
+        >>> HCQR(retriever, roles=("support", "key_features")).settings()["k_per_query"]
+        8
     """
 
     method = "hcqr"
 
-    def __init__(self, retriever, budget: int = 15, k_per_query: int = 5, fusion: str = "score_sum", **kwargs):
+    def __init__(
+        self,
+        retriever,
+        budget: int = 15,
+        k_per_query: int | None = None,
+        fusion: str = "score_sum",
+        roles: Sequence[str] = QUERY_ROLES,
+        show_hypothesis: bool = False,
+        **kwargs,
+    ):
         super().__init__(retriever=retriever, budget=budget, **kwargs)
         if fusion not in STRATEGIES:
             raise ValueError(f"unknown fusion strategy {fusion!r}; choose one of {', '.join(STRATEGIES)}")
+        if isinstance(roles, str) or not roles or len(set(roles)) != len(roles) or not set(roles) <= set(QUERY_ROLES):
+            raise ValueError(f"roles must be distinct names from {QUERY_ROLES}, at least one; got {roles!r}")
+        self.roles = tuple(r for r in QUERY_ROLES if r in roles)
+        if k_per_query is None:
+            k_per_query = math.ceil(budget / len(self.roles))
         if k_per_query < 1:
             raise ValueError(f"k_per_query must be >= 1, got {k_per_query}")
         self.k_per_query = k_per_query
         self.fusion = fusion
+        self.show_hypothesis = bool(show_hypothesis)
         self.hypothesis = dspy.Predict(FormHypothesis)
         self.rewrite = dspy.Predict(RewriteQueries)
-        self.answer = dspy.Predict(AnswerQuestion)
+        self.answer = dspy.Predict(AnswerQuestionWithHypothesis if self.show_hypothesis else AnswerQuestion)
 
     def settings(self):
-        return {**super().settings(), "k_per_query": self.k_per_query, "fusion": self.fusion}
+        return {
+            **super().settings(),
+            "k_per_query": self.k_per_query,
+            "fusion": self.fusion,
+            "roles": list(self.roles),
+            "show_hypothesis": self.show_hypothesis,
+        }
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
@@ -129,7 +157,7 @@ class HCQR(MCQProgram):
             except BAD_REPLY_ERRORS as exc:
                 return dspy.Prediction(
                     answer=None, valid=False, reasoning=None, error=f"hypothesis: {type(exc).__name__}: {exc}"[:500],
-                    stages=stages, hypothesis=None, queries=[], query_sources=[], passages=[],
+                    stages=stages, hypothesis=None, queries=[], query_sources=[], query_roles=[], passages=[],
                 )
         hypothesis = {
             "working_hypothesis": str(h.working_hypothesis).strip().upper(),
@@ -137,10 +165,11 @@ class HCQR(MCQProgram):
             "confirming_evidence": h.confirming_evidence,
             "reasoning": h.reasoning,
         }
+        hypothesis_text = format_hypothesis(hypothesis, options)
 
         with stage(stages, "rewrite"):
             try:
-                r = self.rewrite(question=question, options=opts, hypothesis=format_hypothesis(hypothesis, options))
+                r = self.rewrite(question=question, options=opts, hypothesis=hypothesis_text)
                 raw = [r.support_query, r.distinction_query, r.key_feature_query]
             except BAD_REPLY_ERRORS:
                 raw = [None, None, None]
@@ -151,21 +180,40 @@ class HCQR(MCQProgram):
         else:
             queries = [q if q is not None else f for q, f in zip(rewritten, fallback)]
             sources = ["rewrite" if q is not None else "hypothesis" for q in rewritten]
+        kept = [QUERY_ROLES.index(role) for role in self.roles]
+        queries, sources = [queries[i] for i in kept], [sources[i] for i in kept]
 
         with stage(stages, "retrieval"):
             hit_lists = self.retriever.search(queries, k=self.k_per_query)
             fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
-        context, cut = self.build_context([f.passage_id for f in fused], self.context_budget(question, options))
-
-        with stage(stages, "answer"):
-            out = self.answer_step(self.answer, options, question=question, context=context)
+        shown = {"hypothesis": hypothesis_text} if self.show_hypothesis else {}
         return dspy.Prediction(
-            **out,
-            stages=stages,
+            **self.answer_from_passages(question, options, fused, stages, **shown),
             hypothesis=hypothesis,
             queries=queries,
             query_sources=sources,
+            query_roles=list(self.roles),
             raw_queries=raw,
-            passages=passage_records(self.retriever, fused),
-            context_cut=cut,
         )
+
+
+HCQRNoSupport = variant(
+    HCQR, "HCQRNoSupport", "hcqr_no_support",
+    "HCQR ablation without q1 (support): distinction and key-feature queries only, budget kept.",
+    roles=("distinction", "key_features"),
+)
+HCQRNoDistinction = variant(
+    HCQR, "HCQRNoDistinction", "hcqr_no_distinction",
+    "HCQR ablation without q2 (distinction): support and key-feature queries only, budget kept.",
+    roles=("support", "key_features"),
+)
+HCQRNoKeyFeatures = variant(
+    HCQR, "HCQRNoKeyFeatures", "hcqr_no_key_features",
+    "HCQR ablation without q3 (key features): support and distinction queries only, budget kept.",
+    roles=("support", "distinction"),
+)
+HCQRShowHypothesis = variant(
+    HCQR, "HCQRShowHypothesis", "hcqr_show_hypothesis",
+    "HCQR ablation that shows the hypothesis to the answer step (anchoring control).",
+    show_hypothesis=True,
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dspy
 
-from hcqr_dspy.programs.base import MCQProgram, passage_records, stage
+from hcqr_dspy.programs.base import MCQProgram, stage
 from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion
 
@@ -27,9 +27,4 @@ class SimpleRAG(MCQProgram):
         stages: dict = {}
         with stage(stages, "retrieval"):
             fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
-        context, cut = self.build_context([f.passage_id for f in fused], self.context_budget(question, options))
-        with stage(stages, "answer"):
-            out = self.answer_step(self.answer, options, question=question, context=context)
-        return dspy.Prediction(
-            **out, stages=stages, queries=[question], passages=passage_records(self.retriever, fused), context_cut=cut
-        )
+        return dspy.Prediction(**self.answer_from_passages(question, options, fused, stages), queries=[question])

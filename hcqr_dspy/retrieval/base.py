@@ -192,6 +192,8 @@ class Retriever(ABC):
                 "source": _portable_source(self.corpus.source),
                 "fingerprint": self.corpus.fingerprint,
                 "count": len(self.corpus),
+                "duplicate_ids": self.corpus.duplicate_ids,
+                "renamed_ids": self.corpus.renamed,
             },
             **self.describe(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

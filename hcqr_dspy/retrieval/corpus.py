@@ -67,6 +67,8 @@ class Corpus:
                 raise CorpusError(f"corpus {source!r}: duplicate passage id {p.id!r}")
             self._position[p.id] = i
         self._fingerprint: str | None = None
+        self.duplicate_ids = "error"  # how repeated ids in the source were handled (see load_corpus)
+        self.renamed = 0  # passages whose repeated id was renamed
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -147,20 +149,37 @@ def _read_jsonl(path: Path) -> Iterator[tuple[Passage, str]]:
         raise CorpusError(f"cannot read corpus file {path}: {exc.strerror}") from None
 
 
-def _collect(rows: Iterable[tuple[Passage, str]], source: str) -> Corpus:
+DUPLICATE_POLICIES = ("error", "rename")
+
+
+def _collect(rows: Iterable[tuple[Passage, str]], source: str, duplicate_ids: str = "error") -> Corpus:
     passages: list[Passage] = []
     seen: dict[str, str] = {}
+    repeats: dict[str, int] = {}
     for passage, where in rows:
         if passage.id in seen:
-            raise CorpusError(f"{where}: duplicate passage id {passage.id!r} (first seen at {seen[passage.id]})")
+            if duplicate_ids != "rename":
+                raise CorpusError(
+                    f"{where}: duplicate passage id {passage.id!r} (first seen at {seen[passage.id]}); "
+                    "pass duplicate_ids='rename' (hcqr index --duplicate-ids rename) to keep both as '<id>#2' ..."
+                )
+            repeats[passage.id] = repeats.get(passage.id, 1) + 1
+            new_id = f"{passage.id}#{repeats[passage.id]}"
+            while new_id in seen:
+                repeats[passage.id] += 1
+                new_id = f"{passage.id}#{repeats[passage.id]}"
+            passage = Passage(new_id, passage.title, passage.content)
         seen[passage.id] = where
         passages.append(passage)
     if not passages:
         raise CorpusError(f"corpus {source!r} holds no passages")
-    return Corpus(passages, source=source)
+    corpus = Corpus(passages, source=source)
+    corpus.duplicate_ids = duplicate_ids
+    corpus.renamed = sum(n - 1 for n in repeats.values())
+    return corpus
 
 
-def _load_hub(name: str, split: str) -> Corpus:
+def _load_hub(name: str, split: str, duplicate_ids: str) -> Corpus:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets is a hard dependency
@@ -174,10 +193,10 @@ def _load_hub(name: str, split: str) -> Corpus:
             "Hugging Face hub (HF_HUB_OFFLINE must be unset) or a local copy; pass a .jsonl "
             "file or folder instead."
         ) from None
-    return _collect(((_row_to_passage(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(ds)), name)
+    return _collect(((_row_to_passage(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(ds)), name, duplicate_ids)
 
 
-def load_corpus(source: str | Path, split: str = "train") -> Corpus:
+def load_corpus(source: str | Path, split: str = "train", duplicate_ids: str = "error") -> Corpus:
     """Load a corpus from a ``.jsonl`` file, a folder of them, or a hub dataset.
 
     Args:
@@ -185,6 +204,10 @@ def load_corpus(source: str | Path, split: str = "train") -> Corpus:
             ``*.jsonl``), or a hub dataset name ``owner/name`` when no such
             path exists.
         split: Dataset split for hub datasets (MedRAG corpora use ``train``).
+        duplicate_ids: ``"error"`` (default) refuses a repeated passage id;
+            ``"rename"`` keeps every row, renaming the 2nd, 3rd ... row of an
+            id to ``<id>#2``, ``<id>#3`` in file order (the shared MedQuAD
+            snippets reuse 11 ids for 41 different passages).
 
     Returns:
         The :class:`Corpus`, passages in file order (files in sorted order).
@@ -194,15 +217,17 @@ def load_corpus(source: str | Path, split: str = "train") -> Corpus:
             ids, invalid UTF-8 or JSON (each naming file and line), a missing
             path, or a hub dataset that cannot be loaded (offline).
     """
+    if duplicate_ids not in DUPLICATE_POLICIES:
+        raise CorpusError(f"duplicate_ids must be one of {', '.join(DUPLICATE_POLICIES)}, got {duplicate_ids!r}")
     path = Path(source)
     if path.is_file():
-        return _collect(_read_jsonl(path), str(path))
+        return _collect(_read_jsonl(path), str(path), duplicate_ids)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
         if not files:
             raise CorpusError(f"corpus folder {path} contains no .jsonl files")
-        return _collect((item for f in files for item in _read_jsonl(f)), str(path))
+        return _collect((item for f in files for item in _read_jsonl(f)), str(path), duplicate_ids)
     text = str(source)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:
-        return _load_hub(text, split)
+        return _load_hub(text, split, duplicate_ids)
     raise CorpusError(f"corpus {text!r} not found: give a .jsonl file, a folder of them, or a hub dataset name")

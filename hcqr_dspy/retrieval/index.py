@@ -70,10 +70,11 @@ def load_index(
     """
     path = Path(path)
     manifest = read_manifest(path, verify_files=verify_files)
+    policy = manifest["corpus"].get("duplicate_ids", "error")
     if corpus is None:
-        corpus = load_corpus(manifest["corpus"]["source"])
+        corpus = load_corpus(manifest["corpus"]["source"], duplicate_ids=policy)
     elif not isinstance(corpus, Corpus):
-        corpus = load_corpus(corpus)
+        corpus = load_corpus(corpus, duplicate_ids=policy)
     check_corpus(manifest, corpus, path)
     kind = manifest.get("retriever")
     if kind not in RETRIEVERS:

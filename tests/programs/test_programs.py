@@ -1,15 +1,22 @@
-"""Program logic with dspy.utils.DummyLM: routing, budget, anchoring, invalid replies."""
+"""Program logic with dspy.utils.DummyLM: routing, budget, anchoring, invalid replies, ablations."""
+
+import inspect
 
 import dspy
 import pytest
 from dspy.utils import DummyLM
+from programs.program_helpers import ANSWER, OPTIONS, QUESTION, SpyRetriever, full_prompts, run
 
-from hcqr_dspy.programs import CoT, HCQR, SimpleRAG, make_program
+from hcqr_dspy.programs import (
+    CoT,
+    HCQR,
+    PROGRAMS,
+    HCQRNoSupport,
+    HCQRShowHypothesis,
+    SimpleRAG,
+    make_program,
+)
 from hcqr_dspy.programs.hcqr import clean_query
-from hcqr_dspy.retrieval import BM25Retriever
-
-QUESTION = "A 70-year-old woman on digoxin reports nausea and yellow-tinted vision. What explains this?"
-OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "Myasthenia gravis"}
 
 # Marker strings that appear only in the hypothesis; they must never reach the answer prompt.
 HYPOTHESIS = {
@@ -23,7 +30,6 @@ QUERIES = {
     "distinction_query": "digoxin toxicity versus hypokalemia",
     "key_feature_query": "nausea visual changes elderly",
 }
-ANSWER = {"reasoning": "Glycoside excess.", "answer": "A"}
 
 
 def scripted(hypothesis=HYPOTHESIS, queries=QUERIES, answer=ANSWER):
@@ -32,26 +38,6 @@ def scripted(hypothesis=HYPOTHESIS, queries=QUERIES, answer=ANSWER):
         {"`support_query`": queries, "`discriminating_features`": hypothesis, "`answer`": answer},
         adapter=dspy.JSONAdapter(),
     )
-
-
-class SpyRetriever(BM25Retriever):
-    def __init__(self, corpus):
-        super().__init__(corpus, show_progress=False)
-        self.calls = []
-
-    def search(self, queries, k):
-        self.calls.append((list(queries), k))
-        return super().search(queries, k)
-
-
-@pytest.fixture
-def spy(tiny_corpus):
-    return SpyRetriever(tiny_corpus)
-
-
-def run(program, lm):
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        return program(question=QUESTION, options=OPTIONS)
 
 
 def answer_prompts(lm):
@@ -183,6 +169,10 @@ def test_saved_program_holds_no_retriever_and_loads_against_another(tmp_path, sp
         ("q1: digoxin toxicity", "digoxin toxicity"),
         ('"yellow vision"', "yellow vision"),
         ("A", None),
+        ("1. digoxin toxicity", "digoxin toxicity"),
+        ("- yellow vision", "yellow vision"),
+        ("query 2: hypokalemia arrhythmia", "hypokalemia arrhythmia"),
+        ("1.5 mg digoxin level", "1.5 mg digoxin level"),
         ("{support_query}", None),
         (None, None),
         (" ".join(["word"] * 50), " ".join(["word"] * 32)),
@@ -190,3 +180,88 @@ def test_saved_program_holds_no_retriever_and_loads_against_another(tmp_path, sp
 )
 def test_clean_query(raw, expected):
     assert clean_query(raw) == expected
+
+
+# -- ablations: options of HCQR, registered with the option fixed -----------------------------------
+
+Q1, Q2, Q3 = QUERIES.values()
+
+
+@pytest.mark.parametrize(
+    "method, roles, queries",
+    [
+        ("hcqr_no_support", ["distinction", "key_features"], [Q2, Q3]),
+        ("hcqr_no_distinction", ["support", "key_features"], [Q1, Q3]),
+        ("hcqr_no_key_features", ["support", "distinction"], [Q1, Q2]),
+    ],
+)
+def test_dropping_a_role_sends_two_queries_and_keeps_the_budget(spy, method, roles, queries):
+    program = make_program(method, spy)
+    settings = program.settings()
+    assert (settings["method"], settings["roles"], settings["k_per_query"], settings["budget"]) == (method, roles, 8, 15)
+    pred = run(program, scripted())
+    # k per query = ceil(15 / 2) = 8, one batched call, the dropped query never reaches the retriever
+    assert spy.calls == [(queries, 8)]
+    assert pred.queries == queries and pred.query_roles == roles
+    assert pred.query_sources == ["rewrite", "rewrite"]
+    assert pred.raw_queries == [Q1, Q2, Q3]  # the rewrite step itself is unchanged
+    assert len(pred.passages) <= 15 and all(set(p["queries"]) <= {0, 1} for p in pred.passages)
+
+
+def test_roles_are_an_option_of_hcqr_with_explicit_k(spy):
+    lm = scripted()
+    pred = run(HCQR(spy, budget=2, roles=("key_features", "support"), k_per_query=3), lm)
+    assert spy.calls == [([Q1, Q3], 3)]  # canonical role order, explicit k used as given
+    assert pred.query_roles == ["support", "key_features"]
+    assert len(pred.passages) <= 2
+    assert full_prompts(lm, "answer")[0].count("Document [") <= 2
+    single = HCQR(spy, roles=["key_features"])
+    assert single.settings()["roles"] == ["key_features"] and single.k_per_query == 15
+
+
+def test_fallback_rule_is_decided_on_all_three_rewritten_queries(spy):
+    # two of three unusable: all built from the hypothesis, as in full HCQR, then the kept roles are sent
+    bad = {"support_query": "A", "distinction_query": "", "key_feature_query": "nausea visual changes elderly"}
+    pred = run(HCQRNoSupport(spy), scripted(queries=bad))
+    assert pred.query_sources == ["hypothesis", "hypothesis"]
+    assert "versus alternatives" in pred.queries[0]
+
+
+@pytest.mark.parametrize(
+    "roles", [(), ("support", "support"), ("support", "diagnosis"), "support"], ids=["empty", "repeated", "unknown", "string"]
+)
+def test_bad_roles_are_refused(spy, roles):
+    with pytest.raises(ValueError, match="roles must be"):
+        HCQR(spy, roles=roles)
+
+
+def test_variants_refuse_to_change_their_fixed_option(spy):
+    with pytest.raises(ValueError, match="hcqr_no_support.*fixes roles"):
+        HCQRNoSupport(spy, roles=("support", "distinction", "key_features"))
+    # the same value (as a list, the way settings() records it) is accepted
+    program = HCQRNoSupport(spy, roles=["distinction", "key_features"], budget=6)
+    assert program.k_per_query == 3 and program.method == "hcqr_no_support"
+    assert {"hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis"} <= set(PROGRAMS)
+    # introspection (an experiment's method_options check) sees HCQR's options minus the fixed one
+    params = inspect.signature(HCQRNoSupport.__init__).parameters
+    assert "roles" not in params and {"k_per_query", "fusion", "show_hypothesis"} <= set(params)
+
+
+def test_show_hypothesis_puts_the_hypothesis_in_the_answer_prompt(spy):
+    lm = scripted()
+    pred = run(HCQR(spy, show_hypothesis=True), lm)
+    assert pred.valid and pred.answer == "A"
+    [text] = full_prompts(lm, "answer")
+    assert "HYPMARK-evidence" in text and "HYPMARK-reasoning" in text and "Document [1]" in text
+    assert spy.calls == [(list(QUERIES.values()), 5)]  # retrieval unchanged
+
+
+def test_show_hypothesis_registered_and_recorded(spy):
+    program = make_program("hcqr_show_hypothesis", spy)
+    assert isinstance(program, HCQRShowHypothesis) and isinstance(program, HCQR)
+    settings = program.settings()
+    assert settings["method"] == "hcqr_show_hypothesis" and settings["show_hypothesis"] is True
+    assert HCQR(spy).settings()["show_hypothesis"] is False
+    lm = scripted()
+    run(program, lm)
+    assert "HYPMARK" in full_prompts(lm, "answer")[0]

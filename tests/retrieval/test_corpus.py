@@ -1,4 +1,3 @@
-from pathlib import Path
 
 import pytest
 
@@ -98,3 +97,24 @@ def test_real_textbook_file_loads(shared_data):
     corpus = load_corpus(shared_data / "corpus" / "textbooks" / "Pathoma_Husain.jsonl")
     assert len(corpus) > 100
     assert all(p.content for p in corpus)
+
+
+def test_duplicate_ids_can_be_renamed_losslessly(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "A", "one"), snippet("y", "B", "two"), snippet("x", "C", "three"),
+                                              snippet("x", "D", "four")])
+    with pytest.raises(CorpusError, match="duplicate passage id 'x'.*--duplicate-ids rename"):
+        load_corpus(path)
+    corpus = load_corpus(path, duplicate_ids="rename")
+    assert [p.id for p in corpus] == ["x", "y", "x#2", "x#3"]
+    assert corpus.get("x#3").content == "four" and corpus.renamed == 2
+    with pytest.raises(CorpusError, match="duplicate_ids must be one of"):
+        load_corpus(path, duplicate_ids="drop")
+
+
+def test_renamed_index_reloads_its_corpus_with_the_same_policy(tmp_path):
+    from hcqr_dspy.retrieval import BM25Retriever, load_index
+
+    path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "Anemia", "iron deficiency"), snippet("x", "Thyroid", "graves")])
+    out = BM25Retriever(load_corpus(path, duplicate_ids="rename"), show_progress=False).save(tmp_path / "idx")
+    r = load_index(out)
+    assert r.search(["graves"], 1)[0][0].passage_id == "x#2"

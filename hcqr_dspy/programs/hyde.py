@@ -1,0 +1,72 @@
+"""HyDE: retrieve with a hypothetical document written by the LM.
+
+question -> WriteHypotheticalPassage -> passage        (options not shown, as in HyDE)
+         -> retriever.search([passage], k=budget)       (the passage is the only query)
+(question, options, context) -> AnswerQuestion -> answer letter
+
+Gao, Ma, Lin & Callan 2022, "Precise Zero-Shot Dense Retrieval without
+Relevance Labels": an instruction-following LM writes a document that would
+answer the query; its encoding, not the query's, finds real documents (the
+generated text may be wrong; its vocabulary and form are what match).
+
+Differences from the paper, so the method fits the shared retriever contract
+(``search(queries: list[str], k)``, any backend, BM25 included): one passage,
+written at the LM's configured temperature (0 in the reference setup), is the
+query text itself; the paper samples several documents and averages their
+embeddings with the query's. Retrieval does not see the options (MIRAGE's
+rule holds). A reply that cannot be parsed, or an empty passage, makes the
+question invalid (``error`` names the stage) without retrieving: there is no
+silent fallback to the question, as with HCQR's hypothesis step.
+"""
+
+from __future__ import annotations
+
+import dspy
+
+from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
+from hcqr_dspy.retrieval.fusion import fuse
+from hcqr_dspy.signatures import AnswerQuestion, WriteHypotheticalPassage
+
+
+class HyDE(MCQProgram):
+    """Hypothetical-document retrieval (HyDE) over the shared retriever.
+
+    Args:
+        retriever: The shared retriever (not saved with the program).
+        budget: Passages retrieved with the hypothetical passage and shown
+            (15, as Simple RAG and HCQR).
+        max_context_tokens: Token budget of the answer step's context.
+
+    Example:
+        >>> program = HyDE(load_index("indexes/demo"))
+        >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
+        >>> pred.hypothetical_passage, pred.queries == [pred.hypothetical_passage], pred.answer
+    """
+
+    method = "hyde"
+
+    def __init__(self, retriever, budget: int = 15, **kwargs):
+        super().__init__(retriever=retriever, budget=budget, **kwargs)
+        self.write_passage = dspy.Predict(WriteHypotheticalPassage)
+        self.answer = dspy.Predict(AnswerQuestion)
+
+    def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
+        stages: dict = {}
+        with stage(stages, "hypothetical_passage"):
+            try:
+                passage = self.write_passage(question=question).passage
+                error = None if isinstance(passage, str) and passage.strip() else f"empty passage {passage!r}"
+            except BAD_REPLY_ERRORS as exc:
+                passage, error = None, f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            return dspy.Prediction(
+                answer=None, valid=False, reasoning=None, error=f"hypothetical_passage: {error}"[:500],
+                stages=stages, hypothetical_passage=passage, queries=[], passages=[],
+            )
+        passage = passage.strip()
+
+        with stage(stages, "retrieval"):
+            fused = fuse(self.retriever.search([passage], k=self.budget), budget=self.budget)
+        return dspy.Prediction(
+            **self.answer_from_passages(question, options, fused, stages), hypothetical_passage=passage, queries=[passage]
+        )

