@@ -33,7 +33,8 @@ from hcqr_dspy.retrieval import HybridRetriever, build_retriever, fuse, load_cor
 from hcqr_dspy.retrieval.base import library_versions  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "textbooks"
+SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
+DEFAULT_CORPUS = SHARED_DATA / "corpus" / "textbooks"
 
 # Query triples shaped like HCQR's (support, distinction, key features), written here.
 TRIPLES = [
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default="bm25,dense,hybrid", help="retrievers to measure, in order")
     args = ap.parse_args(argv)
     if not Path(args.corpus).exists():
-        print(f"bench: corpus {args.corpus} is absent (the shared data folder is needed)", file=sys.stderr)
+        print(f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA to the shared data folder or pass --corpus",
+              file=sys.stderr)
         return 2
     corpus = load_corpus(args.corpus)
     out = Path(args.out)

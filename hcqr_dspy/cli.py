@@ -34,7 +34,9 @@ def _positive_int(text: str) -> int:
 # -- index / search ----------------------------------------------------------
 def cmd_index(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval import build_retriever, load_corpus
+    from hcqr_dspy.retrieval.base import check_index_target
 
+    check_index_target(args.out)  # fail before minutes of encoding, not after
     t0 = time.perf_counter()
     corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids)
     t_load = time.perf_counter() - t0
@@ -183,12 +185,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(f"  features:           {h['discriminating_features']}")
         print(f"  confirming evidence: {h['confirming_evidence']}")
         print(f"  reasoning:          {h['reasoning']}")
-    roles = ["support", "distinction", "key features"] if args.method == "hcqr" else ["question"]
+    roles = [r.replace("_", " ") for r in pred.get("query_roles") or []]
     if pred.get("queries"):
         print("Queries")
         for i, q in enumerate(pred.queries):
             src = f" [{pred.query_sources[i]}]" if pred.get("query_sources") else ""
-            print(f"  q{i + 1} {roles[i] if i < len(roles) else ''}{src}: {q}")
+            role = f" {roles[i]}" if i < len(roles) else ""
+            print(f"  q{i + 1}{role}{src}: {q}")
     if pred.get("passages"):
         print(f"Passages ({len(pred.passages)})")
         for i, p in enumerate(pred.passages, start=1):

@@ -98,6 +98,12 @@ def check_same_questions(runs: Sequence[Run]) -> list[str]:
     return first
 
 
+def _calls(m: dict[str, Any]) -> str:
+    """LM calls per question, with the cache-served ones in brackets when there are any."""
+    cached = m.get("mean_cached_lm_calls") or 0
+    return f"{m['mean_lm_calls']:.1f}" + (f" (+{cached:.1f} cached)" if cached else "")
+
+
 def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
     """Markdown: accuracy ± SE, invalid answers, DUR, cost, and McNemar vs the reference."""
     lines = [
@@ -115,7 +121,7 @@ def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
             vs, p = ("reference", "") if reference is run else ("", "")
         lines.append(
             f"| {run.label} | {m['n']} | {m['accuracy']:.1%} | {m['accuracy_se']:.1%} | {m['invalid']} | {dur} | "
-            f"{m['mean_lm_calls']:.1f} | {m['mean_prompt_tokens']:.0f} | {m['mean_completion_tokens']:.0f} | "
+            f"{_calls(m)} | {m['mean_prompt_tokens']:.0f} | {m['mean_completion_tokens']:.0f} | "
             f"{m['mean_seconds']:.1f} | {vs} | {p} |"
         )
     return "\n".join(lines)
@@ -137,7 +143,7 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
             continue
         lines.append(
             f"| {label} | {m['n']} | {m['accuracy']:.1%} | {m['accuracy_se']:.1%} | {m['invalid']} "
-            f"({m['invalid_rate']:.0%}) | {m['mean_lm_calls']:.1f} | {m['mean_prompt_tokens']:.0f} | "
+            f"({m['invalid_rate']:.0%}) | {_calls(m)} | {m['mean_prompt_tokens']:.0f} | "
             f"{m['mean_completion_tokens']:.0f} | {m['mean_seconds']:.1f} |"
         )
     return "\n".join(lines)

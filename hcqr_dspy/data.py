@@ -57,7 +57,9 @@ def check_question(qid: str, row: object, where: str) -> dspy.Example:
         )
     opts = {}
     for key, text in sorted(zip(labels, options.values())):
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
+            raise DataError(f"{where}: question {qid!r} option {key} is not text ({type(text).__name__})")
+        if not text.strip():
             raise DataError(f"{where}: question {qid!r} option {key} is empty")
         opts[key] = text.strip()
     answer = row.get("answer")
@@ -69,6 +71,15 @@ def check_question(qid: str, row: object, where: str) -> dspy.Example:
     )
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DataError(f"key {key!r} appears twice in one JSON object; question ids must be unique")
+        out[key] = value
+    return out
+
+
 def _from_mapping(data: object, where: str) -> list[dspy.Example]:
     if isinstance(data, dict):
         items: Iterable = data.items()
@@ -76,7 +87,13 @@ def _from_mapping(data: object, where: str) -> list[dspy.Example]:
         items = ((row.get("qid", row.get("id", i)) if isinstance(row, dict) else i, row) for i, row in enumerate(data))
     else:
         raise DataError(f"{where}: expected a JSON object {{qid: question}} or a list of questions")
-    examples = [check_question(str(qid), row, where) for qid, row in items]
+    examples = []
+    seen: set[str] = set()
+    for qid, row in items:
+        if str(qid) in seen:
+            raise DataError(f"{where}: question id {str(qid)!r} appears twice; ids must be unique")
+        seen.add(str(qid))
+        examples.append(check_question(str(qid), row, where))
     if not examples:
         raise DataError(f"{where}: holds no questions")
     return examples
@@ -97,11 +114,13 @@ def load_questions(source: str | Path, split: str = "test") -> list[dspy.Example
     path = Path(source)
     if path.is_file():
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
         except UnicodeDecodeError as exc:
             raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        except DataError as exc:
+            raise DataError(f"{path}: {exc}") from None
         return _from_mapping(data, str(path))
     text = str(source)
     if text.count("/") == 1 and not path.suffix and not text.startswith((".", "/", "~")):

@@ -68,12 +68,19 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return rows
     with path.open("r", encoding="utf-8") as fh:
-        for line in fh:
+        for lineno, line in enumerate(fh, start=1):
             if not line.endswith("\n"):
                 break  # partial write of a killed process: redo that question
             line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RunError(f"{path}:{lineno}: not a valid record ({exc.msg}); repair or delete that line") from None
+            if not isinstance(row, dict) or "qid" not in row:
+                raise RunError(f"{path}:{lineno}: not a run record (no qid); repair or delete that line")
+            rows.append(row)
     return rows
 
 
@@ -104,6 +111,7 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         "context_cut": pred.get("context_cut"),
         "stages": stages,
         "lm_calls": sum(s.get("lm_calls", 0) for s in stages.values()),
+        "cached_lm_calls": sum(s.get("cached_lm_calls", 0) for s in stages.values()),
         "prompt_tokens": sum(s.get("prompt_tokens", 0) for s in stages.values()),
         "completion_tokens": sum(s.get("completion_tokens", 0) for s in stages.values()),
         "seconds": round(seconds, 4),
@@ -137,7 +145,10 @@ def prepare_run_dir(run_dir: str | Path, config: dict[str, Any]) -> Path:
         raise RunError(f"run folder {run_dir} is not writable: {exc.strerror}") from None
     cpath = run_dir / CONFIG
     if cpath.exists():
-        old = json.loads(cpath.read_text(encoding="utf-8"))
+        try:
+            old = json.loads(cpath.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RunError(f"{cpath} is not valid JSON ({exc}); repair it or use another --run-dir") from None
         keys = sorted(k for k in set(old) | set(config) if k != "mlflow_run_id" and old.get(k) != config.get(k))
         if keys:
             raise RunError(

@@ -177,6 +177,20 @@ def packaged_model_path(name: str) -> Path:
     return target
 
 
+def default_threads() -> int:
+    """llama.cpp threads: ``$HCQR_N_THREADS`` if set (a positive integer), else every core.
+
+    Raises:
+        LMSpecError: ``HCQR_N_THREADS`` is not a positive integer.
+    """
+    raw = os.environ.get("HCQR_N_THREADS")
+    if raw is None:
+        return os.cpu_count() or 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise LMSpecError(f"HCQR_N_THREADS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 class LlamaCppEngine:
     """A DSPy 3.4 custom engine running a GGUF model in-process with llama.cpp.
 
@@ -192,7 +206,9 @@ class LlamaCppEngine:
     Args:
         model_path: GGUF file.
         n_ctx: Context window in tokens (8192 holds 15 passages of 1,000 chars).
-        n_threads: CPU threads (default: all cores).
+        n_threads: CPU threads (default: ``$HCQR_N_THREADS`` or all cores; llama.cpp
+            slows down sharply when another process competes for its cores, so
+            lower it when sharing the machine).
         repeat_penalty: llama.cpp repetition penalty.
         seed: Sampling seed.
     """
@@ -219,7 +235,7 @@ class LlamaCppEngine:
             raise LMSpecError(f"GGUF file {path} not found")
         try:
             self.llm = Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), seed=seed, verbose=False
+                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or default_threads(), seed=seed, verbose=False
             )
         except Exception as exc:
             raise LMSpecError(f"llama.cpp cannot load {path}: {exc}") from None

@@ -26,7 +26,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
 
     Returns:
         ``n``, ``accuracy``, ``accuracy_se``, ``invalid_rate``, ``invalid``,
-        means per question of ``lm_calls``, ``prompt_tokens``,
+        means per question of ``lm_calls`` (served by the model),
+        ``cached_lm_calls`` (served by DSPy's cache), ``prompt_tokens``,
         ``completion_tokens``, ``seconds``, and the same per stage as
         ``<stage>_<field>``; for HCQR rows also ``hypothesis_accuracy`` and
         ``answer_changed_rate`` (final answer differs from the hypothesis).
@@ -46,7 +47,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         "invalid": invalid,
         "invalid_rate": invalid / n,
     }
-    for field in ("lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
+    for field in ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
         out[f"mean_{field}"] = sum(r.get(field) or 0 for r in rows) / n
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in rows:

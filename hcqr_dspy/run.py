@@ -145,18 +145,21 @@ def run_evaluation(
         spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
         api_base=spec.api_base, api_key_env=spec.api_key_env,
     )
-    old_id = json.loads((run_dir / "config.json").read_text()).get("mlflow_run_id")
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        if not track:
+    if not track:
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             return evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress), run_dir, None
-        name = f"{spec.method} | {Path(spec.dataset).stem} | {spec.lm}"
-        tags = {"method": spec.method, "dataset": Path(spec.dataset).stem, "lm": spec.lm}
-        with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
-            run_id = run.info.run_id
-            update_config(run_dir, mlflow_run_id=run_id)
+    old_id = tracking.existing_run_id(json.loads((run_dir / "config.json").read_text()).get("mlflow_run_id"), mlflow_dir)
+    name = f"{spec.method} | {Path(spec.dataset).stem} | {spec.lm}"
+    tags = {"method": spec.method, "dataset": Path(spec.dataset).stem, "lm": spec.lm}
+    # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
+    # dspy.context: a context entered earlier keeps the callbacks it started with.
+    with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+        run_id = run.info.run_id
+        update_config(run_dir, mlflow_run_id=run_id)
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             try:
                 result = evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress)
             finally:
                 tracking.log_run_folder(run_dir)
-            tracking.log_metrics(result.metrics)
+        tracking.log_metrics(result.metrics)
     return result, run_dir, run_id

@@ -67,6 +67,27 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
         return found.experiment_id
 
 
+def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
+    """``run_id`` if the store at ``path`` holds that run, else ``None`` (with a warning).
+
+    A run folder remembers its MLflow run to resume it; if the store was
+    moved or deleted, the evaluation is tracked in a new run instead.
+    """
+    if not run_id:
+        return None
+    import sys
+
+    import mlflow
+
+    configure(path)
+    try:
+        mlflow.get_run(run_id)
+        return run_id
+    except Exception:
+        print(f"hcqr: note: MLflow run {run_id} is not in {tracking_uri(path)}; tracking in a new run", file=sys.stderr)
+        return None
+
+
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config -> MLflow params (``a.b`` keys, values as strings, 6000 chars max)."""
     out: dict[str, str] = {}
@@ -128,6 +149,7 @@ def mlflow_run(
             import mlflow.dspy
 
             mlflow.dspy.autolog(disable=True, silent=True)
+            mlflow.flush_trace_async_logging()  # traces are exported in the background: persist them now
 
 
 def log_metrics(metrics: dict[str, float]) -> None:

@@ -123,3 +123,11 @@ def test_ask_bad_question_exit_2(capsys, argv, message):
 def test_ui_refuses_missing_store(tmp_path, capsys):
     code, err = error_of(capsys, ["ui", "--mlflow-dir", str(tmp_path / "none")])
     assert code == 2 and "no MLflow store" in err[0]
+
+
+def test_index_out_under_a_file_fails_before_building(tmp_path, tiny_corpus_file, capsys):
+    blocker = tmp_path / "precious.txt"
+    blocker.write_text("keep")
+    code, err = error_of(capsys, ["index", "--corpus", str(tiny_corpus_file), "--out", str(blocker / "idx")])
+    assert code == 2 and "cannot create the folder for index" in err[0]
+    assert blocker.read_text() == "keep"

@@ -74,3 +74,20 @@ def test_real_benchmarks_load(shared_data):
     assert len(medqa) == 1273 and medqa[0].qid == "0000"
     mmlu = load_questions(shared_data / "benchmark" / "mmlu.json")
     assert len(mmlu) == 1089
+
+
+def test_repeated_question_ids_are_refused(tmp_path):
+    q = {"question": "Which?", "options": {"A": "x", "B": "y"}, "answer": "A"}
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"id": "q1", **q}, {"id": "q1", **q}]))
+    with pytest.raises(DataError, match="question id 'q1' appears twice"):
+        load_questions(listed)
+    keyed = tmp_path / "keys.json"
+    keyed.write_text('{"q1": %s, "q1": %s}' % (json.dumps(q), json.dumps(q)))
+    with pytest.raises(DataError, match=r"keys\.json: key 'q1' appears twice"):
+        load_questions(keyed)
+
+
+def test_non_text_option(tmp_path):
+    with pytest.raises(DataError, match=r"option A is not text \(int\)"):
+        load_questions(write(tmp_path, {"q": {"question": "?", "options": {"A": 1, "B": "y"}, "answer": "A"}}))

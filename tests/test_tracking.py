@@ -66,3 +66,20 @@ def test_resumed_evaluation_continues_its_mlflow_run(bench, tmp_path, mlflow_sto
 
 def test_flatten_nested_config():
     assert flatten({"a": {"b": 1, "c": {"d": None}}, "e": [1, 2]}) == {"a.b": "1", "a.c.d": "None", "e": "[1, 2]"}
+
+
+def test_dspy_traces_reach_mlflow(bench, tmp_path, mlflow_store):
+    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", run_dir=str(tmp_path / "run"))
+    _, _, run_id = run_evaluation(spec, mlflow_dir=mlflow_store, progress=False, lm=dummy())
+    experiment_id = mlflow.get_run(run_id).info.experiment_id
+    traces = mlflow.search_traces(locations=[experiment_id], run_id=run_id, return_type="list")
+    assert len(traces) >= 3  # one per question at least
+
+
+def test_resume_after_the_store_moved_tracks_a_new_run(bench, tmp_path, tmp_path_factory):
+    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", run_dir=str(tmp_path / "run"))
+    first_store = tmp_path_factory.mktemp("store1")
+    _, _, first = run_evaluation(spec, mlflow_dir=first_store, progress=False, lm=dummy(), track=True)
+    second_store = tmp_path_factory.mktemp("store2")
+    result, _, second = run_evaluation(spec, mlflow_dir=second_store, progress=False, lm=dummy())
+    assert second != first and result.resumed == 3

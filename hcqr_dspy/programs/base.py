@@ -33,6 +33,7 @@ from typing import Any, Iterator, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError, ContextWindowExceededError
+from dspy.utils.callback import BaseCallback
 from dspy.utils.usage_tracker import track_usage
 
 from hcqr_dspy.data import format_options
@@ -54,15 +55,28 @@ PROMPT_OVERHEAD_TOKENS = 600
 MAX_QUERY_WORDS = 32
 
 
+class _LMCallCounter(BaseCallback):
+    """Counts LM requests (served by the model or by DSPy's cache) within one stage."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def on_lm_start(self, call_id, instance, inputs):
+        self.requests += 1
+
+
 @contextmanager
 def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
     """Record wall time, LM calls and tokens of one stage into ``stages[name]``.
 
-    LM calls and tokens come from DSPy's usage tracker; cache hits are not
-    counted as calls (DSPy does not report usage for them).
+    ``lm_calls`` and the token counts come from DSPy's usage tracker, which
+    sees only requests the model actually served; ``cached_lm_calls`` counts
+    the requests DSPy's response cache answered (no cost, no tokens), so cost
+    summaries of a partly cached run are not mistaken for cheap methods.
     """
     t0 = time.perf_counter()
-    with track_usage() as tracker:
+    counter = _LMCallCounter()
+    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), counter]), track_usage() as tracker:
         try:
             yield
         finally:
@@ -70,6 +84,7 @@ def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
             stages[name] = {
                 "seconds": round(time.perf_counter() - t0, 4),
                 "lm_calls": len(entries),
+                "cached_lm_calls": max(0, counter.requests - len(entries)),
                 "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
                 "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
             }

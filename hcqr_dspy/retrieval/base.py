@@ -158,12 +158,9 @@ class Retriever(ABC):
         Raises:
             RetrievalIndexError: if ``path`` exists and is not an index folder.
         """
-        path = Path(path)
-        if path.exists() and not (path / MANIFEST).is_file():
-            if not path.is_dir() or any(path.iterdir()):
-                raise RetrievalIndexError(f"{path} exists and is not an hcqr index folder; refusing to overwrite it")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = check_index_target(path)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; an index is shareable like any output folder
         try:
             self._write(tmp)
             manifest = self._manifest(tmp)
@@ -202,6 +199,41 @@ class Retriever(ABC):
         }
 
 
+def check_index_target(path: str | Path) -> Path:
+    """Check (before any work) that an index can be written at ``path``; create its parent.
+
+    Raises:
+        RetrievalIndexError: ``path`` exists and is not an index folder (it
+            is never overwritten), or its parent cannot be created.
+    """
+    path = Path(path)
+    if path.exists() and not (path / MANIFEST).is_file():
+        if not path.is_dir() or any(path.iterdir()):
+            raise RetrievalIndexError(f"{path} exists and is not an hcqr index folder; refusing to overwrite it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RetrievalIndexError(f"cannot create the folder for index {path}: {exc.strerror or exc}") from None
+    return path
+
+
+REQUIRED_FIELDS = {
+    None: ("retriever", "corpus.source", "corpus.fingerprint", "corpus.count"),
+    "dense": ("encoder", "dimension"),
+    "hybrid": ("rrf_k", "pool_k"),
+}
+
+
+def _check_fields(manifest: dict[str, Any], mpath: Path) -> None:
+    kind = manifest.get("retriever")
+    for dotted in REQUIRED_FIELDS[None] + REQUIRED_FIELDS.get(kind, ()):
+        node: Any = manifest
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            raise RetrievalIndexError(f"{mpath} lacks the field {dotted!r}; rebuild the index with `hcqr index`")
+
+
 def _portable_source(source: str) -> str:
     p = Path(source)
     return str(p.resolve()) if p.exists() else source
@@ -221,6 +253,8 @@ def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]
     """
     path = Path(path)
     mpath = path / MANIFEST
+    if not path.exists():
+        raise RetrievalIndexError(f"index folder {path} does not exist; build one with `hcqr index`")
     if not mpath.is_file():
         raise RetrievalIndexError(f"{path} is not an hcqr index folder (no {MANIFEST}); build one with `hcqr index`")
     try:
@@ -229,6 +263,7 @@ def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]
         raise RetrievalIndexError(f"{mpath} is not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != INDEX_FORMAT:
         raise RetrievalIndexError(f"{mpath} is not an hcqr index manifest")
+    _check_fields(manifest, mpath)
     if manifest.get("format_version", 0) > INDEX_FORMAT_VERSION:
         raise RetrievalIndexError(
             f"{path} was written by a newer hcqr-dspy (index format {manifest['format_version']}, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hcqr_dspy.errors import CorpusError
 from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.corpus import Corpus
 
@@ -49,6 +50,11 @@ class BM25Retriever(Retriever):
                 [p.text for p in corpus], stopwords=STOPWORDS, stemmer=self._stemmer, show_progress=show_progress
             )
             model = bm25s.BM25()
+            if not tokens.vocab:
+                raise CorpusError(
+                    f"corpus {corpus.source!r}: no passage has an indexable word (after lower-casing, stopword "
+                    "removal and stemming); BM25 needs text"
+                )
             model.index(tokens, show_progress=show_progress)
         self.model = model
         self._vocab = model.vocab_dict

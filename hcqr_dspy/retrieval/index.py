@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import HCQRError, RetrievalIndexError
+from hcqr_dspy.errors import CorpusError, HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Retriever, check_corpus, read_manifest
 from hcqr_dspy.retrieval.bm25 import BM25Retriever
 from hcqr_dspy.retrieval.corpus import Corpus, load_corpus
@@ -72,7 +72,10 @@ def load_index(
     manifest = read_manifest(path, verify_files=verify_files)
     policy = manifest["corpus"].get("duplicate_ids", "error")
     if corpus is None:
-        corpus = load_corpus(manifest["corpus"]["source"], duplicate_ids=policy)
+        try:
+            corpus = load_corpus(manifest["corpus"]["source"], duplicate_ids=policy)
+        except CorpusError as exc:
+            raise CorpusError(f"{exc} (the corpus index {path} was built on; pass --corpus with its new place)") from None
     elif not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus, duplicate_ids=policy)
     check_corpus(manifest, corpus, path)

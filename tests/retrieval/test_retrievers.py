@@ -164,3 +164,32 @@ def test_resave_replaces_existing_index(tmp_path, bm25):
     out = bm25.save(tmp_path / "idx")
     assert read_manifest(out)["retriever"] == "bm25"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+def test_bm25_refuses_a_corpus_without_words(tmp_path):
+    from hcqr_dspy.errors import CorpusError
+    from hcqr_dspy.retrieval import Corpus, Passage
+
+    with pytest.raises(CorpusError, match="no passage has an indexable word"):
+        BM25Retriever(Corpus([Passage("a", "", "x"), Passage("b", "", "the of")], source="wordless"), show_progress=False)
+
+
+def test_manifest_missing_fields_and_missing_folder(tmp_path, bm25):
+    out = bm25.save(tmp_path / "idx")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["retriever"] = "dense"  # hand-edited: a dense index needs an encoder
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RetrievalIndexError, match="lacks the field 'encoder'"):
+        load_index(out, corpus=bm25.corpus)
+    with pytest.raises(RetrievalIndexError, match="does not exist"):
+        load_index(tmp_path / "nowhere")
+
+
+def test_moved_corpus_hint(tmp_path, tiny_corpus_file):
+    from hcqr_dspy.errors import CorpusError
+
+    out = build_retriever(load_corpus(tiny_corpus_file), "bm25", show_progress=False).save(tmp_path / "idx")
+    moved = tiny_corpus_file.rename(tmp_path / "moved.jsonl")
+    with pytest.raises(CorpusError, match="pass --corpus with its new place"):
+        load_index(out)
+    assert load_index(out, corpus=moved).search(["anemia"], 1)[0]
