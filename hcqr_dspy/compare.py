@@ -205,7 +205,7 @@ def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("share of judged questions")
     ax.set_title("Decision-Useful Rate labels")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plt.xticks(rotation=20, ha="right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -234,7 +234,7 @@ def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("questions")
     ax.set_title("Final answer vs working hypothesis")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
