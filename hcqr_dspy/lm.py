@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.retrieval.base import file_sha256
 
 DEFAULT_LOCAL = "qwen2.5-coder-1.5b"
 DEFAULT_N_CTX = 8192
@@ -110,14 +111,6 @@ def _package_files(package: str) -> list[Path]:
     return files
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def packaged_model_path(name: str) -> Path:
     """Assemble (once) and verify a packaged GGUF; return its path.
 
@@ -148,7 +141,7 @@ def packaged_model_path(name: str) -> Path:
             return out
     out.parent.mkdir(parents=True, exist_ok=True)
     if len(parts) == 1 and parts[0].suffix == ".gguf":
-        source, digest = parts[0], _sha256(parts[0])
+        source, digest = parts[0], file_sha256(parts[0])
         target = source
     else:
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
