@@ -207,7 +207,7 @@ def load_corpus(source: str | Path, split: str = "train", duplicate_ids: str = "
         duplicate_ids: ``"error"`` (default) refuses a repeated passage id;
             ``"rename"`` keeps every row, renaming the 2nd, 3rd ... row of an
             id to ``<id>#2``, ``<id>#3`` in file order (the shared MedQuAD
-            snippets reuse 11 ids for 41 different passages).
+            snippets give 11 ids to 52 different passages).
 
     Returns:
         The :class:`Corpus`, passages in file order (files in sorted order).
