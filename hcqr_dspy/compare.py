@@ -12,7 +12,6 @@ two-sided binomial test of b vs c; McNemar 1947).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -161,12 +160,19 @@ def disagreements(runs: Sequence[Run], qids: Sequence[str]) -> str:
     return "\n".join(lines) if len(lines) > 2 else "No question is answered differently."
 
 
-def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
-    """Bar chart of accuracy with 95% Wilson intervals (statsmodels ``proportion_confint``)."""
+def _pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
+    """Bar chart of accuracy with 95% Wilson intervals (statsmodels ``proportion_confint``)."""
+    plt = _pyplot()
     from statsmodels.stats.proportion import proportion_confint
 
     labels = [r.label for r in runs]
@@ -189,10 +195,7 @@ def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
     judged = [r for r in runs if r.dur.get("dur_n")]
     if not judged:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(judged)), 3.5))
     bottom = [0.0] * len(judged)
@@ -219,10 +222,7 @@ def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
     with_h = [(r, c) for r, c in with_h if c["with_hypothesis"]]
     if not with_h:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     keys = ("kept_right", "fixed", "kept_wrong", "broke", "changed_wrong_to_wrong", "invalid_answer")
     colors = ("#2ca02c", "#98df8a", "#ff9896", "#d62728", "#ffbb78", "#7f7f7f")
@@ -295,5 +295,5 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
     }
     js = out / "comparison.json"
-    js.write_text(json.dumps(summary, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
+    js.write_text(json.dumps(summary, indent=2) + "\n")
     return report, [md, js, *files]

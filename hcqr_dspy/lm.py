@@ -141,8 +141,7 @@ def packaged_model_path(name: str) -> Path:
             return out
     out.parent.mkdir(parents=True, exist_ok=True)
     if len(parts) == 1 and parts[0].suffix == ".gguf":
-        source, digest = parts[0], file_sha256(parts[0])
-        target = source
+        target, digest = parts[0], file_sha256(parts[0])
     else:
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         h = hashlib.sha256()

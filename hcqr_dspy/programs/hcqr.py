@@ -55,13 +55,16 @@ from hcqr_dspy.signatures import (
 QUERY_ROLES = ("support", "distinction", "key_features")
 
 
-def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str]) -> list[str]:
-    """The three queries built from the hypothesis fields (fallback of the reference code)."""
+def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], question: str) -> list[str]:
+    """The three queries built from the hypothesis fields (fallback of the reference code).
+
+    A role whose fields are all empty falls back to the question itself.
+    """
     guess = options.get(hypothesis.get("working_hypothesis") or "", "")
     features = hypothesis.get("discriminating_features") or ""
     evidence = hypothesis.get("confirming_evidence") or ""
-    built = [f"{guess} {evidence}", f"{guess} versus alternatives {features}", features or guess]
-    return [clean_query(q) or clean_query(guess) or guess or "medical" for q in built]
+    built = [f"{guess} {evidence}", f"{guess} versus alternatives {features}" if features else "", features or guess]
+    return [clean_query(q) or clean_query(guess) or clean_query(question, max_words=64) or question for q in built]
 
 
 def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
@@ -174,7 +177,7 @@ class HCQR(MCQProgram):
             except BAD_REPLY_ERRORS:
                 raw = [None, None, None]
         rewritten = dedupe([clean_query(q) for q in raw])
-        fallback = hypothesis_queries(hypothesis, options)
+        fallback = hypothesis_queries(hypothesis, options, question)
         if sum(q is not None for q in rewritten) < 2:
             queries, sources = fallback, ["hypothesis"] * 3
         else:

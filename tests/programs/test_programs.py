@@ -265,3 +265,11 @@ def test_show_hypothesis_registered_and_recorded(spy):
     lm = scripted()
     run(program, lm)
     assert "HYPMARK" in full_prompts(lm, "answer")[0]
+
+
+def test_hypothesis_queries_fall_back_to_the_question_when_fields_are_empty():
+    from hcqr_dspy.programs.hcqr import hypothesis_queries
+
+    empty = {"working_hypothesis": "A", "discriminating_features": "", "confirming_evidence": ""}
+    queries = hypothesis_queries(empty, {"A": "No", "B": "Yes"}, "Does aspirin prevent stroke recurrence?")
+    assert queries == ["Does aspirin prevent stroke recurrence?"] * 3
