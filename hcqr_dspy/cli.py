@@ -294,7 +294,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from hcqr_dspy.compare import metrics_table
     from hcqr_dspy.experiment import load_experiment, run_experiment
 
-    exp = load_experiment(args.file, limit=args.limit, lm=args.lm)
+    only = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets is not None else None
+    exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only)
     if args.check:
         print(f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s), lm {exp.lm})")
         return 0
@@ -405,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="experiment YAML (see experiments/)")
     p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size")
     p.add_argument("--lm", default=None, help="override the experiment's LM spec")
+    p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")

@@ -67,13 +67,17 @@ class Experiment:
     description: str = ""
 
 
-def load_experiment(path: str | Path, limit: int | None = None, lm: str | None = None) -> Experiment:
+def load_experiment(
+    path: str | Path, limit: int | None = None, lm: str | None = None, only_datasets: list[str] | None = None
+) -> Experiment:
     """Read and validate an experiment file (no LM call, no index load).
 
     Args:
         path: The YAML file.
         limit: Override ``questions.limit`` (e.g. a quick run).
         lm: Override ``lm``.
+        only_datasets: Run only these of the file's datasets (names as in
+            the file), e.g. one dataset on a slow machine.
 
     Raises:
         ExperimentError: unreadable YAML, unknown keys (the valid ones are
@@ -121,6 +125,11 @@ def load_experiment(path: str | Path, limit: int | None = None, lm: str | None =
         if not Path(resolved).is_file():
             raise ExperimentError(f"{path}: dataset {name!r} file {resolved} not found")
         datasets[str(name)] = resolved
+    if only_datasets is not None:
+        bad = [d for d in only_datasets if d not in datasets]
+        if bad or not only_datasets:
+            raise ExperimentError(f"{path}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(datasets)}")
+        datasets = {d: datasets[d] for d in only_datasets}
     questions = dict(raw.get("questions") or {})
     bad = sorted(set(questions) - QUESTION_KEYS)
     if bad:

@@ -155,6 +155,15 @@ class RatePassageRelevance(dspy.Signature):
     relevance: int = dspy.OutputField(desc="0-10 how useful this passage is for answering the question (an integer)")
 
 
+class JudgeDocumentSupport(dspy.Signature):
+    """Judge whether a retrieved document is relevant to a medical exam question and supports answering it.
+    Answer Yes only if the document gives information that helps decide the correct answer; otherwise No."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    passage: str = dspy.InputField(desc="one retrieved document: its title, then its text")
+    judgment: Literal["Yes", "No"] = dspy.OutputField(desc="Yes or No")
+
+
 def restrict_letters(signature: type[dspy.Signature], field: str, letters: list[str]) -> type[dspy.Signature]:
     """The signature with ``field`` typed ``Literal[letters]`` (instructions and other fields kept).
 

@@ -94,3 +94,23 @@ def test_engine_refuses_prompts_beyond_its_context(smol):
     with dspy.context(lm=smol, adapter=dspy.JSONAdapter()):
         with pytest.raises(ContextWindowExceededError):
             dspy.Predict("question -> answer")(question="pathology " * 5000)
+
+
+def test_main_rag_scores_with_the_engines_log_probabilities(pathoma_bm25, smol):
+    """The real llama.cpp engine returns token log-probabilities, so MAIN-RAG's judge scores by log P(Yes) - log P(No)."""
+    from hcqr_dspy.programs import MainRAG
+    from hcqr_dspy.retrieval import load_index
+
+    program = MainRAG(load_index(pathoma_bm25), pool_k=4, budget=3)
+    with dspy.context(lm=smol, adapter=dspy.JSONAdapter()):
+        pred = program(
+            question="A child has microcytic anemia with low ferritin. What is the most likely cause?",
+            options={"A": "Iron deficiency", "B": "Vitamin B12 deficiency", "C": "Lead poisoning", "D": "Hemolysis"},
+        )
+    assert pred.pool_size == 4 and pred.stages["judge"]["lm_calls"] == 4
+    scored = [j for j in pred.judge_pool if j["score"] is not None]
+    assert scored and pred.judge_scoring == "logprob"
+    # a margin of log-probabilities, not a +-1 vote
+    assert any(abs(j["score"]) not in (0.0, 1.0) for j in scored)
+    assert 1 <= len(pred.passages) <= 3 and all(p["judge_scored_by"] == "logprob" for p in pred.passages)
+    assert all(p["judge_score"] >= pred.judge_threshold for p in pred.passages)

@@ -87,3 +87,10 @@ def test_grid_runs_cells_as_child_runs_resumes_and_compares(setup, mlflow_store)
     calls = len(lm.history)
     again = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
     assert again["parent_run_id"] == out["parent_run_id"] and len(lm.history) == calls  # all resumed
+
+
+def test_a_subset_of_the_datasets_can_be_run(setup):
+    exp = load_experiment(write_exp(setup), only_datasets=["d1"])
+    assert list(exp.datasets) == ["d1"]
+    with pytest.raises(ExperimentError, match=r"unknown dataset\(s\) mmlu; the file has d1, d2"):
+        load_experiment(write_exp(setup), only_datasets=["mmlu"])

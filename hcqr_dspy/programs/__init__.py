@@ -2,7 +2,7 @@
 
 Methods: ``cot`` (no retrieval), ``simple_rag`` (the question, top 15),
 ``hcqr``, and the baselines ``hyde``, ``query_rewrite``,
-``query_rewrite_options`` and ``rerank_rag``. HCQR's ablations are options of
+``query_rewrite_options``, ``rerank_rag`` and ``main_rag``. HCQR's ablations are options of
 :class:`HCQR` (``roles``, ``show_hypothesis``), registered with those options
 fixed as ``hcqr_no_support``, ``hcqr_no_distinction``,
 ``hcqr_no_key_features`` and ``hcqr_show_hypothesis``.
@@ -16,6 +16,7 @@ from hcqr_dspy.programs.cot import CoT
 from hcqr_dspy.programs.hcqr import HCQR, HCQRNoDistinction, HCQRNoKeyFeatures, HCQRNoSupport, HCQRShowHypothesis
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
+from hcqr_dspy.programs.main_rag import MainRAG
 from hcqr_dspy.programs.rerank_rag import RerankRAG
 from hcqr_dspy.programs.simple_rag import SimpleRAG
 
@@ -29,6 +30,7 @@ PROGRAMS: dict[str, type[MCQProgram]] = {
         QueryRewrite,
         QueryRewriteOptions,
         RerankRAG,
+        MainRAG,
         HCQRNoSupport,
         HCQRNoDistinction,
         HCQRNoKeyFeatures,
@@ -56,6 +58,7 @@ __all__ = [
     "HCQRNoSupport",
     "HCQRShowHypothesis",
     "HyDE",
+    "MainRAG",
     "MCQProgram",
     "PROGRAMS",
     "QueryRewrite",

@@ -1,12 +1,15 @@
 """Baselines with dspy.utils.DummyLM: the queries each one issues, the budget, reranking, fallbacks."""
 
+import math
+
 import dspy
 import pytest
 from dspy.utils import DummyLM
 from programs.program_helpers import ANSWER, QUESTION, full_prompts, prompts, run
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.programs import PROGRAMS, HyDE, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
+from hcqr_dspy.programs import PROGRAMS, HyDE, MainRAG, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
+from hcqr_dspy.programs.main_rag import yes_no_margin
 from hcqr_dspy.programs.base import MCQProgram
 
 PASSAGE = "Digoxin toxicity causes nausea, vomiting and yellow-green vision; hypokalemia worsens it."
@@ -37,7 +40,7 @@ def lm_for(**routes):
 
 
 def test_registry_holds_the_baselines():
-    for name in ("hyde", "query_rewrite", "query_rewrite_options", "rerank_rag"):
+    for name in ("hyde", "query_rewrite", "query_rewrite_options", "rerank_rag", "main_rag"):
         assert PROGRAMS[name].method == name and issubclass(PROGRAMS[name], MCQProgram)
         assert PROGRAMS[name].uses_retrieval
 
@@ -262,3 +265,153 @@ def test_rerank_loads_a_sentence_transformers_cross_encoder_by_path(pool):
     scores = [p["rerank_score"] for p in pred.passages]
     assert len(scores) == 3 and all(isinstance(s, float) for s in scores) and scores == sorted(scores, reverse=True)
     assert pred.stages["rerank"]["lm_calls"] == 0
+
+
+# -- MAIN-RAG ----------------------------------------------------------------------------------------
+
+# DummyLM replies carry no log-probabilities, so scoring="auto" votes: +1 Yes, -1 No.
+VOTES = {
+    "yellow-green vision": {"judgment": "Yes"},  # p3
+    "pretibial myxedema": {"judgment": "Yes"},  # p4
+    "edrophonium": {"judgment": "Yes"},  # p7
+    "`judgment`": {"judgment": "No"},  # every other passage
+}
+
+
+def test_main_rag_judges_the_pool_and_keeps_what_clears_the_mean(pool):
+    lm = lm_for(**VOTES)
+    program = MainRAG(pool)
+    pred = run(program, lm)
+    assert pool.calls == [([QUESTION], 20)] and pred.pool_size == 8
+    # scores +1 x3, -1 x5: mean -0.25, population std sqrt(1 - 0.0625); n_std=0 keeps score >= mean
+    assert pred.judge_scoring == "vote" and pred.judge_yes == 3 and pred.judge_failures == 0
+    assert pred.judge_mean == -0.25 and pred.judge_std == pytest.approx(0.968246, abs=1e-6)
+    assert pred.judge_threshold == -0.25
+    assert [p["id"] for p in pred.passages] == ["p3", "p4", "p7"]
+    assert [p["judge_score"] for p in pred.passages] == [1.0] * 3
+    assert {p["judge_scored_by"] for p in pred.passages} == {"vote"}
+    assert [j["judgment"] for j in pred.judge_pool] == ["No", "No", "Yes", "Yes", "No", "No", "Yes", "No"]
+    assert pred.stages["judge"]["lm_calls"] == 8 and pred.stages["answer"]["lm_calls"] == 1
+    judges = full_prompts(lm, "judgment")
+    assert len(judges) == 8 and all(QUESTION in j and "`options`" not in j and "B. Graves" not in j for j in judges)
+    assert prompts(lm, "answer")[0].count("Document [") == 3
+    assert program.settings()["n_std"] == 0.0 and program.settings()["judge_scoring"] == "auto"
+
+
+def test_main_rag_n_std_lowers_the_bar_and_the_budget_still_holds(pool):
+    pred = run(MainRAG(pool, budget=5, pool_k=8, n_std=2.0), lm_for(**VOTES))
+    assert pool.calls == [([QUESTION], 8)]
+    assert pred.judge_threshold == pytest.approx(-0.25 - 2 * 0.968246, abs=1e-5)  # every passage clears it
+    # best first (the Yes votes), ties in retrieval order, cut to the budget
+    assert [p["id"] for p in pred.passages] == ["p3", "p4", "p7", "p1", "p2"]
+
+
+def test_main_rag_unparseable_judgments_are_not_scored_nor_kept(pool):
+    routes = {"germinal centers": {"judgment": "Maybe"}, "Lancet-shaped": {"oops": "Yes"}, **VOTES}
+    pred = run(MainRAG(pool, n_std=5.0), lm_for(**routes))
+    assert pred.judge_failures == 2
+    assert {"p5", "p6"}.isdisjoint(p["id"] for p in pred.passages) and len(pred.passages) == 6
+    assert pred.judge_mean == pytest.approx((3 - 3) / 6)
+    assert [j["score"] for j in pred.judge_pool if j["id"] in ("p5", "p6")] == [None, None]
+
+
+def test_main_rag_logprob_scoring_refuses_an_lm_without_logprobs(pool):
+    with pytest.raises(HCQRError, match="carries no log-probabilities"):
+        run(MainRAG(pool, scoring="logprob"), lm_for(**VOTES))
+
+
+def test_main_rag_vote_mode_never_asks_for_logprobs(pool):
+    lm = lm_for(**VOTES)
+    run(MainRAG(pool, scoring="vote"), lm)
+    judge_calls = [h for h in lm.history if "`judgment`" in h["messages"][-1]["content"]]
+    assert judge_calls and not any(h["kwargs"].get("logprobs") for h in judge_calls)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"pool_k": 0}, "pool_k"), ({"scoring": "soft"}, "scoring must be one of")])
+def test_main_rag_bad_arguments(pool, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MainRAG(pool, **kwargs)
+
+
+def lp(token, logprob, *top):
+    return {"token": token, "logprob": logprob, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
+
+
+def test_yes_no_margin_reads_the_judgment_step():
+    content = [
+        lp('{"', -0.1),
+        lp("jud", -0.01),
+        lp('":', -0.01),
+        lp(' "', -0.02, (' "', -0.02), (" Yes", -6.0)),
+        lp("No", -0.6, ("No", -0.6), ("Yes", -0.9), (" Yes", -3.0), ("NO", -8.0)),
+        lp('"}', -0.1),
+    ]
+    margin, bounded = yes_no_margin({"content": content})
+    # log P(Yes) sums "Yes" and " Yes"; log P(No) sums "No" and "NO" (hand-checked with math.log)
+    expected = math.log(math.exp(-0.9) + math.exp(-3.0)) - math.log(math.exp(-0.6) + math.exp(-8.0))
+    assert margin == pytest.approx(expected) and not bounded
+    # "No" missing from the alternatives: the lowest listed value stands in, and the margin says so
+    margin, bounded = yes_no_margin({"content": [lp("Yes", -0.05, ("Yes", -0.05), ("Maybe", -4.0))]})
+    assert margin == pytest.approx(-0.05 + 4.0) and bounded
+    assert yes_no_margin({"content": [lp("Perhaps", -0.1)]}) is None
+    assert yes_no_margin(None) is None
+
+
+class LogprobJudge:
+    """An engine that answers the judge with Yes/No log-probabilities set per passage, and the answer step with A."""
+
+    supports_response_schema = True
+    supported_params = frozenset({"response_format", "temperature", "max_tokens", "logprobs", "top_logprobs"})
+
+    def __init__(self, yes_logprob):
+        self.yes_logprob = yes_logprob  # passage phrase -> log P(Yes); log P(No) = log(1 - P(Yes))
+        self.asked = []
+
+    def complete(self, request):
+        from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage
+
+        prompt = request.messages[-1].text
+        self.asked.append(request.config.logprobs)
+        usage = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
+        if "`judgment`" not in prompt:
+            text = '{"reasoning": "r", "answer": "A"}'
+            return Response(id=None, model="lp", message=Message.assistant([TextPart(text)]), finish_reason="stop", usage=usage)
+        y = next((v for phrase, v in self.yes_logprob.items() if phrase in prompt), math.log(0.5))
+        n = math.log(1 - math.exp(y))
+        label = "Yes" if y >= n else "No"
+        steps = (
+            TokenLogprob(token='{"judgment": "', logprob=-0.01),
+            TokenLogprob(token=label, logprob=max(y, n), top=(TopLogprob("Yes", y), TopLogprob("No", n))),
+            TokenLogprob(token='"}', logprob=-0.01),
+        )
+        text = '{"judgment": "%s"}' % label
+        return Response(id=None, model="lp", message=Message.assistant([TextPart(text)]), finish_reason="stop",
+                        usage=usage, logprobs=steps)
+
+    def stream(self, request):
+        raise NotImplementedError
+
+    def close(self):
+        pass
+
+
+def test_main_rag_scores_with_log_probabilities_when_the_lm_gives_them(pool):
+    import uuid
+
+    probs = {"yellow-green vision": 0.9, "pretibial myxedema": 0.6, "edrophonium": 0.55, "germinal centers": 0.2}
+    engine = LogprobJudge({k: math.log(v) for k, v in probs.items()})
+    lm = dspy.LM(f"lp/{uuid.uuid4().hex}", engine=engine, temperature=0.0, max_tokens=50, cache=False)
+    pred = run(MainRAG(pool, pool_k=8), lm)
+    logit = {pid: math.log(p / (1 - p)) for pid, p in {"p3": 0.9, "p4": 0.6, "p7": 0.55, "p5": 0.2}.items()}
+    scores = [logit.get(f"p{i}", 0.0) for i in range(1, 9)]  # P = 0.5 elsewhere: margin 0
+    mean = sum(scores) / 8
+    assert pred.judge_scoring == "logprob" and pred.judge_bounded == 0
+    assert pred.judge_mean == pytest.approx(mean, abs=1e-6)
+    # logits: p3 2.197, p4 0.405, p7 0.201, p5 -1.386, the rest 0 -> mean 0.177: p3, p4, p7 clear it, best first
+    assert mean == pytest.approx(0.1771, abs=1e-4)
+    assert [p["id"] for p in pred.passages] == ["p3", "p4", "p7"]
+    assert [p["judge_score"] for p in pred.passages] == [pytest.approx(logit[k], abs=1e-5) for k in ("p3", "p4", "p7")]
+    # n_std = 1 lowers the bar by one standard deviation: the 0-margin passages clear it too, p5 does not
+    pred = run(MainRAG(pool, pool_k=8, n_std=1.0), lm)
+    assert [p["id"] for p in pred.passages] == ["p3", "p4", "p7", "p1", "p2", "p6", "p8"]
+    assert engine.asked[:8] == [20] * 8  # every judge call asked for the top-20 alternatives
