@@ -92,7 +92,7 @@ def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 
 def _program_options(args: argparse.Namespace) -> dict:
     opts = {"budget": args.budget}
-    if args.method == "hcqr":
+    if (args.method or "hcqr") == "hcqr":
         opts.update(k_per_query=args.k_per_query, fusion=args.fusion)
     return opts
 
@@ -101,7 +101,10 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
     from hcqr_dspy.programs import PROGRAMS
     from hcqr_dspy.retrieval.fusion import STRATEGIES
 
-    p.add_argument("--method", default="hcqr", help=f"one of: {', '.join(PROGRAMS)}")
+    p.add_argument("--method", default=None, help=f"one of: {', '.join(PROGRAMS)} (default: hcqr)")
+    p.add_argument("--program", default=None,
+                   help="a saved program to run (folder from `hcqr compile`, or runs:/<mlflow run id>); "
+                        "its method and options come with it")
     p.add_argument("--index", default=None, help="index folder (from `hcqr index`)")
     p.add_argument("--budget", type=_positive_int, default=15, help="passages shown to the answer step (paper: 15)")
     p.add_argument("--k-per-query", type=_positive_int, default=5, help="HCQR passages per query (paper: 5)")
@@ -113,13 +116,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hcqr_dspy.run import EvalSpec, run_evaluation
 
     spec = EvalSpec(
-        method=args.method, dataset=args.dataset, index=args.index, lm=args.lm, limit=args.limit, seed=args.seed,
+        method=args.method if args.program else (args.method or "hcqr"), dataset=args.dataset, index=args.index,
+        lm=args.lm, limit=args.limit, seed=args.seed,
         ids=args.ids.split(",") if args.ids else None, program_options=_program_options(args),
         max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
-        num_threads=args.threads, run_dir=args.run_dir,
+        num_threads=args.threads, run_dir=args.run_dir, program=args.program,
     )
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
-    print(metrics_table([(args.method, result.metrics)]))
+    print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
     if run_id:
         print(f"MLflow run {run_id} in {_store(args)} (view with `hcqr ui`)")
@@ -165,16 +169,30 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from hcqr_dspy.programs import PROGRAMS, make_program
     from hcqr_dspy.retrieval import load_index
 
+    from hcqr_dspy.program_io import load_program, read_meta, resolve_program_path
+
     question, options = _read_question(args)
     parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)
-    if args.method not in PROGRAMS:
-        raise HCQRError(f"unknown method {args.method!r}; choose one of {', '.join(PROGRAMS)}")
+    folder = None
+    method = args.method or "hcqr"
+    if args.program:
+        folder = resolve_program_path(args.program, getattr(args, "mlflow_dir", None))
+        meta = read_meta(folder)
+        if args.method and args.method != meta["method"]:
+            raise HCQRError(f"{args.program} is a saved {meta['method']!r} program, not {args.method!r}")
+        method = meta["method"]
+    if method not in PROGRAMS:
+        raise HCQRError(f"unknown method {method!r}; choose one of {', '.join(PROGRAMS)}")
     retriever = None
-    if PROGRAMS[args.method].uses_retrieval:
+    if PROGRAMS[method].uses_retrieval:
         if not args.index:
-            raise HCQRError(f"method {args.method!r} needs --index (build one with `hcqr index`)")
+            raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
         retriever = load_index(args.index)
-    program = make_program(args.method, retriever, **_program_options(args))
+    if folder is not None:
+        program, meta = load_program(folder, retriever)
+        print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
+    else:
+        program = make_program(method, retriever, **_program_options(args))
     lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         pred = program(question=question, options=options)
@@ -309,6 +327,29 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from hcqr_dspy.optimize import CompileSpec, run_compile
+
+    options = {"budget": args.budget}
+    if args.program == "hcqr":
+        options.update(k_per_query=args.k_per_query, fusion=args.fusion)
+    spec = CompileSpec(
+        recipe=args.recipe, method=args.program, train=args.train, index=args.index, out=args.out, lm=args.lm,
+        reflection_lm=args.reflection_lm, train_size=args.train_size, val_size=args.val_size,
+        holdout=list(args.holdout or []), program_options=options, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
+        api_base=args.api_base, api_key_env=args.api_key_env,
+    )
+    out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    print(f"saved compiled {args.program} to {out['out']} ({out['train']} training + {out['val']} validation questions)")
+    for name, info in out["predictors"].items():
+        changed = "changed" if info["instructions_changed"] else "unchanged"
+        print(f"  {name}: {info['demos']} demos, instructions {changed}")
+    if out["mlflow_run_id"]:
+        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)}; run it with "
+              f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -366,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--question", default=None, help="question text")
     p.add_argument("--option", action="append", help="an option as LETTER=text (repeat)")
     p.add_argument("--json", default=None, help="a JSON file holding {question, options}")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store for --program runs:/... URIs")
     _add_lm_args(p)
     p.set_defaults(func=cmd_ask)
 
@@ -411,6 +453,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
     p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
+    p.add_argument("--recipe", required=True, help="recipe file or name in optimizers/ (bootstrap_fewshot, mipro_light ...)")
+    p.add_argument("--program", default="hcqr", help="method to compile (default: hcqr)")
+    p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
+    p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
+    p.add_argument("--val-size", type=int, default=None, help="validation questions (default: the recipe's)")
+    p.add_argument("--holdout", action="append", default=None,
+                   help="an evaluation file that must not share questions with the training set (repeat)")
+    p.add_argument("--index", default=None, help="index folder")
+    p.add_argument("--budget", type=_positive_int, default=15)
+    p.add_argument("--k-per-query", type=_positive_int, default=5)
+    p.add_argument("--fusion", default="score_sum")
+    p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
+    p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (overrides the recipe's)")
+    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--no-mlflow", action="store_true")
+    _add_lm_args(p)
+    p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
     p.add_argument("--mlflow-dir", default=None)

@@ -56,7 +56,98 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise HCQRError(f"run {path} has no finished question")
     dur = json.loads((path / DUR_FILE).read_text()) if (path / DUR_FILE).is_file() else {}
     judgments = read_rows(path / JUDGMENTS_FILE)
-    return Run(path, label or config.get("method", path.name), config, rows, summarize(rows), dur, judgments)
+    return Run(path, label or run_label(config, path), config, rows, summarize(rows), dur, judgments)
+
+
+def run_label(config: dict[str, Any], path: Path) -> str:
+    """The method, and for a saved (compiled) program ``method+recipe`` (``hcqr+bootstrap_fewshot``)."""
+    method = config.get("method", path.name)
+    saved = config.get("saved_program")
+    if saved:
+        return f"{method}+{saved.get('recipe') or 'saved'}"
+    return method
+
+
+def stage_differences(runs: Sequence[Run], reference: Run) -> str:
+    """Markdown: each run's accuracy, hypothesis accuracy, DUR and invalid rate minus the reference's (points)."""
+
+    def values(run: Run) -> dict[str, float | None]:
+        m = run.metrics
+        return {
+            "accuracy": m.get("accuracy"),
+            "hypothesis accuracy": m.get("hypothesis_accuracy"),
+            "DUR": run.dur.get("dur"),
+            "invalid rate": m.get("invalid_rate"),
+        }
+
+    ref = values(reference)
+    lines = ["| run | " + " | ".join(f"Δ {k}" for k in ref) + " |", "|---|" + "---:|" * len(ref)]
+    for run in runs:
+        if run is reference:
+            continue
+        cells = []
+        for key, value in values(run).items():
+            base = ref[key]
+            cells.append("–" if value is None or base is None else f"{(value - base) * 100:+.1f}")
+        lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def program_state(run: Run) -> dict[str, Any] | None:
+    """The run's program state (instructions, demos per predictor): a saved program's ``program.json``,
+    else the zero-shot program rebuilt from the method and its recorded options; ``None`` if unavailable."""
+    from hcqr_dspy.program_io import STATE_FILE, fresh_state
+
+    saved = run.config.get("saved_program")
+    if saved:
+        path = Path(saved.get("folder") or "") / STATE_FILE
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+    try:
+        return fresh_state(run.config.get("method"), run.config.get("program") or {})
+    except HCQRError:
+        return None
+
+
+def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
+    """Markdown: how each saved program's instructions and demos differ from the reference's, per predictor.
+
+    ``None`` when no run ran a saved program (then there is nothing to diff).
+    """
+    import difflib
+
+    if not any(r.config.get("saved_program") for r in runs):
+        return None
+    ref_state = program_state(reference)
+    parts = []
+    for run in runs:
+        if run is reference or not run.config.get("saved_program"):
+            continue
+        state = program_state(run)
+        saved = run.config["saved_program"]
+        parts.append(f"### {run.label} vs {reference.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
+                     f"{saved.get('recipe')}, compiled on {saved.get('train_count')} {saved.get('train_dataset')} questions")
+        if state is None or ref_state is None:
+            parts.append("(program state unavailable)")
+            continue
+        for name in sorted(k for k in state if k != "metadata"):
+            mine, theirs = state.get(name) or {}, ref_state.get(name) or {}
+            a = (theirs.get("signature") or {}).get("instructions", "")
+            b = (mine.get("signature") or {}).get("instructions", "")
+            demos_a, demos_b = theirs.get("demos") or [], mine.get("demos") or []
+            lines = [f"**{name}**: {len(demos_a)} -> {len(demos_b)} demos; instructions "
+                     + ("unchanged" if a == b else "changed")]
+            if a != b:
+                diff = difflib.unified_diff(a.splitlines(), b.splitlines(), reference.label, run.label, lineterm="")
+                lines.append("```diff\n" + "\n".join(diff) + "\n```")
+            for i, demo in enumerate(demos_b, start=1):
+                q = " ".join(str(demo.get("question", "")).split())[:100]
+                extra = ", ".join(f"{k}={str(v)[:40]!r}" for k, v in demo.items() if k not in ("question", "options", "augmented"))
+                lines.append(f"- demo {i}: {q} ... ({extra})")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def mcnemar_exact(reference: dict[str, bool], other: dict[str, bool]) -> dict[str, float]:
@@ -282,9 +373,11 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
             comparison_table(ordered, ref),
             "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
             "(statsmodels) on b vs c.",
+            "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
             "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
         ]
+        + ([f"## Programs: instructions and demos\n\n{diff}"] if (diff := program_diff(ordered, ref)) else [])
     ) + "\n"
     md = out / "comparison.md"
     md.write_text(report, encoding="utf-8")

@@ -86,7 +86,7 @@ def load_experiment(
     import yaml
 
     from hcqr_dspy.lm import parse_lm_spec
-    from hcqr_dspy.programs import PROGRAMS
+    from hcqr_dspy.programs import PROGRAMS, accepted_options
 
     path = Path(path)
     try:
@@ -163,26 +163,11 @@ def load_experiment(
     except HCQRError as exc:
         raise ExperimentError(f"{path}: {exc}") from None
     for m, opts in options.items():
-        valid = _accepted_options(PROGRAMS[m])
+        valid = accepted_options(PROGRAMS[m])
         bad = sorted(set(opts or {}) - valid)
         if bad:
             raise ExperimentError(f"{path}: unknown option(s) {', '.join(bad)} for method {m!r}; valid: {', '.join(sorted(valid))}")
     return exp
-
-
-def _accepted_options(program_cls) -> set[str]:
-    """Keyword options a program's constructor chain accepts (besides the retriever)."""
-    import inspect
-
-    from hcqr_dspy.programs.base import MCQProgram
-
-    names: set[str] = set()
-    factory = getattr(program_cls, "__init__", program_cls)
-    for fn in (factory, MCQProgram.__init__):
-        for p in inspect.signature(fn).parameters.values():
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "retriever"):
-                names.add(p.name)
-    return names
 
 
 def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", mlflow_dir: str | Path | None = None,

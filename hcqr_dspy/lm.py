@@ -228,12 +228,12 @@ class LlamaCppEngine:
         repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
         seed: int = 0,
     ):
-        try:
-            import llama_cpp  # noqa: F401  (fail early with the setup hint)
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("llama_cpp") is None:  # fail early, with the setup hint
             raise LMSpecError(
                 "local GGUF models need llama-cpp-python; run `make setup-llm` (it builds and caches the wheel)"
-            ) from None
+            )
         path = Path(model_path)
         if not path.is_file():
             raise LMSpecError(f"GGUF file {path} not found")

@@ -38,9 +38,13 @@ class EvalSpec:
         api_base / api_key_env: LiteLLM endpoint and the name of its key variable.
         num_threads: Questions in flight.
         run_dir: Run folder; derived from the spec when ``None``.
+        program: A saved (e.g. compiled) program to run instead of a fresh
+            one: a folder from ``hcqr compile`` or ``runs:/<run_id>``; its
+            method and options come from the program (``method`` may be
+            ``None``; given, it must match) and ``program_options`` are ignored.
     """
 
-    method: str
+    method: str | None
     dataset: str
     index: str | None = None
     lm: str = "local"
@@ -55,6 +59,7 @@ class EvalSpec:
     api_key_env: str | None = None
     num_threads: int = 1
     run_dir: str | None = None
+    program: str | None = None
 
 
 def _slug(text: str) -> str:
@@ -69,12 +74,24 @@ def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
 
     Raises:
         HCQRError: unknown method or LM spec, malformed questions, a missing
-            or mismatched index.
+            or mismatched index; a saved program of another method, of a newer
+            format, or compiled on some of these questions.
     """
+    from hcqr_dspy.program_io import read_meta, refuse_overlap, resolve_program_path
+
+    saved = None
+    if spec.program:
+        folder = resolve_program_path(spec.program)
+        saved = read_meta(folder)
+        if spec.method and spec.method != saved["method"]:
+            raise HCQRError(f"{spec.program} is a saved {saved['method']!r} program, not {spec.method!r}")
+        spec.method = saved["method"]
     if spec.method not in PROGRAMS:
         raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
+    if saved and saved.get("train"):
+        refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
     retriever, index_info = None, None
     if PROGRAMS[spec.method].uses_retrieval:
         if not spec.index:
@@ -89,11 +106,17 @@ def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
             "corpus_fingerprint": manifest["corpus"]["fingerprint"],
             "corpus_count": manifest["corpus"]["count"],
         }
-    program = make_program(spec.method, retriever, **spec.program_options)
+    if saved:
+        from hcqr_dspy.program_io import load_program
+
+        program, _ = load_program(folder, retriever)
+    else:
+        program = make_program(spec.method, retriever, **spec.program_options)
     qids = [q.qid for q in questions]
     config = {
         "method": spec.method,
         "program": program.settings(),
+        "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
         "questions": {
             "count": len(qids),
@@ -109,10 +132,31 @@ def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
     return config, questions, program
 
 
+def dataset_name(dataset: str) -> str:
+    """A dataset's name: the file stem (``medqa`` for ``.../medqa.json``) or the hub name."""
+    return Path(dataset).stem if Path(dataset).exists() else dataset
+
+
+def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """What a run records about the saved program it ran: where, its optimizer and recipe, its training set."""
+    recipe = meta.get("recipe") or {}
+    train = meta.get("train") or {}
+    return {
+        "source": str(source),
+        "folder": str(Path(folder).resolve()),
+        "optimizer": meta.get("optimizer"),
+        "recipe": recipe.get("name") if isinstance(recipe, dict) else recipe,
+        "created": meta.get("created"),
+        "compile_run_id": meta.get("mlflow_run_id"),
+        "train_dataset": train.get("dataset"),
+        "train_count": len(train.get("ids") or []),
+    }
+
+
 def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
     """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>``: the same spec reuses (resumes) its folder."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
-    dataset = _slug(Path(spec.dataset).stem if Path(spec.dataset).exists() else spec.dataset)
+    dataset = _slug(dataset_name(spec.dataset))
     lm = _slug(spec.lm.replace(":", "-").replace("/", "-"))
     return DEFAULT_RUNS / dataset / f"{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
 

@@ -39,6 +39,23 @@ PROGRAMS: dict[str, type[MCQProgram]] = {
 }
 
 
+def accepted_options(program_cls: type[MCQProgram]) -> set[str]:
+    """Keyword options a program's constructor chain accepts (besides the retriever).
+
+    Read with ``inspect.signature`` from the class's ``__init__`` (a
+    :func:`~hcqr_dspy.programs.base.variant` reports its base's options minus
+    the fixed ones) and :class:`MCQProgram`'s.
+    """
+    import inspect
+
+    names: set[str] = set()
+    for fn in (program_cls.__init__, MCQProgram.__init__):
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "retriever"):
+                names.add(p.name)
+    return names
+
+
 def make_program(method: str, retriever=None, **options) -> MCQProgram:
     """Instantiate a registered method.
 
@@ -61,6 +78,7 @@ __all__ = [
     "MainRAG",
     "MCQProgram",
     "PROGRAMS",
+    "accepted_options",
     "QueryRewrite",
     "QueryRewriteOptions",
     "RerankRAG",

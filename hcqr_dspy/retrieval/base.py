@@ -97,6 +97,11 @@ class Retriever(ABC):
     clipped to the corpus size), :meth:`_write` and :meth:`_read`.
     """
 
+    def __deepcopy__(self, memo):
+        # A retriever is a shared, read-only resource: DSPy optimizers deep-copy programs
+        # (candidates, teachers), and every copy must search the same index, not a copy of it.
+        return self
+
     kind: ClassVar[str]
 
     def __init__(self, corpus: Corpus):

@@ -1,0 +1,490 @@
+"""Prompt optimization: recipes, metrics (with feedback for GEPA) and compiling a program.
+
+A **recipe** is a YAML file (``optimizers/*.yaml``) that names a DSPy
+optimizer and its settings; ``hcqr compile`` reads it, so a new recipe needs
+no code. Keys:
+
+=============  ==============================================================
+optimizer      ``BootstrapFewShot``, ``BootstrapFewShotWithRandomSearch``,
+               ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``)
+description    free text
+metric         ``accuracy`` (gold letter, invalid = wrong) or ``feedback``
+               (the same score plus a textual diagnosis; GEPA only)
+train_size     training questions drawn from the train file (seeded sample)
+val_size       validation questions drawn after them, disjoint (0: none;
+               optimizers that need one then use the training questions)
+min_train      the least training questions the recipe accepts
+seed           sampling seed (and the optimizer's ``seed`` where it has one)
+settings       keyword arguments of the optimizer's constructor; checked
+               against its signature (``metric`` and ``reflection_lm`` are
+               set here, not in the recipe)
+compile        keyword arguments of its ``compile()`` (``student``,
+               ``trainset``, ``valset`` and ``teacher`` are set here)
+reflection_lm  GEPA only: an ``--lm`` spec of the reflection LM
+               (``--reflection-lm`` overrides it; GEPA refuses to start
+               without one)
+=============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import dspy
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.metrics import accuracy_metric
+
+RECIPE_KEYS = {
+    "optimizer", "description", "metric", "train_size", "val_size", "min_train", "seed", "settings", "compile",
+    "reflection_lm",
+}
+METRICS = ("accuracy", "feedback")
+RECIPE_DIR = Path("optimizers")
+# Arguments hcqr sets itself: a recipe may not.
+OWN_INIT_ARGS = {"self", "metric", "reflection_lm", "prompt_model", "task_model", "teacher_settings"}
+OWN_COMPILE_ARGS = {"self", "student", "trainset", "valset", "teacher"}
+
+
+class RecipeError(HCQRError):
+    """A recipe that cannot run: unreadable, unknown keys, optimizer or settings, a train set too small."""
+
+
+def optimizers() -> dict[str, type]:
+    """The optimizers a recipe may name (``dspy.teleprompt`` classes)."""
+    from dspy.teleprompt import GEPA, BootstrapFewShot, BootstrapFewShotWithRandomSearch, MIPROv2
+
+    return {c.__name__: c for c in (BootstrapFewShot, BootstrapFewShotWithRandomSearch, MIPROv2, GEPA)}
+
+
+@dataclass
+class Recipe:
+    """A validated recipe (see the module note for the keys)."""
+
+    name: str
+    path: str
+    optimizer: str
+    metric: str = "accuracy"
+    train_size: int = 30
+    val_size: int = 0
+    min_train: int = 2
+    seed: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)
+    compile: dict[str, Any] = field(default_factory=dict)
+    reflection_lm: str | None = None
+    description: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """What runs and saved programs record about the recipe."""
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def find_recipe(name_or_path: str | Path) -> Path:
+    """A recipe file from a path (with or without ``.yaml``) or a bare name in ``optimizers/``.
+
+    Raises:
+        RecipeError: nothing found; the shipped recipes are listed.
+    """
+    p = Path(name_or_path)
+    for candidate in (p, p.with_name(p.name + ".yaml"), RECIPE_DIR / p, RECIPE_DIR / (p.name + ".yaml")):
+        if candidate.is_file():
+            return candidate
+    shipped = sorted(f.stem for f in RECIPE_DIR.glob("*.yaml")) if RECIPE_DIR.is_dir() else []
+    raise RecipeError(f"recipe {str(name_or_path)!r} not found; recipes in {RECIPE_DIR}/: {', '.join(shipped) or '(none)'}")
+
+
+def _parameters(fn: Callable, own: set[str]) -> tuple[set[str], bool]:
+    params = inspect.signature(fn).parameters.values()
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - own
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Read and validate a recipe before any LM call.
+
+    Raises:
+        RecipeError: unreadable YAML; unknown keys, optimizer, metric or
+            settings (each error lists the valid ones); bad sizes; the
+            ``feedback`` metric with an optimizer other than GEPA.
+    """
+    import yaml
+
+    path = find_recipe(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RecipeError(f"cannot read recipe {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping with keys {', '.join(sorted(RECIPE_KEYS))}")
+    unknown = sorted(set(raw) - RECIPE_KEYS)
+    if unknown:
+        raise RecipeError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(RECIPE_KEYS))}")
+    known = optimizers()
+    name = raw.get("optimizer")
+    if name not in known:
+        raise RecipeError(f"{path}: unknown optimizer {name!r}; valid optimizers: {', '.join(known)}")
+    metric = raw.get("metric", "accuracy")
+    if metric not in METRICS:
+        raise RecipeError(f"{path}: unknown metric {metric!r}; valid metrics: {', '.join(METRICS)}")
+    if metric == "feedback" and name != "GEPA":
+        raise RecipeError(f"{path}: metric 'feedback' is for GEPA; {name} needs metric 'accuracy'")
+    for key in ("settings", "compile"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise RecipeError(f"{path}: '{key}' must be a mapping of keyword arguments")
+    cls = known[name]
+    for key, fn, own in (("settings", cls.__init__, OWN_INIT_ARGS), ("compile", cls.compile, OWN_COMPILE_ARGS)):
+        valid, _ = _parameters(fn, own)
+        bad = sorted(set(raw.get(key) or {}) - valid)
+        if bad:
+            raise RecipeError(f"{path}: unknown {key} for {name}: {', '.join(bad)}; valid: {', '.join(sorted(valid))}")
+    sizes = {}
+    for key, default, low in (("train_size", 30, 1), ("val_size", 0, 0), ("min_train", 2, 1), ("seed", 0, None)):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+            raise RecipeError(f"{path}: '{key}' must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
+        sizes[key] = value
+    if name != "GEPA" and raw.get("reflection_lm"):
+        raise RecipeError(f"{path}: 'reflection_lm' is for GEPA only")
+    return Recipe(
+        name=path.stem, path=str(path), optimizer=name, metric=metric, settings=dict(raw.get("settings") or {}),
+        compile=dict(raw.get("compile") or {}), reflection_lm=raw.get("reflection_lm"),
+        description=str(raw.get("description") or ""), **sizes,
+    )
+
+
+# -- metrics ------------------------------------------------------------------------------------
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = {"with", "from", "that", "this", "which", "their", "there", "into", "than", "other", "none", "above", "only"}
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-case words of 4+ characters, minus a few function words: what must appear for a mention."""
+    return [w for w in _WORD.findall(str(text).lower()) if len(w) >= 4 and w not in _STOP]
+
+
+def mentions(option_text: str, passages: list[str]) -> bool:
+    """Whether one passage holds every content word of an option (an option of short words: the whole text).
+
+    A cheap, transparent proxy for "the context contained evidence naming the
+    correct option"; it is used only to word the feedback, never the score.
+    """
+    words = content_words(option_text) or [str(option_text).lower().strip()]
+    return any(all(w in p.lower() for w in words) for p in passages)
+
+
+def diagnose(example: dspy.Example, pred: Any, passages: list[str] | None = None) -> tuple[float, str, str]:
+    """Score (1 correct, 0 otherwise) and what went wrong in a prediction.
+
+    Args:
+        example: The question with its gold ``answer`` and ``options``.
+        pred: The program's prediction (``answer``, ``valid``, ``error``, and
+            for HCQR ``hypothesis``).
+        passages: Texts of the passages the answer step saw, to tell whether
+            the correct option was named in the context.
+
+    Returns:
+        ``(score, case, feedback)``; ``case`` is one of ``correct``,
+        ``invalid_answer``, ``wrong_hypothesis_no_evidence``,
+        ``wrong_hypothesis_evidence_ignored``, ``right_hypothesis_flipped``,
+        ``wrong_hypothesis_corrected`` (correct, listed apart), ``wrong``.
+    """
+    gold = example.answer
+    gold_text = example.options.get(gold, "")
+    letters = ", ".join(example.options)
+    h = pred.get("hypothesis") if hasattr(pred, "get") else None
+    y0 = (h or {}).get("working_hypothesis")
+    if not getattr(pred, "valid", False):
+        error = getattr(pred, "error", None) or "no letter"
+        return 0.0, "invalid_answer", (
+            f"Invalid answer format: the reply was not one of the option letters ({letters}) [{str(error)[:200]}]. "
+            "The answer must be exactly one option letter."
+        )
+    answer = pred.answer
+    if answer == gold:
+        if y0 and y0 != gold:
+            return 1.0, "wrong_hypothesis_corrected", (
+                f"Correct ({gold}. {gold_text}), although the working hypothesis was {y0} "
+                f"({example.options.get(y0, '?')}); the retrieved evidence corrected it."
+            )
+        return 1.0, "correct", f"Correct: {gold}. {gold_text}."
+    chosen = f"{answer} ({example.options.get(answer, '?')})"
+    if y0 is None:
+        return 0.0, "wrong", f"Wrong: answered {chosen}; the correct answer is {gold}. {gold_text}."
+    if y0 == gold:
+        return 0.0, "right_hypothesis_flipped", (
+            f"The working hypothesis {gold} ({gold_text}) was right, but the final answer flipped away to {chosen}. "
+            "The answer step should keep the option that the question's findings and the context support."
+        )
+    evidence = mentions(gold_text, passages or [])
+    if not evidence:
+        return 0.0, "wrong_hypothesis_no_evidence", (
+            f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the correct answer is {gold} ({gold_text}), and no "
+            f"retrieved passage names it: the context did not contain distinguishing evidence. The hypothesis should "
+            f"weigh the findings that separate the options, and the distinction query should contrast {y0} with the "
+            "alternatives by the features that tell them apart."
+        )
+    return 0.0, "wrong_hypothesis_evidence_ignored", (
+        f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the context did name the correct answer {gold} "
+        f"({gold_text}) but the final answer was {chosen}. The answer step should weigh the passages over the first guess."
+    )
+
+
+# Which diagnoses concern which HCQR predictor (GEPA asks per predictor via pred_name).
+_BLAME = {
+    "hypothesis": {"wrong_hypothesis_no_evidence", "wrong_hypothesis_evidence_ignored", "wrong_hypothesis_corrected"},
+    "rewrite": {"wrong_hypothesis_no_evidence"},
+    "answer": {"invalid_answer", "right_hypothesis_flipped", "wrong_hypothesis_evidence_ignored", "wrong"},
+}
+
+
+def make_metric(kind: str, retriever=None) -> Callable:
+    """The DSPy metric named by a recipe.
+
+    Args:
+        kind: ``accuracy`` -> ``metric(example, pred, trace=None) -> bool``
+            (:func:`hcqr_dspy.metrics.accuracy_metric`); ``feedback`` -> GEPA's
+            ``metric(gold, pred, trace, pred_name, pred_trace) ->
+            dspy.Prediction(score, feedback)`` built on :func:`diagnose`.
+        retriever: Used by ``feedback`` to read the passages the answer step saw.
+
+    Raises:
+        RecipeError: an unknown kind.
+    """
+    if kind == "accuracy":
+        return accuracy_metric
+    if kind != "feedback":
+        raise RecipeError(f"unknown metric {kind!r}; valid metrics: {', '.join(METRICS)}")
+
+    def feedback_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        texts = []
+        if retriever is not None:
+            texts = [retriever.get(p["id"]).text for p in (pred.get("passages") or [])]
+        score, case, text = diagnose(gold, pred, texts)
+        if pred_name in _BLAME and case not in ("correct",) and case not in _BLAME[pred_name]:
+            text += f" (This outcome is not mainly due to the {pred_name} step.)"
+        return dspy.Prediction(score=score, feedback=text)
+
+    return feedback_metric
+
+
+# -- compiling ----------------------------------------------------------------------------------
+def split_train(examples: list[dspy.Example], recipe: Recipe, train_size: int | None = None,
+                val_size: int | None = None) -> tuple[list[dspy.Example], list[dspy.Example]]:
+    """A seeded train sample and a disjoint validation sample.
+
+    Raises:
+        RecipeError: fewer questions than ``train_size + val_size``, or a
+            train size under the recipe's ``min_train`` (the minimum is named).
+    """
+    from hcqr_dspy.data import select
+
+    n_train = recipe.train_size if train_size is None else train_size
+    n_val = recipe.val_size if val_size is None else val_size
+    if n_train < recipe.min_train:
+        raise RecipeError(
+            f"a train set of {n_train} question(s) is too small for recipe {recipe.name!r} ({recipe.optimizer}); "
+            f"it needs at least {recipe.min_train}"
+        )
+    if len(examples) < n_train + n_val:
+        raise RecipeError(f"the train file has {len(examples)} questions; recipe {recipe.name!r} needs {n_train} + {n_val} (validation)")
+    pool = select(examples, limit=n_train + n_val, seed=recipe.seed)
+    return pool[:n_train], pool[n_train:]
+
+
+def build_optimizer(recipe: Recipe, metric: Callable, reflection_lm=None):
+    """The recipe's optimizer object.
+
+    Raises:
+        RecipeError: GEPA without a reflection LM.
+    """
+    cls = optimizers()[recipe.optimizer]
+    kwargs = dict(recipe.settings)
+    valid, _ = _parameters(cls.__init__, set())
+    if "seed" in valid:
+        kwargs.setdefault("seed", recipe.seed)
+    if recipe.optimizer == "GEPA":
+        if reflection_lm is None:
+            raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set reflection_lm in the recipe")
+        kwargs["reflection_lm"] = reflection_lm
+    return cls(metric=metric, **kwargs)
+
+
+def compile_program(recipe: Recipe, student, trainset: list[dspy.Example], valset: list[dspy.Example] | None = None,
+                    reflection_lm=None):
+    """Run the recipe's optimizer on ``student`` (under the caller's ``dspy.context``) and return the compiled program.
+
+    The student is not modified (DSPy optimizers compile a copy).
+
+    Raises:
+        RecipeError: see :func:`build_optimizer`.
+    """
+    metric = make_metric(recipe.metric, getattr(student, "retriever", None))
+    optimizer = build_optimizer(recipe, metric, reflection_lm)
+    kwargs = dict(recipe.compile)
+    valid, _ = _parameters(type(optimizer).compile, set())
+    if "valset" in valid and valset:
+        kwargs["valset"] = valset
+    return optimizer.compile(student, trainset=trainset, **kwargs)
+
+
+@dataclass
+class CompileSpec:
+    """Everything ``hcqr compile`` needs (recorded with the saved program).
+
+    Attributes:
+        recipe: Recipe name or path (see :func:`find_recipe`).
+        method: Registered method to compile (``hcqr``).
+        train: MIRAGE-format file of training/validation questions.
+        index: Index folder the program retrieves from while compiling.
+        out: Folder of the saved program.
+        lm: ``--lm`` spec of the task LM.
+        reflection_lm: GEPA's reflection LM spec (overrides the recipe's).
+        train_size / val_size: Override the recipe's sizes.
+        holdout: Evaluation files that must not share a question (id within
+            the same dataset, or text) with the training questions.
+        program_options: Method options (``budget``, ``k_per_query`` ...).
+        max_tokens / n_ctx / api_base / api_key_env: LM settings, as for ``hcqr eval``.
+    """
+
+    recipe: str
+    method: str
+    train: str
+    index: str | None
+    out: str
+    lm: str = "local"
+    reflection_lm: str | None = None
+    train_size: int | None = None
+    val_size: int | None = None
+    holdout: list[str] = field(default_factory=list)
+    program_options: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int = 1024
+    n_ctx: int = 8192
+    api_base: str | None = None
+    api_key_env: str | None = None
+
+
+def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None, reflection_lm=None) -> dict[str, Any]:
+    """Compile a program with a recipe, save it, and track the compile in MLflow.
+
+    Every input is checked before the first LM call: the recipe, the method,
+    the LM specs (GEPA's reflection LM included), the train file and its size,
+    the overlap with ``holdout`` files, the index and the output folder.
+
+    Args:
+        spec: What to compile.
+        mlflow_dir: MLflow store folder.
+        track: Log to MLflow: params, the optimizer's trials
+            (``mlflow.dspy.autolog(log_compiles=True)``), the saved program
+            folder as ``program`` artifacts, the recipe, and an MLflow model
+            (``mlflow.dspy.log_model``, logged without the retriever).
+        lm / reflection_lm: Ready ``dspy.LM`` objects instead of building the specs (tests).
+
+    Returns:
+        ``{"out", "mlflow_run_id", "model_uri", "train", "val", "predictors": {name: {"demos",
+        "instructions_changed"}}}`` (``mlflow_run_id`` and ``model_uri`` are None untracked).
+
+    Raises:
+        RecipeError, HCQRError: bad input as listed above.
+    """
+    import json
+
+    from hcqr_dspy.data import load_questions
+    from hcqr_dspy.lm import build_lm, parse_lm_spec
+    from hcqr_dspy.program_io import META_FILE, ProgramFormatError, question_keys, refuse_overlap, save_program
+    from hcqr_dspy.programs import PROGRAMS, make_program
+    from hcqr_dspy.retrieval import load_index, read_manifest
+    from hcqr_dspy.run import dataset_name
+
+    recipe = load_recipe(spec.recipe)
+    if spec.method not in PROGRAMS:
+        raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
+    lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
+    reflection_spec = spec.reflection_lm or recipe.reflection_lm
+    if recipe.optimizer == "GEPA":
+        if reflection_lm is None and not reflection_spec:
+            raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set reflection_lm in the recipe")
+        if reflection_spec:
+            parse_lm_spec(reflection_spec, api_base=spec.api_base, api_key_env=spec.api_key_env)
+    out = Path(spec.out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
+        raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
+    train_name = dataset_name(spec.train)
+    trainset, valset = split_train(load_questions(spec.train), recipe, spec.train_size, spec.val_size)
+    keys = question_keys(trainset + valset, train_name)
+    for file in spec.holdout:
+        refuse_overlap(keys, load_questions(file), dataset_name(file), f"compile --holdout {file}")
+    retriever, index_info = None, None
+    if PROGRAMS[spec.method].uses_retrieval:
+        if not spec.index:
+            raise HCQRError(f"method {spec.method!r} needs --index (build one with `hcqr index`)")
+        retriever = load_index(spec.index)
+        manifest = read_manifest(spec.index, verify_files=False)
+        index_info = {"path": str(Path(spec.index).resolve()), "retriever": manifest["retriever"],
+                      "corpus_fingerprint": manifest["corpus"]["fingerprint"], "corpus_count": manifest["corpus"]["count"]}
+    student = make_program(spec.method, retriever, **spec.program_options)
+    lm = lm or build_lm(spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
+                        api_key_env=spec.api_key_env)
+    if recipe.optimizer == "GEPA" and reflection_lm is None:
+        reflection_lm = build_lm(reflection_spec, temperature=1.0, max_tokens=2048, n_ctx=spec.n_ctx,
+                                 api_base=spec.api_base, api_key_env=spec.api_key_env)
+    meta = {
+        "optimizer": recipe.optimizer,
+        "recipe": recipe.record(),
+        "lm": lm_cfg.params(),
+        "reflection_lm": reflection_spec if recipe.optimizer == "GEPA" else None,
+        "index": index_info,
+        # Every question the optimizer saw (training and validation): what later evaluations are checked against.
+        "train": {**keys, "file": str(Path(spec.train).resolve()) if Path(spec.train).exists() else spec.train,
+                  "train_count": len(trainset), "val_count": len(valset)},
+    }
+
+    def _compile():
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            return compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
+
+    run_id = model_uri = None
+    if track:
+        import mlflow
+        import mlflow.dspy
+
+        from hcqr_dspy import tracking
+
+        params = {"recipe": recipe.record(), "method": spec.method, "program": student.settings(), "lm": lm_cfg.params(),
+                  "train": {"file": meta["train"]["file"], "count": len(trainset), "val_count": len(valset)},
+                  "index": index_info}
+        with tracking.mlflow_run(f"compile {spec.method} | {recipe.name} | {spec.lm}", params,
+                                 tags={"kind": "compile", "method": spec.method, "optimizer": recipe.optimizer},
+                                 store=mlflow_dir, traces=False) as run:
+            run_id = run.info.run_id
+            mlflow.dspy.autolog(log_compiles=True, log_traces=False, log_traces_from_compile=False, silent=True)
+            try:
+                compiled = _compile()
+            finally:
+                mlflow.dspy.autolog(disable=True, silent=True)
+            save_program(compiled, out, mlflow_run_id=run_id, **meta)
+            mlflow.log_artifacts(str(out), artifact_path="program")
+            mlflow.log_artifact(recipe.path, artifact_path="recipe")
+            saved_retriever, compiled.retriever = compiled.retriever, None
+            try:  # the MLflow model holds the program without its index (a retriever is not portable)
+                model_uri = mlflow.dspy.log_model(compiled, name="model", use_dspy_model_save=True).model_uri
+            finally:
+                compiled.retriever = saved_retriever
+    else:
+        compiled = _compile()
+        save_program(compiled, out, mlflow_run_id=None, **meta)
+
+    before = student.dump_state()
+    after = json.loads((out / "program.json").read_text(encoding="utf-8"))
+    predictors = {
+        name: {
+            "demos": len(after[name].get("demos") or []),
+            "instructions_changed": after[name]["signature"]["instructions"] != before[name]["signature"]["instructions"],
+        }
+        for name in before
+    }
+    return {"out": str(out), "mlflow_run_id": run_id, "model_uri": model_uri, "train": len(trainset), "val": len(valset),
+            "predictors": predictors}
