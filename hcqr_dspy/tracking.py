@@ -39,12 +39,20 @@ def tracking_uri(path: str | Path | None = None) -> str:
 def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> str:
     """Point MLflow at the store and select (creating if needed) the experiment.
 
+    Several processes may start on one new store at once (parallel
+    evaluations): MLflow creates and migrates the SQLite schema on first use,
+    and two processes doing it together fail ("table ... already exists").
+    The first use is therefore serialized with an exclusive ``fcntl.flock``
+    on ``<store>/.init.lock``; afterwards SQLite's own locking suffices.
+
     Returns:
         The experiment id.
 
     Raises:
         HCQRError: the store folder cannot be created.
     """
+    import fcntl
+
     import mlflow
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -52,19 +60,16 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
     folder = store_dir(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".init.lock", "a")
     except OSError as exc:
         raise HCQRError(f"cannot create MLflow folder {folder}: {exc.strerror}") from None
-    mlflow.set_tracking_uri(tracking_uri(path))
-    found = mlflow.get_experiment_by_name(experiment)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return mlflow.create_experiment(experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
-    except Exception:  # created concurrently by another process
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        mlflow.set_tracking_uri(tracking_uri(path))
         found = mlflow.get_experiment_by_name(experiment)
-        if found is None:
-            raise
-        return found.experiment_id
+        if found is not None:
+            return found.experiment_id
+        return mlflow.create_experiment(experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
 
 
 def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:

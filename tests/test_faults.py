@@ -1,0 +1,219 @@
+"""Faults survived, against a stub OpenAI-compatible server on 127.0.0.1 (no network, no real LM):
+an endpoint that refuses connections or times out mid-run, huge and empty replies, a read-only or full
+disk, concurrent evaluations in one MLflow store; and API keys that never reach a record."""
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from hcqr_dspy.evaluate import PREDICTIONS, LMUnavailableError, RunError, read_rows
+from hcqr_dspy.lm import build_lm
+from hcqr_dspy.run import EvalSpec, run_evaluation
+
+SECRET = "sk-test-7f3a9c2e51d84b6f"  # a key value that must never be written anywhere
+OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
+
+
+class Stub:
+    """An OpenAI chat-completions endpoint: answers ``{"reasoning", "answer"}`` by question number.
+
+    ``mode`` switches behaviour while it runs: ``ok``, ``slow`` (sleeps past the client's
+    timeout), ``huge`` (a 1 MB reply), ``empty`` (an empty reply). ``down_after`` requests,
+    it closes its socket: later connections are refused. Every request's headers and body are
+    kept in ``seen``.
+    """
+
+    def __init__(self, down_after=None):
+        self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                stub.seen.append((dict(self.headers), body))
+                stub.count += 1
+                if stub.mode == "slow":
+                    time.sleep(3)
+                prompt = json.loads(body)["messages"][-1]["content"]
+                n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
+                content = {"ok": json.dumps({"reasoning": "r", "answer": "ABC"[(n * 2) % 3]}),
+                           "slow": "{}", "huge": "x" * 1_000_000, "empty": ""}[stub.mode]
+                payload = json.dumps({
+                    "id": f"c{stub.count}", "object": "chat.completion", "created": 0, "model": "stub",
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                if stub.down_after is not None and stub.count >= stub.down_after:
+                    threading.Thread(target=stub.stop, daemon=True).start()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUB_KEY", SECRET)
+    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
+    (tmp_path / "qs.json").write_text(json.dumps(rows))
+    return tmp_path
+
+
+def stub_lm(stub, **kw):
+    return build_lm("openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", cache=False, num_retries=1, **kw)
+
+
+def spec(bench, stub, name, **kw):
+    return EvalSpec(method="cot", dataset=str(bench / "qs.json"), lm="openai/stub-model", api_base=stub.base,
+                    api_key_env="STUB_KEY", run_dir=str(bench / name), **kw)
+
+
+def untimed(m):
+    return {k: v for k, v in m.items() if "seconds" not in k}
+
+
+def test_endpoint_refusing_connections_mid_run_stops_then_resume_matches_a_fresh_run(bench, mlflow_store):
+    stub = Stub(down_after=3)
+    with pytest.raises(LMUnavailableError, match=r"3/6 questions are saved .*run the same command again"):
+        run_evaluation(spec(bench, stub, "run"), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub))
+    assert [r["qid"] for r in read_rows(bench / "run" / PREDICTIONS)] == ["q0", "q1", "q2"]
+    with socket.socket() as s:  # really down: connections are refused
+        assert s.connect_ex(("127.0.0.1", stub.port)) != 0
+
+    back = Stub()  # the endpoint comes back (on another port: the same model, so the same run config)
+    s = spec(bench, back, "run")
+    s.api_base = stub.base  # the run's configuration is unchanged; only the transport moved
+    resumed, _, _ = run_evaluation(s, mlflow_dir=mlflow_store, progress=False, lm=stub_lm(back))
+    assert resumed.resumed == 3 and resumed.ran == 3 and back.count == 3
+    fresh, _, _ = run_evaluation(spec(bench, back, "fresh"), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(back))
+    assert untimed(resumed.metrics) == untimed(fresh.metrics)
+    assert [(r["qid"], r["prediction"]) for r in resumed.rows] == [(r["qid"], r["prediction"]) for r in fresh.rows]
+    back.stop()
+
+
+def test_endpoint_timing_out_stops_cleanly(bench, mlflow_store):
+    stub = Stub()
+    stub.mode = "slow"
+    lm = stub_lm(stub)
+    lm.kwargs["timeout"] = 0.5
+    t0 = time.perf_counter()
+    with pytest.raises(LMUnavailableError, match=r"0/6 questions are saved"):
+        run_evaluation(spec(bench, stub, "run"), mlflow_dir=mlflow_store, progress=False, lm=lm)
+    assert time.perf_counter() - t0 < 30  # retried with backoff, then stopped: it did not hang
+    assert stub.count >= 2  # the first try and at least one retry
+    stub.stop()
+
+
+@pytest.mark.parametrize("mode", ["huge", "empty"])
+def test_huge_or_empty_replies_are_invalid_answers_not_crashes(bench, mlflow_store, mode):
+    stub = Stub()
+    stub.mode = mode
+    result, run_dir, _ = run_evaluation(spec(bench, stub, mode), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub))
+    assert result.metrics["n"] == 6 and result.metrics["invalid"] == 6
+    rows = read_rows(run_dir / PREDICTIONS)
+    assert all(r["prediction"] is None and r["error"] for r in rows)
+    assert max(len(line) for line in (run_dir / PREDICTIONS).read_text().splitlines()) < 20_000  # no 1 MB rows
+    stub.stop()
+
+
+def test_full_or_read_only_run_folder_fails_before_any_lm_call(bench, mlflow_store, monkeypatch):
+    import hcqr_dspy.evaluate as ev
+
+    stub = Stub()
+    real = Path.write_text
+
+    def full(self, *a, **kw):
+        if ".write-test-" in self.name:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(ev.Path, "write_text", full)
+    with pytest.raises(RunError, match="No space left on device"):
+        run_evaluation(spec(bench, stub, "full"), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub))
+
+    def read_only(self, *a, **kw):
+        if ".write-test-" in self.name:
+            raise OSError(30, "Read-only file system")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(ev.Path, "write_text", read_only)
+    with pytest.raises(RunError, match="Read-only file system"):
+        run_evaluation(spec(bench, stub, "ro"), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub))
+    assert stub.count == 0
+    stub.stop()
+
+
+def _evaluate_in_process(args):
+    bench, base, name, store = args
+    import os
+
+    os.environ["STUB_KEY"] = SECRET
+    from hcqr_dspy.lm import build_lm
+    from hcqr_dspy.run import EvalSpec, run_evaluation
+
+    s = EvalSpec(method="cot", dataset=f"{bench}/qs.json", lm="openai/stub-model", api_base=base,
+                 api_key_env="STUB_KEY", run_dir=f"{bench}/{name}")
+    lm = build_lm("openai/stub-model", api_base=base, api_key_env="STUB_KEY", cache=False, num_retries=1)
+    result, _, run_id = run_evaluation(s, mlflow_dir=store, progress=False, lm=lm)
+    return result.metrics["n"], run_id
+
+
+def test_concurrent_evaluations_share_one_mlflow_store(bench, tmp_path_factory):
+    import multiprocessing
+
+    store = tmp_path_factory.mktemp("shared-store")
+    stub = Stub()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        out = pool.map(_evaluate_in_process, [(str(bench), stub.base, f"p{i}", str(store)) for i in range(3)])
+    assert [n for n, _ in out] == [6, 6, 6] and len({run_id for _, run_id in out}) == 3
+    from hcqr_dspy import tracking
+
+    tracking.configure(store)
+    for _, run_id in out:
+        run = mlflow.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.metrics["n"] == 6
+    stub.stop()
+
+
+def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, mlflow_store, capfd, caplog):
+    from hcqr_dspy.program_io import save_program
+    from hcqr_dspy.programs import CoT
+
+    stub = Stub()
+    _, run_dir, run_id = run_evaluation(spec(bench, stub, "run"), mlflow_dir=mlflow_store, progress=False)
+    assert any(h.get("Authorization") == f"Bearer {SECRET}" for h, _ in stub.seen)  # the key was used ...
+    save_program(CoT(), bench / "prog", lm={"spec": "openai/stub-model", "api_key_env": "STUB_KEY"})
+    places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
+    assert any(p.suffix == ".db" for p in places) and any(p.name == PREDICTIONS for p in places)
+    for path in places:  # ... but written nowhere: run folder, saved program, MLflow database and artifacts
+        assert SECRET.encode() not in path.read_bytes(), path
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    assert SECRET not in json.dumps(run.data.params) and run.data.params["lm.api_key_env"] == "STUB_KEY"
+    out, err = capfd.readouterr()
+    assert SECRET not in out + err + caplog.text
+    stub.stop()
