@@ -203,9 +203,17 @@ def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, m
     from hcqr_dspy.program_io import save_program
     from hcqr_dspy.programs import CoT
 
+    import uuid
+
     stub = Stub()
+    # built from the spec (not passed in), the way `hcqr eval` builds it; fresh question texts so that
+    # DSPy's response cache cannot answer in the stub's place
+    nonce = uuid.uuid4().hex
+    rows = {f"q{i}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "A"} for i in range(2)}
+    (bench / "qs.json").write_text(json.dumps(rows))
     _, run_dir, run_id = run_evaluation(spec(bench, stub, "run"), mlflow_dir=mlflow_store, progress=False)
-    assert any(h.get("Authorization") == f"Bearer {SECRET}" for h, _ in stub.seen)  # the key was used ...
+    auth = [v for h, _ in stub.seen for k, v in h.items() if k.lower() == "authorization"]
+    assert auth and all(v == f"Bearer {SECRET}" for v in auth)  # the key was used ...
     save_program(CoT(), bench / "prog", lm={"spec": "openai/stub-model", "api_key_env": "STUB_KEY"})
     places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
     assert any(p.suffix == ".db" for p in places) and any(p.name == PREDICTIONS for p in places)
