@@ -63,6 +63,13 @@ def load_index(
             differs from the one the index was built with.
         verify_files: Check each file against its manifest checksum.
 
+    Safe with untrusted folders: nothing is unpickled. The manifest is JSON;
+    a dense index is faiss's own binary format (``faiss.read_index``); a BM25
+    index is numpy arrays read with ``allow_pickle=False`` plus JSON
+    (``bm25s.BM25.load(..., allow_pickle=False)``); the corpus is JSON lines.
+    The dense encoder is loaded by sentence-transformers from the name or path
+    the manifest records (safetensors weights for the packaged encoder).
+
     Raises:
         RetrievalIndexError: not an index, corrupted, or built for another
             corpus or encoder (the message names both).
