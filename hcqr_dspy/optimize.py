@@ -23,6 +23,12 @@ compile        keyword arguments of its ``compile()`` (``student``,
 reflection_lm  GEPA only: an ``--lm`` spec of the reflection LM
                (``--reflection-lm`` overrides it; GEPA refuses to start
                without one)
+demo_context_tokens
+               the most tokens of retrieved context a few-shot demo keeps
+               (default 600, about three passages; whole documents are kept
+               from the top). A bootstrapped answer-step demo carries its
+               question's whole fused context (15 passages, 3-4k tokens);
+               two of them plus the live context would not fit an 8k window.
 =============  ==============================================================
 """
 
@@ -41,8 +47,9 @@ from hcqr_dspy.metrics import accuracy_metric
 
 RECIPE_KEYS = {
     "optimizer", "description", "metric", "train_size", "val_size", "min_train", "seed", "settings", "compile",
-    "reflection_lm",
+    "reflection_lm", "demo_context_tokens",
 }
+DEMO_CONTEXT_TOKENS = 600
 METRICS = ("accuracy", "feedback")
 RECIPE_DIR = Path("optimizers")
 # Arguments hcqr sets itself: a recipe may not.
@@ -77,6 +84,7 @@ class Recipe:
     compile: dict[str, Any] = field(default_factory=dict)
     reflection_lm: str | None = None
     description: str = ""
+    demo_context_tokens: int = DEMO_CONTEXT_TOKENS
 
     def record(self) -> dict[str, Any]:
         """What runs and saved programs record about the recipe."""
@@ -142,7 +150,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         if bad:
             raise RecipeError(f"{path}: unknown {key} for {name}: {', '.join(bad)}; valid: {', '.join(sorted(valid))}")
     sizes = {}
-    for key, default, low in (("train_size", 30, 1), ("val_size", 0, 0), ("min_train", 2, 1), ("seed", 0, None)):
+    for key, default, low in (("train_size", 30, 1), ("val_size", 0, 0), ("min_train", 2, 1), ("seed", 0, None),
+                              ("demo_context_tokens", DEMO_CONTEXT_TOKENS, 0)):
         value = raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
             raise RecipeError(f"{path}: '{key}' must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
@@ -328,7 +337,43 @@ def compile_program(recipe: Recipe, student, trainset: list[dspy.Example], valse
     valid, _ = _parameters(type(optimizer).compile, set())
     if "valset" in valid and valset:
         kwargs["valset"] = valset
-    return optimizer.compile(student, trainset=trainset, **kwargs)
+    compiled = optimizer.compile(student, trainset=trainset, **kwargs)
+    trim_demo_contexts(compiled, recipe.demo_context_tokens)
+    return compiled
+
+
+def trim_demo_contexts(program, max_tokens: int) -> int:
+    """Cut the ``context`` of every few-shot demo to ``max_tokens`` (whole documents from the top).
+
+    Contexts are in MedRAG's format, one ``Document [i] ...`` per line; if
+    even the first document is longer, its head is kept. Tokens are counted
+    with the LM in ``dspy.settings`` (:func:`hcqr_dspy.lm.count_tokens`).
+
+    Returns:
+        How many demo contexts were cut.
+    """
+    from hcqr_dspy.lm import count_tokens
+
+    lm = dspy.settings.lm
+    cut = 0
+    for predictor in program.predictors():
+        for demo in predictor.demos:
+            context = demo.get("context") if hasattr(demo, "get") else None
+            if not isinstance(context, str) or count_tokens(lm, context) <= max_tokens:
+                continue
+            kept, used = [], 0
+            for line in context.split("\n"):
+                n = count_tokens(lm, line)
+                if used + n > max_tokens:
+                    break
+                kept.append(line)
+                used += n
+            if not kept:
+                first = context.split("\n")[0]
+                kept = [first[: max(0, int(len(first) * max_tokens / max(1, count_tokens(lm, first))))]]
+            demo["context"] = "\n".join(kept)
+            cut += 1
+    return cut
 
 
 @dataclass

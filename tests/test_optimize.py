@@ -286,3 +286,19 @@ def test_feedback_names_where_an_hcqr_trace_went_wrong():
     out = metric(ex, pred("B", "A"), None, "rewrite", None)
     assert "not mainly due to the rewrite step" in out.feedback
     assert make_metric("accuracy")(ex, pred("A")) is True
+
+
+def test_demo_contexts_are_trimmed_and_counted_against_the_context_budget(setup):
+    recipe = dataclasses.replace(load_recipe(RECIPES / "bootstrap_fewshot.yaml"), demo_context_tokens=40)
+    retriever = load_index(setup / "idx")
+    train = load_questions_from(questions("Train", 6))
+    lm = schema_lm("A")
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        student = HCQR(retriever, budget=3, k_per_query=1)
+        compiled = compile_program(recipe, student, train, [])
+        demos = [d for d in compiled.answer.demos if d.get("context")]
+        assert demos and all(len(d["context"]) // 4 <= 40 for d in demos)  # SchemaEngine counts ~4 chars a token
+        assert all(d["context"].startswith("Document [1]") and "Document [3]" not in d["context"] for d in demos)
+        lm.engine.n_ctx = 4000  # a windowed LM: the budget is what the window leaves
+        q = train[0]
+        assert compiled.context_budget(q.question, q.options) < student.context_budget(q.question, q.options)

@@ -53,6 +53,17 @@ DEFAULT_MAX_CONTEXT_TOKENS = 6000
 # markup and tokenizer differences.
 PROMPT_OVERHEAD_TOKENS = 600
 MAX_QUERY_WORDS = 32
+# JSON field names and chat turns around one few-shot demo (a user and an assistant message).
+DEMO_OVERHEAD_TOKENS = 60
+
+
+def demo_text(demos: list[Any]) -> str:
+    """The field values of few-shot demos joined: what they add to a prompt, for token counting."""
+    values = []
+    for demo in demos:
+        items = demo.items() if hasattr(demo, "items") else []
+        values.extend(str(v) for k, v in items if k != "augmented" and v is not None)
+    return "\n".join(values)
 
 
 class _LMCallCounter(BaseCallback):
@@ -168,15 +179,18 @@ class MCQProgram(dspy.Module):
         """Tokens the context may use: ``max_context_tokens``, and for a local
         llama.cpp model no more than its window leaves after the output
         (``max_tokens``), the question, the options, any ``other_inputs`` of
-        the answer step (e.g. a hypothesis shown to it) and the prompt template
-        (:data:`PROMPT_OVERHEAD_TOKENS`)."""
+        the answer step (e.g. a hypothesis shown to it), the answer step's
+        few-shot demos (a compiled program's; :func:`demo_text`) and the
+        prompt template (:data:`PROMPT_OVERHEAD_TOKENS`, and as much again per demo)."""
         lm = dspy.settings.lm
         budget = self.max_context_tokens
         engine = getattr(lm, "engine", None)
         n_ctx = getattr(engine, "n_ctx", None)
         if isinstance(n_ctx, int):
             max_tokens = int((getattr(lm, "kwargs", {}) or {}).get("max_tokens") or 1024)
-            rest = count_tokens(lm, "\n".join(filter(None, [question, format_options(options), other_inputs])))
+            demos = getattr(getattr(self, "answer", None), "demos", None) or []
+            parts = [question, format_options(options), other_inputs, demo_text(demos)]
+            rest = count_tokens(lm, "\n".join(filter(None, parts))) + DEMO_OVERHEAD_TOKENS * len(demos)
             budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
         return max(0, budget)
 
