@@ -1,15 +1,27 @@
-"""Retrieval benchmark: index build cost and HCQR-style 3-query search latency.
+"""Retrieval benchmark: index build cost and growth with corpus size, fused 3-query search latency, exact vs HNSW.
 
 Usage:
-    python bench/retrieval.py [--corpus PATH] [--out bench/results.json] [--repeats 50]
+    python bench/retrieval.py [--corpus PATH] [--sizes 1000,10000,full] [--quick] [--out bench/results.json]
 
-For each retriever (dense, BM25, hybrid) over the corpus: build time,
-passages/s, index size on disk, load time (with the corpus in memory, and
-with the corpus re-read from the manifest), then the latency of one batched
-``search([q1, q2, q3], k=5)`` followed by ``fuse(budget=15)`` (the HCQR
-retrieval step, encoder already loaded), p50/p95 over ``--repeats`` query
-triples. Results are merged into ``--out`` under the key ``retrieval`` and
-rendered to RESULTS.md beside it.
+For each corpus size (seeded random slices of the real corpus, and the whole
+of it), in order:
+
+* index build, each in its own process (so that its peak RSS is its own):
+  BM25 and dense build seconds, passages/s, peak RSS, index size; for dense
+  also the encoder's raw ``SentenceTransformer.encode`` throughput on the same
+  passages (same batch size, normalized), and the build/raw ratio (1.0 = the
+  index adds nothing over encoding);
+* HCQR's retrieval step for dense, BM25 and hybrid (RRF of the two): one
+  batched ``search([q1, q2, q3], k=5)`` + ``fuse(budget=15)``, encoder loaded,
+  p50/p95 over ``--repeats`` query triples;
+* faiss exact (``IndexFlatIP``) against approximate HNSW
+  (``IndexHNSWFlat``, M=32, efConstruction=80, efSearch=64, inner product):
+  HNSW build seconds, search latency, and recall@15 of HNSW against exact
+  over the benchmark's queries plus 100 MedQA-US questions.
+
+Results are merged into ``--out`` under ``retrieval`` and rendered to RESULTS.md
+(with bench/pipeline.py's section when present). ``--quick`` measures the
+1k slice only with 20 repeats.
 """
 
 from __future__ import annotations
@@ -18,8 +30,10 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,12 +43,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from hcqr_dspy.retrieval import HybridRetriever, build_retriever, fuse, load_corpus, load_index  # noqa: E402
-from hcqr_dspy.retrieval.base import library_versions  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
-DEFAULT_CORPUS = SHARED_DATA / "corpus" / "textbooks"
+DEFAULT_CORPUS = SHARED_DATA / "corpus"
+HNSW = {"M": 32, "efConstruction": 80, "efSearch": 64}
+BATCH_SIZE = 64
+RECALL_K = 15
 
 # Query triples shaped like HCQR's (support, distinction, key features), written here.
 TRIPLES = [
@@ -53,109 +67,215 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def bench_kind(corpus, kind: str, workdir: Path, repeats: int, built: dict) -> dict:
-    if kind == "hybrid" and {"dense", "bm25"} <= built.keys():
-        # RRF over the dense and BM25 indexes already built: its build cost is theirs summed.
-        retriever = HybridRetriever([built["dense"][0], built["bm25"][0]])
-        build = built["dense"][1] + built["bm25"][1]
-    else:
-        t0 = time.perf_counter()
-        retriever = build_retriever(corpus, kind, show_progress=False)
-        build = time.perf_counter() - t0
-    built[kind] = (retriever, build)
-    folder = retriever.save(workdir / kind)
+def peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+# -- child processes ------------------------------------------------------------------------------
+def child_build(corpus_file: str, kind: str, out: str) -> dict:
+    """Build one index (in a fresh process) and report its cost."""
+    from hcqr_dspy.retrieval import build_retriever, load_corpus
+
+    corpus = load_corpus(corpus_file)
     t0 = time.perf_counter()
-    retriever = load_index(folder, corpus=corpus)
-    load = time.perf_counter() - t0
+    options = {"batch_size": BATCH_SIZE} if kind == "dense" else {}
+    retriever = build_retriever(corpus, kind, show_progress=False, **options)
+    seconds = time.perf_counter() - t0
+    retriever.save(out)
+    return {"build_seconds": round(seconds, 2), "passages_per_second": round(len(corpus) / seconds, 1),
+            "peak_rss_mb": peak_rss_mb(), "index_bytes": dir_size(Path(out))}
+
+
+def child_raw_encode(corpus_file: str) -> dict:
+    """The encoder's own throughput on the same passage texts the dense index encodes."""
+    from hcqr_dspy.retrieval import load_corpus
+    from hcqr_dspy.retrieval.encoder import load_encoder
+
+    corpus = load_corpus(corpus_file)
+    model = load_encoder(None)
+    texts = [p.text for p in corpus]
     t0 = time.perf_counter()
-    load_index(folder)  # corpus re-read from the manifest's source and fingerprinted
-    load_with_corpus = time.perf_counter() - t0
+    model.encode(texts, batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    seconds = time.perf_counter() - t0
+    return {"raw_encode_seconds": round(seconds, 2), "raw_passages_per_second": round(len(texts) / seconds, 1)}
+
+
+def in_child(*args: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench child {args} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- measurements in this process -----------------------------------------------------------------
+def latency(retriever, repeats: int) -> dict:
+    from hcqr_dspy.retrieval import fuse
+
     retriever.search(list(TRIPLES[0]), k=5)  # warm-up
-    latencies = []
+    times = []
     for i in range(repeats):
-        triple = list(TRIPLES[i % len(TRIPLES)])
         t0 = time.perf_counter()
-        fused = fuse(retriever.search(triple, k=5), budget=15)
-        latencies.append((time.perf_counter() - t0) * 1000)
+        fused = fuse(retriever.search(list(TRIPLES[i % len(TRIPLES)]), k=5), budget=15)
+        times.append((time.perf_counter() - t0) * 1000)
         assert 1 <= len(fused) <= 15
-    def describe(hit):
-        p = retriever.get(hit.passage_id)
-        return f"{p.title} [{p.id}] {' '.join(p.content.split())[:70]}"
-
-    top3 = {t[0]: [describe(h) for h in retriever.search([t[0]], k=3)[0]] for t in TRIPLES[:3]}
-    return {
-        "build_seconds": round(build, 2),
-        "passages_per_second": round(len(corpus) / build, 1),
-        "index_bytes": dir_size(folder),
-        "load_seconds": round(load, 3),
-        "load_with_corpus_seconds": round(load_with_corpus, 3),
-        "search3_fuse_ms_p50": round(statistics.median(latencies), 2),
-        "search3_fuse_ms_p95": round(percentile(latencies, 95), 2),
-        "repeats": repeats,
-        "top3_titles": top3,
-    }
+    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2)}
 
 
+def exact_vs_hnsw(dense, queries: list[str], repeats: int) -> dict:
+    """Recall@15 of an HNSW index against the exact one, on the same embeddings; build and search costs."""
+    import faiss
+    import numpy as np
+
+    exact = dense.index
+    emb = exact.reconstruct_n(0, exact.ntotal)
+    t0 = time.perf_counter()
+    hnsw = faiss.IndexHNSWFlat(emb.shape[1], HNSW["M"], faiss.METRIC_INNER_PRODUCT)
+    hnsw.hnsw.efConstruction = HNSW["efConstruction"]
+    hnsw.add(emb)
+    build = time.perf_counter() - t0
+    hnsw.hnsw.efSearch = HNSW["efSearch"]
+    q = dense.encode(queries, batch_size=BATCH_SIZE)
+    k = min(RECALL_K, exact.ntotal)
+    _, truth = exact.search(q, k)
+    _, approx = hnsw.search(q, k)
+    recall = float(np.mean([len(set(t) & set(a)) / k for t, a in zip(truth, approx)]))
+    timings = {}
+    for name, index in (("exact", exact), ("hnsw", hnsw)):
+        times = []
+        for i in range(repeats):
+            batch = q[(3 * i) % len(q):(3 * i) % len(q) + 3]
+            t0 = time.perf_counter()
+            index.search(batch, 5)
+            times.append((time.perf_counter() - t0) * 1000)
+        timings[f"{name}_search3_ms_p50"] = round(statistics.median(times), 3)
+    return {"hnsw": dict(HNSW), "hnsw_build_seconds": round(build, 2), "queries": len(queries),
+            f"recall_at_{RECALL_K}": round(recall, 4), **timings}
+
+
+def benchmark_queries() -> list[str]:
+    queries = [q for t in TRIPLES for q in t]
+    medqa = SHARED_DATA / "benchmark" / "medqa.json"
+    if medqa.is_file():
+        rows = json.loads(medqa.read_text())
+        queries += [rows[k]["question"] for k in sorted(rows)[:100]]
+    return queries
+
+
+def measure_size(passages, label: str, workdir: Path, repeats: int) -> dict:
+    from hcqr_dspy.retrieval import HybridRetriever, load_index
+
+    folder = workdir / label
+    folder.mkdir(parents=True)
+    corpus_file = folder / "corpus.jsonl"
+    with corpus_file.open("w", encoding="utf-8") as fh:
+        for p in passages:
+            fh.write(json.dumps({"id": p.id, "title": p.title, "content": p.content}) + "\n")
+    out: dict = {"passages": len(passages), "retrievers": {}}
+    for kind in ("bm25", "dense"):
+        print(f"bench: {label} {kind} build ...", file=sys.stderr, flush=True)
+        out["retrievers"][kind] = in_child("build", str(corpus_file), kind, str(folder / kind))
+    print(f"bench: {label} raw encode ...", file=sys.stderr, flush=True)
+    raw = in_child("raw", str(corpus_file))
+    dense_m = out["retrievers"]["dense"]
+    dense_m.update(raw, build_over_raw=round(dense_m["passages_per_second"] / raw["raw_passages_per_second"], 3))
+    bm25 = load_index(folder / "bm25")
+    dense = load_index(folder / "dense", corpus=bm25.corpus)
+    for kind, retriever in (("bm25", bm25), ("dense", dense), ("hybrid", HybridRetriever([dense, bm25]))):
+        out["retrievers"].setdefault(kind, {}).update(latency(retriever, repeats))
+    out["ann"] = exact_vs_hnsw(dense, benchmark_queries(), repeats)
+    print(json.dumps({label: out}), file=sys.stderr, flush=True)
+    return out
+
+
+# -- report ---------------------------------------------------------------------------------------
 def render(results: dict) -> str:
-    r = results["retrieval"]
-    lines = [
-        "# hcqr-dspy benchmark results",
-        "",
-        f"Measured {r['date']} on {r['machine']}; written by `make bench` (bench/retrieval.py).",
-        "",
-        f"## Retrieval over `{r['corpus']}` ({r['passages']} passages)",
-        "",
-        "| retriever | build s | passages/s | index size | load s (+ corpus reload) | 3-query search + fuse p50 ms | p95 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for kind, m in r["retrievers"].items():
-        lines.append(
-            f"| {kind} | {m['build_seconds']} | {m['passages_per_second']} | {m['index_bytes'] / 1e6:.1f} MB | "
-            f"{m['load_seconds']} ({m['load_with_corpus_seconds']}) | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} |"
-        )
-    lines += ["", "Top 3 passages (title [id] start of text) per query:", ""]
-    for kind, m in r["retrievers"].items():
-        for q, titles in m["top3_titles"].items():
-            lines.append(f"- {kind} — *{q}*:")
-            lines += [f"  {i}. {t}" for i, t in enumerate(titles, start=1)]
-    lines += ["", f"Peak RSS of the benchmark process: {r['peak_rss_mb']} MB.", "",
-              "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
+    lines = ["# hcqr-dspy benchmark results", ""]
+    r = results.get("retrieval")
+    if r and "sizes" in r:  # (a results file from before the size sweep is rewritten by the next full run)
+        lines += [
+            f"Retrieval measured {r['date']} on {r['machine']} by `bench/retrieval.py` over `{r['corpus']}`"
+            f" ({r['corpus_passages']} passages; slices are seeded random samples).",
+            "",
+            "## Index build (each in its own process)",
+            "",
+            "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB | index size |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, s in r["sizes"].items():
+            for kind in ("bm25", "dense"):
+                m = s["retrievers"][kind]
+                raw = f"{m['raw_passages_per_second']}" if "raw_passages_per_second" in m else "–"
+                ratio = f"{m['build_over_raw']}" if "build_over_raw" in m else "–"
+                lines.append(f"| {s['passages']} | {kind} | {m['build_seconds']} | {m['passages_per_second']} | {raw} | "
+                             f"{ratio} | {m['peak_rss_mb']} | {m['index_bytes'] / 1e6:.1f} MB |")
+        lines += ["", "## HCQR retrieval step: 3 queries, k=5 each, fused to 15 (encoder loaded)", "",
+                  "| passages | retriever | p50 ms | p95 ms |", "|---:|---|---:|---:|"]
+        for label, s in r["sizes"].items():
+            for kind in ("bm25", "dense", "hybrid"):
+                m = s["retrievers"][kind]
+                lines.append(f"| {s['passages']} | {kind} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} |")
+        lines += ["", f"## faiss exact (IndexFlatIP) vs HNSW (M={HNSW['M']}, efConstruction={HNSW['efConstruction']}, "
+                  f"efSearch={HNSW['efSearch']})", "",
+                  f"| passages | queries | recall@{RECALL_K} of HNSW | HNSW build s | exact 3-query search ms | HNSW 3-query search ms |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for label, s in r["sizes"].items():
+            a = s["ann"]
+            lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
+                         f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
+    p = results.get("pipeline")
+    if p:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from pipeline import render_pipeline
+
+        lines += render_pipeline(p)
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--sizes", default="1000,10000,full", help="comma-separated slice sizes; 'full' = the whole corpus")
+    ap.add_argument("--quick", action="store_true", help="the 1k slice only, 20 repeats")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--kinds", default="bm25,dense,hybrid", help="retrievers to measure, in order")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        print(json.dumps(child_build(*rest) if kind == "build" else child_raw_encode(*rest)))
+        return 0
     if not Path(args.corpus).exists():
         print(f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA to the shared data folder or pass --corpus",
               file=sys.stderr)
         return 2
-    corpus = load_corpus(args.corpus)
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    from hcqr_dspy.retrieval import load_corpus
+    from hcqr_dspy.retrieval.base import library_versions
+
+    sizes = ["1000"] if args.quick else args.sizes.split(",")
+    repeats = 20 if args.quick else args.repeats
+    corpus = load_corpus(args.corpus, duplicate_ids="rename")
+    passages = list(corpus.passages)
     section = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "corpus": str(Path(args.corpus).resolve().relative_to(REPO.parent)) if Path(args.corpus).resolve().is_relative_to(REPO.parent) else args.corpus,
-        "passages": len(corpus),
-        "retrievers": {},
+        "corpus": os.path.relpath(args.corpus, REPO),
+        "corpus_passages": len(passages),
+        "quick": args.quick,
+        "sizes": {},
         "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "numpy"),
     }
-    built: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in args.kinds.split(","):
-            print(f"bench: {kind} ...", file=sys.stderr, flush=True)
-            section["retrievers"][kind] = bench_kind(corpus, kind, Path(tmp), args.repeats, built)
-            print(json.dumps({kind: section["retrievers"][kind]}), file=sys.stderr)
-    section["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        for size in sizes:
+            n = len(passages) if size == "full" else min(int(size), len(passages))
+            chosen = passages if n == len(passages) else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
+            section["sizes"][str(n)] = measure_size(chosen, str(n), Path(tmp), repeats)
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
     results["retrieval"] = section
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

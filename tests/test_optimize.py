@@ -302,3 +302,18 @@ def test_demo_contexts_are_trimmed_and_counted_against_the_context_budget(setup)
         lm.engine.n_ctx = 4000  # a windowed LM: the budget is what the window leaves
         q = train[0]
         assert compiled.context_budget(q.question, q.options) < student.context_budget(q.question, q.options)
+
+
+def test_cli_compile_refuses_bad_input_with_one_line(setup, capsys, monkeypatch):
+    from hcqr_dspy.cli import main
+
+    monkeypatch.chdir(RECIPES.parent)
+    base = ["compile", "--train", str(setup / "medmcqa.json"), "--index", str(setup / "idx"), "--out", str(setup / "p"),
+            "--lm", "openai/unused", "--no-mlflow"]
+    assert main(base + ["--recipe", "gepa"]) == 2
+    assert "needs a reflection LM: give --reflection-lm" in capsys.readouterr().err
+    assert main(base + ["--recipe", "nope"]) == 2
+    assert "recipe 'nope' not found; recipes in optimizers/: bootstrap_fewshot" in capsys.readouterr().err
+    assert main(base + ["--recipe", "bootstrap_fewshot", "--train-size", "2"]) == 2
+    assert "it needs at least 4" in capsys.readouterr().err
+    assert not (setup / "p").exists()
