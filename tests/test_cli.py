@@ -131,3 +131,15 @@ def test_index_out_under_a_file_fails_before_building(tmp_path, tiny_corpus_file
     code, err = error_of(capsys, ["index", "--corpus", str(tiny_corpus_file), "--out", str(blocker / "idx")])
     assert code == 2 and "cannot create the folder for index" in err[0]
     assert blocker.read_text() == "keep"
+
+
+def test_ui_binds_to_localhost_unless_told_otherwise(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    (tmp_path / "mlflow.db").write_text("")
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
+    assert main(["ui", "--mlflow-dir", str(tmp_path)]) == 0
+    assert launched[-1][launched[-1].index("--host") + 1] == "127.0.0.1"
+    assert main(["ui", "--mlflow-dir", str(tmp_path), "--host", "0.0.0.0"]) == 0
+    assert launched[-1][launched[-1].index("--host") + 1] == "0.0.0.0"
