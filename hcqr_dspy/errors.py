@@ -21,3 +21,7 @@ class RetrievalIndexError(HCQRError):
 
 class QueryError(HCQRError):
     """A search request is malformed (empty query, ``k <= 0``)."""
+
+
+class LMCapabilityError(HCQRError):
+    """The LM lacks something a method requires (e.g. token log-probabilities); the run stops, nothing is marked wrong."""

@@ -32,7 +32,7 @@ from dspy.utils.exceptions import (
 )
 from dspy.utils.parallelizer import ParallelExecutor
 
-from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.errors import HCQRError, LMCapabilityError
 from hcqr_dspy.metrics import summarize
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
@@ -47,6 +47,7 @@ LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
     LMAuthError,
     LMBillingError,
     ConnectionError,
+    LMCapabilityError,
 )
 
 PREDICTIONS = "predictions.jsonl"

@@ -119,12 +119,6 @@ def refuse_overlap(train: dict[str, Any], examples: Iterable[dspy.Example], data
         )
 
 
-def program_options(program: MCQProgram) -> dict[str, Any]:
-    """The constructor options of ``program`` that its ``settings()`` records (enough to rebuild it)."""
-    accepted = accepted_options(type(program))
-    return {k: v for k, v in program.settings().items() if k in accepted}
-
-
 class _NoRetriever:
     """Stands in for a retriever where only a program's state is wanted (never searched)."""
 
@@ -173,7 +167,7 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "method": program.method,
-        "options": program_options(program),
+        "options": program.options(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hcqr_dspy_version": __version__,
         "dspy_version": dspy.__version__,

@@ -174,6 +174,14 @@ class MCQProgram(dspy.Module):
         """Configuration recorded with each run (not the learned state)."""
         return {"method": self.method, "budget": self.budget, "max_context_tokens": self.max_context_tokens}
 
+    def options(self) -> dict[str, Any]:
+        """Constructor options that rebuild this program (``make_program(method, retriever, **options)``):
+        the :meth:`settings` that are constructor arguments. Saved programs store these."""
+        from hcqr_dspy.programs import accepted_options
+
+        accepted = accepted_options(type(self))
+        return {k: v for k, v in self.settings().items() if k in accepted}
+
     # -- context -------------------------------------------------------
     def context_budget(self, question: str, options: dict[str, str], other_inputs: str = "") -> int:
         """Tokens the context may use: ``max_context_tokens``, and for a local

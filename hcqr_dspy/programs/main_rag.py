@@ -22,16 +22,21 @@ Scores:
   servers), the score is log P(Yes) - log P(No) read at the position where
   the judgment token is written (:func:`yes_no_margin`); where it does not,
   the score is a vote, +1 for Yes and -1 for No. Each passage records which,
-  and the prediction says ``judge_scoring`` = ``logprob``, ``vote`` or
-  ``mixed``.
-* ``scoring="logprob"``: a reply without log-probabilities is an error
-  (:class:`~hcqr_dspy.errors.HCQRError`), for runs that must not mix scores.
+  and the prediction says ``judge_scoring`` = ``logprob``, ``vote``,
+  ``mixed``, or ``none`` when no judgment could be parsed.
+* ``scoring="logprob"``: a reply without log-probabilities stops the run
+  (:class:`~hcqr_dspy.errors.LMCapabilityError`; finished questions are
+  kept), for runs that must not mix scores.
 * ``scoring="vote"``: never ask for log-probabilities (providers that refuse
   the parameter, e.g. Anthropic, need this).
 
 A judge reply that cannot be parsed leaves its passage unscored: it is not
 kept, does not enter the mean and standard deviation, and is counted in
-``judge_failures``. Neither retrieval nor the judge sees the options
+``judge_failures``. The bar is relative: when every passage gets the same
+score (e.g. all voted No), every one clears it and the budget alone cuts,
+as in MAIN-RAG, where the bar adapts to each query's score distribution.
+Scores are compared with the bar with a tolerance of 1e-9 (floating-point
+means of equal scores can land a hair above them). Neither retrieval nor the judge sees the options
 (MIRAGE's rule holds).
 
 Cost: ``pool_k`` judge calls per question (20 by default), each a prompt of the
@@ -46,12 +51,13 @@ import dspy
 import numpy as np
 from scipy.special import logsumexp
 
-from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.errors import LMCapabilityError
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
 from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion, JudgeDocumentSupport
 
 SCORING_MODES = ("auto", "logprob", "vote")
+SCORE_TOLERANCE = 1e-9
 TOP_LOGPROBS = 20
 
 
@@ -159,13 +165,14 @@ class MainRAG(MCQProgram):
         self.answer = dspy.Predict(AnswerQuestion)
 
     def settings(self):
-        return {**super().settings(), "pool_k": self.pool_k, "n_std": self.n_std, "judge_scoring": self.scoring}
+        return {**super().settings(), "pool_k": self.pool_k, "n_std": self.n_std, "scoring": self.scoring,
+                "top_logprobs": self.top_logprobs}
 
     def judge_passage(self, question: str, passage: str) -> dict[str, Any]:
         """One judge call: ``{"judgment", "score", "scored_by", "bounded"}``; ``score`` is None on a bad reply.
 
         Raises:
-            HCQRError: ``scoring="logprob"`` and the reply has no usable log-probabilities.
+            LMCapabilityError: ``scoring="logprob"`` and the reply has no usable log-probabilities.
         """
         config = {} if self.scoring == "vote" else {"logprobs": True, "top_logprobs": self.top_logprobs}
         try:
@@ -177,7 +184,7 @@ class MainRAG(MCQProgram):
         if margin is not None:
             return {"judgment": judgment, "score": margin[0], "scored_by": "logprob", "bounded": margin[1]}
         if self.scoring == "logprob":
-            raise HCQRError(
+            raise LMCapabilityError(
                 "main_rag scoring='logprob' but the LM's reply carries no log-probabilities of Yes/No; "
                 "use scoring='auto' or 'vote' with this LM"
             )
@@ -198,7 +205,7 @@ class MainRAG(MCQProgram):
         kept_idx: list[int] = []
         if scored:
             threshold, mean, std = judge_bar([judged[i]["score"] for i in scored], self.n_std)
-            above = [i for i in scored if judged[i]["score"] >= threshold]
+            above = [i for i in scored if judged[i]["score"] >= threshold - SCORE_TOLERANCE]
             kept_idx = sorted(above, key=lambda i: -judged[i]["score"])[: self.budget]  # stable: ties keep rank
         out = self.answer_from_passages(question, options, [pool[i] for i in kept_idx], stages)
         for record, i in zip(out["passages"], kept_idx):

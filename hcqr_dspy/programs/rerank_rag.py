@@ -101,6 +101,7 @@ class RerankRAG(MCQProgram):
         if pool_k < budget:
             raise ValueError(f"pool_k must be >= budget ({budget}), got {pool_k}")
         self.pool_k = pool_k
+        self.cross_encoder_name = cross_encoder if isinstance(cross_encoder, str) else None
         if cross_encoder is None:
             self.cross_encoder, self.reranker = None, "lm"
         elif isinstance(cross_encoder, str):
@@ -114,6 +115,17 @@ class RerankRAG(MCQProgram):
 
     def settings(self):
         return {**super().settings(), "pool_k": self.pool_k, "reranker": self.reranker}
+
+    def options(self):
+        """Constructor options; a cross-encoder given by name or path is kept, an object cannot be.
+
+        Raises:
+            HCQRError: the cross-encoder is an object (it cannot be saved; give its name or path).
+        """
+        if self.cross_encoder is not None and self.cross_encoder_name is None:
+            raise HCQRError(f"this program reranks with a {self.reranker} object, which cannot be saved; "
+                            "build it with cross_encoder=<model name or path>")
+        return {**super().options(), "cross_encoder": self.cross_encoder_name}
 
     def rerank_scores(self, question: str, texts: list[str]) -> tuple[list[float], int]:
         """Score each passage text for the question.

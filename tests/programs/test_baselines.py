@@ -7,7 +7,7 @@ import pytest
 from dspy.utils import DummyLM
 from programs.program_helpers import ANSWER, QUESTION, full_prompts, prompts, run
 
-from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.errors import HCQRError, LMCapabilityError
 from hcqr_dspy.programs import PROGRAMS, HyDE, MainRAG, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
 from hcqr_dspy.programs.main_rag import yes_no_margin
 from hcqr_dspy.programs.base import MCQProgram
@@ -295,7 +295,7 @@ def test_main_rag_judges_the_pool_and_keeps_what_clears_the_mean(pool):
     judges = full_prompts(lm, "judgment")
     assert len(judges) == 8 and all(QUESTION in j and "`options`" not in j and "B. Graves" not in j for j in judges)
     assert prompts(lm, "answer")[0].count("Document [") == 3
-    assert program.settings()["n_std"] == 0.0 and program.settings()["judge_scoring"] == "auto"
+    assert program.settings()["n_std"] == 0.0 and program.settings()["scoring"] == "auto"
 
 
 def test_main_rag_n_std_lowers_the_bar_and_the_budget_still_holds(pool):
@@ -316,7 +316,7 @@ def test_main_rag_unparseable_judgments_are_not_scored_nor_kept(pool):
 
 
 def test_main_rag_logprob_scoring_refuses_an_lm_without_logprobs(pool):
-    with pytest.raises(HCQRError, match="carries no log-probabilities"):
+    with pytest.raises(LMCapabilityError, match="carries no log-probabilities"):
         run(MainRAG(pool, scoring="logprob"), lm_for(**VOTES))
 
 
