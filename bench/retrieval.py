@@ -169,7 +169,7 @@ def measure_size(passages, label: str, workdir: Path, repeats: int) -> dict:
     from hcqr_dspy.retrieval import HybridRetriever, load_index
 
     folder = workdir / label
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     corpus_file = folder / "corpus.jsonl"
     with corpus_file.open("w", encoding="utf-8") as fh:
         for p in passages:
@@ -256,7 +256,9 @@ def main(argv=None) -> int:
     from hcqr_dspy.retrieval import load_corpus
     from hcqr_dspy.retrieval.base import library_versions
 
-    sizes = ["1000"] if args.quick else args.sizes.split(",")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    sizes = ["1000"] if args.quick else list(dict.fromkeys(args.sizes.split(",")))
     repeats = 20 if args.quick else args.repeats
     corpus = load_corpus(args.corpus, duplicate_ids="rename")
     passages = list(corpus.passages)
@@ -273,7 +275,8 @@ def main(argv=None) -> int:
         for size in sizes:
             n = len(passages) if size == "full" else min(int(size), len(passages))
             chosen = passages if n == len(passages) else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
-            section["sizes"][str(n)] = measure_size(chosen, str(n), Path(tmp), repeats)
+            if str(n) not in section["sizes"]:  # e.g. 10000 and full on a corpus under 10k passages
+                section["sizes"][str(n)] = measure_size(chosen, str(n), Path(tmp), repeats)
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {}
     results["retrieval"] = section

@@ -21,6 +21,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 Command = Callable[[argparse.Namespace], int]
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -335,7 +345,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         options.update(k_per_query=args.k_per_query, fusion=args.fusion)
     spec = CompileSpec(
         recipe=args.recipe, method=args.program, train=args.train, index=args.index, out=args.out, lm=args.lm,
-        reflection_lm=args.reflection_lm, train_size=args.train_size, val_size=args.val_size,
+        reflection_lm=args.reflection_lm, reflection_api_base=args.reflection_api_base,
+        reflection_api_key_env=args.reflection_api_key_env, train_size=args.train_size, val_size=args.val_size,
         holdout=list(args.holdout or []), program_options=options, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
         api_base=args.api_base, api_key_env=args.api_key_env,
     )
@@ -369,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    from hcqr_dspy.retrieval.fusion import STRATEGIES
 
     p = sub.add_parser("index", help="build a retrieval index over a corpus")
     p.add_argument("--corpus", required=True, help=".jsonl file, folder of .jsonl files, or hub dataset name")
@@ -459,15 +471,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--program", default="hcqr", help="method to compile (default: hcqr)")
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
-    p.add_argument("--val-size", type=int, default=None, help="validation questions (default: the recipe's)")
+    p.add_argument("--val-size", type=_non_negative_int, default=None, help="validation questions (default: the recipe's)")
     p.add_argument("--holdout", action="append", default=None,
                    help="an evaluation file that must not share questions with the training set (repeat)")
     p.add_argument("--index", default=None, help="index folder")
     p.add_argument("--budget", type=_positive_int, default=15)
     p.add_argument("--k-per-query", type=_positive_int, default=5)
-    p.add_argument("--fusion", default="score_sum")
+    p.add_argument("--fusion", choices=STRATEGIES, default="score_sum")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (overrides the recipe's)")
+    p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
+    p.add_argument("--reflection-api-key-env", default=None,
+                   help="name of the environment variable holding the reflection LM's API key")
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--no-mlflow", action="store_true")
     _add_lm_args(p)

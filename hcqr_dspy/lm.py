@@ -199,10 +199,11 @@ class LlamaCppEngine:
     ``config={"logprobs": True, "top_logprobs": n}``) is answered with
     ``Response.logprobs`` (chosen token and its top-``n`` alternatives per
     step). llama-cpp-python computes them only for a model built with
-    ``logits_all=True``, which also keeps one vocabulary-sized row of logits per
-    evaluated prompt token (about 0.6 MB per token for Qwen2.5's 151,936
-    tokens), so that second instance is made on the first such request and
-    used only for them. The log-probabilities are the model's raw
+    ``logits_all=True``, which reserves an ``n_ctx x vocabulary`` float32
+    array (about 5 GB of address space at 8,192 x 151,936 for Qwen2.5; pages
+    are committed only for evaluated tokens, 0.6 MB each) and computes the
+    output layer for every prompt token (slower prompts). So that second
+    instance is made on the first such request and used only for them. The log-probabilities are the model's raw
     distribution, before the JSON-schema grammar restricts sampling.
 
     Args:

@@ -133,7 +133,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         raise RecipeError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(RECIPE_KEYS))}")
     known = optimizers()
     name = raw.get("optimizer")
-    if name not in known:
+    if not isinstance(name, str) or name not in known:
         raise RecipeError(f"{path}: unknown optimizer {name!r}; valid optimizers: {', '.join(known)}")
     metric = raw.get("metric", "accuracy")
     if metric not in METRICS:
@@ -158,6 +158,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         sizes[key] = value
     if name != "GEPA" and raw.get("reflection_lm"):
         raise RecipeError(f"{path}: 'reflection_lm' is for GEPA only")
+    if raw.get("reflection_lm") is not None and not isinstance(raw.get("reflection_lm"), str):
+        raise RecipeError(f"{path}: 'reflection_lm' must be an --lm spec string, got {raw.get('reflection_lm')!r}")
     return Recipe(
         name=path.stem, path=str(path), optimizer=name, metric=metric, settings=dict(raw.get("settings") or {}),
         compile=dict(raw.get("compile") or {}), reflection_lm=raw.get("reflection_lm"),
@@ -337,42 +339,31 @@ def compile_program(recipe: Recipe, student, trainset: list[dspy.Example], valse
     valid, _ = _parameters(type(optimizer).compile, set())
     if "valset" in valid and valset:
         kwargs["valset"] = valset
+    student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
     compiled = optimizer.compile(student, trainset=trainset, **kwargs)
     trim_demo_contexts(compiled, recipe.demo_context_tokens)
     return compiled
 
 
 def trim_demo_contexts(program, max_tokens: int) -> int:
-    """Cut the ``context`` of every few-shot demo to ``max_tokens`` (whole documents from the top).
-
-    Contexts are in MedRAG's format, one ``Document [i] ...`` per line; if
-    even the first document is longer, its head is kept. Tokens are counted
-    with the LM in ``dspy.settings`` (:func:`hcqr_dspy.lm.count_tokens`).
+    """Cut, in place, the ``context`` of every few-shot demo of ``program`` to ``max_tokens``
+    (:func:`hcqr_dspy.programs.base.trim_context`, tokens counted with the LM in ``dspy.settings``),
+    so that saved programs hold what is shown.
 
     Returns:
         How many demo contexts were cut.
     """
     from hcqr_dspy.lm import count_tokens
+    from hcqr_dspy.programs.base import trim_context
 
     lm = dspy.settings.lm
     cut = 0
     for predictor in program.predictors():
         for demo in predictor.demos:
             context = demo.get("context") if hasattr(demo, "get") else None
-            if not isinstance(context, str) or count_tokens(lm, context) <= max_tokens:
-                continue
-            kept, used = [], 0
-            for line in context.split("\n"):
-                n = count_tokens(lm, line)
-                if used + n > max_tokens:
-                    break
-                kept.append(line)
-                used += n
-            if not kept:
-                first = context.split("\n")[0]
-                kept = [first[: max(0, int(len(first) * max_tokens / max(1, count_tokens(lm, first))))]]
-            demo["context"] = "\n".join(kept)
-            cut += 1
+            if isinstance(context, str) and count_tokens(lm, context) > max_tokens:
+                demo["context"] = trim_context(context, max_tokens, lm)
+                cut += 1
     return cut
 
 
@@ -388,6 +379,9 @@ class CompileSpec:
         out: Folder of the saved program.
         lm: ``--lm`` spec of the task LM.
         reflection_lm: GEPA's reflection LM spec (overrides the recipe's).
+        reflection_api_base / reflection_api_key_env: Its endpoint and key
+            variable (not inherited from the task LM: the two are often
+            different services).
         train_size / val_size: Override the recipe's sizes.
         holdout: Evaluation files that must not share a question (id within
             the same dataset, or text) with the training questions.
@@ -402,6 +396,8 @@ class CompileSpec:
     out: str
     lm: str = "local"
     reflection_lm: str | None = None
+    reflection_api_base: str | None = None
+    reflection_api_key_env: str | None = None
     train_size: int | None = None
     val_size: int | None = None
     holdout: list[str] = field(default_factory=list)
@@ -453,7 +449,7 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         if reflection_lm is None and not reflection_spec:
             raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set reflection_lm in the recipe")
         if reflection_spec:
-            parse_lm_spec(reflection_spec, api_base=spec.api_base, api_key_env=spec.api_key_env)
+            parse_lm_spec(reflection_spec, api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env)
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
         raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
@@ -475,12 +471,13 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
                         api_key_env=spec.api_key_env)
     if recipe.optimizer == "GEPA" and reflection_lm is None:
         reflection_lm = build_lm(reflection_spec, temperature=1.0, max_tokens=2048, n_ctx=spec.n_ctx,
-                                 api_base=spec.api_base, api_key_env=spec.api_key_env)
+                                 api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env)
     meta = {
         "optimizer": recipe.optimizer,
         "recipe": recipe.record(),
         "lm": lm_cfg.params(),
         "reflection_lm": reflection_spec if recipe.optimizer == "GEPA" else None,
+        "demo_context_tokens": recipe.demo_context_tokens,
         "index": index_info,
         # Every question the optimizer saw (training and validation): what later evaluations are checked against.
         "train": {**keys, "file": str(Path(spec.train).resolve()) if Path(spec.train).exists() else spec.train,

@@ -259,11 +259,19 @@ def load_program(
     meta = read_meta(folder)
     if method is not None and method != meta["method"]:
         raise ProgramFormatError(f"{source} is a saved {meta['method']!r} program, not {method!r}")
-    program = make_program(meta["method"], retriever, **(meta.get("options") or {}))
+    options = meta.get("options") or {}
+    if not isinstance(options, dict):
+        raise ProgramFormatError(f"{folder / META_FILE}: 'options' must be a mapping, got {options!r}")
+    try:
+        program = make_program(meta["method"], retriever, **options)
+    except (TypeError, ValueError) as exc:
+        raise ProgramFormatError(f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}") from None
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramFormatError(f"{folder / STATE_FILE} is unreadable: {exc}") from None
+    if not isinstance(state, dict):
+        raise ProgramFormatError(f"{folder / STATE_FILE} is not a DSPy program state (a JSON object)")
     expected = {name for name, _ in program.named_predictors()}
     found = {k for k in state if k != "metadata"}
     if found != expected:
@@ -271,5 +279,10 @@ def load_program(
             f"{folder / STATE_FILE} holds predictors {sorted(found)}, but method {meta['method']!r} "
             f"with these options has {sorted(expected)}"
         )
-    program.load_state(state)
+    try:
+        program.load_state(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProgramFormatError(f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: {exc!r}") from None
+    if isinstance(meta.get("demo_context_tokens"), int):
+        program.demo_context_tokens = meta["demo_context_tokens"]
     return program, {**meta, "path": str(source)}

@@ -66,8 +66,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60]
 
 
-def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
+def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[str, Any], list[dspy.Example], Any]:
     """Check every input before any LM call: method, LM spec, questions, index.
+
+    A saved program (``spec.program``) fills ``spec.method``; a ``runs:/``
+    program is fetched from the MLflow store ``mlflow_dir``.
 
     Returns:
         The run config, the selected questions and the retriever (or ``None``).
@@ -81,7 +84,7 @@ def resolve(spec: EvalSpec) -> tuple[dict[str, Any], list[dspy.Example], Any]:
 
     saved = None
     if spec.program:
-        folder = resolve_program_path(spec.program)
+        folder = resolve_program_path(spec.program, mlflow_dir)
         saved = read_meta(folder)
         if spec.method and spec.method != saved["method"]:
             raise HCQRError(f"{spec.program} is a saved {saved['method']!r} program, not {spec.method!r}")
@@ -149,7 +152,8 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
         "created": meta.get("created"),
         "compile_run_id": meta.get("mlflow_run_id"),
         "train_dataset": train.get("dataset"),
-        "train_count": len(train.get("ids") or []),
+        "train_count": train.get("train_count", len(train.get("ids") or [])),
+        "val_count": train.get("val_count", 0),
     }
 
 
@@ -183,7 +187,7 @@ def run_evaluation(
     """
     from hcqr_dspy import tracking
 
-    config, questions, program = resolve(spec)
+    config, questions, program = resolve(spec, mlflow_dir)
     run_dir = prepare_run_dir(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
     lm = lm or build_lm(
         spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,

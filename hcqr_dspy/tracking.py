@@ -44,6 +44,8 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
     and two processes doing it together fail ("table ... already exists").
     The first use is therefore serialized with an exclusive ``fcntl.flock``
     on ``<store>/.init.lock``; afterwards SQLite's own locking suffices.
+    (With ``$MLFLOW_TRACKING_URI`` pointing at a tracking server, the server
+    does this and the lock is moot.) POSIX only (``fcntl``).
 
     Returns:
         The experiment id.

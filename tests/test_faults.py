@@ -225,3 +225,27 @@ def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, m
     out, err = capfd.readouterr()
     assert SECRET not in out + err + caplog.text
     stub.stop()
+
+
+def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
+    """A real `run_compile` with the LM built from its spec and key variable: the saved program, the MLflow
+    params, artifacts and logged model must not hold the key."""
+    import uuid
+
+    from hcqr_dspy.optimize import CompileSpec, run_compile
+
+    nonce = uuid.uuid4().hex
+    rows = {f"{i:04d}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]}
+            for i in range(6)}
+    (bench / "train.json").write_text(json.dumps(rows))
+    stub = Stub()
+    spec = CompileSpec(recipe=str(Path(__file__).resolve().parents[1] / "optimizers" / "bootstrap_fewshot.yaml"),
+                       method="cot", train=str(bench / "train.json"), index=None, out=str(bench / "programs" / "cot"),
+                       lm="openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", train_size=6, val_size=0)
+    out = run_compile(spec, mlflow_dir=mlflow_store)
+    assert stub.count >= 1 and out["model_uri"]
+    places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
+    assert any(p.name == "program.json" for p in places) and any("model" in p.parts for p in places)
+    for path in places:
+        assert SECRET.encode() not in path.read_bytes(), path
+    stub.stop()

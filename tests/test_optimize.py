@@ -317,3 +317,33 @@ def test_cli_compile_refuses_bad_input_with_one_line(setup, capsys, monkeypatch)
     assert main(base + ["--recipe", "bootstrap_fewshot", "--train-size", "2"]) == 2
     assert "it needs at least 4" in capsys.readouterr().err
     assert not (setup / "p").exists()
+
+
+def test_every_registered_program_round_trips_its_options(setup):
+    from hcqr_dspy.programs import PROGRAMS, accepted_options, make_program
+
+    retriever = load_index(setup / "idx")
+    non_default = {"budget": 4, "k_per_query": 2, "fusion": "rrf", "n_queries": 3, "pool_k": 6, "n_std": 0.5,
+                   "scoring": "vote", "top_logprobs": 5, "max_context_tokens": 3000}
+    for method, cls in PROGRAMS.items():
+        options = {k: v for k, v in non_default.items() if k in accepted_options(cls)}
+        program = make_program(method, retriever, **options)
+        save_program(program, setup / "rt" / method)
+        loaded, meta = load_program(setup / "rt" / method, retriever)
+        assert type(loaded) is cls and loaded.settings() == program.settings(), method
+        assert {k: meta["options"][k] for k in options} == options, method
+
+
+def test_answer_demos_are_shown_trimmed(setup):
+    retriever = load_index(setup / "idx")
+    program = HCQR(retriever, budget=3, k_per_query=1)
+    long_context = "\n".join(f"Document [{i}] (Title: T{i}) " + "word " * 300 for i in range(1, 6))
+    program.answer.demos = [dspy.Example(question="Demo question?", options="A. x\nB. y", context=long_context,
+                                         reasoning="r", answer="A")]
+    program.demo_context_tokens = 400  # SchemaEngine counts ~4 characters a token: one document is ~380
+    lm = schema_lm("A")
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        program(question="Live question?", options=OPTIONS)
+    [answer_prompt] = [p for p in lm.schema_engine.prompts if "Demo question?" in p]
+    assert "Document [1] (Title: T1)" in answer_prompt and "Document [2] (Title: T2)" not in answer_prompt
+    assert program.answer.demos[0]["context"] == long_context  # the program's own demo is untouched

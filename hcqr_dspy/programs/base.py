@@ -55,6 +55,40 @@ PROMPT_OVERHEAD_TOKENS = 600
 MAX_QUERY_WORDS = 32
 # JSON field names and chat turns around one few-shot demo (a user and an assistant message).
 DEMO_OVERHEAD_TOKENS = 60
+# Context kept in a few-shot demo of the answer step: about three passages. A bootstrapped demo carries its
+# question's whole fused context (15 passages, 3-4k tokens); two of them and the live context would not fit 8k.
+DEMO_CONTEXT_TOKENS = 600
+
+
+def trim_context(context: str, max_tokens: int, lm=None) -> str:
+    """A MedRAG-format context (one ``Document [i] ...`` per line) cut to ``max_tokens``: whole documents
+    from the top, or the head of the first when even it is longer. Tokens counted by
+    :func:`hcqr_dspy.lm.count_tokens` for ``lm``."""
+    if count_tokens(lm, context) <= max_tokens:
+        return context
+    kept, used = [], 0
+    for line in context.split("\n"):
+        n = count_tokens(lm, line)
+        if used + n > max_tokens:
+            break
+        kept.append(line)
+        used += n
+    if not kept:
+        first = context.split("\n")[0]
+        kept = [first[: max(0, int(len(first) * max_tokens / max(1, count_tokens(lm, first))))]]
+    return "\n".join(kept)
+
+
+def trimmed_demos(demos: list[Any], max_tokens: int, lm=None) -> list[Any]:
+    """Copies of few-shot demos whose ``context`` is cut by :func:`trim_context` (others as they are)."""
+    out = []
+    for demo in demos:
+        context = demo.get("context") if hasattr(demo, "get") else None
+        if isinstance(context, str) and count_tokens(lm, context) > max_tokens:
+            demo = demo.copy() if hasattr(demo, "copy") else dict(demo)
+            demo["context"] = trim_context(context, max_tokens, lm)
+        out.append(demo)
+    return out
 
 
 def demo_text(demos: list[Any]) -> str:
@@ -159,6 +193,9 @@ class MCQProgram(dspy.Module):
 
     method: str = "base"
     uses_retrieval: bool = True
+    # Context tokens a few-shot demo of the answer step keeps when it is shown (see trimmed_demos);
+    # set from a compile recipe's demo_context_tokens and saved with the program.
+    demo_context_tokens: int = DEMO_CONTEXT_TOKENS
 
     def __init__(self, retriever: Retriever | None = None, budget: int = 15, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS):
         super().__init__()
@@ -196,7 +233,7 @@ class MCQProgram(dspy.Module):
         n_ctx = getattr(engine, "n_ctx", None)
         if isinstance(n_ctx, int):
             max_tokens = int((getattr(lm, "kwargs", {}) or {}).get("max_tokens") or 1024)
-            demos = getattr(getattr(self, "answer", None), "demos", None) or []
+            demos = self.answer_demos()
             parts = [question, format_options(options), other_inputs, demo_text(demos)]
             rest = count_tokens(lm, "\n".join(filter(None, parts))) + DEMO_OVERHEAD_TOKENS * len(demos)
             budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
@@ -257,9 +294,20 @@ class MCQProgram(dspy.Module):
         """
         budget = self.context_budget(question, options, "\n".join(shown.values()))
         context, cut = self.build_context([f.passage_id for f in fused], budget)
+        demos = {"demos": self.answer_demos()} if self.answer.demos else {}
         with stage(stages, "answer"):
-            out = self.answer_step(self.answer, options, question=question, context=context, **shown)
+            out = self.answer_step(self.answer, options, question=question, context=context, **demos, **shown)
         return {**out, "stages": stages, "passages": passage_records(self.retriever, fused), "context_cut": cut}
+
+    def answer_demos(self) -> list[Any]:
+        """The answer step's few-shot demos as shown: contexts cut to ``demo_context_tokens`` (:func:`trimmed_demos`).
+
+        Trimming when shown, not only after compiling, matters while an
+        optimizer (random search, MIPROv2) scores candidate programs whose
+        bootstrapped demos still hold whole contexts.
+        """
+        demos = getattr(getattr(self, "answer", None), "demos", None) or []
+        return trimmed_demos(demos, self.demo_context_tokens, dspy.settings.lm) if demos else []
 
     def answer_step(self, predictor: dspy.Predict, options: dict[str, str], **inputs: Any) -> dict[str, Any]:
         """Run an answer predictor with its letter field narrowed to the options.

@@ -415,3 +415,14 @@ def test_main_rag_scores_with_log_probabilities_when_the_lm_gives_them(pool):
     pred = run(MainRAG(pool, pool_k=8, n_std=1.0), lm)
     assert [p["id"] for p in pred.passages] == ["p3", "p4", "p7", "p1", "p2", "p6", "p8"]
     assert engine.asked[:8] == [20] * 8  # every judge call asked for the top-20 alternatives
+
+
+def test_main_rag_equal_scores_all_clear_the_bar(pool):
+    """Three identical margins whose float mean lands a hair above them (log 1.5): all must still be kept."""
+    engine = LogprobJudge({})  # every passage P(Yes) = 0.5 ...
+    engine.yes_logprob = {"": math.log(0.6)}  # ... now 0.6 for all: margin log(1.5), whose float mean of 3 is above it
+    import uuid
+
+    lm = dspy.LM(f"lp/{uuid.uuid4().hex}", engine=engine, temperature=0.0, max_tokens=50, cache=False)
+    pred = run(MainRAG(pool, pool_k=3), lm)
+    assert pred.judge_std == pytest.approx(0.0, abs=1e-9) and len(pred.passages) == 3
