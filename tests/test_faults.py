@@ -249,3 +249,29 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
     for path in places:
         assert SECRET.encode() not in path.read_bytes(), path
     stub.stop()
+
+
+def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
+    """`hcqr ask --program` and `hcqr eval --program` through the CLI, against the stub endpoint."""
+    from hcqr_dspy.cli import main
+    from hcqr_dspy.program_io import save_program
+    from hcqr_dspy.programs import CoT
+
+    stub = Stub()
+    program = CoT()
+    program.answer.signature = program.answer.signature.with_instructions("Compiled instructions: answer carefully.")
+    save_program(program, bench / "prog", optimizer="BootstrapFewShot", recipe={"name": "bootstrap_fewshot"})
+    lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
+    assert main(["ask", "--program", str(bench / "prog"), "--question", "Question number 1?", "--option", "A=x",
+                 "--option", "B=y", "--option", "C=z", *lm]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "saved cot" in out and "optimizer BootstrapFewShot" in out
+    assert any("Compiled instructions" in body for _, body in stub.seen)
+    assert main(["eval", "--program", str(bench / "prog"), "--dataset", str(bench / "qs.json"), "--mlflow-dir",
+                 str(mlflow_store), "--run-dir", str(bench / "run"), *lm]) == 0
+    config = json.loads((bench / "run" / "config.json").read_text())
+    assert config["method"] == "cot" and config["saved_program"]["recipe"] == "bootstrap_fewshot"
+    assert main(["eval", "--program", str(bench / "prog"), "--method", "hcqr", "--dataset", str(bench / "qs.json"),
+                 "--run-dir", str(bench / "run2"), "--no-mlflow", *lm]) == 2
+    assert "saved 'cot' program, not 'hcqr'" in capsys.readouterr().err
+    stub.stop()
