@@ -257,9 +257,13 @@ def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     from hcqr_dspy.program_io import save_program
     from hcqr_dspy.programs import CoT
 
+    import uuid
+
     stub = Stub()
     program = CoT()
-    program.answer.signature = program.answer.signature.with_instructions("Compiled instructions: answer carefully.")
+    # a fresh instruction text, so that DSPy's response cache (kept across runs) cannot answer for the stub
+    program.answer.signature = program.answer.signature.with_instructions(
+        f"Compiled instructions: answer carefully. ({uuid.uuid4().hex})")
     save_program(program, bench / "prog", optimizer="BootstrapFewShot", recipe={"name": "bootstrap_fewshot"})
     lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
     assert main(["ask", "--program", str(bench / "prog"), "--question", "Question number 1?", "--option", "A=x",
