@@ -437,8 +437,7 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     from hcqr_dspy.lm import build_lm, parse_lm_spec
     from hcqr_dspy.program_io import META_FILE, ProgramFormatError, question_keys, refuse_overlap, save_program
     from hcqr_dspy.programs import PROGRAMS, make_program
-    from hcqr_dspy.retrieval import load_index, read_manifest
-    from hcqr_dspy.run import dataset_name
+    from hcqr_dspy.run import dataset_name, open_index
 
     recipe = load_recipe(spec.recipe)
     if spec.method not in PROGRAMS:
@@ -458,14 +457,7 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     keys = question_keys(trainset + valset, train_name)
     for file in spec.holdout:
         refuse_overlap(keys, load_questions(file), dataset_name(file), f"compile --holdout {file}")
-    retriever, index_info = None, None
-    if PROGRAMS[spec.method].uses_retrieval:
-        if not spec.index:
-            raise HCQRError(f"method {spec.method!r} needs --index (build one with `hcqr index`)")
-        retriever = load_index(spec.index)
-        manifest = read_manifest(spec.index, verify_files=False)
-        index_info = {"path": str(Path(spec.index).resolve()), "retriever": manifest["retriever"],
-                      "corpus_fingerprint": manifest["corpus"]["fingerprint"], "corpus_count": manifest["corpus"]["count"]}
+    retriever, index_info = open_index(spec.method, spec.index)
     student = make_program(spec.method, retriever, **spec.program_options)
     lm = lm or build_lm(spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
                         api_key_env=spec.api_key_env)

@@ -95,20 +95,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
-    retriever, index_info = None, None
-    if PROGRAMS[spec.method].uses_retrieval:
-        if not spec.index:
-            raise HCQRError(f"method {spec.method!r} needs --index (build one with `hcqr index`)")
-        retriever = load_index(spec.index)
-        manifest = read_manifest(spec.index, verify_files=False)
-        index_info = {
-            "path": str(Path(spec.index).resolve()),
-            "retriever": manifest["retriever"],
-            "encoder": manifest.get("encoder"),
-            "corpus_source": manifest["corpus"]["source"],
-            "corpus_fingerprint": manifest["corpus"]["fingerprint"],
-            "corpus_count": manifest["corpus"]["count"],
-        }
+    retriever, index_info = open_index(spec.method, spec.index)
     if saved:
         from hcqr_dspy.program_io import load_program
 
@@ -133,6 +120,28 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "hcqr_dspy_version": __version__,
     }
     return config, questions, program
+
+
+def open_index(method: str, index: str | None) -> tuple[Any, dict[str, Any] | None]:
+    """The retriever a method needs and the index record runs keep; ``(None, None)`` without retrieval.
+
+    Raises:
+        HCQRError: a retrieval method without an index, or an index that does not load.
+    """
+    if not PROGRAMS[method].uses_retrieval:
+        return None, None
+    if not index:
+        raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
+    retriever = load_index(index)
+    manifest = read_manifest(index, verify_files=False)
+    return retriever, {
+        "path": str(Path(index).resolve()),
+        "retriever": manifest["retriever"],
+        "encoder": manifest.get("encoder"),
+        "corpus_source": manifest["corpus"]["source"],
+        "corpus_fingerprint": manifest["corpus"]["fingerprint"],
+        "corpus_count": manifest["corpus"]["count"],
+    }
 
 
 def dataset_name(dataset: str) -> str:
