@@ -52,13 +52,15 @@ class Stub:
                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }).encode()
+                if stub.down_after is not None and stub.count >= stub.down_after:
+                    # Close the listening socket before this reply goes out, so the client's next
+                    # connection is refused for certain (stopping from another thread raced with it).
+                    stub.stop()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
-                if stub.down_after is not None and stub.count >= stub.down_after:
-                    threading.Thread(target=stub.stop, daemon=True).start()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
