@@ -93,6 +93,26 @@ def stage_differences(runs: Sequence[Run], reference: Run) -> str:
     return "\n".join(lines)
 
 
+def hypothesis_table(runs: Sequence[Run]) -> str:
+    """Markdown: for each run with working hypotheses (HCQR), the hypothesis's accuracy and how the final
+    answer relates to it (counts from :func:`hcqr_dspy.metrics.hypothesis_changes`); ``""`` if none has one."""
+    keys = ("kept_right", "kept_wrong", "fixed", "broke", "changed_wrong_to_wrong", "invalid_answer")
+    lines = []
+    for run in runs:
+        c = hypothesis_changes(run.rows)
+        n = c["with_hypothesis"]
+        if not n:
+            continue
+        changed = c["fixed"] + c["broke"] + c["changed_wrong_to_wrong"]
+        lines.append(f"| {run.label} | {n} | {c['hypothesis_correct'] / n:.1%} | {changed / n:.1%} | "
+                     + " | ".join(str(c[k]) for k in keys) + " |")
+    if not lines:
+        return ""
+    head = ("| run | with hypothesis | hypothesis accuracy | answer changed | "
+            + " | ".join(k.replace("_", " ") for k in keys) + " |")
+    return "\n".join([head, "|---|" + "---:|" * (3 + len(keys)), *lines])
+
+
 def program_state(run: Run) -> dict[str, Any] | None:
     """The run's program state (instructions, demos per predictor): a saved program's ``program.json``,
     else the zero-shot program rebuilt from the method and its recorded options; ``None`` if unavailable."""
@@ -374,6 +394,10 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
             "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
             "(statsmodels) on b vs c.",
             "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
+        ]
+        + ([f"## Working hypothesis vs final answer\n\n{hyp}\n\nfixed = a wrong hypothesis turned into a right answer; "
+             "broke = a right hypothesis turned into a wrong answer."] if (hyp := hypothesis_table(ordered)) else [])
+        + [
             "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
         ]

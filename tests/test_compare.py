@@ -47,6 +47,10 @@ def test_report_table_and_plots(tmp_path):
     assert "| simple_rag | 25 | 48.0% |" in report
     assert "| hcqr | 25 | 72.0% |" in report and "| 2/8 | 0.109 |" in report and "75.0%" in report
     assert "| q10 | A | A ✓ | B ✗ |" in report and "| q12 | A | B ✗ | A ✓ |" in report  # disagreements
+    # hypothesis (gold A): q0-q14 "A" (right), q15-q24 "B" (wrong). Kept right: q0-q9 and q12-q14 = 13;
+    # broke: q10-q11; fixed: q15-q19; kept wrong: q20-q24. Hypothesis accuracy 15/25, changed 7/25.
+    assert "| hcqr | 25 | 60.0% | 28.0% | 13 | 5 | 5 | 2 | 0 | 0 |" in report
+    assert "| simple_rag | 25 |" not in report.split("## Working hypothesis")[1].split("## Runs")[0]
     names = {f.name for f in files}
     assert {"comparison.md", "comparison.json", "accuracy.png", "dur.png", "hypothesis_changes.png"} <= names
     assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")
