@@ -140,7 +140,8 @@ def render_pipeline(p: dict) -> list[str]:
             lines.append(f"| {method} | {stage} | {s['lm_calls']} | {s['prompt_tokens']:.0f} | {s['completion_tokens']:.0f} | {s['seconds']:.2f} |")
     ratio = ", ".join(f"{k.replace('_', ' ')} x{v}" for k, v in p["hcqr_over_simple_rag"].items())
     lines += ["", f"HCQR relative to Simple RAG (cold): {ratio}.",
-              f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", ""]
+              f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", "",
+              "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()), ""]
     return lines
 
 
