@@ -237,6 +237,22 @@ def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
     return "\n".join(lines)
 
 
+def cache_note(runs: Sequence[Run]) -> str:
+    """A warning for runs whose LM calls were partly answered by DSPy's cache: their tokens and seconds
+    per question count only the calls that reached the LM, so their costs are not comparable; ``""`` if none."""
+    notes = []
+    for run in runs:
+        cached = [r for r in run.rows if (r.get("cached_lm_calls") or 0) > 0]
+        if cached:
+            whole = sum(1 for r in cached if not r.get("lm_calls"))
+            notes.append(f"{run.label} ({len(cached)}/{len(run.rows)} questions with cached calls, "
+                         f"{whole} wholly from the cache)")
+    if not notes:
+        return ""
+    return ("**Costs and the cache:** tokens and seconds per question count only LM calls that reached the model; "
+            "calls answered by DSPy's cache cost nothing here. Compare costs with care for: " + "; ".join(notes) + ".")
+
+
 def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """Markdown table of accuracy ± standard error, invalid answers and cost per question.
 
@@ -364,10 +380,19 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         The Markdown report and the written files.
 
     Raises:
-        HCQRError: fewer than two runs, unknown reference, or different question sets.
+        HCQRError: fewer than two runs, the same folder twice, unknown reference, different
+            question sets, or an ``out_dir`` that is a file or cannot be created.
     """
     if len(run_dirs) < 2:
         raise HCQRError("compare needs at least two run folders")
+    seen: dict[Path, str] = {}
+    for p in run_dirs:
+        if Path(p).resolve() in seen:
+            raise HCQRError(f"run folder {p} is given twice (also as {seen[Path(p).resolve()]}); compare distinct runs")
+        seen[Path(p).resolve()] = str(p)
+    out = Path(out_dir or "comparison")
+    if out.exists() and not out.is_dir():
+        raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
     runs = [load_run(p) for p in run_dirs]
     counts: dict[str, int] = {}
     for r in runs:  # make labels unique: method, then method + lm
@@ -382,8 +407,10 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         if not matches:
             raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
         ref = matches[0]
-    out = Path(out_dir or "comparison")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     files = [plot_accuracy(runs, out / "accuracy.png")]
     files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
     ordered = [ref] + [r for r in runs if r is not ref]
@@ -392,7 +419,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
             f"# Comparison on {len(qids)} questions (reference: {ref.label})",
             comparison_table(ordered, ref),
             "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
-            "(statsmodels) on b vs c.",
+            "(statsmodels) on b vs c." + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
             "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
         ]
         + ([f"## Working hypothesis vs final answer\n\n{hyp}\n\nfixed = a wrong hypothesis turned into a right answer; "

@@ -35,6 +35,7 @@ demo_context_tokens
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,8 @@ RECIPE_KEYS = {
 }
 DEMO_CONTEXT_TOKENS = 600
 METRICS = ("accuracy", "feedback")
-RECIPE_DIR = Path("optimizers")
+RECIPE_DIR = Path("optimizers")  # the user's own recipes, relative to the working folder
+SHIPPED_RECIPE_DIR = Path(__file__).resolve().parents[1] / "optimizers"  # the recipes of this source tree
 # Arguments hcqr sets itself: a recipe may not.
 OWN_INIT_ARGS = {"self", "metric", "reflection_lm", "prompt_model", "task_model", "teacher_settings"}
 OWN_COMPILE_ARGS = {"self", "student", "trainset", "valset", "teacher"}
@@ -98,11 +100,16 @@ def find_recipe(name_or_path: str | Path) -> Path:
         RecipeError: nothing found; the shipped recipes are listed.
     """
     p = Path(name_or_path)
-    for candidate in (p, p.with_name(p.name + ".yaml"), RECIPE_DIR / p, RECIPE_DIR / (p.name + ".yaml")):
+    folders = [RECIPE_DIR] + ([SHIPPED_RECIPE_DIR] if SHIPPED_RECIPE_DIR.resolve() != RECIPE_DIR.resolve() else [])
+    candidates = [p, p.with_name(p.name + ".yaml")]
+    if not p.is_absolute():
+        candidates += [c for d in folders for c in (d / p, d / (p.name + ".yaml"))]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
-    shipped = sorted(f.stem for f in RECIPE_DIR.glob("*.yaml")) if RECIPE_DIR.is_dir() else []
-    raise RecipeError(f"recipe {str(name_or_path)!r} not found; recipes in {RECIPE_DIR}/: {', '.join(shipped) or '(none)'}")
+    known = sorted({f.stem for d in folders if d.is_dir() for f in d.glob("*.yaml")})
+    raise RecipeError(f"recipe {str(name_or_path)!r} not found (looked in {', '.join(f'{d}/' for d in folders)}); "
+                      f"recipes there: {', '.join(known) or '(none)'}")
 
 
 def _parameters(fn: Callable, own: set[str]) -> tuple[set[str], bool]:
@@ -429,7 +436,10 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         "instructions_changed"}}}`` (``mlflow_run_id`` and ``model_uri`` are None untracked).
 
     Raises:
-        RecipeError, HCQRError: bad input as listed above.
+        RecipeError, HCQRError: bad input as listed above, or an unwritable ``out``
+            (checked before any LM call).
+        LMUnavailableError: the LM stopped answering during the compile (nothing is saved; a
+            rerun gets the calls already answered from DSPy's cache).
     """
     import json
 
@@ -452,6 +462,13 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
         raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
+    try:  # a compile can run for hours: find an unwritable --out now, not when saving
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise HCQRError(f"--out {out} is not writable: {exc.strerror or exc}; choose another --out") from None
     train_name = dataset_name(spec.train)
     trainset, valset = split_train(load_questions(spec.train), recipe, spec.train_size, spec.val_size)
     keys = question_keys(trainset + valset, train_name)
@@ -477,8 +494,35 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     }
 
     def _compile():
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-            return compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
+        from dspy.utils.callback import BaseCallback
+
+        from hcqr_dspy.evaluate import LM_UNAVAILABLE, LMUnavailableError
+
+        failures: list[BaseException] = []
+
+        class LMFailures(BaseCallback):
+            # Optimizers count a failed example as an error and go on (BootstrapFewShot up to max_errors), so an
+            # LM that went down could silently yield a program with fewer demos; every such failure is recorded.
+            def on_lm_end(self, call_id, outputs, exception=None):
+                if isinstance(exception, LM_UNAVAILABLE):
+                    failures.append(exception)
+
+        def unavailable(exc: BaseException) -> LMUnavailableError:
+            first_line = (str(exc).splitlines() or [""])[0][:300]
+            return LMUnavailableError(
+                f"the LM stopped answering or cannot be used during the compile ({type(exc).__name__}: {first_line}); "
+                f"nothing was saved to {out}; run the same command again (LM calls already answered come from DSPy's cache)"
+            )
+
+        callbacks = [*dspy.settings.get("callbacks", []), LMFailures()]
+        try:
+            with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), callbacks=callbacks):
+                compiled = compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
+        except LM_UNAVAILABLE as exc:
+            raise unavailable(exc) from None
+        if failures:
+            raise unavailable(failures[0])
+        return compiled
 
     run_id = model_uri = None
     if track:

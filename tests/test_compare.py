@@ -58,6 +58,23 @@ def test_report_table_and_plots(tmp_path):
     assert summary["mcnemar"]["hcqr"]["p_value"] == pytest.approx(0.109375)
 
 
+def test_cache_note_and_bad_out_and_the_same_run_twice(tmp_path):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False, True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True, False, False])
+    rows = [json.loads(line) for line in (b / "predictions.jsonl").read_text().splitlines()]
+    rows[0].update(lm_calls=0, cached_lm_calls=3, prompt_tokens=0, completion_tokens=0)  # wholly from the cache
+    rows[1].update(lm_calls=2, cached_lm_calls=1)  # partly
+    (b / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report, _ = compare([a, b], out_dir=tmp_path / "out")
+    assert "Compare costs with care for: hcqr (2/4 questions with cached calls, 1 wholly from the cache)." in report
+    assert "simple_rag (" not in report.split("Compare costs with care for:")[1].split("\n")[0]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HCQRError, match=r"--out .*file exists and is not a folder"):
+        compare([a, b], out_dir=tmp_path / "file")
+    with pytest.raises(HCQRError, match=r"run folder .*a is given twice"):
+        compare([a, tmp_path / "x" / ".." / "a"], out_dir=tmp_path / "out")
+
+
 def test_refuses_runs_on_different_questions(tmp_path):
     a = make_run(tmp_path / "a", "cot", [True, False], qids=["x1", "x2"])
     b = make_run(tmp_path / "b", "hcqr", [True, False], qids=["x1", "x3"])

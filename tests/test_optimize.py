@@ -3,6 +3,7 @@ overlap and bad recipes are refused before any LM call, compiled runs are record
 
 import dataclasses
 import json
+import socket
 from pathlib import Path
 
 import dspy
@@ -12,6 +13,8 @@ import pytest
 from helpers import TINY_ROWS, schema_lm, snippet, write_jsonl
 from hcqr_dspy.compare import compare
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize import (
     CompileSpec,
     RecipeError,
@@ -160,11 +163,19 @@ def test_bad_recipes_are_refused(tmp_path, fields, message):
         load_recipe(write_recipe(tmp_path, **fields))
 
 
-def test_unknown_recipe_lists_the_shipped_ones(monkeypatch):
+def test_unknown_recipe_lists_the_shipped_ones(monkeypatch, tmp_path):
     monkeypatch.chdir(RECIPES.parent)
-    with pytest.raises(RecipeError, match=r"recipe 'nope' not found; recipes in optimizers/: bootstrap_fewshot, .*mipro_light"):
+    with pytest.raises(RecipeError, match=r"recipe 'nope' not found \(looked in optimizers/\); recipes there: bootstrap_fewshot, .*mipro_light"):
         load_recipe("nope")
     assert load_recipe("bootstrap_fewshot").optimizer == "BootstrapFewShot"
+    # from any other folder, a bare name still finds the shipped recipes (and the user's ./optimizers/ first)
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("gepa").optimizer == "GEPA"
+    (tmp_path / "optimizers").mkdir()
+    (tmp_path / "optimizers" / "gepa.yaml").write_text((RECIPES / "bootstrap_fewshot.yaml").read_text())
+    assert load_recipe("gepa").optimizer == "BootstrapFewShot"
+    with pytest.raises(RecipeError, match=r"looked in optimizers/, .*/optimizers/\); recipes there: bootstrap_fewshot"):
+        load_recipe("nope")
 
 
 def test_train_set_too_small_names_the_minimum():
@@ -199,6 +210,7 @@ class NoCall:
         ({"train_size": 2}, RecipeError, "too small for recipe 'bootstrap_fewshot'.*at least 4"),
         ({"holdout": ["HOLDOUT"]}, HCQRError, "overlaps the training set 'medmcqa': 6 by id"),
         ({"out": "CORPUS"}, ProgramFormatError, "exists and is not a saved program folder"),
+        ({"out": "/proc/hcqr-test/out"}, HCQRError, "--out /proc/hcqr-test/out is not writable"),  # even for root
     ],
 )
 def test_compile_refuses_bad_input_before_any_lm_call(setup, overrides, error, message):
@@ -206,6 +218,19 @@ def test_compile_refuses_bad_input_before_any_lm_call(setup, overrides, error, m
                  for k, v in overrides.items()}
     with pytest.raises(error, match=message):
         run_compile(spec(setup, **overrides), track=False, lm=NoCall())
+
+
+def test_an_lm_going_down_during_the_compile_stops_it_and_saves_nothing(setup, monkeypatch):
+    # BootstrapFewShot counts a failed example as an error and goes on below max_errors: without the check,
+    # 6 refused calls would yield a program with no demos, saved as if compiled.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections to it are refused
+    monkeypatch.setenv("DOWN_KEY", "unused")
+    lm = build_lm("openai/down", api_base=f"http://127.0.0.1:{port}/v1", api_key_env="DOWN_KEY", cache=False, num_retries=0)
+    with pytest.raises(LMUnavailableError, match=r"during the compile \(LMTransportError: .*nothing was saved to .*run the same command again"):
+        run_compile(spec(setup), track=False, lm=lm)
+    assert not (setup / "programs" / "bfs" / "program.json").exists()
 
 
 def test_overlap_by_question_text_across_datasets(setup):
