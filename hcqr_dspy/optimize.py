@@ -415,6 +415,28 @@ class CompileSpec:
     api_key_env: str | None = None
 
 
+def probe_writable(folder: Path) -> None:
+    """Check that ``folder`` can be created and written, leaving nothing behind that was not there.
+
+    Raises:
+        HCQRError: it cannot be created or written (a read-only or full disk, ``/proc`` ...).
+    """
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise HCQRError(f"--out {folder} is not writable: {exc.strerror or exc}; choose another --out") from None
+    finally:
+        for p in missing:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
 def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None, reflection_lm=None) -> dict[str, Any]:
     """Compile a program with a recipe, save it, and track the compile in MLflow.
 
@@ -462,13 +484,6 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
         raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
-    try:  # a compile can run for hours: find an unwritable --out now, not when saving
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise HCQRError(f"--out {out} is not writable: {exc.strerror or exc}; choose another --out") from None
     train_name = dataset_name(spec.train)
     trainset, valset = split_train(load_questions(spec.train), recipe, spec.train_size, spec.val_size)
     keys = question_keys(trainset + valset, train_name)
@@ -476,6 +491,7 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         refuse_overlap(keys, load_questions(file), dataset_name(file), f"compile --holdout {file}")
     retriever, index_info = open_index(spec.method, spec.index)
     student = make_program(spec.method, retriever, **spec.program_options)
+    probe_writable(out)  # a compile can run for hours: find an unwritable --out now, not when saving
     lm = lm or build_lm(spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
                         api_key_env=spec.api_key_env)
     if recipe.optimizer == "GEPA" and reflection_lm is None:

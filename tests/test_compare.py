@@ -89,5 +89,8 @@ def test_cli_compare_errors_exit_2(tmp_path, capsys):
     b = make_run(tmp_path / "b", "hcqr", [True], qids=["x1"])
     assert main(["compare", str(a), str(b), "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
     assert "different questions" in capsys.readouterr().err
-    assert main(["compare", str(a), str(a), "--reference", "nope", "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
+    c = make_run(tmp_path / "c", "hcqr", [False, False], qids=["x1", "x2"])
+    assert main(["compare", str(a), str(c), "--reference", "nope", "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
     assert "reference 'nope' is none of" in capsys.readouterr().err
+    assert main(["compare", str(a), str(a), "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
+    assert "is given twice" in capsys.readouterr().err

@@ -338,7 +338,7 @@ def test_cli_compile_refuses_bad_input_with_one_line(setup, capsys, monkeypatch)
     assert main(base + ["--recipe", "gepa"]) == 2
     assert "needs a reflection LM: give --reflection-lm" in capsys.readouterr().err
     assert main(base + ["--recipe", "nope"]) == 2
-    assert "recipe 'nope' not found; recipes in optimizers/: bootstrap_fewshot" in capsys.readouterr().err
+    assert "recipe 'nope' not found (looked in optimizers/); recipes there: bootstrap_fewshot" in capsys.readouterr().err
     assert main(base + ["--recipe", "bootstrap_fewshot", "--train-size", "2"]) == 2
     assert "it needs at least 4" in capsys.readouterr().err
     assert not (setup / "p").exists()
