@@ -387,9 +387,10 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         raise HCQRError("compare needs at least two run folders")
     seen: dict[Path, str] = {}
     for p in run_dirs:
-        if Path(p).resolve() in seen:
-            raise HCQRError(f"run folder {p} is given twice (also as {seen[Path(p).resolve()]}); compare distinct runs")
-        seen[Path(p).resolve()] = str(p)
+        real = Path(p).resolve()
+        if real in seen:
+            raise HCQRError(f"run folder {p} is given twice (also as {seen[real]}); compare distinct runs")
+        seen[real] = str(p)
     out = Path(out_dir or "comparison")
     if out.exists() and not out.is_dir():
         raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")

@@ -129,6 +129,23 @@ def error_row(example: dspy.Example, method: str, exc: BaseException, seconds: f
     return prediction_row(example, pred, method, seconds)
 
 
+def write_probe(folder: Path) -> None:
+    """Create ``folder`` if needed, then write and delete a probe file in it.
+
+    Raises:
+        OSError: the folder cannot be created or written (read-only or full disk, ``/proc`` ...).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("ok")
+    probe.unlink()
+
+
+def lm_failure(exc: BaseException) -> str:
+    """``"<error type>: <first line of the message>"`` (at most 300 characters) for one-line stop messages."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+
+
 def prepare_run_dir(run_dir: str | Path, config: dict[str, Any]) -> Path:
     """Create or reopen a run folder; refuse one holding another configuration.
 
@@ -138,10 +155,7 @@ def prepare_run_dir(run_dir: str | Path, config: dict[str, Any]) -> Path:
     """
     run_dir = Path(run_dir)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        write_probe(run_dir)
     except OSError as exc:
         raise RunError(f"run folder {run_dir} is not writable: {exc.strerror}") from None
     cpath = run_dir / CONFIG
@@ -245,9 +259,8 @@ def resumable_map(
         exc = failure[0]
         if isinstance(exc, RunError):
             raise RunError(f"{exc}; {len(rows)}/{len(items)} questions are saved; fix it and run again to resume")
-        first_line = (str(exc).splitlines() or [""])[0][:300]
         raise LMUnavailableError(
-            f"the LM stopped answering or cannot be used ({type(exc).__name__}: {first_line}); "
+            f"the LM stopped answering or cannot be used ({lm_failure(exc)}); "
             f"{len(rows)}/{len(items)} questions are saved in {path}; run the same command again to resume"
         )
     return rows, len(done), len(new_rows)

@@ -35,7 +35,6 @@ demo_context_tokens
 from __future__ import annotations
 
 import inspect
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,12 +420,11 @@ def probe_writable(folder: Path) -> None:
     Raises:
         HCQRError: it cannot be created or written (a read-only or full disk, ``/proc`` ...).
     """
+    from hcqr_dspy.evaluate import write_probe
+
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        write_probe(folder)
     except OSError as exc:
         raise HCQRError(f"--out {folder} is not writable: {exc.strerror or exc}; choose another --out") from None
     finally:
@@ -512,7 +510,7 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     def _compile():
         from dspy.utils.callback import BaseCallback
 
-        from hcqr_dspy.evaluate import LM_UNAVAILABLE, LMUnavailableError
+        from hcqr_dspy.evaluate import LM_UNAVAILABLE, LMUnavailableError, lm_failure
 
         failures: list[BaseException] = []
 
@@ -524,9 +522,8 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
                     failures.append(exception)
 
         def unavailable(exc: BaseException) -> LMUnavailableError:
-            first_line = (str(exc).splitlines() or [""])[0][:300]
             return LMUnavailableError(
-                f"the LM stopped answering or cannot be used during the compile ({type(exc).__name__}: {first_line}); "
+                f"the LM stopped answering or cannot be used during the compile ({lm_failure(exc)}); "
                 f"nothing was saved to {out}; run the same command again (LM calls already answered come from DSPy's cache)"
             )
 
