@@ -20,8 +20,10 @@ of it), in order:
   over the benchmark's queries plus 100 MedQA-US questions.
 
 Results are merged into ``--out`` under ``retrieval`` and rendered to RESULTS.md
-(with bench/pipeline.py's section when present). ``--quick`` measures the
-1k slice only with 20 repeats.
+(with bench/pipeline.py's section when present) after each corpus size, so an
+interrupted run keeps the sizes it finished (marked partial). ``--quick``
+measures the 1k slice only with 20 repeats; ``--render`` only re-renders
+RESULTS.md from ``--out``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,22 @@ def percentile(values: list[float], q: int) -> float:
 
 
 def peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """This process's peak resident set size, MB.
+
+    On Linux it is ``VmHWM`` of ``/proc/self/status``: the high-water mark of
+    this process's own memory map. ``getrusage(RUSAGE_SELF).ru_maxrss`` is not
+    used there because Linux carries it over from the parent through fork and
+    exec, so a child started by a parent holding 1 GB would report at least
+    1 GB (proc(5), getrusage(2)). Elsewhere, ``ru_maxrss`` (KB on Linux-like
+    systems; bytes on macOS, converted).
+    """
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
 
 # -- child processes ------------------------------------------------------------------------------
@@ -198,9 +215,16 @@ def render(results: dict) -> str:
     if r and "sizes" in r:  # (a results file from before the size sweep is rewritten by the next full run)
         lines += [
             f"Retrieval measured {r['date']} on {r['machine']} by `bench/retrieval.py` over `{r['corpus']}`"
-            f" ({r['corpus_passages']} passages; slices are seeded random samples).",
+            f" ({r['corpus_passages']} passages; slices are seeded random samples)."
+            + (f" **Partial run: only {', '.join(r['sizes'])} measured of {', '.join(r['planned_sizes'])}.**"
+               if len(r["sizes"]) < len(r.get("planned_sizes", r["sizes"])) else ""),
             "",
             "## Index build (each in its own process)",
+            "",
+            "Dense build seconds run from `build_retriever` to a finished faiss index, so they include loading the"
+            " encoder; the raw encode column times `SentenceTransformer.encode` alone on the same passages (encoder"
+            " already loaded, same batch size). Build / raw is the ratio of their passages/s (1.0 = the index adds"
+            " nothing over encoding).",
             "",
             "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB | index size |",
             "|---:|---|---:|---:|---:|---:|---:|---:|",
@@ -236,6 +260,15 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def write_results(out: Path, section: dict) -> None:
+    """Merge ``section`` into the results file under ``retrieval`` and re-render RESULTS.md beside it."""
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results["retrieval"] = section
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.with_name("RESULTS.md").write_text(render(results))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
@@ -243,8 +276,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the 1k slice only, 20 repeats")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--render", action="store_true", help="only re-render RESULTS.md from --out")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.render:
+        out = Path(args.out)
+        if not out.is_file():
+            print(f"bench: {out} is absent: run the benchmark first", file=sys.stderr)
+            return 2
+        out.with_name("RESULTS.md").write_text(render(json.loads(out.read_text())))
+        print(f"bench: re-rendered {out.with_name('RESULTS.md')}", file=sys.stderr)
+        return 0
     if args.child:
         kind, *rest = args.child
         print(json.dumps(child_build(*rest) if kind == "build" else child_raw_encode(*rest)))
@@ -269,20 +311,20 @@ def main(argv=None) -> int:
         "corpus_passages": len(passages),
         "quick": args.quick,
         "sizes": {},
+        "planned_sizes": [],
         "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "numpy"),
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            n = len(passages) if size == "full" else min(int(size), len(passages))
-            chosen = passages if n == len(passages) else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
-            if str(n) not in section["sizes"]:  # e.g. 10000 and full on a corpus under 10k passages
-                section["sizes"][str(n)] = measure_size(chosen, str(n), Path(tmp), repeats)
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["retrieval"] = section
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    out.with_name("RESULTS.md").write_text(render(results))
+    for size in sizes:
+        n = len(passages) if size == "full" else min(int(size), len(passages))
+        if str(n) not in section["planned_sizes"]:  # e.g. 10000 and full on a corpus under 10k passages
+            section["planned_sizes"].append(str(n))
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in section["planned_sizes"]:
+            n = int(label)
+            chosen = passages if n == len(passages) else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
+            section["sizes"][label] = measure_size(chosen, label, Path(tmp), repeats)
+            write_results(out, section)  # after each size: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,58 @@
+"""The benchmark's report: every figure the results file holds is rendered, and a partial run says so."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "retrieval.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_retrieval", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def size_entry(n):
+    build = {"build_seconds": 1.5, "passages_per_second": n / 1.5, "peak_rss_mb": 90.0, "index_bytes": 2_000_000}
+    latency = {"search3_fuse_ms_p50": 1.25, "search3_fuse_ms_p95": 2.5}
+    dense = {**build, "raw_encode_seconds": 1.0, "raw_passages_per_second": n / 1.0, "build_over_raw": 0.667, **latency}
+    return {"passages": n, "retrievers": {"bm25": {**build, **latency}, "dense": dense, "hybrid": dict(latency)},
+            "ann": {"hnsw": {}, "hnsw_build_seconds": 0.04, "queries": 124, "recall_at_15": 0.9957,
+                    "exact_search3_ms_p50": 0.05, "hnsw_search3_ms_p50": 0.07}}
+
+
+def test_partial_run_is_marked_and_render_only_rewrites_the_report(tmp_path):
+    bench = load_bench()
+    section = {"date": "2026-11-30T14:00:00+00:00", "machine": "x86_64, 2 CPUs", "corpus": "c", "corpus_passages": 41000,
+               "quick": False, "sizes": {"1000": size_entry(1000)}, "planned_sizes": ["1000", "10000", "41000"],
+               "versions": {"faiss-cpu": "1"}}
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"pipeline": None}))
+    bench.write_results(out, section)
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "**Partial run: only 1000 measured of 1000, 10000, 41000.**" in report
+    assert "| 1000 | dense | 1.5 | 666.6666666666666 | 1000.0 | 0.667 | 90.0 | 2.0 MB |" in report
+    assert "| 1000 | hybrid | 1.25 | 2.5 |" in report and "| 1000 | 124 | 0.9957 | 0.04 | 0.05 | 0.07 |" in report
+    section["sizes"].update({"10000": size_entry(10000), "41000": size_entry(41000)})
+    bench.write_results(out, section)
+    assert "Partial run" not in (tmp_path / "RESULTS.md").read_text()
+    (tmp_path / "RESULTS.md").unlink()
+    assert bench.main(["--render", "--out", str(out)]) == 0
+    assert "| 41000 | bm25 |" in (tmp_path / "RESULTS.md").read_text()
+    assert bench.main(["--render", "--out", str(tmp_path / "absent.json")]) == 2
+
+
+def test_a_child_reports_its_own_peak_memory_not_its_parents(tmp_path):
+    # Linux carries ru_maxrss from the parent through fork and exec: a parent holding 300 MB must not show in the child.
+    import subprocess
+    import sys
+
+    held = bytearray(300 * 1024 * 1024)
+    held[::4096] = b"\x01" * len(held[::4096])  # touch every page
+    code = f"import importlib.util as u; s = u.spec_from_file_location('b', {str(BENCH)!r}); m = u.module_from_spec(s); " \
+           "s.loader.exec_module(m); print(m.peak_rss_mb())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert child < 250, child
+    del held
