@@ -20,8 +20,9 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import CONFIG, PREDICTIONS, read_rows
 from hcqr_dspy.metrics import hypothesis_changes, summarize
 
-DUR_FILE = "dur.json"
-JUDGMENTS_FILE = "judgments.jsonl"
+from hcqr_dspy.dur import DUR_METRICS as DUR_FILE
+from hcqr_dspy.dur import JUDGMENTS as JUDGMENTS_FILE
+from hcqr_dspy.dur import dur_metrics
 
 
 @dataclass
@@ -54,8 +55,12 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     rows = read_rows(path / PREDICTIONS)
     if not rows:
         raise HCQRError(f"run {path} has no finished question")
-    dur = json.loads((path / DUR_FILE).read_text()) if (path / DUR_FILE).is_file() else {}
     judgments = read_rows(path / JUDGMENTS_FILE)
+    # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
+    if judgments:
+        dur = dur_metrics(judgments)
+    else:
+        dur = json.loads((path / DUR_FILE).read_text()) if (path / DUR_FILE).is_file() else {}
     return Run(path, label or run_label(config, path), config, rows, summarize(rows), dur, judgments)
 
 
@@ -214,6 +219,16 @@ def _calls(m: dict[str, Any]) -> str:
     return f"{m['mean_lm_calls']:.1f}" + (f" (+{cached:.1f} cached)" if cached else "")
 
 
+def dur_cell(run: Run) -> str:
+    """DUR as a percentage; "–" when unjudged; "(k/n judged)" added when only some judgeable questions are judged."""
+    judgeable = sum(bool(r.get("passages")) for r in run.rows)
+    judged = int(run.dur.get("dur_n", 0))
+    cell = f"{run.dur['dur']:.1%}" if "dur" in run.dur else "–"
+    if judged and judged < judgeable:
+        cell += f" ({judged}/{judgeable} judged)"
+    return cell
+
+
 def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
     """Markdown: accuracy ± SE, invalid answers, DUR, cost, and McNemar vs the reference."""
     lines = [
@@ -222,7 +237,7 @@ def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
     ]
     for run in runs:
         m = run.metrics
-        dur = f"{run.dur['dur']:.1%}" if "dur" in run.dur else "–"
+        dur = dur_cell(run)
         if reference is not None and run is not reference:
             t = mcnemar_exact(reference.correct, run.correct)
             vs = f"{t['b']}/{t['c']}"

@@ -104,18 +104,13 @@ def refuse_overlap(train: dict[str, Any], examples: Iterable[dspy.Example], data
             question text with the training set; the message lists them.
     """
     found = overlap(train, examples, dataset)
-    if found["by_id"] or found["by_text"]:
-        parts = []
-        if found["by_id"]:
-            parts.append(f"{len(found['by_id'])} by id ({', '.join(found['by_id'][:5])}{' ...' if len(found['by_id']) > 5 else ''})")
-        if found["by_text"]:
-            parts.append(
-                f"{len(found['by_text'])} by question text ({', '.join(found['by_text'][:5])}"
-                f"{' ...' if len(found['by_text']) > 5 else ''})"
-            )
+    both = list(dict.fromkeys(found["by_id"] + found["by_text"]))  # each question once, in order
+    if both:
+        shown = ", ".join(both[:5]) + (" ..." if len(both) > 5 else "")
         raise HCQRError(
             f"{what}: the evaluation set {dataset!r} overlaps the training set {train.get('dataset')!r}: "
-            f"{' and '.join(parts)}; evaluate on questions the program was not compiled on"
+            f"{len(both)} question(s) ({shown}; {len(found['by_id'])} match by id, {len(found['by_text'])} by question text); "
+            "evaluate on questions the program was not compiled on"
         )
 
 

@@ -94,3 +94,20 @@ def test_cli_compare_errors_exit_2(tmp_path, capsys):
     assert "reference 'nope' is none of" in capsys.readouterr().err
     assert main(["compare", str(a), str(a), "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
     assert "is given twice" in capsys.readouterr().err
+
+
+def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged(tmp_path):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False, True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True, False, False])
+    for folder in (a, b):
+        rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["passages"] = [{"id": "p1", "queries": [0]}]
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a judge stopped after 2 of 4 questions: judgments.jsonl only, no dur.json yet
+    judged = [{"qid": q, "mode": "context", "label": lab, "valid": True, "error": None, "passage_labels": None,
+               "passage_queries": [[0]], "stages": {}, "seconds": 1.0} for q, lab in (("q0", "USEFUL"), ("q1", "NOT_USEFUL"))]
+    (b / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
+    report, _ = compare([a, b], out_dir=tmp_path / "out")
+    assert "| hcqr | 4 | 50.0% | 25.0% | 0 | 50.0% (2/4 judged) |" in report
+    assert "| simple_rag | 4 | 50.0% | 25.0% | 0 | – |" in report

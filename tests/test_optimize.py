@@ -208,7 +208,7 @@ class NoCall:
         ({"recipe": str(RECIPES / "gepa.yaml")}, RecipeError, "needs a reflection LM"),
         ({"method": "magic"}, HCQRError, "unknown method 'magic'"),
         ({"train_size": 2}, RecipeError, "too small for recipe 'bootstrap_fewshot'.*at least 4"),
-        ({"holdout": ["HOLDOUT"]}, HCQRError, "overlaps the training set 'medmcqa': 6 by id"),
+        ({"holdout": ["HOLDOUT"]}, HCQRError, r"overlaps the training set 'medmcqa': 6 question\(s\) \(.*; 6 match by id, 6 by question text\)"),
         ({"out": "CORPUS"}, ProgramFormatError, "exists and is not a saved program folder"),
         ({"out": "/proc/hcqr-test/out"}, HCQRError, "--out /proc/hcqr-test/out is not writable"),  # even for root
     ],
@@ -237,7 +237,7 @@ def test_overlap_by_question_text_across_datasets(setup):
     # the same question texts under another dataset name and other ids: caught by text
     rows = {f"x{k}": v for k, v in questions("Train", 12).items()}
     (setup / "other.json").write_text(json.dumps(rows))
-    with pytest.raises(HCQRError, match=r"overlaps the training set 'medmcqa': 6 by question text"):
+    with pytest.raises(HCQRError, match=r"overlaps the training set 'medmcqa': 6 question\(s\) \(x\d+, .*; 0 match by id, 6 by question text\)"):
         run_compile(spec(setup, holdout=[str(setup / "other.json")]), track=False, lm=NoCall())
 
 
