@@ -54,8 +54,13 @@ demo: setup-model-1p5b
 	$(VENV)/bin/hcqr demo
 
 bench: setup-model-0p5b
-	$(PY) bench/retrieval.py $(if $(QUICK),--quick)
-	$(if $(QUICK),@echo "bench: QUICK=1, LM pipeline skipped",$(PY) bench/pipeline.py)
+ifdef QUICK
+	$(PY) bench/retrieval.py --quick --out bench/quick/results.json
+	@echo "bench: QUICK=1: 1k slice only, LM pipeline skipped; wrote bench/quick/ (the full results are untouched)"
+else
+	$(PY) bench/retrieval.py
+	$(PY) bench/pipeline.py
+endif
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -51,17 +51,44 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     path = Path(path)
     if not (path / CONFIG).is_file() or not (path / PREDICTIONS).is_file():
         raise HCQRError(f"{path} is not a run folder (needs {CONFIG} and {PREDICTIONS}; made by `hcqr eval`)")
-    config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    config = _read_json(path / CONFIG)
     rows = read_rows(path / PREDICTIONS)
     if not rows:
         raise HCQRError(f"run {path} has no finished question")
     judgments = read_rows(path / JUDGMENTS_FILE)
+    _check_judgments(path / JUDGMENTS_FILE, judgments, {r["qid"] for r in rows})
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     if judgments:
         dur = dur_metrics(judgments)
     else:
-        dur = json.loads((path / DUR_FILE).read_text()) if (path / DUR_FILE).is_file() else {}
+        dur = _read_json(path / DUR_FILE) if (path / DUR_FILE).is_file() else {}
     return Run(path, label or run_label(config, path), config, rows, summarize(rows), dur, judgments)
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HCQRError(f"{file} is unreadable ({exc}); repair it or run the step that writes it again") from None
+    if not isinstance(value, dict):
+        raise HCQRError(f"{file} is not a JSON object; repair it or run the step that writes it again")
+    return value
+
+
+def _check_judgments(file: Path, judgments: list[dict[str, Any]], qids: set[str]) -> None:
+    """Refuse judgments that cannot be this run's: malformed, repeated, or for questions the run does not hold."""
+    seen: set[str] = set()
+    for j in judgments:
+        if not isinstance(j.get("valid"), bool) or "label" not in j or not isinstance(j.get("passage_queries"), list):
+            raise HCQRError(f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
+                            "(not written by `hcqr judge`); repair or delete that line")
+        if j["qid"] in seen:
+            raise HCQRError(f"{file}: question {j['qid']!r} is judged twice; delete one of the lines")
+        seen.add(j["qid"])
+    foreign = sorted(seen - qids)
+    if foreign:
+        raise HCQRError(f"{file} judges {len(foreign)} question(s) this run does not hold ({', '.join(foreign[:5])}); "
+                        "was it copied from another run?")
 
 
 def run_label(config: dict[str, Any], path: Path) -> str:

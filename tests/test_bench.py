@@ -38,6 +38,9 @@ def test_partial_run_is_marked_and_render_only_rewrites_the_report(tmp_path):
     section["sizes"].update({"10000": size_entry(10000), "41000": size_entry(41000)})
     bench.write_results(out, section)
     assert "Partial run" not in (tmp_path / "RESULTS.md").read_text()
+    section["quick"] = True
+    bench.write_results(out, section)
+    assert "**Quick run (`--quick`): the 1k slice only, 20 repeats.**" in (tmp_path / "RESULTS.md").read_text()
     (tmp_path / "RESULTS.md").unlink()
     assert bench.main(["--render", "--out", str(out)]) == 0
     assert "| 41000 | bm25 |" in (tmp_path / "RESULTS.md").read_text()
@@ -56,3 +59,31 @@ def test_a_child_reports_its_own_peak_memory_not_its_parents(tmp_path):
     child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child < 250, child
     del held
+
+
+def test_bad_sizes_and_an_unreadable_results_file_are_refused_before_measuring(tmp_path, capsys):
+    import pytest
+
+    bench = load_bench()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "p1", "title": "t", "content": "digoxin toxicity"}) + "\n")
+    for sizes in ("abc", "1000,", "-5", "0"):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["--corpus", str(corpus), "--sizes", sizes])
+        assert exit_.value.code == 2 and "each size must be a positive number" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"retrieval": {"da')
+    with pytest.raises(SystemExit):
+        bench.main(["--corpus", str(corpus), "--out", str(bad)])
+    assert "is not a readable results file" in capsys.readouterr().err and bad.read_text() == '{"retrieval": {"da'
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert bench.main(["--corpus", str(empty), "--quick", "--out", str(tmp_path / "r.json")]) == 2
+    assert "holds no passages" in capsys.readouterr().err
+    for content, message in (("[]", "not a results file"), ("{}", "holds no retrieval or pipeline results"),
+                             ('{"retrieval": {"sizes": {"1000": {}}}}', "not written by this bench")):
+        bad.write_text(content)
+        assert bench.main(["--render", "--out", str(bad)]) == 2
+        assert message in capsys.readouterr().err
+    assert bench.main(["--render", "--out", str(tmp_path)]) == 2 and "is a folder" in capsys.readouterr().err
+    assert bench.parse_sizes("1000, full,1000") == ["1000", "full"]

@@ -111,3 +111,30 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
     report, _ = compare([a, b], out_dir=tmp_path / "out")
     assert "| hcqr | 4 | 50.0% | 25.0% | 0 | 50.0% (2/4 judged) |" in report
     assert "| simple_rag | 4 | 50.0% | 25.0% | 0 | – |" in report
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"qid": "q0"}'], "lacks 'valid', 'label' or 'passage_queries'"),
+    (["J0", "J0"], "question 'q0' is judged twice"),
+    (["J0", "J9"], "judges 1 question\\(s\\) this run does not hold \\(q9\\)"),
+])
+def test_judgments_that_cannot_be_the_runs_are_refused(tmp_path, lines, message):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True])
+    judgment = {"mode": "context", "label": "USEFUL", "valid": True, "error": None, "passage_labels": None,
+                "passage_queries": [[0]], "stages": {}, "seconds": 1.0}
+    text = {"J0": json.dumps({"qid": "q0", **judgment}), "J9": json.dumps({"qid": "q9", **judgment})}
+    (b / "judgments.jsonl").write_text("".join(text.get(line, line) + "\n" for line in lines))
+    with pytest.raises(HCQRError, match=message):
+        compare([a, b], out_dir=tmp_path / "out")
+
+
+def test_truncated_config_or_dur_file_is_a_clear_error(tmp_path):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True], dur={"dur_n": 2})
+    (b / "dur.json").write_text('{"dur_n": 2, "du')
+    with pytest.raises(HCQRError, match=r"dur.json is unreadable"):
+        compare([a, b], out_dir=tmp_path / "out")
+    (b / "config.json").write_text('{"method": "hc')
+    with pytest.raises(HCQRError, match=r"config.json is unreadable"):
+        compare([a, b], out_dir=tmp_path / "out")
