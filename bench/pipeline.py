@@ -67,6 +67,14 @@ def main(argv=None) -> int:
     if not Path(args.dataset).is_file():
         print(f"bench: {args.dataset} is absent: set HCQR_SHARED_DATA to the shared data folder", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from retrieval import read_results, shown_path, write_results
+
+    out = Path(args.out)
+    try:
+        read_results(out)  # an unreadable --out would lose the measurements at the end: refuse it now
+    except ValueError as exc:
+        ap.error(str(exc))
     import dspy
 
     from hcqr_dspy.lm import build_lm
@@ -83,7 +91,7 @@ def main(argv=None) -> int:
         lm = build_lm(args.lm)
         section: dict = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "lm": args.lm, "questions": args.n, "dataset": os.path.relpath(args.dataset, REPO), "seed": 0,
+            "lm": args.lm, "questions": args.n, "dataset": shown_path(args.dataset), "seed": 0,
             "threads": os.environ.get("HCQR_N_THREADS") or os.cpu_count(),
             "versions": library_versions("hcqr-dspy", "dspy", "llama-cpp-python"),
             "cold": {}, "warm": {},
@@ -104,14 +112,7 @@ def main(argv=None) -> int:
         if cold["simple_rag"][f"{f}_per_question"]
     }
     section["warm_lm_calls"] = sum(m["lm_calls_per_question"] for m in section["warm"].values())
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["pipeline"] = section
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from retrieval import render
-
-    out.with_name("RESULTS.md").write_text(render(results))
+    write_results(out, section, key="pipeline")
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)
     if section["warm_lm_calls"]:
         print(f"bench: the warm run made {section['warm_lm_calls']} LM calls per question; expected 0", file=sys.stderr)

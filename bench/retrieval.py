@@ -267,10 +267,15 @@ def shown_path(path: str) -> str:
     return os.path.relpath(full, REPO) if full.is_relative_to(REPO.parent) and REPO.parent != Path("/") else str(full)
 
 
-def write_results(out: Path, section: dict) -> None:
-    """Merge ``section`` into the results file under ``retrieval`` and re-render RESULTS.md beside it."""
+def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
+    """Merge ``section`` into the results file under ``key`` (``retrieval`` or ``pipeline``) and re-render
+    RESULTS.md beside it.
+
+    Raises:
+        ValueError: the existing results file is unreadable (see :func:`read_results`).
+    """
     results = read_results(out)
-    results["retrieval"] = section
+    results[key] = section
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     out.with_name("RESULTS.md").write_text(render(results))

@@ -16,13 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from hcqr_dspy.dur import DUR_METRICS, JUDGMENTS, dur_metrics
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import CONFIG, PREDICTIONS, read_rows
 from hcqr_dspy.metrics import hypothesis_changes, summarize
-
-from hcqr_dspy.dur import DUR_METRICS as DUR_FILE
-from hcqr_dspy.dur import JUDGMENTS as JUDGMENTS_FILE
-from hcqr_dspy.dur import dur_metrics
 
 
 @dataclass
@@ -55,13 +52,13 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     rows = read_rows(path / PREDICTIONS)
     if not rows:
         raise HCQRError(f"run {path} has no finished question")
-    judgments = read_rows(path / JUDGMENTS_FILE)
-    _check_judgments(path / JUDGMENTS_FILE, judgments, {r["qid"] for r in rows})
+    judgments = read_rows(path / JUDGMENTS)
+    _check_judgments(path / JUDGMENTS, judgments, {r["qid"] for r in rows})
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     if judgments:
         dur = dur_metrics(judgments)
     else:
-        dur = _read_json(path / DUR_FILE) if (path / DUR_FILE).is_file() else {}
+        dur = _read_json(path / DUR_METRICS) if (path / DUR_METRICS).is_file() else {}
     return Run(path, label or run_label(config, path), config, rows, summarize(rows), dur, judgments)
 
 

@@ -87,3 +87,18 @@ def test_bad_sizes_and_an_unreadable_results_file_are_refused_before_measuring(t
         assert message in capsys.readouterr().err
     assert bench.main(["--render", "--out", str(tmp_path)]) == 2 and "is a folder" in capsys.readouterr().err
     assert bench.parse_sizes("1000, full,1000") == ["1000", "full"]
+
+
+def test_pipeline_refuses_an_unreadable_results_file_before_any_lm_call(tmp_path, capsys):
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH.with_name("pipeline.py"))
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    dataset, bad = tmp_path / "medqa.json", tmp_path / "results.json"
+    dataset.write_text("{}")
+    bad.write_text('{"pipeline": ')
+    with pytest.raises(SystemExit) as exit_:
+        pipeline.main(["--dataset", str(dataset), "--out", str(bad), "--lm", "openai/never-called"])
+    assert exit_.value.code == 2 and "is not a readable results file" in capsys.readouterr().err
+    assert bad.read_text() == '{"pipeline": '
