@@ -12,9 +12,13 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMPS := $(VENV)/.stamps
 # llama-cpp-python has no binary wheel on PyPI: it is compiled once per machine
-# (4-8 min) and the wheel kept in WHEELHOUSE for later setups and CI runs.
+# (4-9 min) and the wheel kept in WHEELHOUSE for later setups and CI runs.
+# Built for portable x86-64 (AVX2/FMA/F16C), not -march=native: a native build on a
+# Xeon with AMX/AVX-512 (this project's machines) segfaults in llama_decode on any
+# prompt longer than one token. --no-cache-dir: pip's own wheel cache ignores CMAKE_ARGS.
 LLAMA_CPP_VERSION := 0.3.36
-WHEELHOUSE ?= $(HOME)/.cache/hcqr-dspy/wheels
+LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+WHEELHOUSE ?= $(HOME)/.cache/hcqr-dspy/wheels-portable
 
 export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
@@ -32,11 +36,12 @@ $(STAMPS)/base: pyproject.toml
 setup-llm: $(STAMPS)/llm
 $(STAMPS)/llm: $(STAMPS)/base
 	@if ! ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
-	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once for this machine (4-8 min) into $(WHEELHOUSE)"; \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once for this machine (4-9 min) into $(WHEELHOUSE)"; \
 	  mkdir -p $(WHEELHOUSE) && \
-	  CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-	    $(PIP) wheel --quiet --no-deps -w $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(PIP) wheel --no-cache-dir --quiet --no-deps -w $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION); \
 	fi
+	$(PIP) install --quiet --no-cache-dir --no-index --force-reinstall --no-deps --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(PIP) install --quiet --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	@touch $@
 

@@ -101,10 +101,10 @@ def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 
 
 def _program_options(args: argparse.Namespace) -> dict:
-    opts = {"budget": args.budget}
-    if (args.method or "hcqr") == "hcqr":
-        opts.update(k_per_query=args.k_per_query, fusion=args.fusion)
-    return opts
+    """The method options given as flags (``--budget``, ``--k-per-query``, ``--fusion``); flags left out
+    are absent, so the method's own documented defaults apply (HCQR: ``k_per_query = ceil(budget / roles)``)."""
+    flags = {"budget": args.budget, "k_per_query": args.k_per_query, "fusion": args.fusion}
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 def _add_program_args(p: argparse.ArgumentParser) -> None:
@@ -116,9 +116,12 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
                    help="a saved program to run (folder from `hcqr compile`, or runs:/<mlflow run id>); "
                         "its method and options come with it")
     p.add_argument("--index", default=None, help="index folder (from `hcqr index`)")
-    p.add_argument("--budget", type=_positive_int, default=15, help="passages shown to the answer step (paper: 15)")
-    p.add_argument("--k-per-query", type=_positive_int, default=5, help="HCQR passages per query (paper: 5)")
-    p.add_argument("--fusion", choices=STRATEGIES, default="score_sum", help="HCQR fusion strategy")
+    p.add_argument("--budget", type=_positive_int, default=None,
+                   help="passages shown to the answer step (default: the method's, 15 as in the paper)")
+    p.add_argument("--k-per-query", type=_positive_int, default=None,
+                   help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
+    p.add_argument("--fusion", choices=STRATEGIES, default=None,
+                   help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -151,9 +154,13 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
     if args.json:
         try:
-            row = json.loads(Path(args.json).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise DataError(f"cannot read question file {args.json}: {exc}") from None
+            row = json.loads(Path(args.json).read_bytes().decode("utf-8"))
+        except OSError as exc:
+            raise DataError(f"cannot read question file {args.json}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{args.json}: not valid UTF-8 (byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{args.json}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         if isinstance(row, dict) and "question" not in row and len(row) == 1:
             row = next(iter(row.values()))  # a one-question MIRAGE file
         if isinstance(row, dict) and "answer" not in row:
@@ -167,6 +174,8 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         key, sep, text = item.partition("=")
         if not sep:
             raise DataError(f"--option {item!r} must look like A=text")
+        if key.strip().upper() in {k.upper() for k in options}:
+            raise DataError(f"--option {key.strip()} is given twice; each option letter once")
         options[key.strip()] = text
     ex = check_question("ask", {"question": args.question, "options": options, "answer": next(iter(options), None)}, "--option")
     return ex.question, ex.options
@@ -175,11 +184,12 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 def cmd_ask(args: argparse.Namespace) -> int:
     import dspy
 
-    from hcqr_dspy.lm import build_lm, parse_lm_spec
+    from hcqr_dspy.evaluate import LM_UNAVAILABLE, lm_failure
+    from hcqr_dspy.lm import build_lm, check_lm, parse_lm_spec
     from hcqr_dspy.programs import PROGRAMS, make_program
-    from hcqr_dspy.retrieval import load_index
-
     from hcqr_dspy.program_io import load_program, read_meta, resolve_program_path
+    from hcqr_dspy.retrieval import load_index
+    from hcqr_dspy.run import check_program_options
 
     question, options = _read_question(args)
     parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)
@@ -191,8 +201,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if args.method and args.method != meta["method"]:
             raise HCQRError(f"{args.program} is a saved {meta['method']!r} program, not {args.method!r}")
         method = meta["method"]
+        if _program_options(args):
+            raise HCQRError(f"{args.program} is a saved program: its options come with it; drop "
+                            + ", ".join("--" + k.replace("_", "-") for k in sorted(_program_options(args))))
     if method not in PROGRAMS:
         raise HCQRError(f"unknown method {method!r}; choose one of {', '.join(PROGRAMS)}")
+    check_program_options(method, _program_options(args))
     retriever = None
     if PROGRAMS[method].uses_retrieval:
         if not args.index:
@@ -202,10 +216,17 @@ def cmd_ask(args: argparse.Namespace) -> int:
         program, meta = load_program(folder, retriever)
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
     else:
-        program = make_program(method, retriever, **_program_options(args))
+        try:
+            program = make_program(method, retriever, **_program_options(args))
+        except ValueError as exc:
+            raise HCQRError(f"method {method!r}: {exc}") from None
     lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
+    check_lm(lm)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        pred = program(question=question, options=options)
+        try:
+            pred = program(question=question, options=options)
+        except LM_UNAVAILABLE as exc:
+            raise HCQRError(f"the LM stopped answering or cannot be used ({lm_failure(exc)}); nothing was answered") from None
     if pred.get("hypothesis"):
         h = pred.hypothesis
         print("Hypothesis")
@@ -270,33 +291,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
-    from hcqr_dspy import tracking
-    from hcqr_dspy.dur import judge_run
-    from hcqr_dspy.lm import build_lm
-    from hcqr_dspy.retrieval import load_index
+    from hcqr_dspy.dur import judge_and_track
 
     for run_dir in args.runs:
-        config_path = Path(run_dir) / "config.json"
-        if not config_path.is_file():
-            raise HCQRError(f"{run_dir} is not a run folder (no config.json); made by `hcqr eval`")
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        index = args.index or (config.get("index") or {}).get("path")
-        if not index:
-            print(f"{run_dir}: no retrieval (method {config.get('method')}): nothing to judge", file=sys.stderr)
-            continue
-        spec = args.judge_lm or config["lm"]["spec"]
-        lm = build_lm(spec, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
-        metrics = judge_run(run_dir, load_index(index), lm, mode=args.mode, num_threads=args.threads)
-        print(json.dumps({"run": str(run_dir), "judge_lm": spec, "mode": args.mode, **metrics}))
-        run_id = config.get("mlflow_run_id")
-        if run_id and not args.no_mlflow:
-            import mlflow
-
-            tracking.configure(args.mlflow_dir)
-            with mlflow.start_run(run_id=run_id):
-                tracking.log_metrics(metrics)
-                mlflow.log_params({"dur.judge_lm": spec, "dur.mode": args.mode})
-                tracking.log_run_folder(run_dir)
+        metrics = judge_and_track(
+            run_dir, judge_lm=args.judge_lm, mode=args.mode, reasoning=not args.no_reasoning, index=args.index,
+            mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, num_threads=args.threads,
+            max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
+        )
+        if metrics is not None:
+            print(json.dumps({"run": str(run_dir), **metrics}))
     return 0
 
 
@@ -304,7 +308,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from hcqr_dspy import tracking
     from hcqr_dspy.compare import compare
 
-    report, files = compare(args.runs, reference=args.reference, out_dir=args.out)
+    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels)
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
@@ -340,9 +344,12 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from hcqr_dspy.optimize import CompileSpec, run_compile
 
-    options = {"budget": args.budget}
-    if args.program == "hcqr":
-        options.update(k_per_query=args.k_per_query, fusion=args.fusion)
+    from hcqr_dspy.programs import PROGRAMS
+    from hcqr_dspy.run import check_program_options
+
+    options = _program_options(args)
+    if args.program in PROGRAMS:
+        check_program_options(args.program, options)
     spec = CompileSpec(
         recipe=args.recipe, method=args.program, train=args.train, index=args.index, out=args.out, lm=args.lm,
         reflection_lm=args.reflection_lm, reflection_api_base=args.reflection_api_base,
@@ -437,21 +444,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("judge", help="label each run question's retrieved context with the DUR judge")
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
-    p.add_argument("--mode", choices=["context", "passage"], default="context", help="judge the fused context or each passage")
+    p.add_argument("--mode", choices=["context", "passage"], default="context",
+                   help="judge the shown context (default) or each shown passage")
+    p.add_argument("--no-reasoning", action="store_true",
+                   help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)")
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
     p.add_argument("--threads", type=_positive_int, default=1)
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--no-mlflow", action="store_true")
     p.add_argument("--api-base", default=None)
     p.add_argument("--api-key-env", default=None)
-    p.add_argument("--max-tokens", type=_positive_int, default=256)
-    p.add_argument("--n-ctx", type=_positive_int, default=8192)
+    p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
+    p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)
 
     p = sub.add_parser("compare", help="compare runs on the same questions: table, McNemar tests, plots")
     p.add_argument("runs", nargs="+", help="two or more run folders")
     p.add_argument("--reference", default=None, help="reference run (method label or folder; default: the first)")
     p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
+    p.add_argument("--qrels", default=None,
+                   help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)")
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--no-mlflow", action="store_true")
     p.set_defaults(func=cmd_compare)
@@ -475,9 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", action="append", default=None,
                    help="an evaluation file that must not share questions with the training set (repeat)")
     p.add_argument("--index", default=None, help="index folder")
-    p.add_argument("--budget", type=_positive_int, default=15)
-    p.add_argument("--k-per-query", type=_positive_int, default=5)
-    p.add_argument("--fusion", choices=STRATEGIES, default="score_sum")
+    p.add_argument("--budget", type=_positive_int, default=None, help="passages shown (default: the method's, 15)")
+    p.add_argument("--k-per-query", type=_positive_int, default=None,
+                   help="passages per query, HCQR and its ablations (default: ceil(budget / queries))")
+    p.add_argument("--fusion", choices=STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (overrides the recipe's)")
     p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")

@@ -16,76 +16,65 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hcqr_dspy.dur import DUR_METRICS, JUDGMENTS, dur_metrics
+from hcqr_dspy.dur import CONTROL_LIMITS, control_flags, dur_metrics
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluate import CONFIG, PREDICTIONS, read_rows
-from hcqr_dspy.metrics import hypothesis_changes, summarize
+from hcqr_dspy.metrics import fallback_summary, hypothesis_changes, summarize
+from hcqr_dspy.run_folder import DUR_METRICS, RunFolder, check_same_questions
+
+# A method "ran mostly on its fallback" when more than this share of its questions (or queries) took it.
+FALLBACK_WARNING = 0.5
+# Fallbacks that replace a method's own retrieval (the row then ran as another method would).
+PRIMARY_FALLBACKS = ("hypothesis_failed", "queries_from_question", "passage_failed", "judge_vote_scored")
 
 
 @dataclass
 class Run:
-    """A finished run folder, loaded."""
+    """A run folder, loaded: its configuration, rows, metrics and DUR judgments."""
 
-    path: Path
+    folder: RunFolder
     label: str
-    config: dict[str, Any]
     rows: list[dict[str, Any]]
     metrics: dict[str, Any]
     dur: dict[str, Any] = field(default_factory=dict)
     judgments: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def path(self) -> Path:
+        return self.folder.path
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.folder.config
+
+    @property
     def correct(self) -> dict[str, bool]:
         return {r["qid"]: bool(r["correct"]) for r in self.rows}
 
+    @property
+    def hypothesis_correct(self) -> dict[str, bool] | None:
+        """Per question, whether the working hypothesis was right (a hypothesis that could not be parsed
+        counts wrong, as an invalid answer does); ``None`` for runs without hypotheses."""
+        if not any("hypothesis" in r and (r.get("hypothesis") or (r.get("fallbacks") or {}).get("hypothesis_failed"))
+                   for r in self.rows):
+            return None
+        return {r["qid"]: bool(r.get("hypothesis")) and r["hypothesis"].get("working_hypothesis") == r["gold"]
+                for r in self.rows}
+
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    """Load a run folder.
+    """Load a run folder (through :class:`~hcqr_dspy.run_folder.RunFolder`).
 
     Raises:
-        HCQRError: not a run folder, or no finished question.
+        HCQRError: not a run folder, no finished question, unreadable records or judgments.
     """
-    path = Path(path)
-    if not (path / CONFIG).is_file() or not (path / PREDICTIONS).is_file():
-        raise HCQRError(f"{path} is not a run folder (needs {CONFIG} and {PREDICTIONS}; made by `hcqr eval`)")
-    config = _read_json(path / CONFIG)
-    rows = read_rows(path / PREDICTIONS)
+    folder = RunFolder.open(path)
+    rows = folder.rows()
     if not rows:
-        raise HCQRError(f"run {path} has no finished question")
-    judgments = read_rows(path / JUDGMENTS)
-    _check_judgments(path / JUDGMENTS, judgments, {r["qid"] for r in rows})
+        raise HCQRError(f"run {folder.path} has no finished question")
+    judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
-    if judgments:
-        dur = dur_metrics(judgments)
-    else:
-        dur = _read_json(path / DUR_METRICS) if (path / DUR_METRICS).is_file() else {}
-    return Run(path, label or run_label(config, path), config, rows, summarize(rows), dur, judgments)
-
-
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HCQRError(f"{file} is unreadable ({exc}); repair it or run the step that writes it again") from None
-    if not isinstance(value, dict):
-        raise HCQRError(f"{file} is not a JSON object; repair it or run the step that writes it again")
-    return value
-
-
-def _check_judgments(file: Path, judgments: list[dict[str, Any]], qids: set[str]) -> None:
-    """Refuse judgments that cannot be this run's: malformed, repeated, or for questions the run does not hold."""
-    seen: set[str] = set()
-    for j in judgments:
-        if not isinstance(j.get("valid"), bool) or "label" not in j or not isinstance(j.get("passage_queries"), list):
-            raise HCQRError(f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
-                            "(not written by `hcqr judge`); repair or delete that line")
-        if j["qid"] in seen:
-            raise HCQRError(f"{file}: question {j['qid']!r} is judged twice; delete one of the lines")
-        seen.add(j["qid"])
-    foreign = sorted(seen - qids)
-    if foreign:
-        raise HCQRError(f"{file} judges {len(foreign)} question(s) this run does not hold ({', '.join(foreign[:5])}); "
-                        "was it copied from another run?")
+    dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
+    return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments)
 
 
 def run_label(config: dict[str, Any], path: Path) -> str:
@@ -215,26 +204,6 @@ def mcnemar_exact(reference: dict[str, bool], other: dict[str, bool]) -> dict[st
     d = sum(not reference[q] and not other[q] for q in reference)
     p = 1.0 if b + c == 0 else float(mcnemar([[a, b], [c, d]], exact=True).pvalue)
     return {"both_right": a, "b": b, "c": c, "both_wrong": d, "p_value": p}
-
-
-def check_same_questions(runs: Sequence[Run]) -> list[str]:
-    """The shared question ids, in the first run's order.
-
-    Raises:
-        HCQRError: a run covers other questions (the first differing ids are named).
-    """
-    first = [r["qid"] for r in runs[0].rows]
-    for run in runs[1:]:
-        ids = [r["qid"] for r in run.rows]
-        if set(ids) != set(first):
-            only_a = sorted(set(first) - set(ids))[:5]
-            only_b = sorted(set(ids) - set(first))[:5]
-            raise HCQRError(
-                f"runs cover different questions: {runs[0].path} ({len(first)}) vs {run.path} ({len(ids)}); "
-                f"only in the first: {only_a or '-'}; only in the second: {only_b or '-'}. "
-                "Compare runs made with the same dataset, --limit/--seed or --ids (finish interrupted runs first)."
-            )
-    return first
 
 
 def _calls(m: dict[str, Any]) -> str:
@@ -407,13 +376,156 @@ def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
     return out
 
 
-def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None) -> tuple[str, list[Path]]:
+def fallback_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
+    """Markdown: every fallback each run's method took (questions affected, and units where they differ),
+    the share of its queries by source, and the warnings for runs that ran mostly on a fallback.
+
+    Returns:
+        ``(table, warnings)``; the table is ``""`` when no run took any fallback.
+    """
+    lines, warnings = [], []
+    for run in runs:
+        summary = fallback_summary(run.rows)
+        n = len(run.rows)
+        cells = []
+        for name, f in summary.items():
+            if name.startswith("query_share_"):
+                continue
+            if not f["total"]:
+                continue
+            units = f" ({f['total']} in all)" if f["total"] != f["questions"] else ""
+            cells.append(f"{name.replace('_', ' ')}: {f['questions']}/{n} q{units}")
+            if name in PRIMARY_FALLBACKS and f["rate"] > FALLBACK_WARNING:
+                warnings.append(f"{run.label} ran mostly on its fallback: {name.replace('_', ' ')} in "
+                                f"{f['questions']}/{n} questions ({f['rate']:.0%})")
+        shares = {k[len("query_share_"):]: v for k, v in summary.items() if k.startswith("query_share_")}
+        if set(shares) - {"rewrite", "passage"}:
+            cells.append("queries by source: " + ", ".join(f"{src} {v:.0%}" for src, v in shares.items()))
+            if shares.get("hypothesis", 0) > FALLBACK_WARNING:
+                warnings.append(f"{run.label} ran mostly on its fallback: {shares['hypothesis']:.0%} of its queries "
+                                "were built from the hypothesis, not written by the rewrite step")
+        if cells:
+            lines.append(f"| {run.label} | " + "; ".join(cells) + " |")
+    if not lines:
+        return "", warnings
+    return "\n".join(["| run | fallbacks taken |", "|---|---|", *lines]), warnings
+
+
+def invalid_table(runs: Sequence[Run]) -> str:
+    """Markdown: invalid answers by the stage and cause of the bad reply; ``""`` when none is invalid."""
+    lines = []
+    for run in runs:
+        causes = {k[len("invalid_"):]: v for k, v in run.metrics.items()
+                  if k.startswith("invalid_") and k not in ("invalid_rate",) and isinstance(v, (int, float))}
+        if causes:
+            lines.append(f"| {run.label} | {run.metrics['invalid']} | "
+                         + ", ".join(f"{k.replace('_', ' ', 1)}: {int(v)}" for k, v in sorted(causes.items())) + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| run | invalid | by stage and cause |", "|---|---:|---|", *lines])
+
+
+def evidence_table(runs: Sequence[Run], reference: Run) -> str:
+    """Markdown: judge-free evidence metrics of each retrieval run (gold / distractor coverage, margin),
+    with paired tests against the reference (:func:`hcqr_dspy.evidence.paired_evidence_tests`)."""
+    from hcqr_dspy.evidence import paired_evidence_tests
+
+    with_ev = [r for r in runs if r.metrics.get("evidence_n")]
+    if not with_ev:
+        return ""
+    ref_ev = {row["qid"]: row.get("evidence") for row in reference.rows}
+    lines = ["| run | n | gold coverage | distractor coverage | margin | vs ref gold b/c | McNemar p | "
+             "Δ margin | Wilcoxon p |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in with_ev:
+        m = run.metrics
+        cells = [f"{m['evidence_n']}", f"{m['gold_coverage']:.1%}", f"{m['distractor_coverage']:.1%}",
+                 f"{m['evidence_margin']:+.3f}"]
+        t = None
+        if run is not reference and reference.metrics.get("evidence_n"):
+            t = paired_evidence_tests(ref_ev, {row["qid"]: row.get("evidence") for row in run.rows})
+        if t:
+            cells += [f"{t['gold_b']}/{t['gold_c']}", f"{t['gold_p']:.3g}", f"{t['margin_mean_diff']:+.3f}", f"{t['margin_p']:.3g}"]
+        else:
+            cells += ["reference" if run is reference else "–", "", "", ""]
+        lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def qrels_table(runs: Sequence[Run], qrels_path: Path | None) -> tuple[str, dict[str, Any]]:
+    """Markdown: recall@k and nDCG@10 of each retrieval run's fused contexts against relevance judgments
+    (ir-measures; :func:`hcqr_dspy.evidence.qrels_metrics`); ``("", {})`` without qrels."""
+    from hcqr_dspy.evidence import load_qrels, qrels_metrics
+
+    if qrels_path is None:
+        return "", {}
+    qrels = load_qrels(qrels_path)
+    lines, figures = [], {}
+    for run in runs:
+        if not any(r.get("passages") for r in run.rows):
+            continue
+        k = int((run.config.get("program") or {}).get("budget") or 15)
+        m = qrels_metrics(run.rows, qrels, k=k)
+        if not m:
+            continue
+        figures[run.label] = {key: v for key, v in m.items() if key != "per_query"}
+        lines.append(f"| {run.label} | {m['qrels_n']} | {k} | {m[f'recall_at_{k}']:.3f} | {m['ndcg_at_10']:.3f} |")
+    if not lines:
+        return "", {}
+    return "\n".join([f"Relevance judgments: `{qrels_path}` (ir-measures).", "",
+                      "| run | judged questions | k | recall@k | nDCG@10 |", "|---|---:|---:|---:|---:|", *lines]), figures
+
+
+def dur_controls_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
+    """Markdown: each judged run's DUR beside its judge's rates on the positive and negative controls,
+    and the flags of :func:`hcqr_dspy.dur.control_flags`; ``("", [])`` when no run is judged."""
+    judged = [r for r in runs if r.dur.get("dur_n")]
+    if not judged:
+        return "", []
+    lines = ["| run | DUR | judged | positive controls useful | negative controls useful | judge |",
+             "|---|---:|---:|---:|---:|---|"]
+    flags = []
+    for run in judged:
+        d = run.dur
+        judge = run.judgments[0] if run.judgments else d.get("judge") or {}
+        pos = f"{d['dur_positive_control']:.0%} (n={d['dur_positive_control_n']})" if "dur_positive_control" in d else "–"
+        neg = f"{d['dur_negative_control']:.0%} (n={d['dur_negative_control_n']})" if "dur_negative_control" in d else "–"
+        who = ", ".join(f"{k}={judge.get(k)}" for k in ("judge_lm", "mode", "reasoning") if judge.get(k) is not None)
+        lines.append(f"| {run.label} | {dur_cell(run)} | {d['dur_n']} | {pos} | {neg} | {who or '–'} |")
+        flags += [f"DUR of {run.label} is not trustworthy: {f}" for f in control_flags(d)]
+    return "\n".join(lines), flags
+
+
+def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
+    """Markdown: the working hypothesis's accuracy against CoT's on the same questions, exact McNemar test
+    (a hypothesis that could not be parsed counts wrong); ``("", {})`` without a CoT run and an HCQR run."""
+    cots = [r for r in runs if r.config.get("method") == "cot"]
+    with_h = [(r, r.hypothesis_correct) for r in runs]
+    with_h = [(r, h) for r, h in with_h if h is not None]
+    if not cots or not with_h:
+        return "", {}
+    cot = cots[0]
+    lines = ["| run | n | hypothesis accuracy | CoT accuracy | b (CoT only) | c (hypothesis only) | McNemar p |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    figures = {}
+    for run, h in with_h:
+        t = mcnemar_exact(cot.correct, h)
+        n = len(h)
+        acc_h = sum(h.values()) / n
+        acc_c = sum(cot.correct.values()) / n
+        figures[run.label] = {"n": n, "hypothesis_accuracy": acc_h, "cot_accuracy": acc_c, **t}
+        lines.append(f"| {run.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | {t['p_value']:.3g} |")
+    return "\n".join(lines), figures
+
+
+def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
+            qrels: str | Path | None = None) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
 
     Args:
         run_dirs: Two or more run folders over the same questions.
         reference: Label (method) or folder of the reference run; default the first run.
         out_dir: Where to write ``comparison.md``, ``comparison.json`` and the PNGs (default ``./comparison``).
+        qrels: Relevance judgments for recall@k / nDCG@10; default a ``qrels.json`` beside the dataset file.
 
     Returns:
         The Markdown report and the written files.
@@ -440,7 +552,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     for r in runs:
         if counts[r.label] > 1:
             r.label = f"{r.label} ({r.config.get('lm', {}).get('spec', r.path.name)})"
-    qids = check_same_questions(runs)
+    qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs])
     ref = runs[0]
     if reference:
         matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)]
@@ -454,6 +566,15 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     files = [plot_accuracy(runs, out / "accuracy.png")]
     files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
     ordered = [ref] + [r for r in runs if r is not ref]
+    from hcqr_dspy.evidence import qrels_beside
+
+    fallbacks, warnings = fallback_table(ordered)
+    invalid = invalid_table(ordered)
+    evidence = evidence_table(ordered, ref)
+    qrels_md, qrels_figures = qrels_table(ordered, Path(qrels) if qrels else qrels_beside(ref.folder.dataset))
+    controls, flags = dur_controls_table(ordered)
+    h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
+    warnings += flags
     report = "\n\n".join(
         [
             f"# Comparison on {len(qids)} questions (reference: {ref.label})",
@@ -462,6 +583,24 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
             "(statsmodels) on b vs c." + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
             "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
         ]
+        + ([("## Warnings\n\n" + "\n".join(f"- **{w}**" for w in warnings))] if warnings else [])
+        + ([f"## Invalid answers by stage and cause\n\n{invalid}"] if invalid else [])
+        + ([f"## Fallbacks\n\n{fallbacks}\n\nA fallback is what a method did instead of its own path (e.g. HCQR "
+             "queries built from the hypothesis fields because the rewrite gave fewer than two usable queries, or the "
+             "question itself when the hypothesis reply could not be parsed); a run that took one mostly is flagged above."]
+           if fallbacks else [])
+        + ([f"## DUR judge controls\n\n{controls}\n\nPositive control: a context stating the gold answer and why; "
+             "negative control: another question's context. A trustworthy judge calls at least "
+             f"{CONTROL_LIMITS['positive_min']:.0%} of positive and at most {CONTROL_LIMITS['negative_max']:.0%} of "
+             "negative controls useful."] if controls else [])
+        + ([f"## Evidence in the context (judge-free)\n\n{evidence}\n\ngold coverage = share of questions whose shown "
+             "context has a passage holding every stemmed content word of the gold option; distractor coverage = mean "
+             "share of distractors so mentioned; margin = the difference. Paired tests against the reference: exact "
+             "McNemar on gold mentions, Wilcoxon signed-rank on per-question margins."] if evidence else [])
+        + ([f"## Retrieval against relevance judgments\n\n{qrels_md}"] if qrels_md else [])
+        + ([f"## Working hypothesis vs CoT\n\n{h_vs_cot}\n\nb = questions CoT answered right and the hypothesis "
+             "got wrong; c = the reverse; exact McNemar test. A hypothesis reply that could not be parsed counts wrong."]
+           if h_vs_cot else [])
         + ([f"## Working hypothesis vs final answer\n\n{hyp}\n\nfixed = a wrong hypothesis turned into a right answer; "
              "broke = a right hypothesis turned into a wrong answer."] if (hyp := hypothesis_table(ordered)) else [])
         + [
@@ -477,6 +616,10 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         "questions": len(qids),
         "runs": {r.label: {"path": str(r.path), **r.metrics, **r.dur} for r in ordered},
         "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
+        "warnings": warnings,
+        "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
+        "qrels": qrels_figures,
+        "hypothesis_vs_cot": h_vs_cot_figures,
     }
     js = out / "comparison.json"
     js.write_text(json.dumps(summary, indent=2) + "\n")

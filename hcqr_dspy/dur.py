@@ -1,4 +1,4 @@
-"""Decision-Useful Rate (DUR): an LM judge labels each question's retrieved context.
+"""Decision-Useful Rate (DUR): an LM judge labels each question's retrieved context, with controls.
 
 Labels (HCQR paper): ``ENTAILED`` — the context alone implies the gold
 answer; ``USEFUL`` — strong support for the gold answer that needs a small
@@ -6,162 +6,353 @@ inference; ``NOT_USEFUL`` — otherwise. DUR = share of judged questions
 labelled ENTAILED or USEFUL. A judge reply outside the three labels is an
 *invalid judgment*: counted separately, never mapped to a label.
 
-Two modes: ``context`` (one judgment over the fused context, as in the
-paper) and ``passage`` (each passage judged alone, for finer attribution;
-the context label is the best passage label). For HCQR runs, the role
-shares say in how many decision-useful contexts a passage found by q1
-(support), q2 (distinction) and q3 (key features) was present.
+The judge sees exactly the context the answer step saw: the row's shown
+passages (after the token budget; a cut passage cut where it was cut,
+:func:`hcqr_dspy.programs.base.shown_documents`), never the passages fusion
+kept but the budget dropped.
 
-Judgments are written to ``judgments.jsonl`` in the run folder as they
-finish, and resumed like evaluations.
+Judge controls (a DUR means little if the judge calls everything useful):
+with every question's judgment the judge also labels
+
+* a *positive control*: a one-document context built to decide the question,
+  stating the gold option and why, written from the question's own key terms,
+  gold answer and option texts (:func:`positive_control_document`);
+* a *negative control*: the context another question of the same run retrieved
+  (a seeded derangement of the judged questions, preferring one whose context
+  does not mention this question's gold option; :func:`negative_control_pairs`).
+
+The report gives the judge's useful-rate on both beside the DUR, and
+``hcqr compare`` flags a DUR whose judge calls more than 20% of negative
+controls useful or fewer than 80% of positive controls (:data:`CONTROL_LIMITS`).
+By default the judge reasons before it labels (``dspy.ChainOfThought``); this
+and the judge LM and mode are recorded in every judgment and in ``dur.json``,
+and a resumed judging with other settings is refused.
+
+Two modes: ``context`` (one judgment over the shown context, as in the
+paper) and ``passage`` (each passage judged alone, for finer attribution;
+the context label is the best passage label). For HCQR runs, the role shares
+say in how many decision-useful contexts a passage found by q1 (support), q2
+(distinction) and q3 (key features) was present.
 """
 
 from __future__ import annotations
 
-import json
+import random
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 import dspy
 
-from hcqr_dspy.data import format_options, load_questions
+from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluate import LM_UNAVAILABLE, PREDICTIONS, read_rows, resumable_map
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, stage
+from hcqr_dspy.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, format_document, key_terms, shown_documents, stage
 from hcqr_dspy.retrieval.base import Retriever
+from hcqr_dspy.run_folder import DUR_METRICS, ProgramError, RunError, RunFolder, lm_failure
 from hcqr_dspy.signatures import JudgeContext, JudgePassage
 
 LABELS = ("ENTAILED", "USEFUL", "NOT_USEFUL")
 USEFUL_LABELS = {"ENTAILED", "USEFUL"}
-JUDGMENTS = "judgments.jsonl"
-DUR_METRICS = "dur.json"
 ROLE_NAMES = ("q1", "q2", "q3")
+# compare flags a DUR whose judge labels more than 20% of negative controls useful or fewer than 80% of
+# positive controls (issue 15's bars; a judge outside them cannot tell decision-useful contexts apart).
+CONTROL_LIMITS = {"negative_max": 0.20, "positive_min": 0.80}
+JUDGE_MAX_TOKENS = 512
+CONTROL_SEED = 0
 
 
 def correct_answer_text(options: dict[str, str], answer: str) -> str:
     return f"{answer}. {options[answer]}"
 
 
+def positive_control_document(question: str, options: dict[str, str], answer: str) -> str:
+    """A one-document context that decides the question: it states the gold option and why.
+
+    Written from the question's own key terms (:func:`~hcqr_dspy.programs.base.key_terms`),
+    its gold answer and its option texts; no knowledge is added, so a judge that
+    reads it and still says NOT_USEFUL is not reading the context.
+    """
+    gold = options[answer]
+    others = "; ".join(f"{k}. {v}" for k, v in options.items() if k != answer)
+    text = (f"In the case described ({key_terms(question, max_words=24)}), the correct answer is {answer}. {gold}. "
+            f"The findings described are explained by {gold}, which is therefore the answer; the other options "
+            f"({others}) do not explain them and are wrong.")
+    return format_document(1, gold, text)
+
+
+def negative_control_pairs(rows: list[dict[str, Any]], mentions_gold, seed: int = CONTROL_SEED) -> dict[str, str | None]:
+    """For each judged question, the question of the same run whose context serves as its negative control.
+
+    A seeded derangement (no question gets its own context): questions are
+    shuffled with ``seed`` and each takes the context of the next one in that
+    order, or, when that context mentions its gold option (``mentions_gold(qid,
+    row)`` is true), the first later one that does not (wrapping around; the
+    next one if all do).
+
+    Returns:
+        ``{qid: donor qid}``; ``None`` for a run with one judged question.
+    """
+    qids = [r["qid"] for r in rows]
+    if len(qids) < 2:
+        return {q: None for q in qids}
+    order = qids[:]
+    random.Random(seed).shuffle(order)
+    by_qid = {r["qid"]: r for r in rows}
+    out: dict[str, str | None] = {}
+    for i, qid in enumerate(order):
+        candidates = [order[(i + j) % len(order)] for j in range(1, len(order))]
+        out[qid] = next((c for c in candidates if not mentions_gold(qid, by_qid[c])), candidates[0])
+    return out
+
+
 class DURJudge(dspy.Module):
-    """Labels a question's retrieved passages with the DUR judge.
+    """Labels a context with the DUR judge.
 
     Args:
-        retriever: Resolves passage ids to text (same corpus as the run).
-        mode: ``"context"`` (one call per question) or ``"passage"`` (one per passage).
+        mode: ``"context"`` (one call per context) or ``"passage"`` (one per passage).
+        reasoning: The judge writes its reasoning before the label (``dspy.ChainOfThought``);
+            ``False`` asks for the label alone (``dspy.Predict``).
     """
 
-    def __init__(self, retriever: Retriever, mode: Literal["context", "passage"] = "context"):
+    def __init__(self, mode: Literal["context", "passage"] = "context", reasoning: bool = True):
         super().__init__()
         if mode not in ("context", "passage"):
             raise HCQRError(f"unknown DUR mode {mode!r}; choose context or passage")
-        self.retriever = retriever
         self.mode = mode
-        self.judge_context = dspy.Predict(JudgeContext)
-        self.judge_passage = dspy.Predict(JudgePassage)
+        self.reasoning = bool(reasoning)
+        module = dspy.ChainOfThought if self.reasoning else dspy.Predict
+        self.judge_context = module(JudgeContext)
+        self.judge_passage = module(JudgePassage)
 
-    def _doc(self, i: int, pid: str) -> str:
-        p = self.retriever.get(pid)
-        return f"Document [{i}] (Title: {p.title}) {p.content}"
+    def label_context(self, common: dict[str, str], documents: list[str]) -> tuple[str | None, str | None, str | None]:
+        """``(label, rationale, error)`` of one context-mode judgment; a bad reply gives ``(None, None, error)``."""
+        try:
+            pred = self.judge_context(context="\n".join(documents), **common)
+        except BAD_REPLY_ERRORS as exc:
+            return None, None, f"{type(exc).__name__}: {exc}"[:300]
+        label = pred.label if pred.label in LABELS else None
+        return label, pred.get("reasoning"), None if label else f"label {pred.label!r} is not one of {LABELS}"
 
-    def forward(self, question: str, options: dict[str, str], answer: str, passage_ids: list[str]) -> dspy.Prediction:
+    def forward(self, question: str, options: dict[str, str], answer: str, documents: list[str],
+                negative_documents: list[str] | None = None) -> dspy.Prediction:
+        """Judge ``documents`` (formatted as the answer step saw them) and the two controls.
+
+        Returns:
+            ``label`` (or ``None`` for a bad reply), ``rationale``, ``error``,
+            ``passage_labels`` (passage mode), ``positive_label``, ``negative_label``
+            (``None`` when there is no negative control), ``stages``.
+        """
         common = dict(question=question, options=format_options(options), correct_answer=correct_answer_text(options, answer))
         stages: dict = {}
-        if self.mode == "context":
-            context = "\n".join(self._doc(i, pid) for i, pid in enumerate(passage_ids, start=1))
-            with stage(stages, "judge"):
-                try:
-                    label = self.judge_context(context=context, **common).label
-                except BAD_REPLY_ERRORS as exc:
-                    return dspy.Prediction(label=None, error=f"{type(exc).__name__}: {exc}"[:300], passage_labels=None, stages=stages)
-            return dspy.Prediction(label=label, error=None, passage_labels=None, stages=stages)
-        labels: list[str | None] = []
-        errors = 0
+        passage_labels = None
         with stage(stages, "judge"):
-            for i, pid in enumerate(passage_ids, start=1):
-                try:
-                    labels.append(self.judge_passage(passage=self._doc(i, pid), **common).label)
-                except BAD_REPLY_ERRORS:
-                    labels.append(None)
-                    errors += 1
-        valid = [lab for lab in labels if lab]
-        if not valid:
-            return dspy.Prediction(label=None, error="no valid passage judgment", passage_labels=labels, stages=stages)
-        best = min(valid, key=LABELS.index)
-        return dspy.Prediction(label=best, error=None, passage_labels=labels, stages=stages, passage_errors=errors)
+            if self.mode == "context":
+                label, rationale, error = self.label_context(common, documents)
+            else:
+                passage_labels, rationale = [], None
+                for doc in documents:
+                    try:
+                        lab = self.judge_passage(passage=doc, **common).label
+                    except BAD_REPLY_ERRORS:
+                        lab = None
+                    passage_labels.append(lab if lab in LABELS else None)
+                valid = [lab for lab in passage_labels if lab]
+                label = min(valid, key=LABELS.index) if valid else None
+                error = None if valid else "no valid passage judgment"
+        with stage(stages, "controls"):
+            positive, _, _ = self.label_context(common, [positive_control_document(question, options, answer)])
+            negative = self.label_context(common, negative_documents)[0] if negative_documents else None
+        return dspy.Prediction(label=label, rationale=rationale, error=error, passage_labels=passage_labels,
+                               positive_label=positive, negative_label=negative, stages=stages)
 
 
 def judge_run(
-    run_dir: str | Path,
+    run: str | Path | RunFolder,
     retriever: Retriever,
     lm: Any,
     mode: Literal["context", "passage"] = "context",
+    reasoning: bool = True,
+    judge_lm: str | None = None,
     num_threads: int = 1,
     progress: bool = True,
-) -> dict[str, float]:
-    """Judge every question of a finished (or partial) run; write ``judgments.jsonl`` and ``dur.json``.
+) -> dict[str, Any]:
+    """Judge every question of a finished (or partial) run, with controls; write ``judgments.jsonl`` and ``dur.json``.
 
-    Questions without retrieved passages (CoT, or invalid before retrieval)
-    are not judged. Judging resumes: questions already in ``judgments.jsonl``
-    are skipped.
+    Questions without shown passages (CoT, or nothing retrieved) are not
+    judged. Judging resumes: questions already in ``judgments.jsonl`` are
+    skipped, if they were judged with the same settings.
+
+    Args:
+        run: The run folder.
+        retriever: Resolves passage ids (the run's index).
+        lm: The judge's ``dspy.LM``.
+        mode: ``"context"`` or ``"passage"``.
+        reasoning: The judge reasons before it labels.
+        judge_lm: The judge's LM spec, recorded (default: the LM's model name).
+        num_threads: Judgments in flight.
+        progress: Progress bar.
 
     Returns:
-        DUR metrics (see :func:`dur_metrics`).
+        DUR metrics (see :func:`dur_metrics`) with the judge's settings under ``judge``.
 
     Raises:
-        HCQRError: the run folder has no predictions, or its dataset cannot be read.
+        RunError: no predictions, unreadable dataset, or judgments made with other settings.
         LMUnavailableError: the judge LM stopped answering (judgments so far kept).
+        ProgramError: the judging code raised something that is not a bad judge reply.
     """
-    run_dir = Path(run_dir)
-    rows = read_rows(run_dir / PREDICTIONS)
+    from hcqr_dspy.evidence import mentions
+
+    folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
+    rows = folder.rows()
     if not rows:
-        raise HCQRError(f"{run_dir} has no {PREDICTIONS}; run `hcqr eval` first")
-    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    questions = {q.qid: q for q in load_questions(config["dataset"])}
-    judge = DURJudge(retriever, mode)
+        raise RunError(f"{folder.path} has no finished question; run `hcqr eval` first")
+    questions = folder.load_questions()
+    settings = {"judge_lm": judge_lm or getattr(lm, "model", str(lm)), "mode": mode, "reasoning": bool(reasoning),
+                "controls": True, "control_seed": CONTROL_SEED}
+    done = folder.judgments()
+    other = [j for j in done if {k: j.get(k) for k in settings} != settings]
+    if other:
+        old = {k: other[0].get(k) for k in settings}
+        raise RunError(f"{folder.judgments_table.path} holds judgments made with other settings ({old}); "
+                       f"these would be {settings}; delete it (and dur.json) to judge again")
+    judge = DURJudge(mode, reasoning)
     todo = [r for r in rows if r.get("passages")]
+
+    def gold_in(qid: str, row: dict[str, Any]) -> bool:
+        q = questions[qid]
+        return mentions(q.options[q.answer], [retriever.get(p["id"]).text for p in row["passages"]])
+
+    donors = negative_control_pairs(todo, gold_in)
+    by_qid = {r["qid"]: r for r in todo}
 
     def work(row: dict[str, Any]) -> dict[str, Any]:
         q = questions[row["qid"]]
+        donor = donors.get(row["qid"])
         t0 = time.perf_counter()
-        try:
-            pred = judge(question=q.question, options=q.options, answer=q.answer, passage_ids=[p["id"] for p in row["passages"]])
-        except LM_UNAVAILABLE:
-            raise
-        except Exception as exc:  # one broken judgment must not end the run
-            pred = dspy.Prediction(label=None, error=f"{type(exc).__name__}: {exc}"[:300], passage_labels=None, stages={})
+        pred = judge(question=q.question, options=q.options, answer=q.answer,
+                     documents=shown_documents(retriever, row["passages"]),
+                     negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None)
         return {
             "qid": row["qid"],
-            "mode": mode,
+            **settings,
             "label": pred.label,
             "valid": pred.label in LABELS,
             "error": pred.error,
-            "passage_labels": pred.get("passage_labels"),
-            "passage_queries": [p["queries"] for p in row["passages"]],
+            "rationale": pred.rationale,
+            "passage_labels": pred.passage_labels,
+            "passage_queries": [p.get("queries") or [] for p in row["passages"]],
+            "positive_label": pred.positive_label,
+            "negative_label": pred.negative_label,
+            "negative_from": donor,
             "stages": pred.stages,
             "seconds": round(time.perf_counter() - t0, 4),
         }
 
+    def bug(row: dict[str, Any], exc: BaseException) -> ProgramError:
+        tb = folder.save_traceback(f"judge-{row['qid']}", exc)
+        return ProgramError(f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
+                            "fix it and run the same command again to resume", row["qid"], tb)
+
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        judgments, _, _ = resumable_map(todo, lambda r: r["qid"], work, run_dir / JUDGMENTS, num_threads, progress)
-    metrics = dur_metrics(judgments)
-    (run_dir / DUR_METRICS).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        judgments, _, _ = folder.judgments_table.map(todo, lambda r: r["qid"], work, LM_UNAVAILABLE, num_threads,
+                                                     progress, on_error=bug)
+    metrics = {**dur_metrics(judgments), "judge": settings}
+    folder.write_json(DUR_METRICS, metrics)
     return metrics
 
 
-def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, float]:
-    """DUR and label shares over valid judgments; invalid judgments counted apart.
+def judge_and_track(
+    run: str | Path | RunFolder,
+    judge_lm: str | None = None,
+    lm: Any = None,
+    mode: Literal["context", "passage"] = "context",
+    reasoning: bool = True,
+    index: str | Path | None = None,
+    retriever: Retriever | None = None,
+    mlflow_dir: str | Path | None = None,
+    track: bool = True,
+    num_threads: int = 1,
+    progress: bool = True,
+    max_tokens: int = JUDGE_MAX_TOKENS,
+    n_ctx: int | None = None,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+) -> dict[str, Any] | None:
+    """Judge one run and record the result in its MLflow run: the one judging path of
+    ``hcqr judge`` and of experiments.
+
+    Args:
+        run: The run folder.
+        judge_lm: The judge's LM spec; default the run's own LM.
+        lm: A ready judge ``dspy.LM`` (tests, notebooks, experiments sharing one); ``judge_lm``
+            is still what is recorded.
+        mode, reasoning: See :class:`DURJudge`.
+        index: The index to resolve passages; default the run's own.
+        retriever: A loaded retriever instead of ``index``.
+        mlflow_dir: MLflow store; the run's MLflow run (if any) gets the DUR metrics, the
+            judge's settings as params and the updated record files.
+        track: Log to MLflow.
+        num_threads, progress: See :func:`judge_run`.
+        max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
+
+    Returns:
+        The DUR metrics, or ``None`` for a run without retrieval (nothing to judge; said on stderr).
+
+    Raises:
+        HCQRError: not a run folder, an unusable judge LM or index, or any error of :func:`judge_run`.
+    """
+    from hcqr_dspy import tracking
+    from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm
+    from hcqr_dspy.retrieval import load_index
+
+    folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
+    if not folder.index_path and not index:
+        print(f"{folder.path}: no retrieval (method {folder.method}): nothing to judge", file=sys.stderr)
+        return None
+    if retriever is None:
+        retriever = load_index(index or folder.index_path)
+    spec = judge_lm or folder.lm_spec
+    if lm is None:
+        if not spec:
+            raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
+        lm = build_lm(spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env)
+        check_lm(lm)
+    metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
+                        num_threads=num_threads, progress=progress)
+    run_id = folder.mlflow_run_id
+    if track and run_id and tracking.existing_run_id(run_id, mlflow_dir):
+        import mlflow
+
+        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+            tracking.log_metrics(metrics)
+            mlflow.log_params(tracking.flatten({"dur": metrics["judge"]}))
+            tracking.log_run_folder(folder)
+    return metrics
+
+
+def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, Any]:
+    """DUR and label shares over valid judgments; invalid judgments counted apart; control rates.
 
     Returns:
         ``dur_n`` (judged), ``dur_invalid``, ``dur`` (share ENTAILED or
         USEFUL among valid), ``dur_entailed`` / ``dur_useful`` /
-        ``dur_not_useful`` shares, and for multi-query runs ``dur_role_q<i>``:
-        among decision-useful contexts, the share holding a passage found by
-        query i (in passage mode: a passage found by query i and itself
-        labelled ENTAILED or USEFUL).
+        ``dur_not_useful`` shares; ``dur_positive_control`` and
+        ``dur_negative_control`` (the judge's ENTAILED-or-USEFUL rate on each
+        control, over its valid control judgments, counted in
+        ``dur_positive_control_n`` / ``dur_negative_control_n``); and for
+        multi-query runs ``dur_role_q<i>``: among decision-useful contexts, the
+        share holding a passage found by query i (in passage mode: a passage
+        found by query i and itself labelled ENTAILED or USEFUL).
     """
     valid = [j for j in judgments if j["valid"]]
-    out: dict[str, float] = {"dur_n": len(judgments), "dur_invalid": len(judgments) - len(valid)}
+    out: dict[str, Any] = {"dur_n": len(judgments), "dur_invalid": len(judgments) - len(valid)}
+    for side in ("positive", "negative"):
+        labels = [j.get(f"{side}_label") for j in judgments if j.get(f"{side}_label") in LABELS]
+        if labels:
+            out[f"dur_{side}_control_n"] = len(labels)
+            out[f"dur_{side}_control"] = sum(lab in USEFUL_LABELS for lab in labels) / len(labels)
     if not valid:
         return out
     n = len(valid)
@@ -180,3 +371,23 @@ def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, float]:
                     hits += any(qi in qs for qs in j["passage_queries"])
             out[f"dur_role_q{qi + 1}"] = hits / len(useful)
     return out
+
+
+def control_flags(dur: dict[str, Any]) -> list[str]:
+    """Why a run's DUR cannot be trusted, from its control rates (:data:`CONTROL_LIMITS`); ``[]`` if none.
+
+    A judged run without control judgments (judged before controls existed) is flagged too.
+    """
+    if not dur.get("dur_n"):
+        return []
+    flags = []
+    neg, pos = dur.get("dur_negative_control"), dur.get("dur_positive_control")
+    if pos is None and neg is None:
+        return ["no control judgments (judged without controls): the judge is unchecked"]
+    if neg is not None and neg > CONTROL_LIMITS["negative_max"]:
+        flags.append(f"the judge calls {neg:.0%} of negative controls (another question's context) useful "
+                     f"(> {CONTROL_LIMITS['negative_max']:.0%})")
+    if pos is not None and pos < CONTROL_LIMITS["positive_min"]:
+        flags.append(f"the judge calls only {pos:.0%} of positive controls (a context stating the answer) useful "
+                     f"(< {CONTROL_LIMITS['positive_min']:.0%})")
+    return flags

@@ -14,7 +14,8 @@ An experiment file (YAML) looks like::
     method_options:                        # optional, per method
       hcqr: {k_per_query: 5, fusion: score_sum}
     reference: simple_rag                  # optional: the comparison's reference method
-    judge: {lm: null, mode: context}       # optional: DUR judging (lm null = the run's LM)
+    judge: {lm: null, mode: context}       # optional: DUR judging with controls (lm null = the run's LM;
+                                           # reasoning: true, max_tokens: 512)
 
 Relative paths are resolved against the file's folder. Every key, method and
 dataset is checked before any LM call. ``hcqr experiment FILE`` runs the
@@ -38,7 +39,7 @@ from hcqr_dspy.errors import HCQRError
 KEYS = {"name", "lm", "index", "budget", "questions", "datasets", "methods", "method_options", "reference",
         "judge", "max_tokens", "n_ctx", "api_base", "api_key_env", "threads", "description"}
 QUESTION_KEYS = {"limit", "seed", "ids"}
-JUDGE_KEYS = {"lm", "mode"}
+JUDGE_KEYS = {"lm", "mode", "reasoning", "max_tokens"}
 
 
 class ExperimentError(HCQRError):
@@ -220,7 +221,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
                 out["cells"][dname][method] = result.metrics
                 run_dirs.append(run_dir)
             if exp.judge is not None:
-                _judge_cells(exp, run_dirs, mlflow_dir)
+                _judge_cells(exp, run_dirs, mlflow_dir, lm)
             if len(run_dirs) > 1:
                 _, files = compare(run_dirs, reference=exp.reference, out_dir=root / dname / "comparison")
                 out["reports"][dname] = str(files[0])
@@ -229,21 +230,17 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
     return out
 
 
-def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir) -> None:
-    import mlflow
-
-    from hcqr_dspy import tracking
-    from hcqr_dspy.dur import judge_run
+def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = None) -> None:
+    """Judge the cells' runs through the one judging path (:func:`hcqr_dspy.dur.judge_and_track`)."""
+    from hcqr_dspy.dur import judge_and_track
     from hcqr_dspy.lm import build_lm
     from hcqr_dspy.retrieval import load_index
 
     spec = exp.judge.get("lm") or exp.lm
-    lm = build_lm(spec, max_tokens=256, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env)
+    if lm is None:
+        lm = build_lm(spec, max_tokens=exp.judge.get("max_tokens", 512), n_ctx=exp.n_ctx, api_base=exp.api_base,
+                      api_key_env=exp.api_key_env)
     retriever = load_index(exp.index) if exp.index else None
     for run_dir in run_dirs:
-        config = json.loads((run_dir / "config.json").read_text())
-        if not config.get("index"):
-            continue
-        metrics = judge_run(run_dir, retriever, lm, mode=exp.judge.get("mode", "context"))
-        with mlflow.start_run(run_id=config["mlflow_run_id"], nested=True):
-            tracking.log_metrics(metrics)
+        judge_and_track(run_dir, judge_lm=spec, lm=lm, mode=exp.judge.get("mode", "context"),
+                        reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir)

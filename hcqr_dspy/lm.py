@@ -458,13 +458,10 @@ def build_lm(
     if cfg.kind in ("packaged", "gguf"):
         path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path)
         engine = _engine_for(path, n_ctx)
-        name = cfg.model
-        if cfg.kind == "gguf":
-            # DSPy's response cache is keyed by model name: tell apart files that share a stem.
-            ident = f"{path.resolve()}:{path.stat().st_size}"
-            name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
-        lm = dspy.LM(name, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache)
+        lm = dspy.LM(engine_model_name(cfg, engine), engine=engine, temperature=temperature, max_tokens=max_tokens,
+                     cache=cache)
     else:
+        check_route(cfg.model)
         kwargs: dict[str, Any] = {}
         if cfg.api_base:
             kwargs["api_base"] = cfg.api_base
@@ -476,6 +473,64 @@ def build_lm(
         lm = dspy.LM(cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache, num_retries=num_retries, **kwargs)
     lm.hcqr_config = cfg
     return lm
+
+
+def check_route(model: str) -> None:
+    """Refuse a LiteLLM model name LiteLLM cannot route to a provider (e.g. a typo of the prefix).
+
+    Asks ``litellm.get_llm_provider`` (no network).
+
+    Raises:
+        LMSpecError: naming the model and how a name looks.
+    """
+    import litellm
+
+    try:
+        litellm.get_llm_provider(model)
+    except Exception:  # litellm raises its BadRequestError (or ValueError) for names it cannot route
+        raise LMSpecError(
+            f"--lm {model!r}: LiteLLM cannot route this model name to a provider; use <provider>/<model>, "
+            "e.g. openai/gpt-4o-mini, ollama_chat/llama3.1, hosted_vllm/<model> (with --api-base)"
+        ) from None
+
+
+def check_lm(lm, timeout: float = 60.0) -> None:
+    """Ask a remote LM one tiny question (not cached) to prove it can be used before a run writes anything.
+
+    Local llama.cpp models are proven by loading them (:func:`build_lm`) and are
+    not asked. A remote LM that refuses the key, does not know the model, or
+    cannot be reached after LiteLLM's retries stops here with one line.
+
+    Raises:
+        LMSpecError: the LM cannot be used (the error type and first line of its message).
+    """
+    if isinstance(getattr(lm, "engine", None), LlamaCppEngine) or getattr(lm, "hcqr_config", None) is None:
+        return
+    try:
+        lm("Reply with the word OK.", max_tokens=5, cache=False, timeout=timeout)
+    except Exception as exc:  # any failure of a one-word request means the LM cannot be used
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise LMSpecError(f"the LM {lm.hcqr_config.spec!r} cannot be used: {type(exc).__name__}: {first}") from None
+
+
+def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
+    """The model name a local model is given in DSPy, which keys DSPy's response cache.
+
+    DSPy caches a reply under the request (model name, messages, temperature,
+    max_tokens ...); the engine's own settings are not in the request, so they
+    go into the name: the context window (a smaller window must not be served
+    a reply cached under a larger one, whose prompt it would have refused), the
+    repetition penalty and the seed. A ``gguf:`` file adds a digest of its path
+    and size, so files that share a stem are told apart.
+
+    Example:
+        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0``
+    """
+    name = cfg.model
+    if cfg.kind == "gguf":
+        ident = f"{Path(cfg.path).resolve()}:{Path(cfg.path).stat().st_size}"
+        name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+    return f"{name}@n_ctx={engine.n_ctx},repeat_penalty={engine.repeat_penalty},seed={engine.seed}"
 
 
 def count_tokens(lm, text: str) -> int:

@@ -29,8 +29,15 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         means per question of ``lm_calls`` (served by the model),
         ``cached_lm_calls`` (served by DSPy's cache), ``prompt_tokens``,
         ``completion_tokens``, ``seconds``, and the same per stage as
-        ``<stage>_<field>``; for HCQR rows also ``hypothesis_accuracy`` and
-        ``answer_changed_rate`` (final answer differs from the hypothesis).
+        ``<stage>_<field>``; ``invalid_<stage>_<cause>`` counts of invalid
+        questions by the stage and cause of the bad reply; the fallbacks of
+        :func:`fallback_summary` (``fallback_<name>_questions`` / ``_rate`` /
+        ``_total`` and ``query_share_<source>``); the judge-free evidence metrics
+        of :func:`hcqr_dspy.evidence.evidence_summary` (``gold_coverage``,
+        ``distractor_coverage``, ``evidence_margin``); for HCQR rows also
+        ``hypothesis_accuracy`` (over questions with a parsed hypothesis),
+        ``hypothesis_invalid`` (questions whose hypothesis reply could not be
+        parsed) and ``answer_changed_rate`` (final answer differs from the hypothesis).
     """
     rows = list(rows)
     n = len(rows)
@@ -57,12 +64,60 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     for name, fields in per_stage.items():
         for field, total in fields.items():
             out[f"{name}_mean_{field}"] = total / n
+    for r in rows:
+        if not r["valid"]:
+            key = f"invalid_{r.get('invalid_stage') or 'unknown'}_{r.get('invalid_cause') or 'unknown'}"
+            out[key] = out.get(key, 0) + 1
+    for name, f in fallback_summary(rows).items():
+        if name.startswith("query_share_"):
+            out[name] = f
+        else:
+            out.update({f"fallback_{name}_{k}": v for k, v in f.items()})
+    from hcqr_dspy.evidence import evidence_summary
+
+    out.update(evidence_summary(rows))
+    invalid_h = sum(1 for r in rows if (r.get("fallbacks") or {}).get("hypothesis_failed"))
+    if invalid_h:
+        out["hypothesis_invalid"] = invalid_h
     changes = hypothesis_changes(rows)
     if changes["with_hypothesis"]:
         n_h = changes["with_hypothesis"]
         out["hypothesis_accuracy"] = changes["hypothesis_correct"] / n_h
         out["answer_changed_rate"] = (changes["fixed"] + changes["broke"] + changes["changed_wrong_to_wrong"]) / n_h
         out.update({f"hypothesis_{k}": v for k, v in changes.items() if k not in ("with_hypothesis", "hypothesis_correct")})
+    return out
+
+
+def fallback_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Every fallback the rows' method took, added up.
+
+    Each row's ``fallbacks`` maps a fallback to how many units it affected in
+    that question (queries, passages, or 1): ``hypothesis_failed`` and
+    ``queries_from_question`` (HCQR, HyDE), ``rewrite_failed`` and
+    ``queries_from_hypothesis`` (HCQR), ``passage_failed`` (HyDE),
+    ``rerank_parse_failures`` (Rerank-RAG), ``judge_vote_scored`` and
+    ``judge_failures`` (MAIN-RAG), ``context_cut`` and ``passages_dropped``
+    (any method whose context the token budget cut).
+
+    Returns:
+        ``{name: {"questions": n, "rate": n / rows, "total": units}}`` for every
+        fallback seen, and ``query_share_<source>``: the share of all queries
+        sent to the retriever that came from each source (``rewrite``,
+        ``hypothesis``, ``question``, ``passage``).
+    """
+    rows = list(rows)
+    n = len(rows)
+    out: dict[str, Any] = {}
+    if not n:
+        return out
+    names = sorted({k for r in rows for k in (r.get("fallbacks") or {})})
+    for name in names:
+        counts = [int((r.get("fallbacks") or {}).get(name) or 0) for r in rows]
+        questions = sum(c > 0 for c in counts)
+        out[name] = {"questions": questions, "rate": questions / n, "total": sum(counts)}
+    sources = [s for r in rows for s in (r.get("query_sources") or [])]
+    for source in sorted(set(sources)):
+        out[f"query_share_{source}"] = sources.count(source) / len(sources)
     return out
 
 

@@ -15,10 +15,11 @@ import dspy
 from hcqr_dspy import __version__
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluate import EvalResult, evaluate, prepare_run_dir, update_config
-from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, parse_lm_spec
-from hcqr_dspy.programs import PROGRAMS, make_program
+from hcqr_dspy.evaluate import EvalResult, evaluate
+from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, parse_lm_spec
+from hcqr_dspy.programs import PROGRAMS, accepted_options, make_program
 from hcqr_dspy.retrieval import load_index, read_manifest
+from hcqr_dspy.run_folder import RunFolder, question_fingerprint
 
 DEFAULT_RUNS = Path("runs")
 
@@ -33,7 +34,9 @@ class EvalSpec:
         index: Index folder (``None`` only for methods without retrieval).
         lm: ``--lm`` spec.
         limit / seed / ids: Question selection (see :func:`hcqr_dspy.data.select`).
-        program_options: Method settings (``budget``, ``k_per_query``, ``fusion`` ...).
+        program_options: Method settings (``budget``, ``k_per_query``, ``fusion`` ...); only
+            options the method's constructor takes are accepted (others are refused, naming
+            the method), and absent ones take the method's documented defaults.
         temperature / max_tokens / n_ctx: LM settings (temperature 0 as in the reference setup).
         api_base / api_key_env: LiteLLM endpoint and the name of its key variable.
         num_threads: Questions in flight.
@@ -41,7 +44,7 @@ class EvalSpec:
         program: A saved (e.g. compiled) program to run instead of a fresh
             one: a folder from ``hcqr compile`` or ``runs:/<run_id>``; its
             method and options come from the program (``method`` may be
-            ``None``; given, it must match) and ``program_options`` are ignored.
+            ``None``; given, it must match), so ``program_options`` must be empty.
     """
 
     method: str | None
@@ -66,8 +69,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60]
 
 
+def check_program_options(method: str, options: dict[str, Any], flags: bool = True) -> None:
+    """Refuse options a method does not take (one line naming the method and what it takes).
+
+    Args:
+        method: A registered method.
+        options: The options asked for.
+        flags: Name them as CLI flags (``--k-per-query``) rather than keys.
+
+    Raises:
+        HCQRError: an option the method's constructor does not accept.
+    """
+    valid = accepted_options(PROGRAMS[method])
+    bad = sorted(set(options) - valid)
+    if bad:
+        name = (lambda k: "--" + k.replace("_", "-")) if flags else str
+        raise HCQRError(f"{', '.join(map(name, bad))} does not apply to method {method!r} "
+                        f"(it takes: {', '.join(map(name, sorted(valid - {'max_context_tokens'}))) or 'none'})")
+
+
 def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[str, Any], list[dspy.Example], Any]:
-    """Check every input before any LM call: method, LM spec, questions, index.
+    """Check every input before any LM call: method, options, LM spec, questions, index.
 
     A saved program (``spec.program``) fills ``spec.method``; a ``runs:/``
     program is fetched from the MLflow store ``mlflow_dir``.
@@ -76,9 +98,10 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         The run config, the selected questions and the retriever (or ``None``).
 
     Raises:
-        HCQRError: unknown method or LM spec, malformed questions, a missing
-            or mismatched index; a saved program of another method, of a newer
-            format, or compiled on some of these questions.
+        HCQRError: unknown method or LM spec, an option the method does not
+            take, malformed questions, a missing or mismatched index; a saved
+            program of another method, of a newer format, or compiled on some of
+            these questions, or given options of its own.
     """
     from hcqr_dspy.program_io import read_meta, refuse_overlap, resolve_program_path
 
@@ -91,6 +114,10 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         spec.method = saved["method"]
     if spec.method not in PROGRAMS:
         raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
+    if saved and spec.program_options:
+        raise HCQRError(f"{spec.program} is a saved program: its options come with it; drop "
+                        + ", ".join("--" + k.replace("_", "-") for k in sorted(spec.program_options)))
+    check_program_options(spec.method, spec.program_options)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
@@ -101,19 +128,16 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
 
         program, _ = load_program(folder, retriever)
     else:
-        program = make_program(spec.method, retriever, **spec.program_options)
-    qids = [q.qid for q in questions]
+        try:
+            program = make_program(spec.method, retriever, **spec.program_options)
+        except ValueError as exc:
+            raise HCQRError(f"method {spec.method!r}: {exc}") from None
     config = {
         "method": spec.method,
         "program": program.settings(),
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
-        "questions": {
-            "count": len(qids),
-            "limit": spec.limit,
-            "seed": spec.seed,
-            "ids_sha256": hashlib.sha256("\n".join(qids).encode()).hexdigest(),
-        },
+        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed},
         "index": index_info,
         "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
         "adapter": "JSONAdapter",
@@ -179,6 +203,11 @@ def run_evaluation(
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming if the run folder has rows) and track one evaluation.
 
+    Every input is checked before the run folder is written: method and
+    options, questions, index, saved program, and the LM (built, and a remote
+    one asked one tiny question by :func:`hcqr_dspy.lm.check_lm`), so a failed
+    attempt leaves nothing that would refuse the corrected command.
+
     Args:
         spec: The evaluation.
         mlflow_dir: MLflow store folder (see :func:`hcqr_dspy.tracking.store_dir`).
@@ -191,32 +220,35 @@ def run_evaluation(
         The result, the run folder and the MLflow run id (``None`` untracked).
 
     Raises:
-        HCQRError: bad input (before any LM call), an unusable run folder, or
-            :class:`~hcqr_dspy.evaluate.LMUnavailableError` mid-run.
+        HCQRError: bad input or an unusable LM (before anything is written), an
+            unusable run folder, :class:`~hcqr_dspy.run_folder.LMUnavailableError`
+            or :class:`~hcqr_dspy.run_folder.ProgramError` mid-run.
     """
     from hcqr_dspy import tracking
 
     config, questions, program = resolve(spec, mlflow_dir)
-    run_dir = prepare_run_dir(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
-    lm = lm or build_lm(
-        spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
-        api_base=spec.api_base, api_key_env=spec.api_key_env,
-    )
+    if lm is None:
+        lm = build_lm(
+            spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
+            api_base=spec.api_base, api_key_env=spec.api_key_env,
+        )
+        check_lm(lm)
+    folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
     if not track:
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-            return evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress), run_dir, None
-    old_id = tracking.existing_run_id(json.loads((run_dir / "config.json").read_text()).get("mlflow_run_id"), mlflow_dir)
-    name = f"{spec.method} | {Path(spec.dataset).stem} | {spec.lm}"
-    tags = {"method": spec.method, "dataset": Path(spec.dataset).stem, "lm": spec.lm}
+            return evaluate(program, questions, folder, spec.method, spec.num_threads, progress), folder.path, None
+    old_id = tracking.existing_run_id(folder.mlflow_run_id, mlflow_dir)
+    name = f"{spec.method} | {dataset_name(spec.dataset)} | {spec.lm}"
+    tags = {"method": spec.method, "dataset": dataset_name(spec.dataset), "lm": spec.lm}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
     with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
         run_id = run.info.run_id
-        update_config(run_dir, mlflow_run_id=run_id)
+        folder.set_mlflow_run_id(run_id)
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             try:
-                result = evaluate(program, questions, run_dir, spec.method, spec.num_threads, progress)
+                result = evaluate(program, questions, folder, spec.method, spec.num_threads, progress)
             finally:
-                tracking.log_run_folder(run_dir)
+                tracking.log_run_folder(folder)
         tracking.log_metrics(result.metrics)
-    return result, run_dir, run_id
+    return result, folder.path, run_id

@@ -35,6 +35,20 @@ from typing import Literal
 
 import dspy
 
+# The example search queries the prompts below show the LM (RewriteQueries, RewriteQuestion,
+# RewriteQuestionWithOptions). A small model often copies them back verbatim; such a copy is not a
+# query about the question, so hcqr_dspy.programs.base.clean_query treats it as unusable. Keep this
+# list and the docstrings in step (tests/programs/test_programs.py checks each appears in a prompt).
+PROMPT_EXAMPLE_QUERIES = (
+    "digoxin toxicity yellow vision nausea",
+    "digoxin toxicity versus hypokalemia arrhythmia",
+    "elderly heart failure visual changes vomiting",
+    "amoxicillin rash infectious mononucleosis",
+    "maculopapular rash after aminopenicillin",
+    "sore throat fever lymphadenopathy adolescent",
+    "drug allergy versus viral exanthem rash",
+)
+
 QUERY_DESC = (
     "a short, keyword-dense search query for a medical textbook search engine: 4-16 words, "
     "noun phrases and key terms only, no full sentences, no option letters"

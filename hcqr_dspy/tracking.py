@@ -166,10 +166,17 @@ def log_metrics(metrics: dict[str, float]) -> None:
     mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
 
-def log_run_folder(run_dir: str | Path) -> None:
-    """Log a run folder's files as artifacts of the active run (under ``run/``)."""
+def log_run_folder(folder) -> None:
+    """Log a run folder's record files (:meth:`hcqr_dspy.run_folder.RunFolder.files`) as artifacts
+    of the active run (under ``run/``).
+
+    Args:
+        folder: A :class:`~hcqr_dspy.run_folder.RunFolder` or its path.
+    """
     import mlflow
 
-    for f in sorted(Path(run_dir).iterdir()):
-        if f.is_file() and not f.name.startswith("."):
-            mlflow.log_artifact(str(f), artifact_path="run")
+    from hcqr_dspy.run_folder import RunFolder
+
+    folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
+    for f in folder.files():
+        mlflow.log_artifact(str(f), artifact_path="run")

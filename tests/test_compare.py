@@ -21,10 +21,12 @@ def test_mcnemar_hand_checked():
     assert mcnemar_exact(ref, ref)["p_value"] == 1.0
 
 
-def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None):
+def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, dataset="bench.json", content="v1"):
     folder.mkdir(parents=True)
     qids = qids or [f"q{i}" for i in range(len(correct))]
-    (folder / "config.json").write_text(json.dumps({"method": method, "lm": {"spec": "local"}}))
+    questions = {"count": len(qids), "ids_sha256": "-".join(qids), "content_sha256": f"{content}:{'-'.join(qids)}"}
+    (folder / "config.json").write_text(json.dumps({"method": method, "lm": {"spec": "local"}, "dataset": dataset,
+                                                    "questions": questions}))
     rows = []
     for i, (q, ok) in enumerate(zip(qids, correct)):
         row = {"qid": q, "method": method, "prediction": "A" if ok else "B", "gold": "A", "valid": True,
@@ -110,6 +112,7 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
     (b / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
     report, _ = compare([a, b], out_dir=tmp_path / "out")
     assert "| hcqr | 4 | 50.0% | 25.0% | 0 | 50.0% (2/4 judged) |" in report
+    assert "DUR of hcqr is not trustworthy: no control judgments" in report  # judged without controls
     assert "| simple_rag | 4 | 50.0% | 25.0% | 0 | – |" in report
 
 
@@ -133,8 +136,117 @@ def test_truncated_config_or_dur_file_is_a_clear_error(tmp_path):
     a = make_run(tmp_path / "a", "simple_rag", [True, False])
     b = make_run(tmp_path / "b", "hcqr", [True, True], dur={"dur_n": 2})
     (b / "dur.json").write_text('{"dur_n": 2, "du')
-    with pytest.raises(HCQRError, match=r"dur.json is unreadable"):
+    with pytest.raises(HCQRError, match=r"dur.json:1: not valid JSON"):
         compare([a, b], out_dir=tmp_path / "out")
     (b / "config.json").write_text('{"method": "hc')
-    with pytest.raises(HCQRError, match=r"config.json is unreadable"):
+    with pytest.raises(HCQRError, match=r"config.json:1: not valid JSON"):
         compare([a, b], out_dir=tmp_path / "out")
+
+
+def test_runs_over_different_question_files_that_share_ids_are_refused(tmp_path):
+    a = make_run(tmp_path / "a", "cot", [True, False], dataset="medqa.json", content="medqa")
+    b = make_run(tmp_path / "b", "hcqr", [True, True], dataset="other.json", content="other")
+    with pytest.raises(HCQRError, match=r"share question ids but not questions: .*medqa\.json.*other\.json"):
+        compare([a, b], out_dir=tmp_path / "out")
+    c = make_run(tmp_path / "c", "hcqr", [True, True], dataset="copy-of-medqa.json", content="medqa")
+    compare([a, c], out_dir=tmp_path / "out")  # the same questions from another path: compared
+
+
+def test_non_utf8_predictions_are_one_line(tmp_path, capsys):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True])
+    (b / "predictions.jsonl").write_bytes((b / "predictions.jsonl").read_bytes() + b'{"qid": "caf\xe9"}\n')
+    assert main(["compare", str(a), str(b), "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
+    assert "predictions.jsonl:3: not valid UTF-8" in capsys.readouterr().err
+
+
+@pytest.fixture
+def tiny_bench(tmp_path, tiny_corpus_file):
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+
+    questions = {
+        f"t{i}": {"question": q, "options": {"A": a, "B": b}, "answer": "A"}
+        for i, (q, a, b) in enumerate([
+            ("Nausea and yellow vision in a patient on a cardiac glycoside?", "Digoxin toxicity", "Graves disease"),
+            ("Fatigable ptosis improving with edrophonium?", "Myasthenia gravis", "Iron deficiency anemia"),
+            ("Lancet-shaped gram-positive diplococci in pneumonia?", "Streptococcus pneumoniae", "Hashimoto thyroiditis"),
+            ("Hypersegmented neutrophils and macrocytosis?", "Vitamin B12 deficiency", "Lambert-Eaton syndrome"),
+        ])
+    }
+    dataset = tmp_path / "bench.json"
+    dataset.write_text(json.dumps(questions))
+    index = tmp_path / "idx"
+    BM25Retriever(load_corpus(tiny_corpus_file), show_progress=False).save(index)
+    return dataset, index
+
+
+def run_method(tmp_path, dataset, index, method, lm):
+    from hcqr_dspy.run import EvalSpec, run_evaluation
+
+    spec = EvalSpec(method=method, dataset=str(dataset), index=str(index), lm="dummy/x", run_dir=str(tmp_path / method))
+    return run_evaluation(spec, progress=False, track=False, lm=lm)[1]
+
+
+def test_compare_shows_a_method_that_ran_on_its_fallback_evidence_and_hypothesis_vs_cot(tmp_path, tiny_bench):
+    import dspy
+    from dspy.utils import DummyLM
+
+    dataset, index = tiny_bench
+    answer = {"reasoning": "r", "answer": "A"}
+    hypothesis = {"discriminating_features": "key finding", "reasoning": "r", "working_hypothesis": "B",
+                  "confirming_evidence": "typical presentation"}
+    # the rewrite step never parses: every HCQR query is built from the hypothesis fields
+    hcqr_lm = DummyLM({"`support_query`": {"oops": "x"}, "`discriminating_features`": hypothesis, "`answer`": answer},
+                      adapter=dspy.JSONAdapter())
+    runs = [run_method(tmp_path, dataset, index, "simple_rag", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
+            run_method(tmp_path, dataset, index, "cot", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
+            run_method(tmp_path, dataset, index, "hcqr", hcqr_lm)]
+    report, files = compare(runs, reference="simple_rag", out_dir=tmp_path / "out")
+    assert "| hcqr | queries from hypothesis: 4/4 q (12 in all); rewrite failed: 4/4 q; queries by source: hypothesis 100% |" in report
+    assert "**hcqr ran mostly on its fallback: 100% of its queries were built from the hypothesis" in report
+    # evidence: Simple RAG retrieves with the question; the constructed corpus names each gold option in one passage
+    evidence = report.split("## Evidence in the context (judge-free)")[1].split("##")[0]
+    assert "| simple_rag | 4 | 100.0% |" in evidence and "| hcqr | 4 |" in evidence and "| cot |" not in evidence
+    # the hypothesis always said B (gold A): 0/4 right; CoT answered A: 4/4, b = 4, exact p = 2 * 0.5**4
+    assert "| hcqr | 4 | 0.0% | 100.0% | 4 | 0 | 0.125 |" in report
+    summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert summary["hypothesis_vs_cot"]["hcqr"]["p_value"] == pytest.approx(0.125)
+    assert summary["fallbacks"]["hcqr"]["queries_from_hypothesis"] == {"questions": 4, "rate": 1.0, "total": 12}
+
+
+def test_question_evidence_on_constructed_contexts():
+    from hcqr_dspy.evidence import evidence_summary, paired_evidence_tests, question_evidence
+
+    options = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "yes"}
+    both = ["Digoxin toxicities cause yellow vision.", "In Graves' disease, exophthalmos."]
+    assert question_evidence(options, "A", both) == {"gold_mentioned": True, "distractors_mentioned": 1, "distractors": 2}
+    # every content word in ONE passage: "iron" and "anemia" in different passages is no mention
+    split = ["Iron stores are low.", "Deficiency anemia is microcytic."]
+    assert question_evidence(options, "C", split)["gold_mentioned"] is False
+    assert question_evidence(options, "D", both) is None  # a content-free gold option cannot be measured
+    rows = [{"evidence": question_evidence(options, "A", both)}, {"evidence": question_evidence(options, "A", split)}]
+    m = evidence_summary(rows)
+    assert (m["gold_coverage"], m["distractor_coverage"]) == (0.5, 0.25) and m["evidence_margin"] == 0.25
+    ref = {"q1": {"gold_mentioned": False, "distractors_mentioned": 0, "distractors": 2}}
+    other = {"q1": {"gold_mentioned": True, "distractors_mentioned": 0, "distractors": 2}}
+    t = paired_evidence_tests(ref, other)
+    assert (t["gold_b"], t["gold_c"], t["margin_mean_diff"]) == (0, 1, 1.0)
+
+
+def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
+    from hcqr_dspy.evidence import load_qrels, qrels_metrics
+
+    (tmp_path / "qrels.json").write_text(json.dumps({"q1": ["p1", "p2"], "q2": {"p9": 1}}))
+    qrels = load_qrels(tmp_path / "qrels.json")
+    rows = [{"qid": "q1", "passages": [{"id": "p3"}, {"id": "p1"}], "dropped_passages": [{"id": "p2"}]},
+            {"qid": "q2", "passages": [{"id": "p5"}]}, {"qid": "q3", "passages": [{"id": "p1"}]}]
+    m = qrels_metrics(rows, qrels, k=2)
+    # q1: p1 at rank 2 of the fused list (p2 at rank 3, past k=2): recall@2 = 1/2; q2: nothing relevant
+    assert m["qrels_n"] == 2 and m["per_query"]["q1"]["recall"] == 0.5 and m["per_query"]["q2"]["recall"] == 0.0
+    # nDCG@10 of q1: (1/log2(3) + 1/log2(4)) / (1 + 1/log2(3))
+    import math
+
+    assert m["per_query"]["q1"]["ndcg"] == pytest.approx((1 / math.log2(3) + 0.5) / (1 + 1 / math.log2(3)))
+    (tmp_path / "bad.json").write_text(json.dumps({"q1": "p1"}))
+    with pytest.raises(HCQRError, match="question 'q1' has str"):
+        load_qrels(tmp_path / "bad.json")

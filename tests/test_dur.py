@@ -1,4 +1,4 @@
-"""Decision-Useful Rate: judge over a run folder (DummyLM), label shares, invalid judgments, role attribution."""
+"""Decision-Useful Rate: judge over a run folder (DummyLM), controls, label shares, invalid judgments, roles."""
 
 import json
 
@@ -6,14 +6,16 @@ import dspy
 import pytest
 from dspy.utils import DummyLM
 
-from hcqr_dspy.dur import JUDGMENTS, dur_metrics, judge_run
-from hcqr_dspy.evaluate import read_rows
+from hcqr_dspy.dur import control_flags, dur_metrics, judge_run, negative_control_pairs, positive_control_document
+from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.metrics import hypothesis_changes, summarize
 from hcqr_dspy.retrieval import BM25Retriever
+from hcqr_dspy.run_folder import RunFolder
 
 
-def judgment(label, queries, passage_labels=None):
-    return {"qid": "x", "label": label, "valid": label is not None, "passage_queries": queries, "passage_labels": passage_labels}
+def judgment(label, queries, passage_labels=None, positive=None, negative=None):
+    return {"qid": "x", "label": label, "valid": label is not None, "passage_queries": queries,
+            "passage_labels": passage_labels, "positive_label": positive, "negative_label": negative}
 
 
 def test_dur_shares_and_invalid_counted_apart():
@@ -38,6 +40,20 @@ def test_passage_mode_attributes_to_useful_passages_only():
     assert (m["dur_role_q1"], m["dur_role_q2"], m["dur_role_q3"]) == (0.0, 1.0, 0.0)
 
 
+def test_control_rates_and_flags():
+    good = [judgment("USEFUL", [[0]], positive="ENTAILED", negative="NOT_USEFUL") for _ in range(9)]
+    good.append(judgment("USEFUL", [[0]], positive="NOT_USEFUL", negative="USEFUL"))
+    m = dur_metrics(good)
+    assert (m["dur_positive_control"], m["dur_negative_control"]) == (0.9, 0.1)
+    assert control_flags(m) == []
+    lenient = dur_metrics([judgment("USEFUL", [[0]], positive="USEFUL", negative="USEFUL") for _ in range(4)])
+    assert control_flags(lenient) == ["the judge calls 100% of negative controls (another question's context) useful (> 20%)"]
+    blind = dur_metrics([judgment("NOT_USEFUL", [[0]], positive="NOT_USEFUL", negative="NOT_USEFUL")] * 4)
+    assert "positive controls" in control_flags(blind)[0]
+    assert control_flags(dur_metrics([judgment("USEFUL", [[0]])])) == [
+        "no control judgments (judged without controls): the judge is unchecked"]
+
+
 def test_hypothesis_change_counts():
     def row(h, pred, gold, valid=True):
         return {"hypothesis": {"working_hypothesis": h}, "prediction": pred, "gold": gold, "valid": valid,
@@ -52,6 +68,19 @@ def test_hypothesis_change_counts():
     assert m["hypothesis_accuracy"] == 0.5 and m["answer_changed_rate"] == pytest.approx(3 / 6)
 
 
+def test_positive_control_states_the_gold_option_and_negative_controls_are_a_derangement():
+    doc = positive_control_document("Yellow vision on digoxin?", {"A": "Digoxin toxicity", "B": "Graves"}, "A")
+    assert doc.startswith("Document [1] (Title: Digoxin toxicity)") and "the correct answer is A. Digoxin toxicity" in doc
+    rows = [{"qid": f"q{i}", "passages": [{"id": f"p{i}"}]} for i in range(6)]
+    pairs = negative_control_pairs(rows, lambda qid, row: False)
+    assert sorted(pairs) == sorted(pairs.values()) and all(q != d for q, d in pairs.items())
+    assert pairs == negative_control_pairs(rows, lambda qid, row: False)  # seeded
+    # a donor whose context mentions the question's gold option is skipped
+    avoid = negative_control_pairs(rows, lambda qid, row: row["qid"] == pairs[qid])
+    assert all(avoid[q] != pairs[q] and avoid[q] != q for q in avoid)
+    assert negative_control_pairs(rows[:1], lambda q, r: False) == {"q0": None}
+
+
 @pytest.fixture
 def run_folder(tmp_path):
     bench = {
@@ -60,29 +89,48 @@ def run_folder(tmp_path):
         "d3": {"question": "No retrieval here?", "options": {"A": "x", "B": "y"}, "answer": "A"},
     }
     (tmp_path / "bench.json").write_text(json.dumps(bench))
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"dataset": str(tmp_path / "bench.json")}))
+    folder = RunFolder.create(tmp_path / "run", {"method": "hcqr", "dataset": str(tmp_path / "bench.json")})
     rows = [
-        {"qid": "d1", "passages": [{"id": "p3", "queries": [0, 1]}, {"id": "p1", "queries": [2]}]},
+        # p3 shown whole, p1 shown cut to 10 characters of content, p4 fused but dropped by the token budget
+        {"qid": "d1", "passages": [{"id": "p3", "queries": [0, 1]}, {"id": "p1", "queries": [2], "shown_chars": 10}],
+         "dropped_passages": [{"id": "p4", "queries": [2]}]},
         {"qid": "d2", "passages": [{"id": "p7", "queries": [1]}]},
         {"qid": "d3", "passages": []},
     ]
-    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run
+    for r in rows:
+        folder.predictions.append(r)
+    return folder.path
 
 
-def test_judge_run_writes_resumable_judgments(run_folder, tiny_corpus):
+def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, tiny_corpus):
     retriever = BM25Retriever(tiny_corpus, show_progress=False)
-    lm = DummyLM({"Yellow vision": {"label": "ENTAILED"}, "Ptosis": {"label": "MAYBE"}}, adapter=dspy.JSONAdapter())
-    m = judge_run(run_folder, retriever, lm, progress=False)
-    js = read_rows(run_folder / JUDGMENTS)
+    lm = DummyLM({"the correct answer is": {"reasoning": "it says so", "label": "ENTAILED"},
+                  "Yellow vision": {"reasoning": "glycoside", "label": "ENTAILED"},
+                  "Ptosis": {"reasoning": "?", "label": "MAYBE"}}, adapter=dspy.JSONAdapter())
+    m = judge_run(run_folder, retriever, lm, judge_lm="dummy", progress=False)
+    js = RunFolder(run_folder).judgments()
     assert [j["qid"] for j in js] == ["d1", "d2"]  # d3 retrieved nothing: not judged
-    assert js[0]["label"] == "ENTAILED" and js[1]["valid"] is False  # MAYBE is not a label
-    assert m["dur"] == 1.0 and m["dur_invalid"] == 1
-    prompt = lm.history[0]["messages"][-1]["content"]
-    assert "Document [1] (Title: Digoxin toxicity)" in prompt and "A. Digoxin toxicity" in prompt
+    assert js[0]["label"] == "ENTAILED" and js[0]["rationale"] == "glycoside"
+    assert js[1]["valid"] is False  # MAYBE is not a label
+    assert (js[0]["judge_lm"], js[0]["mode"], js[0]["reasoning"]) == ("dummy", "context", True)
+    assert js[0]["negative_from"] == "d2" and js[1]["negative_from"] == "d1"
+    assert m["dur"] == 1.0 and m["dur_invalid"] == 1 and m["dur_positive_control"] == 1.0
+    prompts = [h["messages"][-1]["content"] for h in lm.history]
+    d1 = next(p for p in prompts if "Yellow vision" in p and "Document [1] (Title: Digoxin toxicity)" in p)
+    assert "Document [2] (Title: Iron deficiency anemia) Microcytic" in d1  # cut where the answer step's context was cut
+    assert "Microcytic hypochromic" not in d1
+    assert "Graves disease" not in d1  # p4 was dropped by the budget: the model never saw it
     calls = len(lm.history)
-    judge_run(run_folder, retriever, lm, progress=False)  # resumed: nothing left to judge
+    judge_run(run_folder, retriever, lm, judge_lm="dummy", progress=False)  # resumed: nothing left to judge
     assert len(lm.history) == calls
-    assert json.loads((run_folder / "dur.json").read_text())["dur_n"] == 2
+    assert json.loads((run_folder / "dur.json").read_text())["judge"]["judge_lm"] == "dummy"
+    with pytest.raises(HCQRError, match="judgments made with other settings"):
+        judge_run(run_folder, retriever, lm, judge_lm="dummy", reasoning=False, progress=False)
+
+
+def test_a_judge_that_always_says_useful_is_flagged(run_folder, tiny_corpus, tmp_path):
+    retriever = BM25Retriever(tiny_corpus, show_progress=False)
+    lm = DummyLM([{"reasoning": "fine", "label": "USEFUL"}] * 20, adapter=dspy.JSONAdapter())
+    m = judge_run(run_folder, retriever, lm, progress=False)
+    assert m["dur"] == 1.0 and m["dur_negative_control"] == 1.0
+    assert any("negative controls" in f for f in control_flags(m))

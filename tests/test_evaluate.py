@@ -1,4 +1,4 @@
-"""Evaluation: rows written as they go, invalid answers counted, resume after an LM outage or a kill."""
+"""Evaluation: rows written as they go, invalid answers counted, resume after an LM outage, a kill or a bug."""
 
 import json
 
@@ -8,8 +8,11 @@ from dspy.utils import DummyLM
 from dspy.utils.exceptions import LMTransportError
 
 from hcqr_dspy.data import check_question
-from hcqr_dspy.evaluate import PREDICTIONS, LMUnavailableError, RunError, evaluate, prepare_run_dir, read_rows
+from hcqr_dspy.evaluate import LMUnavailableError, ProgramError, RunError, evaluate
 from hcqr_dspy.programs import CoT
+from hcqr_dspy.run_folder import PREDICTIONS, RunFolder
+
+CONFIG = {"method": "cot", "dataset": "bench.json"}
 
 OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
 
@@ -45,8 +48,13 @@ class CountingCoT(CoT):
 
 
 def run(program, qs, run_dir, lm):
+    folder = RunFolder.create(run_dir, CONFIG)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        return evaluate(program, qs, run_dir, "cot", progress=False)
+        return evaluate(program, qs, folder, "cot", progress=False)
+
+
+def read_rows(path):
+    return RunFolder(path.parent).rows()
 
 
 def test_rows_metrics_and_invalid_counted(tmp_path):
@@ -56,7 +64,9 @@ def test_rows_metrics_and_invalid_counted(tmp_path):
     assert [r["qid"] for r in rows] == [f"q{i}" for i in range(6)]
     assert [r["valid"] for r in rows] == [True, True, True, False, False, False]
     assert all(r["prediction"] is None for r in rows[3:])  # never mapped to a default letter
+    assert all((r["invalid_stage"], r["invalid_cause"]) == ("answer", "unparseable") for r in rows[3:])  # outside Literal[A, B, C]
     m = result.metrics
+    assert m["invalid_answer_unparseable"] == 3
     assert m["n"] == 6 and m["correct"] == 1 and m["invalid"] == 3
     assert m["accuracy"] == pytest.approx(1 / 6) and m["invalid_rate"] == 0.5
     assert m["accuracy_se"] == pytest.approx((1 / 6 * 5 / 6 / 6) ** 0.5)
@@ -87,7 +97,7 @@ def test_lm_outage_stops_cleanly_and_resume_gives_same_totals(tmp_path):
 
 
 def test_disk_full_mid_run_stops_and_says_so(tmp_path, monkeypatch):
-    import hcqr_dspy.evaluate as ev
+    import hcqr_dspy.run_folder as ev
 
     real_fsync, calls = ev.os.fsync, []
 
@@ -117,30 +127,51 @@ def test_killed_run_partial_line_is_redone(tmp_path):
     assert all(line.startswith("{") and line.endswith("}") for line in path.read_text().splitlines())
 
 
-def test_unexpected_error_on_one_question_does_not_end_the_run(tmp_path):
-    class Flaky(CountingCoT):
-        def forward(self, question, options):
-            if question == "Question number 1?":
-                raise RuntimeError("engine hiccup")
-            return super().forward(question, options)
+class Buggy(CountingCoT):
+    """CoT with a bug on one question (a TypeError), or fixed."""
 
-    result = run(Flaky(), questions(3), tmp_path, lm_answering(lambda i: "A"))
-    assert [r["valid"] for r in result.rows] == [True, False, True]
-    assert result.rows[1]["error"] == "RuntimeError: engine hiccup"
+    def __init__(self, fixed=False):
+        super().__init__()
+        self.fixed = fixed
+
+    def forward(self, question, options):
+        if question == "Question number 1?" and not self.fixed:
+            self.calls.append(question)
+            return len(None)  # TypeError: a bug in our code, not a bad LM reply
+        return super().forward(question, options)
+
+
+def test_a_bug_stops_the_run_with_one_line_and_a_saved_traceback_then_resumes_once_fixed(tmp_path):
+    qs = questions(4)
+    buggy = Buggy()
+    with pytest.raises(ProgramError, match=r"question 'q1' raised TypeError: .*traceback in .*q1\.txt.*this is a bug") as err:
+        run(buggy, qs, tmp_path, lm_answering(lambda i: "A"))
+    assert "\n" not in str(err.value)
+    assert "len(None)" in err.value.traceback_file.read_text()  # the traceback, with the failing line
+    assert [r["qid"] for r in read_rows(tmp_path / PREDICTIONS)] == ["q0"]  # nothing saved for q1, nothing after it
+    assert buggy.calls == ["Question number 0?", "Question number 1?"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["n"] == 1
+
+    fixed = Buggy(fixed=True)
+    result = run(fixed, qs, tmp_path, lm_answering(lambda i: "A"))
+    assert fixed.calls == [f"Question number {i}?" for i in (1, 2, 3)]
+    assert [r["valid"] for r in result.rows] == [True] * 4 and result.resumed == 1
 
 
 def test_run_folder_with_other_config_is_refused(tmp_path):
-    prepare_run_dir(tmp_path, {"method": "cot", "lm": {"spec": "local"}})
-    prepare_run_dir(tmp_path, {"method": "cot", "lm": {"spec": "local"}})  # same: reopened
+    RunFolder.create(tmp_path, {"method": "cot", "dataset": "d", "lm": {"spec": "local"}})
+    RunFolder.create(tmp_path, {"method": "cot", "dataset": "d", "lm": {"spec": "local"}})  # same: reopened
     with pytest.raises(RunError, match=r"another configuration \(differs in: lm, method\)"):
-        prepare_run_dir(tmp_path, {"method": "hcqr", "lm": {"spec": "local:smollm2-135m"}})
+        RunFolder.create(tmp_path, {"method": "hcqr", "dataset": "d", "lm": {"spec": "local:smollm2-135m"}})
+    # a setting added later with its default (None) is no difference
+    RunFolder.create(tmp_path, {"method": "cot", "dataset": "d", "lm": {"spec": "local", "new_option": None}})
 
 
 def test_unusable_run_folder_fails_before_any_lm_call(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(RunError, match="is not writable"):
-        prepare_run_dir(blocker / "run", {"method": "cot"})
+        RunFolder.create(blocker / "run", {"method": "cot", "dataset": "d"})
 
 
 def test_corrupted_record_or_config_is_a_clear_error(tmp_path):
@@ -148,6 +179,9 @@ def test_corrupted_record_or_config_is_a_clear_error(tmp_path):
     path.write_text('{"qid": "q0"}\nnot json\n{"qid": "q2"}\n')
     with pytest.raises(RunError, match=r"predictions\.jsonl:2: not a valid record"):
         read_rows(path)
+    path.write_bytes(b'{"qid": "q0"}\n{"qid": "caf\xe9"}\n')
+    with pytest.raises(RunError, match=r"predictions\.jsonl:2: not valid UTF-8"):
+        read_rows(path)
     (tmp_path / "config.json").write_text("{broken")
-    with pytest.raises(RunError, match=r"config\.json is not valid JSON"):
-        prepare_run_dir(tmp_path, {"method": "cot"})
+    with pytest.raises(RunError, match=r"config\.json:1: not valid JSON"):
+        RunFolder.create(tmp_path, {"method": "cot", "dataset": "d"})

@@ -4,76 +4,21 @@ disk, concurrent evaluations in one MLflow store; and API keys that never reach 
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import mlflow
 import pytest
 
-from hcqr_dspy.evaluate import PREDICTIONS, LMUnavailableError, RunError, read_rows
+from hcqr_dspy.evaluate import LMUnavailableError, RunError
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.run_folder import PREDICTIONS, RunFolder
+from stub_server import OPTIONS, SECRET, Stub
 
-SECRET = "sk-test-7f3a9c2e51d84b6f"  # a key value that must never be written anywhere
-OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
 
-
-class Stub:
-    """An OpenAI chat-completions endpoint: answers ``{"reasoning", "answer"}`` by question number.
-
-    ``mode`` switches behaviour while it runs: ``ok``, ``slow`` (sleeps past the client's
-    timeout), ``huge`` (a 1 MB reply), ``empty`` (an empty reply). ``down_after`` requests,
-    it closes its socket: later connections are refused. Every request's headers and body are
-    kept in ``seen``.
-    """
-
-    def __init__(self, down_after=None):
-        self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
-                stub.seen.append((dict(self.headers), body))
-                stub.count += 1
-                if stub.mode == "slow":
-                    time.sleep(3)
-                prompt = json.loads(body)["messages"][-1]["content"]
-                n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
-                content = {"ok": json.dumps({"reasoning": "r", "answer": "ABC"[(n * 2) % 3]}),
-                           "slow": "{}", "huge": "x" * 1_000_000, "empty": ""}[stub.mode]
-                payload = json.dumps({
-                    "id": f"c{stub.count}", "object": "chat.completion", "created": 0, "model": "stub",
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                }).encode()
-                if stub.down_after is not None and stub.count >= stub.down_after:
-                    # Close the listening socket before this reply goes out, so the client's next
-                    # connection is refused for certain (stopping from another thread raced with it).
-                    stub.stop()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def base(self):
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+def read_rows(path):
+    return RunFolder(path.parent).rows()
 
 
 @pytest.fixture
@@ -142,7 +87,7 @@ def test_huge_or_empty_replies_are_invalid_answers_not_crashes(bench, mlflow_sto
 
 
 def test_full_or_read_only_run_folder_fails_before_any_lm_call(bench, mlflow_store, monkeypatch):
-    import hcqr_dspy.evaluate as ev
+    import hcqr_dspy.run_folder as ev
 
     stub = Stub()
     real = Path.write_text
@@ -281,3 +226,85 @@ def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
                  "--run-dir", str(bench / "run2"), "--no-mlflow", *lm]) == 2
     assert "saved 'cot' program, not 'hcqr'" in capsys.readouterr().err
     stub.stop()
+
+
+def cli(capsys, argv):
+    from hcqr_dspy.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines()
+
+
+def eval_argv(bench, lm, run_dir, *extra):
+    return ["eval", "--method", "cot", "--dataset", str(bench / "qs.json"), "--lm", lm, "--run-dir", str(run_dir),
+            "--no-mlflow", *extra]
+
+
+def test_an_lm_that_cannot_be_used_stops_before_anything_is_written(bench, capsys):
+    run_dir = bench / "run"
+    code, err = cli(capsys, eval_argv(bench, "openai-typo/x", run_dir))  # a typo of the provider
+    assert code == 2 and len(err) == 1 and "LiteLLM cannot route this model name" in err[0]
+    assert not run_dir.exists()
+    stub = Stub()
+    stub.mode = "auth"  # the endpoint refuses the key
+    code, err = cli(capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY"))
+    assert code == 2 and len(err) == 1 and "cannot be used" in err[0] and SECRET not in err[0]
+    assert not run_dir.exists()
+    code, err = cli(capsys, eval_argv(bench, "gguf:/nonexistent/model.gguf", run_dir))
+    assert code == 2 and "GGUF file /nonexistent/model.gguf not found" in err[0] and not run_dir.exists()
+    stub.mode = "ok"  # corrected: the same folder runs, nothing had to be deleted
+    code, _ = cli(capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY"))
+    assert code == 0 and len(read_rows(run_dir / PREDICTIONS)) == 6
+    stub.stop()
+
+
+def test_ask_fails_like_eval_when_the_endpoint_is_down(bench, capsys):
+    stub = Stub()
+    stub.stop()  # nothing listens there any more
+    code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Question number 1?", "--option", "A=alpha",
+                             "--option", "B=beta", "--lm", "openai/stub-model", "--api-base", stub.base,
+                             "--api-key-env", "STUB_KEY"])
+    assert code == 2 and len(err) == 1 and err[0].startswith("hcqr: error:") and "cannot be used" in err[0]
+    code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Which?", "--option", "A=alpha", "--option", "A=beta"])
+    assert code == 2 and "--option A is given twice" in err[0]
+
+
+@pytest.fixture(scope="module")
+def demo_bm25(tmp_path_factory):
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+
+    out = tmp_path_factory.mktemp("demo") / "bm25"
+    corpus = Path(__file__).resolve().parents[1] / "data" / "demo" / "corpus.jsonl"
+    BM25Retriever(load_corpus(corpus), show_progress=False).save(out)
+    return out
+
+
+@pytest.mark.parametrize("extra, k, fused", [(["--k-per-query", "7"], 7, 14), ([], 8, 15)])
+def test_k_per_query_reaches_an_ablation_and_its_default_is_hcqrs(bench, capsys, demo_bm25, extra, k, fused):
+    """hcqr_no_support sends two queries: k per query each (at most 2k candidates fused, at most 15 kept)."""
+    stub = Stub()
+    run_dir = bench / f"ablation-{k}"
+    argv = ["eval", "--method", "hcqr_no_support", "--dataset", str(bench / "qs.json"), "--index", str(demo_bm25),
+            "--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY", "--run-dir", str(run_dir),
+            "--no-mlflow", "--limit", "2", *extra]
+    code, err = cli(capsys, argv)
+    assert code == 0, err
+    assert RunFolder.open(run_dir).config["program"]["k_per_query"] == k
+    for row in read_rows(run_dir / PREDICTIONS):
+        assert row["query_sources"] == ["rewrite", "rewrite"]
+        fused_here = row["passages"] + row["dropped_passages"]
+        assert len(fused_here) <= fused and max(r for p in fused_here for r in p["ranks"]) == k
+    stub.stop()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "cot", "--fusion", "rrf"], "--fusion does not apply to method 'cot'"),
+    (["--method", "simple_rag", "--k-per-query", "3"], "--k-per-query does not apply to method 'simple_rag'"),
+    (["--method", "query_rewrite", "--k-per-query", "3"], "--k-per-query does not apply to method 'query_rewrite'"),
+])
+def test_a_flag_that_does_not_apply_is_refused(bench, capsys, demo_bm25, extra, message):
+    argv = ["eval", "--dataset", str(bench / "qs.json"), "--index", str(demo_bm25), "--lm", "local:smollm2-135m",
+            "--run-dir", str(bench / "r"), "--no-mlflow", *extra]
+    code, err = cli(capsys, argv)
+    assert code == 2 and len(err) == 1 and message in err[0] and not (bench / "r").exists()

@@ -135,23 +135,68 @@ def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
             }
 
 
+# Option texts that carry no searchable content (PubMedQA/BioASQ-style answers).
+CONTENT_FREE_OPTIONS = {"yes", "no", "maybe", "true", "false", "unknown", "none of the above", "all of the above"}
+# Words that only join option letters ("A and B", "both A and C", "options B, D").
+_LETTER_LIST_WORDS = {"and", "or", "both", "neither", "nor", "either", "option", "options", "versus", "vs", "all", "none"}
+
+
+def is_content_free(text: object) -> bool:
+    """Whether ``text`` holds nothing to search for: empty, a yes/no/maybe-style answer
+    (:data:`CONTENT_FREE_OPTIONS`) or a list of option letters (``"A; B; C"``, ``"both A and C"``)."""
+    if not isinstance(text, str):
+        return True
+    words = re.findall(r"[A-Za-z0-9]+", text)
+    if not words:
+        return True
+    if " ".join(w.lower() for w in words) in CONTENT_FREE_OPTIONS:
+        return True
+    return all((len(w) == 1 and w.isalpha()) or w.lower() in _LETTER_LIST_WORDS for w in words)
+
+
+def key_terms(text: str, max_words: int = 16) -> str:
+    """The content words of ``text`` in order: lower-cased word tokens without English stopwords
+    (bm25s' extended English list, STOPWORDS_EN_PLUS: 179 words) or digits-only tokens, each once, at most ``max_words``."""
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+    stop = set(STOPWORDS_EN_PLUS)
+    out: list[str] = []
+    for w in re.findall(r"[A-Za-z][A-Za-z0-9'-]*", text):
+        lw = w.lower().strip("'-")
+        if len(lw) > 1 and lw not in stop and lw not in out:
+            out.append(lw)
+        if len(out) == max_words:
+            break
+    return " ".join(out)
+
+
 def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
     """A usable search query, or ``None``.
 
     Strips quotes, list markers (``1.``, ``-``), labels like ``q1:`` or
     ``query 2:`` and whitespace; keeps at most ``max_words`` words (the 1.5B
-    model's "queries" were often 30-60-word copies of its reasoning). Empty or
-    letter-only text, and a template placeholder echoed back
-    (``{support_query}``, seen with SmolLM2-135M), are unusable.
+    model's "queries" were often 30-60-word copies of its reasoning). Unusable:
+    empty text, content-free text (:func:`is_content_free`: letter lists such as
+    ``"A; B; C"``, a bare "yes"/"no"), a template placeholder echoed back
+    (``{support_query}``, seen with SmolLM2-135M), and a copy of one of the
+    example queries the prompts show (:data:`~hcqr_dspy.signatures.PROMPT_EXAMPLE_QUERIES`).
     """
+    from hcqr_dspy.signatures import PROMPT_EXAMPLE_QUERIES
+
     if not isinstance(text, str) or re.fullmatch(r"\s*\{[\w ]*\}\s*", text):
         return None  # missing, or a template placeholder echoed back ("{support_query}")
     q = re.sub(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+", "", text.strip())
     q = re.sub(r"^\s*(q\d|query(\s*\d)?|support|distinction|key[ _]features?)\s*[:\-]\s*", "", q, flags=re.I)
     q = " ".join(q.strip().strip("\"'`").split())
-    if len(re.sub(r"[^A-Za-z0-9]", "", q)) < 3:
+    if len(re.sub(r"[^A-Za-z0-9]", "", q)) < 3 or is_content_free(q):
+        return None
+    if _normalized(q) in {_normalized(e) for e in PROMPT_EXAMPLE_QUERIES}:
         return None
     return " ".join(q.split()[:max_words])
+
+
+def _normalized(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
 def dedupe(queries: list[str | None]) -> list[str | None]:
@@ -166,18 +211,68 @@ def dedupe(queries: list[str | None]) -> list[str | None]:
     return out
 
 
-def passage_records(retriever: Retriever, fused: list[FusedPassage]) -> list[dict[str, Any]]:
-    """JSON-able description of fused passages (id, title, score, provenance)."""
-    return [
-        {
+def format_document(i: int, title: str, content: str, max_chars: int | None = None) -> str:
+    """One passage as the answer step and the DUR judge see it: MedRAG's ``Document [i] (Title: t) text``.
+
+    Args:
+        i: 1-based position in the context.
+        title, content: The passage.
+        max_chars: Keep only the first ``max_chars`` characters of ``content`` (a passage cut by the
+            context's token budget); ``None`` keeps it whole.
+    """
+    text = content if max_chars is None else content[:max_chars]
+    return f"Document [{i}] (Title: {title}) {text}"
+
+
+def passage_records(retriever: Retriever, fused: list[FusedPassage], shown_chars: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """JSON-able description of fused passages (id, title, score, provenance).
+
+    Args:
+        retriever: Resolves ids to titles.
+        fused: The passages, in context order.
+        shown_chars: ``{position: characters of content shown}`` for passages cut short by the
+            token budget (recorded as ``shown_chars``).
+    """
+    records = []
+    for i, f in enumerate(fused):
+        record = {
             "id": f.passage_id,
             "title": retriever.get(f.passage_id).title,
             "score": round(f.score, 6),
             "queries": list(f.queries),
             "ranks": list(f.ranks),
         }
-        for f in fused
-    ]
+        if shown_chars and i in shown_chars:
+            record["shown_chars"] = shown_chars[i]
+        records.append(record)
+    return records
+
+
+def shown_documents(retriever: Retriever, passages: list[dict[str, Any]]) -> list[str]:
+    """The documents of a run row's ``passages`` exactly as the answer step saw them
+    (:func:`format_document`, a cut passage cut at its ``shown_chars``)."""
+    docs = []
+    for i, record in enumerate(passages, start=1):
+        p = retriever.get(record["id"])
+        docs.append(format_document(i, p.title, p.content, record.get("shown_chars")))
+    return docs
+
+
+def bad_reply(stage_name: str, exc: BaseException | None = None, message: str | None = None) -> dict[str, Any]:
+    """Fields of a prediction made invalid by a bad LM reply at ``stage_name``.
+
+    ``invalid_cause`` is ``"context_window"`` (the prompt did not fit the model's
+    window), ``"unparseable"`` (DSPy could not parse the reply) or
+    ``"not_an_option"`` (a parsed letter outside the question's options, given
+    as ``message``).
+    """
+    if exc is not None:
+        cause = "context_window" if isinstance(exc, ContextWindowExceededError) else "unparseable"
+        message = f"{type(exc).__name__}: {exc}"
+    else:
+        cause = "not_an_option"
+    return {"answer": None, "valid": False, "reasoning": None, "error": f"{stage_name}: {message}"[:500],
+            "invalid_stage": stage_name, "invalid_cause": cause}
 
 
 class MCQProgram(dspy.Module):
@@ -239,32 +334,41 @@ class MCQProgram(dspy.Module):
             budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
         return max(0, budget)
 
-    def build_context(self, passage_ids: list[str], budget: int | None = None) -> tuple[str, dict[str, int]]:
-        """MedRAG's context format, ``Document [i] (Title: t) text``, cut to the token budget.
+    def build_context(self, passage_ids: list[str], budget: int | None = None) -> tuple[str, dict[str, int], dict[int, int]]:
+        """MedRAG's context format, ``Document [i] (Title: t) text`` (:func:`format_document`), cut to the token budget.
+
+        Whole passages are kept from the top while they fit; the passage that
+        crosses the budget keeps the head of its text when more than 50 tokens
+        are left, and the rest are dropped.
 
         Returns:
-            The context string and the cut: passages kept and dropped, tokens
-            before and after (``tokens_dropped`` 0 when nothing was cut).
+            The context string; the cut (``passages_kept``, ``passages_dropped``,
+            ``tokens_before``, ``tokens_after``, ``tokens_dropped``; 0 dropped when
+            nothing was cut); and ``{position: characters of content shown}`` for
+            a passage cut short.
         """
         lm = dspy.settings.lm
-        docs = []
-        for i, pid in enumerate(passage_ids, start=1):
-            p = self.retriever.get(pid)
-            docs.append(f"Document [{i}] (Title: {p.title}) {p.content}")
+        passages = [self.retriever.get(pid) for pid in passage_ids]
+        docs = [format_document(i, p.title, p.content) for i, p in enumerate(passages, start=1)]
         limit = self.max_context_tokens if budget is None else budget
         counts = [count_tokens(lm, d) for d in docs]
         total = sum(counts)
-        kept, used = [], 0
-        for doc, n in zip(docs, counts):
+        kept, used, partial = [], 0, {}
+        for pos, (p, doc, n) in enumerate(zip(passages, docs, counts)):
             if used + n <= limit:
                 kept.append(doc)
                 used += n
                 continue
             room = limit - used
             if room > 50:  # keep the head of the passage that crosses the budget
-                cut = doc[: int(len(doc) * room / n)]
-                kept.append(cut)
-                used += count_tokens(lm, cut)
+                chars = int(len(p.content) * room / n)
+                doc = format_document(pos + 1, p.title, p.content, chars)
+                while chars > 0 and count_tokens(lm, doc) > room:
+                    chars = int(chars * 0.9)
+                    doc = format_document(pos + 1, p.title, p.content, chars)
+                kept.append(doc)
+                used += count_tokens(lm, doc)
+                partial[pos] = chars
             break
         cut = {
             "passages_kept": len(kept),
@@ -273,11 +377,12 @@ class MCQProgram(dspy.Module):
             "tokens_after": used,
             "tokens_dropped": max(0, total - used),
         }
-        return "\n".join(kept), cut
+        return "\n".join(kept), cut, partial
 
     # -- answering -----------------------------------------------------
     def answer_from_passages(
-        self, question: str, options: dict[str, str], fused: list[FusedPassage], stages: dict, **shown: str
+        self, question: str, options: dict[str, str], fused: list[FusedPassage], stages: dict,
+        fallbacks: dict[str, int] | None = None, **shown: str,
     ) -> dict[str, Any]:
         """The answer step over fused passages: context under the token budget, answer, passage records.
 
@@ -285,19 +390,29 @@ class MCQProgram(dspy.Module):
             question, options: The question.
             fused: Passages in context order (at most ``budget``).
             stages: The prediction's stage record (``answer`` is added).
+            fallbacks: The method's fallback counts so far (``context_cut`` and
+                ``passages_dropped`` are added when the token budget cut the context).
             **shown: Extra inputs of the answer predictor (e.g. a hypothesis
                 for the anchoring ablation); counted against the context budget.
 
         Returns:
-            ``answer, valid, reasoning, error, stages, passages, context_cut``
-            for the method's ``dspy.Prediction``.
+            ``answer, valid, reasoning, error, invalid_stage, invalid_cause, stages,
+            passages`` (what the answer step received), ``dropped_passages`` (fused
+            but cut by the budget), ``context_cut`` and ``fallbacks``, for the
+            method's ``dspy.Prediction``.
         """
         budget = self.context_budget(question, options, "\n".join(shown.values()))
-        context, cut = self.build_context([f.passage_id for f in fused], budget)
+        context, cut, partial = self.build_context([f.passage_id for f in fused], budget)
         demos = {"demos": self.answer_demos()} if self.answer.demos else {}
         with stage(stages, "answer"):
             out = self.answer_step(self.answer, options, question=question, context=context, **demos, **shown)
-        return {**out, "stages": stages, "passages": passage_records(self.retriever, fused), "context_cut": cut}
+        records = passage_records(self.retriever, fused, partial)
+        fallbacks = dict(fallbacks or {})
+        if cut["tokens_dropped"]:
+            fallbacks["context_cut"] = 1
+            fallbacks["passages_dropped"] = cut["passages_dropped"]
+        return {**out, "stages": stages, "passages": records[: cut["passages_kept"]],
+                "dropped_passages": records[cut["passages_kept"]:], "context_cut": cut, "fallbacks": fallbacks}
 
     def answer_demos(self) -> list[Any]:
         """The answer step's few-shot demos as shown: contexts cut to ``demo_context_tokens`` (:func:`trimmed_demos`).
@@ -313,9 +428,9 @@ class MCQProgram(dspy.Module):
         """Run an answer predictor with its letter field narrowed to the options.
 
         Returns:
-            ``{"answer", "valid", "reasoning", "error"}``; a reply that cannot
-            be parsed into one of the letters gives ``answer=None``,
-            ``valid=False`` and the parse error.
+            ``{"answer", "valid", "reasoning", "error", "invalid_stage", "invalid_cause"}``;
+            a reply that cannot be parsed into one of the letters gives
+            ``answer=None``, ``valid=False`` and the cause (:func:`bad_reply`).
         """
         letters = list(options)
         try:
@@ -325,15 +440,12 @@ class MCQProgram(dspy.Module):
                 **inputs,
             )
         except BAD_REPLY_ERRORS as exc:
-            return {"answer": None, "valid": False, "reasoning": None, "error": f"answer: {type(exc).__name__}: {exc}"[:500]}
+            return bad_reply("answer", exc)
         answer = str(pred.answer).strip().upper() if pred.answer is not None else None
-        valid = answer in letters
-        return {
-            "answer": answer if valid else None,
-            "valid": valid,
-            "reasoning": pred.reasoning,
-            "error": None if valid else f"answer: {pred.answer!r} is not one of {letters}",
-        }
+        if answer not in letters:
+            return {**bad_reply("answer", message=f"{pred.answer!r} is not one of {letters}"), "reasoning": pred.reasoning}
+        return {"answer": answer, "valid": True, "reasoning": pred.reasoning, "error": None,
+                "invalid_stage": None, "invalid_cause": None}
 
 
 P = TypeVar("P", bound=MCQProgram)

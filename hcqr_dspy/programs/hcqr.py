@@ -10,9 +10,14 @@ Defaults follow the HCQR reference setup (../shared/DESIGN.md): 5 passages per
 query, budget 15, duplicates' scores summed. The hypothesis is never shown to
 the answer step, so the answer may overturn it. If fewer than two of the
 rewritten queries are usable, all three are built from the hypothesis fields
-instead (reference behaviour); a single unusable (empty, too short, or
-repeating an earlier) query is replaced by the
-query its role builds from the hypothesis. Each query's source is recorded.
+instead (reference behaviour); a single unusable (empty, too short, content-free,
+a copy of the prompt's example, or repeating an earlier) query is replaced by
+the query its role builds from the hypothesis. If the hypothesis reply itself
+cannot be parsed, the question is not given up: it retrieves with the question
+alone (as Simple RAG) and is answered. Each query's source is recorded, and
+every fallback is counted in the prediction's ``fallbacks``
+(``hypothesis_failed``, ``queries_from_question``, ``rewrite_failed``,
+``queries_from_hypothesis``, and the answer step's ``context_cut``).
 
 Ablations are options of :class:`HCQR`, not copies: ``roles`` keeps a subset
 of the three queries (the rewrite step is unchanged and still writes all
@@ -40,6 +45,8 @@ from hcqr_dspy.programs.base import (
     MCQProgram,
     clean_query,
     dedupe,
+    is_content_free,
+    key_terms,
     stage,
     variant,
 )
@@ -56,15 +63,24 @@ QUERY_ROLES = ("support", "distinction", "key_features")
 
 
 def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], question: str) -> list[str]:
-    """The three queries built from the hypothesis fields (fallback of the reference code).
+    """The three queries built from the hypothesis fields (the reference code's fallback when the
+    rewrite gives fewer than two usable queries), one per role: support, distinction, key features.
 
-    A role whose fields are all empty falls back to the question itself.
+    The hypothesised option's text names what to search for; when it carries
+    no content (``"yes"``, ``"no"``, ``"maybe"``, a list of letters:
+    :func:`~hcqr_dspy.programs.base.is_content_free`), the question's key terms
+    (:func:`~hcqr_dspy.programs.base.key_terms`) stand in for it; content-free
+    features or evidence (a letter list, a bare "yes") are left out. A role whose
+    built text is unusable (:func:`~hcqr_dspy.programs.base.clean_query`) falls
+    back to the subject, then to the question's key terms.
     """
     guess = options.get(hypothesis.get("working_hypothesis") or "", "")
-    features = hypothesis.get("discriminating_features") or ""
-    evidence = hypothesis.get("confirming_evidence") or ""
-    built = [f"{guess} {evidence}", f"{guess} versus alternatives {features}" if features else "", features or guess]
-    return [clean_query(q) or clean_query(guess) or clean_query(question, max_words=64) or question for q in built]
+    terms = key_terms(question) or question
+    subject = terms if is_content_free(guess) else guess
+    features, evidence = (hypothesis.get(k) or "" for k in ("discriminating_features", "confirming_evidence"))
+    features, evidence = ("" if is_content_free(t) else t for t in (features, evidence))  # "A; B", "Yes"
+    built = [f"{subject} {evidence}", f"{subject} versus alternatives {features}" if features else "", features or subject]
+    return [clean_query(q) or clean_query(subject) or clean_query(terms, max_words=64) or terms for q in built]
 
 
 def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
@@ -157,11 +173,11 @@ class HCQR(MCQProgram):
                     options=opts,
                     signature=restrict_letters(self.hypothesis.signature, "working_hypothesis", list(options)),
                 )
+                hypothesis_error = None
             except BAD_REPLY_ERRORS as exc:
-                return dspy.Prediction(
-                    answer=None, valid=False, reasoning=None, error=f"hypothesis: {type(exc).__name__}: {exc}"[:500],
-                    stages=stages, hypothesis=None, queries=[], query_sources=[], query_roles=[], passages=[],
-                )
+                hypothesis_error = f"{type(exc).__name__}: {exc}"[:500]
+        if hypothesis_error is not None:
+            return self.forward_without_hypothesis(question, options, stages, hypothesis_error)
         hypothesis = {
             "working_hypothesis": str(h.working_hypothesis).strip().upper(),
             "discriminating_features": h.discriminating_features,
@@ -170,12 +186,13 @@ class HCQR(MCQProgram):
         }
         hypothesis_text = format_hypothesis(hypothesis, options)
 
+        rewrite_failed = 0
         with stage(stages, "rewrite"):
             try:
                 r = self.rewrite(question=question, options=opts, hypothesis=hypothesis_text)
                 raw = [r.support_query, r.distinction_query, r.key_feature_query]
             except BAD_REPLY_ERRORS:
-                raw = [None, None, None]
+                raw, rewrite_failed = [None, None, None], 1
         rewritten = dedupe([clean_query(q) for q in raw])
         fallback = hypothesis_queries(hypothesis, options, question)
         if sum(q is not None for q in rewritten) < 2:
@@ -185,18 +202,38 @@ class HCQR(MCQProgram):
             sources = ["rewrite" if q is not None else "hypothesis" for q in rewritten]
         kept = [QUERY_ROLES.index(role) for role in self.roles]
         queries, sources = [queries[i] for i in kept], [sources[i] for i in kept]
+        fallbacks = {"rewrite_failed": rewrite_failed, "queries_from_hypothesis": sources.count("hypothesis")}
 
         with stage(stages, "retrieval"):
             hit_lists = self.retriever.search(queries, k=self.k_per_query)
             fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
         shown = {"hypothesis": hypothesis_text} if self.show_hypothesis else {}
         return dspy.Prediction(
-            **self.answer_from_passages(question, options, fused, stages, **shown),
+            **self.answer_from_passages(question, options, fused, stages, fallbacks, **shown),
             hypothesis=hypothesis,
             queries=queries,
             query_sources=sources,
             query_roles=list(self.roles),
             raw_queries=raw,
+        )
+
+    def forward_without_hypothesis(self, question: str, options: dict[str, str], stages: dict, error: str) -> dspy.Prediction:
+        """The hypothesis reply could not be parsed: retrieve with the question itself (top ``budget``,
+        as Simple RAG) and answer, so HCQR answers every question the baselines can. Counted as the
+        ``hypothesis_failed`` and ``queries_from_question`` fallbacks; ``hypothesis_error`` keeps the reply's error."""
+        fallbacks = {"hypothesis_failed": 1, "queries_from_question": 1}
+        with stage(stages, "retrieval"):
+            fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
+        # The anchoring ablation has no hypothesis to show: it answers like HCQR here.
+        shown = {"hypothesis": "(no working hypothesis: its reply could not be parsed)"} if self.show_hypothesis else {}
+        return dspy.Prediction(
+            **self.answer_from_passages(question, options, fused, stages, fallbacks, **shown),
+            hypothesis=None,
+            hypothesis_error=error,
+            queries=[question],
+            query_sources=["question"],
+            query_roles=[],
+            raw_queries=[],
         )
 
 

@@ -14,9 +14,10 @@ Differences from the paper, so the method fits the shared retriever contract
 written at the LM's configured temperature (0 in the reference setup), is the
 query text itself; the paper samples several documents and averages their
 embeddings with the query's. Retrieval does not see the options (MIRAGE's
-rule holds). A reply that cannot be parsed, or an empty passage, makes the
-question invalid (``error`` names the stage) without retrieving: there is no
-silent fallback to the question, as with HCQR's hypothesis step.
+rule holds). A reply that cannot be parsed, or an empty passage, does not give
+the question up: it retrieves with the question itself (as Simple RAG), and the
+fallback is counted (``passage_failed``, ``queries_from_question``), as with
+HCQR's hypothesis step, so every method answers every question it can.
 """
 
 from __future__ import annotations
@@ -59,14 +60,19 @@ class HyDE(MCQProgram):
             except BAD_REPLY_ERRORS as exc:
                 passage, error = None, f"{type(exc).__name__}: {exc}"
         if error is not None:
+            fallbacks = {"passage_failed": 1, "queries_from_question": 1}
+            with stage(stages, "retrieval"):
+                fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
             return dspy.Prediction(
-                answer=None, valid=False, reasoning=None, error=f"hypothetical_passage: {error}"[:500],
-                stages=stages, hypothetical_passage=passage, queries=[], passages=[],
+                **self.answer_from_passages(question, options, fused, stages, fallbacks),
+                hypothetical_passage=passage, passage_error=f"hypothetical_passage: {error}"[:500],
+                queries=[question], query_sources=["question"],
             )
         passage = passage.strip()
 
         with stage(stages, "retrieval"):
             fused = fuse(self.retriever.search([passage], k=self.budget), budget=self.budget)
         return dspy.Prediction(
-            **self.answer_from_passages(question, options, fused, stages), hypothetical_passage=passage, queries=[passage]
+            **self.answer_from_passages(question, options, fused, stages), hypothetical_passage=passage, queries=[passage],
+            query_sources=["passage"],
         )

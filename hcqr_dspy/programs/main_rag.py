@@ -207,8 +207,12 @@ class MainRAG(MCQProgram):
             threshold, mean, std = judge_bar([judged[i]["score"] for i in scored], self.n_std)
             above = [i for i in scored if judged[i]["score"] >= threshold - SCORE_TOLERANCE]
             kept_idx = sorted(above, key=lambda i: -judged[i]["score"])[: self.budget]  # stable: ties keep rank
-        out = self.answer_from_passages(question, options, [pool[i] for i in kept_idx], stages)
-        for record, i in zip(out["passages"], kept_idx):
+        fallbacks = {
+            "judge_vote_scored": sum(judged[i]["scored_by"] == "vote" for i in scored),
+            "judge_failures": len(pool) - len(scored),
+        }
+        out = self.answer_from_passages(question, options, [pool[i] for i in kept_idx], stages, fallbacks)
+        for record, i in zip(out["passages"] + out["dropped_passages"], kept_idx):
             record["judge_score"] = round(judged[i]["score"], 6)
             record["judge_scored_by"] = judged[i]["scored_by"]
         used = sorted({judged[i]["scored_by"] for i in scored})

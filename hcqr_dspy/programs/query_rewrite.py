@@ -94,19 +94,21 @@ class QueryRewrite(MCQProgram):
                     question=question, signature=ask_for_count(self.rewrite.signature, "queries", self.n_queries), **shown
                 )
                 raw = list(r.queries) if isinstance(r.queries, (list, tuple)) else [r.queries]
+                rewrite_failed = 0
             except BAD_REPLY_ERRORS:
-                raw = []
+                raw, rewrite_failed = [], 1
         queries = [q for q in dedupe([clean_query(q) for q in raw]) if q is not None][: self.n_queries]
         sources = ["rewrite"] * len(queries)
         if not queries:
             queries, sources = [question], ["question"]
+        fallbacks = {"rewrite_failed": rewrite_failed, "queries_from_question": sources.count("question")}
         k = math.ceil(self.budget / len(queries))
 
         with stage(stages, "retrieval"):
             hit_lists = self.retriever.search(queries, k=k)
             fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
         return dspy.Prediction(
-            **self.answer_from_passages(question, options, fused, stages),
+            **self.answer_from_passages(question, options, fused, stages, fallbacks),
             queries=queries,
             query_sources=sources,
             raw_queries=raw,

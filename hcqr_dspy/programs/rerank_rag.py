@@ -164,8 +164,9 @@ class RerankRAG(MCQProgram):
             scores, failures = self.rerank_scores(question, [self.retriever.get(f.passage_id).text for f in pool])
         order = sorted(range(len(pool)), key=lambda i: -scores[i])[: self.budget]  # stable: ties keep retrieval order
         kept = [pool[i] for i in order]
-        out = self.answer_from_passages(question, options, kept, stages)
-        for record, i in zip(out["passages"], order):
+        fallbacks = {"rerank_parse_failures": failures}
+        out = self.answer_from_passages(question, options, kept, stages, fallbacks)
+        for record, i in zip(out["passages"] + out["dropped_passages"], order):
             record["rerank_score"] = round(scores[i], 6)
         return dspy.Prediction(
             **out,

@@ -71,11 +71,12 @@ def test_hyde_never_exceeds_the_budget(pool, budget):
 
 
 @pytest.mark.parametrize("reply", [{"oops": "no passage"}, {"passage": "   "}], ids=["unparseable", "empty"])
-def test_hyde_bad_passage_makes_the_question_invalid(spy, reply):
+def test_hyde_bad_passage_falls_back_to_the_question_and_counts_it(spy, reply):
     pred = run(HyDE(spy), lm_for(**{"`passage`": reply}))
-    assert pred.valid is False and pred.answer is None
-    assert pred.error.startswith("hypothetical_passage:")
-    assert spy.calls == [] and pred.queries == [] and pred.passages == []  # no silent fallback to the question
+    assert pred.valid is True and pred.answer == "A"  # answered, like Simple RAG would
+    assert pred.passage_error.startswith("hypothetical_passage:")
+    assert spy.calls == [([QUESTION], 15)] and pred.queries == [QUESTION] and pred.query_sources == ["question"]
+    assert pred.fallbacks == {"passage_failed": 1, "queries_from_question": 1}
 
 
 # -- generic query rewriting -------------------------------------------------------------------------

@@ -86,11 +86,15 @@ def test_invalid_answer_is_invalid_not_defaulted(spy):
     assert pred.error.startswith("answer: AdapterParseError")
 
 
-def test_garbage_hypothesis_makes_question_invalid_without_raising(spy):
-    lm = DummyLM({"`discriminating_features`": {"oops": "no fields"}}, adapter=dspy.JSONAdapter())
-    pred = run(HCQR(spy), lm)
-    assert pred.valid is False and pred.error.startswith("hypothesis:")
-    assert spy.calls == []
+@pytest.mark.parametrize("method", ["hcqr", "hcqr_show_hypothesis", "hcqr_no_support"])
+def test_garbage_hypothesis_falls_back_to_the_question_and_still_answers(spy, method):
+    lm = DummyLM({"`discriminating_features`": {"oops": "no fields"}, "`answer`": ANSWER}, adapter=dspy.JSONAdapter())
+    pred = run(make_program(method, spy), lm)
+    assert pred.valid is True and pred.answer == "A"  # answered on the same terms as Simple RAG
+    assert pred.hypothesis is None and pred.hypothesis_error.startswith("AdapterParseError")
+    assert spy.calls == [([QUESTION], 15)] and pred.query_sources == ["question"]
+    assert pred.fallbacks == {"hypothesis_failed": 1, "queries_from_question": 1}
+    assert not [h for h in lm.history if "`support_query`" in h["messages"][-1]["content"]]  # no rewrite call
 
 
 def test_unusable_queries_fall_back_to_hypothesis_fields(spy):
@@ -138,7 +142,8 @@ def test_context_is_cut_to_the_token_budget(spy):
     pred = run(SimpleRAG(spy, budget=8, max_context_tokens=20), lm)
     cut = pred.context_cut
     assert cut["tokens_before"] > 20 and cut["tokens_after"] <= 20 + 3 and cut["tokens_dropped"] > 0
-    assert cut["passages_kept"] + cut["passages_dropped"] == len(pred.passages)
+    assert cut["passages_kept"] == len(pred.passages) and cut["passages_dropped"] == len(pred.dropped_passages)
+    assert cut["passages_dropped"] > 0 and pred.fallbacks == {"context_cut": 1, "passages_dropped": cut["passages_dropped"]}
 
 
 def test_registry_and_construction_errors(spy):
@@ -176,10 +181,45 @@ def test_saved_program_holds_no_retriever_and_loads_against_another(tmp_path, sp
         ("{support_query}", None),
         (None, None),
         (" ".join(["word"] * 50), " ".join(["word"] * 32)),
+        ("A; B; C", None),  # a list of option letters names nothing to search for
+        ("both A and C", None),
+        ("options B, D", None),
+        ("yes", None),
+        ("no", None),
+        ("vitamin B12 deficiency", "vitamin B12 deficiency"),  # a letter inside content is kept
+        ("hepatitis B vaccine", "hepatitis B vaccine"),
+        ("Digoxin toxicity, yellow vision; nausea", None),  # the rewrite prompt's own example, copied back
+        ("amoxicillin rash infectious mononucleosis", None),
+        ("digoxin toxicity yellow vision", "digoxin toxicity yellow vision"),  # not the example: kept
     ],
 )
 def test_clean_query(raw, expected):
     assert clean_query(raw) == expected
+
+
+def test_every_prompt_example_query_is_in_a_prompt():
+    """clean_query refuses copies of the prompts' example queries: the list must follow the prompts."""
+    from hcqr_dspy.signatures import PROMPT_EXAMPLE_QUERIES, RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions
+
+    prompts = " ".join(s.instructions for s in (RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions))
+    assert all(f'"{q}"' in prompts for q in PROMPT_EXAMPLE_QUERIES)
+
+
+def test_yes_no_options_build_queries_from_the_question_not_the_option():
+    from hcqr_dspy.programs.hcqr import hypothesis_queries
+
+    h = {"working_hypothesis": "B", "discriminating_features": "A; B", "confirming_evidence": "Yes"}
+    queries = hypothesis_queries(h, {"A": "yes", "B": "no", "C": "maybe"}, "Is metformin first-line therapy in type 2 diabetes?")
+    assert all("metformin first-line therapy type diabetes" in q for q in queries)
+    assert not any(q.lower() in ("no yes", "yes", "no") or "versus alternatives a" in q.lower() for q in queries)
+
+
+def test_rewrite_that_always_fails_runs_on_hypothesis_queries_and_counts_it(spy):
+    lm = DummyLM({"`support_query`": {"oops": "unparseable"}, "`discriminating_features`": HYPOTHESIS, "`answer`": ANSWER},
+                 adapter=dspy.JSONAdapter())
+    pred = run(HCQR(spy), lm)
+    assert pred.valid and pred.query_sources == ["hypothesis"] * 3
+    assert pred.fallbacks == {"rewrite_failed": 1, "queries_from_hypothesis": 3}
 
 
 # -- ablations: options of HCQR, registered with the option fixed -----------------------------------
@@ -267,9 +307,9 @@ def test_show_hypothesis_registered_and_recorded(spy):
     assert "HYPMARK" in full_prompts(lm, "answer")[0]
 
 
-def test_hypothesis_queries_fall_back_to_the_question_when_fields_are_empty():
+def test_hypothesis_queries_use_the_question_key_terms_when_fields_are_empty():
     from hcqr_dspy.programs.hcqr import hypothesis_queries
 
     empty = {"working_hypothesis": "A", "discriminating_features": "", "confirming_evidence": ""}
     queries = hypothesis_queries(empty, {"A": "No", "B": "Yes"}, "Does aspirin prevent stroke recurrence?")
-    assert queries == ["Does aspirin prevent stroke recurrence?"] * 3
+    assert queries == ["aspirin prevent stroke recurrence"] * 3

@@ -1,0 +1,518 @@
+"""A run folder: every record of one evaluation, and the only code that reads or writes them.
+
+Layout (one folder per evaluation)::
+
+    config.json         the resolved configuration (method, program options, dataset and question
+                        fingerprints, index, LM); written once, after every input was checked
+    predictions.jsonl   one row per finished question, appended as it finishes (whole lines only)
+    metrics.json        summary of the rows (:func:`hcqr_dspy.metrics.summarize`)
+    judgments.jsonl     DUR judge labels, one per judged question (``hcqr judge``)
+    dur.json            summary of the judgments (:func:`hcqr_dspy.dur.dur_metrics`)
+    tracebacks/<qid>.txt
+                        the traceback of a question whose program raised an error that is not a
+                        bad LM reply (the run stopped there; nothing was saved for that question)
+
+:class:`RunFolder` creates, reopens (resume) and reads these; ``evaluate``,
+``dur``, ``compare``, ``experiment``, ``tracking`` and the CLI go through it.
+:class:`JsonlTable` is the append-only, resumable record file under
+``predictions.jsonl`` and ``judgments.jsonl``: rows are keyed by ``qid``, a
+partial last line left by a killed writer is dropped and its item redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import traceback
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hcqr_dspy.errors import HCQRError
+
+CONFIG = "config.json"
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+JUDGMENTS = "judgments.jsonl"
+DUR_METRICS = "dur.json"
+TRACEBACKS = "tracebacks"
+# Keys of config.json that may change between a run and its resumption.
+MUTABLE_KEYS = ("mlflow_run_id",)
+
+
+class RunError(HCQRError):
+    """A run folder cannot be used: another configuration, not writable, unreadable or foreign records."""
+
+
+class LMUnavailableError(HCQRError):
+    """The LM stopped answering (or cannot be used) mid-run; finished questions are saved."""
+
+
+class ProgramError(HCQRError):
+    """A program raised an error that is not a bad LM reply (a bug): the run stopped at that question.
+
+    Attributes:
+        qid: The question.
+        traceback_file: Where its traceback was written.
+    """
+
+    def __init__(self, message: str, qid: str, traceback_file: Path | None):
+        super().__init__(message)
+        self.qid = qid
+        self.traceback_file = traceback_file
+
+
+def write_probe(folder: Path) -> None:
+    """Create ``folder`` if needed, then write and delete a probe file in it.
+
+    Raises:
+        OSError: the folder cannot be created or written (read-only or full disk, ``/proc`` ...).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("ok")
+    probe.unlink()
+
+
+def read_json_object(file: Path, what: str = "file") -> dict[str, Any]:
+    """A JSON object from ``file``.
+
+    Raises:
+        RunError: unreadable, not UTF-8, not JSON or not an object (one line naming the file).
+    """
+    try:
+        value = json.loads(file.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise RunError(f"cannot read {what} {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{file} is not valid UTF-8 (byte {exc.start}); repair it or run the step that writes it again") from None
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg}); repair it or run the step that writes it again") from None
+    if not isinstance(value, dict):
+        raise RunError(f"{file} is not a JSON object; repair it or run the step that writes it again")
+    return value
+
+
+def question_fingerprint(examples: Sequence[Any]) -> dict[str, Any]:
+    """What identifies a question set: its ids and its content.
+
+    Returns:
+        ``count``; ``ids_sha256`` (SHA-256 of the ids, one per line, in order);
+        ``content_sha256`` (SHA-256 of each question's id, text, options and
+        answer as canonical JSON, one per line, in order): two runs over files
+        that reuse ids for other questions differ here.
+    """
+    ids = [str(e.qid) for e in examples]
+    content = "\n".join(
+        json.dumps([str(e.qid), e.question, dict(e.options), e.answer], sort_keys=True, ensure_ascii=False) for e in examples
+    )
+    return {
+        "count": len(ids),
+        "ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+        "content_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
+    }
+
+
+class JsonlTable:
+    """An append-only JSONL file of records keyed by ``qid``, written by several threads, resumable.
+
+    Args:
+        path: The file (created on the first append).
+        what: What a record is, for messages (``"prediction"``, ``"judgment"``).
+    """
+
+    def __init__(self, path: Path, what: str = "record"):
+        self.path = Path(path)
+        self.what = what
+        self._lock = threading.Lock()
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records, in file order; a partial last line (killed writer) is left out.
+
+        Raises:
+            RunError: a line that is not UTF-8, not JSON, or not a record with a ``qid``
+                (file and line named).
+        """
+        rows: list[dict[str, Any]] = []
+        if not self.path.exists():
+            return rows
+        with self.path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if not raw.endswith(b"\n"):
+                    break  # partial write of a killed process: its item is redone
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise RunError(f"{self.path}:{lineno}: not valid UTF-8 (byte {exc.start}); "
+                                   "repair or delete that line") from None
+                if not line:
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise RunError(f"{self.path}:{lineno}: not a valid record ({exc.msg}); repair or delete that line") from None
+                if not isinstance(row, dict) or "qid" not in row:
+                    raise RunError(f"{self.path}:{lineno}: not a run record (no qid); repair or delete that line")
+                rows.append(row)
+        return rows
+
+    def drop_partial_tail(self) -> None:
+        """Cut a partial last line (a killed writer's) so the next append starts on a fresh line."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Append one record as one line, flushed and fsynced (thread-safe).
+
+        Raises:
+            OSError: the write failed (disk full, folder removed ...).
+        """
+        line = json.dumps(row, ensure_ascii=False) + "\n"
+        with self._lock:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def map(
+        self,
+        items: Sequence[Any],
+        key: Callable[[Any], str],
+        work: Callable[[Any], dict[str, Any]],
+        stop_errors: tuple[type[BaseException], ...],
+        num_threads: int = 1,
+        progress: bool = True,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        on_error: Callable[[Any, BaseException], BaseException] | None = None,
+    ) -> tuple[list[dict[str, Any]], int, int]:
+        """Apply ``work`` to each item without a record yet, appending each record as it finishes.
+
+        Items run in DSPy's ``ParallelExecutor`` (``num_threads`` at once). The
+        first failure stops the map: items in flight finish, no new item starts,
+        and finished records are kept. An error in ``stop_errors`` (the LM is not
+        answering) becomes :class:`LMUnavailableError`; a failed write becomes
+        :class:`RunError`; any other exception is passed to ``on_error(item, exc)``,
+        whose returned exception is raised (default: re-raised as it is).
+
+        Returns:
+            ``(records in item order, resumed count, run-now count)``.
+
+        Raises:
+            LMUnavailableError, RunError, or what ``on_error`` returns.
+        """
+        from dspy.utils.parallelizer import ParallelExecutor
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.drop_partial_tail()
+        wanted = {key(item) for item in items}
+        done = {r["qid"]: r for r in self.read() if r["qid"] in wanted}
+        todo = [item for item in items if key(item) not in done]
+        stop = threading.Event()
+        failure: list[tuple[Any, BaseException]] = []
+
+        def run_one(item):
+            if stop.is_set():
+                return None
+            try:
+                row = work(item)
+            except BaseException as exc:  # noqa: BLE001 - every failure stops the map; classified below
+                stop.set()
+                failure.append((item, exc))
+                return None
+            try:
+                self.append(row)
+            except OSError as exc:  # disk full, folder removed: stop, never drop rows silently
+                stop.set()
+                failure.append((item, RunError(f"cannot write {self.path}: {exc.strerror or exc}")))
+                return None
+            if on_row:
+                on_row(row)
+            return row
+
+        new_rows: list[dict[str, Any]] = []
+        if todo:
+            executor = ParallelExecutor(num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1)
+            new_rows = [r for r in executor.execute(run_one, todo) if r is not None]
+        by_key = {**done, **{r["qid"]: r for r in new_rows}}
+        rows = [by_key[key(item)] for item in items if key(item) in by_key]
+        if failure:
+            item, exc = failure[0]
+            saved = f"{len(rows)}/{len(items)} {self.what}s are saved in {self.path}"
+            if isinstance(exc, RunError):
+                raise RunError(f"{exc}; {saved}; fix it and run again to resume")
+            if isinstance(exc, stop_errors):
+                raise LMUnavailableError(
+                    f"the LM stopped answering or cannot be used ({lm_failure(exc)}); {saved}; "
+                    "run the same command again to resume"
+                )
+            if isinstance(exc, KeyboardInterrupt):
+                raise exc
+            raise (on_error(item, exc) if on_error else exc)
+        return rows, len(done), len(new_rows)
+
+
+def lm_failure(exc: BaseException) -> str:
+    """``"<error type>: <first line of the message>"`` (at most 300 characters) for one-line stop messages."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+
+
+class RunFolder:
+    """One evaluation's folder (see the module docstring for its files).
+
+    Use :meth:`create` to start or resume a run with a configuration, and
+    :meth:`open` to read a finished or partial one.
+
+    Example:
+        >>> folder = RunFolder.open("runs/medqa/hcqr-local-n100-s0-1a2b3c4d")
+        >>> folder.method, folder.dataset_name, len(folder.rows())
+        ('hcqr', 'medqa', 100)
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.predictions = JsonlTable(self.path / PREDICTIONS, "question")
+        self.judgments_table = JsonlTable(self.path / JUDGMENTS, "judgment")
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # -- creating and opening -------------------------------------------------
+    @classmethod
+    def create(cls, path: str | Path, config: dict[str, Any]) -> "RunFolder":
+        """Start a run folder with ``config``, or reopen one holding the same configuration (resume).
+
+        Call only after every input (LM, index, questions, program) has been
+        checked: this is the first write.
+
+        Raises:
+            RunError: the folder is not writable, or its ``config.json`` differs in
+                any key other than those in :data:`MUTABLE_KEYS` (the differing keys
+                are named; a key absent on one side and ``None`` on the other is no
+                difference), or is unreadable.
+        """
+        folder = cls(path)
+        try:
+            write_probe(folder.path)
+        except OSError as exc:
+            raise RunError(f"run folder {folder.path} is not writable: {exc.strerror or exc}") from None
+        cpath = folder.path / CONFIG
+        if cpath.exists():
+            old = read_json_object(cpath, "run configuration")
+            keys = sorted(k for k in set(old) | set(config)
+                          if k not in MUTABLE_KEYS and _without_nones(old.get(k)) != _without_nones(config.get(k)))
+            if keys:
+                raise RunError(
+                    f"run folder {folder.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
+                    "use another --run-dir or remove it"
+                )
+            config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
+        folder._write_config(config)
+        return folder
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunFolder":
+        """An existing run folder (it needs ``config.json``).
+
+        Raises:
+            RunError: not a run folder, or an unreadable ``config.json``.
+        """
+        folder = cls(path)
+        if not (folder.path / CONFIG).is_file():
+            raise RunError(f"{folder.path} is not a run folder (no {CONFIG}; made by `hcqr eval`)")
+        _ = folder.config  # read and check it now
+        return folder
+
+    def _write_config(self, config: dict[str, Any]) -> None:
+        (self.path / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        self.__dict__.pop("config", None)
+
+    # -- configuration -------------------------------------------------------
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The run's configuration.
+
+        Raises:
+            RunError: unreadable, or lacking ``method`` or ``dataset``.
+        """
+        config = read_json_object(self.path / CONFIG, "run configuration")
+        missing = [k for k in ("method", "dataset") if not config.get(k)]
+        if missing:
+            raise RunError(f"{self.path / CONFIG} lacks {', '.join(missing)}: not written by `hcqr eval`")
+        return config
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]
+
+    @property
+    def dataset(self) -> str:
+        """The dataset file (absolute path) or hub name the run read its questions from."""
+        return self.config["dataset"]
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset's name: the file stem (``medqa``) or the hub name."""
+        return Path(self.dataset).stem if Path(self.dataset).suffix else self.dataset
+
+    @property
+    def questions_record(self) -> dict[str, Any]:
+        """``count``, ``limit``, ``seed``, ``ids_sha256`` and (runs since 0.2) ``content_sha256``."""
+        return self.config.get("questions") or {}
+
+    @property
+    def lm_spec(self) -> str | None:
+        return (self.config.get("lm") or {}).get("spec")
+
+    @property
+    def index_path(self) -> str | None:
+        """The index folder the run retrieved from; ``None`` for methods without retrieval."""
+        return (self.config.get("index") or {}).get("path")
+
+    @property
+    def saved_program(self) -> dict[str, Any] | None:
+        return self.config.get("saved_program")
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        return self.config.get("mlflow_run_id")
+
+    def set_mlflow_run_id(self, run_id: str | None) -> None:
+        """Record the MLflow run that tracks this folder (kept when the run resumes)."""
+        if run_id != self.mlflow_run_id:
+            self._write_config({**self.config, "mlflow_run_id": run_id})
+
+    def load_questions(self) -> dict[str, Any]:
+        """The run's questions (from its dataset), by id.
+
+        Raises:
+            RunError: the dataset cannot be read any more, or its questions are not
+                the ones the run was made with (content fingerprint differs).
+        """
+        from hcqr_dspy.data import load_questions
+
+        try:
+            questions = load_questions(self.dataset)
+        except HCQRError as exc:
+            raise RunError(f"run {self.path}: its dataset cannot be read ({exc})") from None
+        by_id = {q.qid: q for q in questions}
+        rows = self.rows()
+        missing = [r["qid"] for r in rows if r["qid"] not in by_id]
+        if missing:
+            raise RunError(f"run {self.path}: question(s) {', '.join(missing[:5])} are not in {self.dataset} any more")
+        return by_id
+
+    # -- records --------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """The prediction rows (one per finished question), in file order."""
+        return self.predictions.read()
+
+    def judgments(self) -> list[dict[str, Any]]:
+        """DUR judgments, checked against the rows: malformed, repeated or foreign ones are refused.
+
+        Raises:
+            RunError: a judgment lacks ``valid``/``label``/``passage_queries``, a question is judged
+                twice, or judgments name questions this run does not hold.
+        """
+        judgments = self.judgments_table.read()
+        file = self.judgments_table.path
+        seen: set[str] = set()
+        for j in judgments:
+            if not isinstance(j.get("valid"), bool) or "label" not in j or not isinstance(j.get("passage_queries"), list):
+                raise RunError(f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
+                               "(not written by `hcqr judge`); repair or delete that line")
+            if j["qid"] in seen:
+                raise RunError(f"{file}: question {j['qid']!r} is judged twice; delete one of the lines")
+            seen.add(j["qid"])
+        foreign = sorted(seen - {r["qid"] for r in self.rows()})
+        if foreign:
+            raise RunError(f"{file} judges {len(foreign)} question(s) this run does not hold ({', '.join(foreign[:5])}); "
+                           "was it copied from another run?")
+        return judgments
+
+    def write_json(self, name: str, value: dict[str, Any]) -> Path:
+        """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder."""
+        path = self.path / name
+        path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+        return path
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        """A summary file of this folder, ``{}`` when absent.
+
+        Raises:
+            RunError: present but unreadable.
+        """
+        path = self.path / name
+        return read_json_object(path) if path.is_file() else {}
+
+    def write_metrics(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Summarize ``rows`` (default: all saved rows) into ``metrics.json``."""
+        from hcqr_dspy.metrics import summarize
+
+        metrics = summarize(self.rows() if rows is None else rows)
+        self.write_json(METRICS, metrics)
+        return metrics
+
+    def save_traceback(self, qid: str, exc: BaseException) -> Path | None:
+        """Write ``exc``'s traceback to ``tracebacks/<qid>.txt``; ``None`` if that cannot be written."""
+        folder = self.path / TRACEBACKS
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(qid)) or "question"
+        try:
+            folder.mkdir(exist_ok=True)
+            path = folder / f"{safe}.txt"
+            path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+            return path
+        except OSError:
+            return None
+
+    def files(self) -> list[Path]:
+        """The folder's record files (for artifact logging): top-level files, not hidden ones."""
+        return sorted(f for f in self.path.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+def _without_nones(value: Any) -> Any:
+    """``value`` with ``None``-valued keys dropped at every depth: a setting a newer version records
+    with its default ``None`` matches a configuration written before that setting existed."""
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[str, Any]]]) -> list[str]:
+    """The shared question ids (in the first run's order) of runs that must cover the same questions.
+
+    Two runs match when they hold the same question ids and were made over the
+    same questions: the content fingerprint of their question sets (ids, text,
+    options, answer; :func:`question_fingerprint`) is equal. Runs recorded
+    before content fingerprints existed are matched by dataset and id hash.
+
+    Raises:
+        RunError: another question set (different ids, or the same ids over other
+            questions: datasets and fingerprints named).
+    """
+    first = [r["qid"] for r in rows[0]]
+    q0 = folders[0].questions_record
+    for folder, run_rows in zip(folders[1:], rows[1:]):
+        ids = [r["qid"] for r in run_rows]
+        if set(ids) != set(first):
+            only_a = sorted(set(first) - set(ids))[:5]
+            only_b = sorted(set(ids) - set(first))[:5]
+            raise RunError(
+                f"runs cover different questions: {folders[0].path} ({len(first)}) vs {folder.path} ({len(ids)}); "
+                f"only in the first: {only_a or '-'}; only in the second: {only_b or '-'}. "
+                "Compare runs made with the same dataset, --limit/--seed or --ids (finish interrupted runs first)."
+            )
+        q = folder.questions_record
+        a, b = q0.get("content_sha256"), q.get("content_sha256")
+        same = a == b if a and b else (folders[0].dataset == folder.dataset and q0.get("ids_sha256") == q.get("ids_sha256"))
+        if not same:
+            raise RunError(
+                f"runs share question ids but not questions: {folders[0].path} was made over {folders[0].dataset} "
+                f"(questions {str(a or q0.get('ids_sha256'))[:12]}), {folder.path} over {folder.dataset} "
+                f"(questions {str(b or q.get('ids_sha256'))[:12]}); a paired comparison needs the same questions"
+            )
+    return first

@@ -1,0 +1,83 @@
+"""A stub OpenAI-compatible chat-completions server on 127.0.0.1 for fault and CLI tests (no real LM)."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SECRET = "sk-test-7f3a9c2e51d84b6f"  # a key value that must never be written anywhere
+OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
+
+
+class Stub:
+    """An OpenAI chat-completions endpoint: answers ``{"reasoning", "answer"}`` by question number.
+
+    ``mode`` switches behaviour while it runs: ``ok``, ``slow`` (sleeps past the client's
+    timeout), ``huge`` (a 1 MB reply), ``empty`` (an empty reply), ``auth`` (HTTP 401, the key is
+    refused). In ``ok`` mode a prompt asking for HCQR's hypothesis or queries (its output field
+    names) gets fields of that shape. ``down_after`` requests, it closes its socket: later
+    connections are refused. Every request's headers and body are kept in ``seen``.
+    """
+
+    def __init__(self, down_after=None):
+        self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                stub.seen.append((dict(self.headers), body))
+                stub.count += 1
+                if stub.mode == "slow":
+                    time.sleep(3)
+                prompt = json.loads(body)["messages"][-1]["content"]
+                n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
+                letter = "ABC"[(n * 2) % 3]
+                if "`support_query`" in prompt:
+                    ok = {"support_query": "digoxin toxicity nausea", "distinction_query": "digoxin versus hypokalemia",
+                          "key_feature_query": "yellow vision elderly"}
+                elif "`discriminating_features`" in prompt:
+                    ok = {"discriminating_features": "yellow vision", "reasoning": "r", "working_hypothesis": letter,
+                          "confirming_evidence": "low potassium"}
+                else:
+                    ok = {"reasoning": "r", "answer": letter}
+                content = {"ok": json.dumps(ok), "slow": "{}", "huge": "x" * 1_000_000, "empty": "", "auth": ""}[stub.mode]
+                if stub.mode == "auth":
+                    error = json.dumps({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                                  "code": "invalid_api_key"}}).encode()
+                    self.send_response(401)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
+                payload = json.dumps({
+                    "id": f"c{stub.count}", "object": "chat.completion", "created": 0, "model": "stub",
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                }).encode()
+                if stub.down_after is not None and stub.count >= stub.down_after:
+                    # Close the listening socket before this reply goes out, so the client's next
+                    # connection is refused for certain (stopping from another thread raced with it).
+                    stub.stop()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
