@@ -185,11 +185,12 @@ def test_manifest_missing_fields_and_missing_folder(tmp_path, bm25):
         load_index(tmp_path / "nowhere")
 
 
-def test_moved_corpus_hint(tmp_path, tiny_corpus_file):
-    from hcqr_dspy.errors import CorpusError
-
+def test_index_outlives_its_source_corpus(tmp_path, tiny_corpus_file):
+    # Format 2 keeps the passages in the index: a moved or deleted source no longer matters.
     out = build_retriever(load_corpus(tiny_corpus_file), "bm25", show_progress=False).save(tmp_path / "idx")
     moved = tiny_corpus_file.rename(tmp_path / "moved.jsonl")
-    with pytest.raises(CorpusError, match="pass --corpus with its new place"):
-        load_index(out)
     assert load_index(out, corpus=moved).search(["anemia"], 1)[0]
+    moved.unlink()
+    r = load_index(out)
+    hit = r.search(["Digoxin yellow vision"], 1)[0][0]
+    assert r.get(hit.passage_id).title == "Digoxin toxicity"
