@@ -258,7 +258,7 @@ class FaissIndex(VectorIndex):
     def describe(self) -> dict[str, Any]:
         return {"backend": "faiss", "factory": self.factory, "type": type(self.index).__name__,
                 "metric": "inner_product", "ntotal": self.ntotal, "trained_on": self.trained_on, "seed": self.seed,
-                "bytes_per_vector": _bytes_per_vector(self.index)}
+                "code_bytes_per_vector": _code_bytes(self.index)}
 
     def write(self, folder: Path) -> None:
         import faiss
@@ -296,9 +296,18 @@ def _faiss_reason(exc: BaseException) -> str:
     return text[:200]
 
 
-def _bytes_per_vector(index: Any) -> float | None:
-    """Code size in bytes per stored vector (faiss ``sa_code_size``), when faiss reports one."""
+def _code_bytes(index: Any) -> float | None:
+    """Bytes of each stored vector's code (faiss ``code_size``; for IVF types the inverted lists' codes),
+    not counting the 8-byte ids of IVF lists nor HNSW graph links."""
+    import faiss
+
     try:
-        return float(index.sa_code_size())
-    except (RuntimeError, AttributeError):
-        return None
+        return float(faiss.extract_index_ivf(index).code_size)
+    except RuntimeError:
+        pass
+    for candidate in (index, getattr(faiss.downcast_index(index), "storage", None)):  # HNSW: its storage's codes
+        try:
+            return float(candidate.sa_code_size())
+        except (RuntimeError, AttributeError):
+            continue
+    return None

@@ -194,3 +194,16 @@ def test_index_outlives_its_source_corpus(tmp_path, tiny_corpus_file):
     r = load_index(out)
     hit = r.search(["Digoxin yellow vision"], 1)[0][0]
     assert r.get(hit.passage_id).title == "Digoxin toxicity"
+
+
+def test_program_copies_share_the_one_retriever(retriever):
+    # DSPy optimizers copy programs (Module.deepcopy, reset_copy, copy.deepcopy); every copy must search
+    # the same index object, never a copy of it (Retriever.__deepcopy__).
+    import copy
+
+    from hcqr_dspy.programs import HCQR
+
+    program = HCQR(retriever)
+    assert copy.deepcopy(retriever) is retriever
+    for clone in (program.deepcopy(), program.reset_copy(), copy.deepcopy(program)):
+        assert clone is not program and clone.retriever is retriever
