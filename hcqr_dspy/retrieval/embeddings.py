@@ -175,6 +175,9 @@ class EmbeddingStore:
 
         Returns:
             ``{"encoded_chunks": n, "reused_chunks": m}`` for this call.
+
+        Raises:
+            RetrievalIndexError: a chunk cannot be written (the finished ones stay).
         """
         from tqdm.auto import tqdm
 
@@ -204,11 +207,18 @@ class EmbeddingStore:
     def _write_chunk(self, i: int, vectors: np.ndarray) -> None:
         path = self.chunk_path(i)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        with tmp.open("wb") as fh:
-            np.save(fh, vectors, allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with tmp.open("wb") as fh:
+                np.save(fh, vectors, allow_pickle=False)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise RetrievalIndexError(
+                f"cannot write embedding chunk {path}: {exc.strerror or exc}; the finished chunks are kept: "
+                "free space and run the same command to resume"
+            ) from None
 
     # -- reading -----------------------------------------------------------------------------------
     def iter_chunks(self) -> Iterator[tuple[int, np.ndarray]]:

@@ -121,3 +121,27 @@ def test_seeded_sample_is_reproducible(medcpt_spec, synthetic_corpus_file, tmp_p
     rows = np.sort(np.random.default_rng(0).choice(len(corpus), size=40, replace=False))
     want = enc.encode_passages([corpus[int(i)].title for i in rows], [corpus[int(i)].content for i in rows])
     np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_disk_mid_build_stops_in_one_line_and_keeps_finished_chunks(medcpt_spec, tiny_corpus, tmp_path, monkeypatch):
+    import errno
+
+    from hcqr_dspy.retrieval import embeddings
+
+    enc = load_encoder(medcpt_spec)
+    store = EmbeddingStore.open(tiny_corpus, enc, tmp_path, chunk_size=3)
+    save, saved = np.save, []
+
+    def save_until_full(fh, arr, allow_pickle):  # the disk fills up on the second chunk
+        if saved:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved.append(1)
+        save(fh, arr, allow_pickle=allow_pickle)
+
+    monkeypatch.setattr(embeddings.np, "save", save_until_full)
+    with pytest.raises(RetrievalIndexError, match=r"cannot write embedding chunk .*chunk-000001.npy: No space left on device; "
+                                                  r"the finished chunks are kept") as err:
+        store.fill(tiny_corpus, enc, show_progress=False)
+    assert "\n" not in str(err.value) and store.finished() == [0] and not list(store.folder.glob("*.tmp*"))
+    monkeypatch.setattr(embeddings.np, "save", save)
+    assert store.fill(tiny_corpus, enc, show_progress=False) == {"encoded_chunks": 2, "reused_chunks": 1}

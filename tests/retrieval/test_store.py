@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import tracemalloc
 
 import numpy as np
@@ -64,6 +65,29 @@ def test_opening_a_store_reads_nothing_into_python_objects(tmp_path):
     assert isinstance(store._hashes, np.memmap) and isinstance(store._rows, np.memmap)
 
 
+def rss_file_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RssFile from /proc (Linux)")
+def test_random_gets_map_no_text_pages_into_the_process(tmp_path):
+    load_corpus(big_corpus_file(tmp_path / "big.jsonl", 20_000), store=tmp_path / "store")
+    store = PassageStore.open(tmp_path / "store")
+    rng = np.random.default_rng(0)
+    store.get("doc-1")
+    before = rss_file_kb()
+    for i in rng.integers(0, 20_000, size=2000):
+        assert store.get(f"doc-{i}").content.startswith(f"passage {i} ")
+    ids = store.ids(rng.integers(0, 20_000, size=500))
+    grown = rss_file_kb() - before
+    # the ~7.7 MB of text is read by positional reads from the page cache, not mapped: only the 320 KB id
+    # hash/row arrays may be paged in
+    assert grown < 1500, f"RssFile grew by {grown} kB"
+    assert len(ids) == 500
+
+
 def test_repeated_ids_renamed_in_order_never_onto_an_existing_id(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "A", "one"), snippet("x", "B", "two"), snippet("x#2", "C", "three"),
                                               snippet("y", "D", "four"), snippet("x", "E", "five")])
@@ -107,3 +131,10 @@ def test_in_memory_corpus_is_a_store_too():
     assert corpus.folder is None and corpus.get("p7").title == "Myasthenia gravis"
     with pytest.raises(CorpusError, match="duplicate passage id 'a'"):
         Corpus([Passage("a", "", "x"), Passage("a", "", "y")])
+
+
+def test_an_unwritable_store_folder_is_one_line(tmp_path, tiny_corpus_file):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RetrievalIndexError, match=r"cannot write the passage store in .*file/store: Not a directory"):
+        load_corpus(tiny_corpus_file, store=blocker / "store")
