@@ -21,7 +21,9 @@ The folder may be deleted once the indexes are built (a faiss ``Flat`` or
 another index type without re-encoding.
 
 Nothing is pickled: chunks are ``.npy`` read with ``allow_pickle=False``
-(memory-mapped), the record is JSON.
+(memory-mapped), the record is JSON. One build at a time per folder: a
+second process filling the same folder would remove the first one's
+half-written chunk.
 """
 
 from __future__ import annotations
