@@ -17,6 +17,13 @@ SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "
 from helpers import TINY_ROWS, snippet, write_jsonl  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_embeddings_cache(tmp_path_factory):
+    """Dense builds keep passage embeddings in a cache folder (hcqr_dspy.retrieval.embeddings): tests use a
+    fresh one per session, never the user's ~/.cache, so no test reuses embeddings from an earlier run."""
+    os.environ["HCQR_EMBEDDINGS"] = str(tmp_path_factory.mktemp("embeddings"))
+
+
 @pytest.fixture
 def tiny_corpus_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
