@@ -289,17 +289,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0 if pred.valid else 1
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO_DIR = REPO_ROOT / "data" / "demo"
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from hcqr_dspy.compare import metrics_table
     from hcqr_dspy.errors import RetrievalIndexError
+    from hcqr_dspy.resources import shipped_dir
     from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index
     from hcqr_dspy.run import EvalSpec, run_evaluation
 
-    corpus = load_corpus(DEMO_DIR / "corpus.jsonl")
+    demo_dir = shipped_dir("demo")  # package data: the same from a wheel, an editable install or a checkout
+    corpus = load_corpus(demo_dir / "corpus.jsonl")
     index = Path(args.index)
     try:
         load_index(index, corpus=corpus)
@@ -309,9 +307,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         build_retriever(corpus, args.retriever).save(index)
     results = []
     for method in args.methods.split(","):
-        print(f"\n== {method} on {DEMO_DIR / 'questions.json'} with --lm {args.lm}", file=sys.stderr, flush=True)
+        print(f"\n== {method} on {demo_dir / 'questions.json'} with --lm {args.lm}", file=sys.stderr, flush=True)
         lm_slug = args.lm.replace(":", "-").replace("/", "-")
-        spec = EvalSpec(method=method, dataset=str(DEMO_DIR / "questions.json"), index=str(index), lm=args.lm,
+        spec = EvalSpec(method=method, dataset=str(demo_dir / "questions.json"), index=str(index), lm=args.lm,
                         limit=args.limit, max_tokens=args.max_tokens,
                         run_dir=str(Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"))
         result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir)
@@ -531,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
-    p.add_argument("file", help="experiment YAML (see experiments/)")
+    p.add_argument("file", help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)")
     p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size")
     p.add_argument("--lm", default=None, help="override the experiment's LM spec")
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
@@ -541,7 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
-    p.add_argument("--recipe", required=True, help="recipe file or name in optimizers/ (bootstrap_fewshot, mipro_light ...)")
+    p.add_argument("--recipe", required=True,
+                   help="recipe file, or the name of one in ./optimizers/ or shipped (bootstrap_fewshot, mipro_light ...)")
     p.add_argument("--program", default="hcqr", help="method to compile (default: hcqr)")
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")

@@ -18,8 +18,26 @@ An experiment file (YAML) looks like::
     judge: {lm: null, mode: context}       # optional: DUR judging with controls (lm null = the run's LM;
                                            # reasoning: true, max_tokens: 512)
 
-Relative paths are resolved against the file's folder. Every key, method and
-dataset is checked before any LM call. ``hcqr experiment FILE`` runs the
+The file is a pydantic model (:class:`Experiment`, read by
+:mod:`hcqr_dspy.config`): unknown keys (at any level) are refused, types are
+checked strictly and ranges as follows: ``name`` is a folder name (letters,
+digits, ``.``, ``_``, ``-``); ``budget``, ``questions.limit``,
+``max_tokens``, ``n_ctx`` and ``threads`` are integers >= 1 and
+``questions.seed`` >= 0; ``methods`` are registered methods, each once;
+``method_options`` name methods of the grid and are checked against each
+method's constructor (names and annotated types); ``judge.mode`` is
+``context`` or ``passage``. Every dataset must load with the question loader
+(:func:`hcqr_dspy.data.load_questions`), and retrieval methods need an index
+folder. An error is one line naming the file, the line, the field and what
+is allowed. All of it is checked before any LM call (``hcqr experiment FILE
+--check`` stops there).
+
+Relative paths are resolved against the file's folder. ``hcqr experiment
+NAME`` finds ``./experiments/NAME.yaml``, else the experiment of that name
+shipped in the package (:mod:`hcqr_dspy.resources`); a shipped file's
+relative paths are resolved as if it stood in ``./experiments/`` of the
+working folder, so the shipped ``paper_main`` reads ``./indexes/...`` and
+``../shared/data/...`` from wherever it is run. ``hcqr experiment FILE`` runs the
 cells in order, each its own run folder under
 ``runs/experiments/<name>/<dataset>/<method>`` (so an interrupted experiment
 resumes cell by cell, question by question) and its own MLflow child run
@@ -31,43 +49,173 @@ McNemar tests, plots) and the reports logged to the parent run.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from typing_extensions import TypedDict
 
 from hcqr_dspy.errors import HCQRError
 
-KEYS = {"name", "lm", "index", "budget", "questions", "datasets", "methods", "method_options", "reference",
-        "judge", "max_tokens", "n_ctx", "api_base", "api_key_env", "threads", "description", "search_options"}
-QUESTION_KEYS = {"limit", "seed", "ids"}
-JUDGE_KEYS = {"lm", "mode", "reasoning", "max_tokens"}
+Positive = Annotated[int, Field(ge=1)]
+Text = Annotated[str, Field(min_length=1)]
 
 
 class ExperimentError(HCQRError):
     """An experiment file is malformed (unknown key, method or dataset ...)."""
 
 
-@dataclass
-class Experiment:
-    """A parsed, validated experiment file."""
+class QuestionSample(TypedDict, total=False):
+    """``questions:``: the same sample in every cell (:func:`hcqr_dspy.data.select`)."""
 
-    name: str
-    lm: str
-    datasets: dict[str, str]
-    methods: list[str]
-    index: str | None = None
-    budget: int = 15
-    questions: dict[str, Any] = field(default_factory=dict)
-    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    reference: str | None = None
-    judge: dict[str, Any] | None = None
-    max_tokens: int = 1024
-    n_ctx: int = 8192
-    api_base: str | None = None
-    api_key_env: str | None = None
-    threads: int = 1
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+
+    limit: Positive
+    seed: Annotated[int, Field(ge=0)]
+    ids: Annotated[list[Text], Field(min_length=1)]
+
+
+class JudgeSpec(TypedDict, total=False):
+    """``judge:``: DUR judging of each retrieval cell (``lm`` null: the experiment's LM)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
+
+    lm: Text | None
+    mode: Literal["context", "passage"]
+    reasoning: bool
+    max_tokens: Positive
+
+
+def _method(name: str) -> str:
+    from hcqr_dspy.programs import PROGRAMS
+
+    if name not in PROGRAMS:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(PROGRAMS)}")
+    return name
+
+
+def _dataset(file: str, info: ValidationInfo) -> str:
+    from hcqr_dspy.data import DataError, load_questions
+
+    path = _resolve(file, info)
+    if not Path(path).is_file():
+        raise ValueError(f"file {path} not found")
+    try:
+        load_questions(path)
+    except DataError as exc:
+        raise ValueError(f"does not load: {exc}") from None
+    return path
+
+
+def _resolve(path: str, info: ValidationInfo) -> str:
+    p = Path(path)
+    base = Path((info.context or {}).get("base") or ".")
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+class Experiment(BaseModel):
+    """A validated experiment file (paths resolved; see the module note for the keys and their ranges).
+
+    Validate with ``Experiment.model_validate(data, context={"base": folder})``: relative paths are
+    resolved against ``folder``. Fields are validated in the order declared (``api_base`` and
+    ``api_key_env`` before ``lm``, ``methods`` before what refers to them).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     description: str = ""
-    search_options: dict[str, int] = field(default_factory=dict)
+    api_base: Text | None = None
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    lm: Text
+    datasets: Annotated[dict[Text, Annotated[Text, AfterValidator(_dataset)]], Field(min_length=1)]
+    methods: Annotated[list[Annotated[str, AfterValidator(_method)]], Field(min_length=1)]
+    index: Text | None = None
+    budget: Positive = 15
+    questions: QuestionSample = Field(default_factory=dict)
+    method_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    reference: str | None = None
+    judge: JudgeSpec | None = None
+    max_tokens: Positive = 1024
+    n_ctx: Positive = 8192
+    threads: Positive = 1
+    search_options: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("search_options")
+    @classmethod
+    def _search_options(cls, options: dict[str, int]) -> dict[str, int]:
+        from hcqr_dspy.retrieval.vector_index import check_search_options
+
+        try:
+            return check_search_options(options)
+        except HCQRError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("lm")
+    @classmethod
+    def _lm_spec(cls, lm: str, info: ValidationInfo) -> str:
+        from hcqr_dspy.lm import parse_lm_spec
+
+        try:
+            parse_lm_spec(lm, api_base=info.data.get("api_base"), api_key_env=info.data.get("api_key_env"))
+        except HCQRError as exc:
+            raise ValueError(str(exc)) from None
+        return lm
+
+    @field_validator("methods")
+    @classmethod
+    def _each_once(cls, methods: list[str]) -> list[str]:
+        repeated = sorted({m for m in methods if methods.count(m) > 1})
+        if repeated:
+            raise ValueError(f"method(s) {', '.join(repeated)} listed twice (each cell is one run folder)")
+        return methods
+
+    @field_validator("index")
+    @classmethod
+    def _index_folder(cls, index: str | None, info: ValidationInfo) -> str | None:
+        if index is None:
+            return None
+        index = _resolve(index, info)
+        if not (Path(index) / "manifest.json").is_file():
+            raise ValueError(f"{index} is not an hcqr index folder (no manifest.json); build one with `hcqr index`")
+        return index
+
+    @field_validator("method_options")
+    @classmethod
+    def _accepted_options(cls, method_options: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, Any]]:
+        from hcqr_dspy.programs import check_options
+
+        if "methods" not in info.data:  # the methods are wrong: that error is the one reported
+            return method_options
+        methods = info.data["methods"]
+        for method, options in method_options.items():
+            if method not in methods:
+                raise ValueError(f"{method!r} is not one of the methods ({', '.join(methods)})")
+            try:
+                check_options(method, options)
+            except ValueError as exc:
+                raise ValueError(f"{method}: {exc}") from None
+        return method_options
+
+    @field_validator("reference")
+    @classmethod
+    def _reference_method(cls, reference: str | None, info: ValidationInfo) -> str | None:
+        if "methods" not in info.data:
+            return reference
+        methods = info.data["methods"]
+        if reference is not None and reference not in methods:
+            raise ValueError(f"{reference!r} is not one of the methods ({', '.join(methods)})")
+        return reference
+
+    @model_validator(mode="after")
+    def _index_for_retrieval(self) -> "Experiment":
+        from hcqr_dspy.programs import PROGRAMS
+
+        if not self.index and any(PROGRAMS[m].uses_retrieval for m in self.methods):
+            raise ValueError("retrieval methods need 'index' (build one with `hcqr index`)")
+        if self.search_options and not self.index:
+            raise ValueError("'search_options' need an 'index'")
+        return self
 
 
 def load_experiment(
@@ -76,111 +224,37 @@ def load_experiment(
     """Read and validate an experiment file (no LM call, no index load).
 
     Args:
-        path: The YAML file.
+        path: The YAML file (``.yaml`` may be left out), or a bare name: ``./experiments/<name>.yaml``,
+            else the shipped experiment of that name (:func:`hcqr_dspy.resources.find`).
         limit: Override ``questions.limit`` (e.g. a quick run).
         lm: Override ``lm``.
         only_datasets: Run only these of the file's datasets (names as in
             the file), e.g. one dataset on a slow machine.
 
     Raises:
-        ExperimentError: unreadable YAML, unknown keys (the valid ones are
-            listed), unknown methods or LM spec, missing dataset files or index.
+        ExperimentError: one line naming the file, the line and the field: an unreadable or
+            non-UTF-8 file, invalid YAML, unknown keys (the allowed ones listed), values of the
+            wrong type or out of range, unknown methods, options or LM spec, dataset files that
+            are missing or do not load, a missing index; unknown ``only_datasets``; no such file or
+            name (the folders searched and the experiments there are listed).
     """
-    import yaml
+    from hcqr_dspy.config import read_yaml, validate
+    from hcqr_dspy.resources import find
 
-    from hcqr_dspy.lm import parse_lm_spec
-    from hcqr_dspy.programs import PROGRAMS, accepted_options
-
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ExperimentError(f"cannot read experiment file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ExperimentError(f"{path}: expected a mapping of keys ({', '.join(sorted(KEYS))})")
-    unknown = sorted(set(raw) - KEYS)
-    if unknown:
-        raise ExperimentError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(KEYS))}")
-    for required in ("name", "lm", "datasets", "methods"):
-        if not raw.get(required) and not (required == "lm" and lm):
-            raise ExperimentError(f"{path}: '{required}' is required")
-    base = path.parent
-
-    def resolve(p: str) -> str:
-        q = Path(p)
-        return str(q if q.is_absolute() else (base / q).resolve())
-
-    methods = list(raw["methods"])
-    bad = [m for m in methods if m not in PROGRAMS]
-    if bad:
-        raise ExperimentError(f"{path}: unknown method(s) {', '.join(map(str, bad))}; valid methods: {', '.join(PROGRAMS)}")
-    options = raw.get("method_options") or {}
-    bad = sorted(set(options) - set(methods))
-    if bad:
-        raise ExperimentError(f"{path}: method_options for method(s) not in the grid: {', '.join(bad)}")
-    if not isinstance(raw["datasets"], dict):
-        raise ExperimentError(f"{path}: 'datasets' must map names to files, e.g. medqa: ../shared/data/benchmark/medqa.json")
-    datasets = {}
-    for name, file in raw["datasets"].items():
-        resolved = resolve(str(file))
-        if not Path(resolved).is_file():
-            raise ExperimentError(f"{path}: dataset {name!r} file {resolved} not found")
-        datasets[str(name)] = resolved
+    file, shipped = find("experiment", path, ExperimentError)
+    raw, node = read_yaml(file, ExperimentError, "experiment file")
+    if isinstance(raw, dict):
+        overrides: dict[str, Any] = {"lm": lm} if lm else {}
+        if limit is not None and isinstance(raw.get("questions", {}), dict):
+            overrides["questions"] = {**raw.get("questions", {}), "limit": limit}
+        raw = {**raw, **overrides}
+    base = Path("experiments").resolve() if shipped else file.parent
+    exp = validate(Experiment, raw, file, ExperimentError, node, context={"base": base})
     if only_datasets is not None:
-        bad = [d for d in only_datasets if d not in datasets]
+        bad = [d for d in only_datasets if d not in exp.datasets]
         if bad or not only_datasets:
-            raise ExperimentError(f"{path}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(datasets)}")
-        datasets = {d: datasets[d] for d in only_datasets}
-    questions = dict(raw.get("questions") or {})
-    bad = sorted(set(questions) - QUESTION_KEYS)
-    if bad:
-        raise ExperimentError(f"{path}: unknown questions key(s) {', '.join(bad)}; valid: {', '.join(sorted(QUESTION_KEYS))}")
-    if limit is not None:
-        questions["limit"] = limit
-    index = resolve(raw["index"]) if raw.get("index") else None
-    if any(PROGRAMS[m].uses_retrieval for m in methods):
-        if not index:
-            raise ExperimentError(f"{path}: retrieval methods need 'index' (build one with `hcqr index`)")
-        if not (Path(index) / "manifest.json").is_file():
-            raise ExperimentError(f"{path}: index {index} is not an hcqr index folder (no manifest.json)")
-    search_options = raw.get("search_options") or {}
-    if not isinstance(search_options, dict):
-        raise ExperimentError(f"{path}: 'search_options' must be a mapping, e.g. {{nprobe: 32, efSearch: 128}}")
-    try:
-        from hcqr_dspy.retrieval.vector_index import check_search_options
-
-        search_options = check_search_options(search_options)
-    except HCQRError as exc:
-        raise ExperimentError(f"{path}: {exc}") from None
-    if search_options and not index:
-        raise ExperimentError(f"{path}: 'search_options' need an 'index'")
-    judge = raw.get("judge")
-    if judge is not None:
-        if not isinstance(judge, dict) or set(judge) - JUDGE_KEYS:
-            raise ExperimentError(f"{path}: 'judge' takes keys {', '.join(sorted(JUDGE_KEYS))}")
-        if judge.get("mode", "context") not in ("context", "passage"):
-            raise ExperimentError(f"{path}: judge mode must be context or passage")
-    reference = raw.get("reference")
-    if reference is not None and reference not in methods:
-        raise ExperimentError(f"{path}: reference {reference!r} is not one of the methods")
-    exp = Experiment(
-        name=str(raw["name"]), lm=lm or str(raw["lm"]), datasets=datasets, methods=methods, index=index,
-        budget=int(raw.get("budget", 15)), questions=questions, method_options=options, reference=reference,
-        judge=judge, max_tokens=int(raw.get("max_tokens", 1024)), n_ctx=int(raw.get("n_ctx", 8192)),
-        api_base=raw.get("api_base"), api_key_env=raw.get("api_key_env"), threads=int(raw.get("threads", 1)),
-        description=str(raw.get("description", "")), search_options=search_options,
-    )
-    try:
-        parse_lm_spec(exp.lm, api_base=exp.api_base, api_key_env=exp.api_key_env)
-    except HCQRError as exc:
-        raise ExperimentError(f"{path}: {exc}") from None
-    for m, opts in options.items():
-        valid = accepted_options(PROGRAMS[m])
-        bad = sorted(set(opts or {}) - valid)
-        if bad:
-            raise ExperimentError(f"{path}: unknown option(s) {', '.join(bad)} for method {m!r}; valid: {', '.join(sorted(valid))}")
+            raise ExperimentError(f"{file}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(exp.datasets)}")
+        exp.datasets = {d: exp.datasets[d] for d in only_datasets}
     return exp
 
 

@@ -2,34 +2,46 @@
 
 A **recipe** is a YAML file (``optimizers/*.yaml``) that names a DSPy
 optimizer and its settings; ``hcqr compile`` reads it, so a new recipe needs
-no code. Keys:
+no code. It is a pydantic model (:class:`RecipeSpec`; read by
+:mod:`hcqr_dspy.config`): unknown keys are refused, types are checked
+strictly and ranges as listed. Keys:
 
 =============  ==============================================================
 optimizer      ``BootstrapFewShot``, ``BootstrapFewShotWithRandomSearch``,
-               ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``)
+               ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``); required
 description    free text
 metric         ``accuracy`` (gold letter, invalid = wrong) or ``feedback``
                (the same score plus a textual diagnosis; GEPA only)
-train_size     training questions drawn from the train file (seeded sample)
-val_size       validation questions drawn after them, disjoint (0: none;
-               optimizers that need one then use the training questions)
-min_train      the least training questions the recipe accepts
-seed           sampling seed (and the optimizer's ``seed`` where it has one)
-settings       keyword arguments of the optimizer's constructor; checked
-               against its signature (``metric`` and ``reflection_lm`` are
-               set here, not in the recipe)
-compile        keyword arguments of its ``compile()`` (``student``,
-               ``trainset``, ``valset`` and ``teacher`` are set here)
+train_size     training questions drawn from the train file (seeded
+               sample), an integer >= 1 and >= ``min_train`` (default 30)
+val_size       validation questions drawn after them, disjoint, >= 0 (0:
+               none; optimizers that need one then use the training
+               questions; default 0)
+min_train      the least training questions the recipe accepts, >= 1 (default 2)
+seed           sampling seed (and the optimizer's ``seed`` where it has
+               one), >= 0 (default 0)
+settings       keyword arguments of the optimizer's constructor; names and
+               annotated types checked against its signature
+               (:func:`hcqr_dspy.config.check_arguments`; ``metric`` and
+               ``reflection_lm`` are set here, not in the recipe)
+compile        keyword arguments of its ``compile()``, checked the same way
+               (``student``, ``trainset``, ``valset`` and ``teacher`` are
+               set here)
 reflection_lm  GEPA only: an ``--lm`` spec of the reflection LM
                (``--reflection-lm`` overrides it; GEPA refuses to start
                without one)
 demo_context_tokens
-               the most tokens of retrieved context a few-shot demo keeps
-               (default 600, about three passages; whole documents are kept
-               from the top). A bootstrapped answer-step demo carries its
-               question's whole fused context (15 passages, 3-4k tokens);
-               two of them plus the live context would not fit an 8k window.
+               the most tokens of retrieved context a few-shot demo keeps,
+               >= 0 (default 600, about three passages; whole documents are
+               kept from the top). A bootstrapped answer-step demo carries
+               its question's whole fused context (15 passages, 3-4k
+               tokens); two of them plus the live context would not fit an
+               8k window.
 =============  ==============================================================
+
+A bare recipe name (``--recipe bootstrap_fewshot``) is looked up in the
+working folder's ``optimizers/``, then among the recipes shipped in the
+package (:mod:`hcqr_dspy.resources`).
 """
 
 from __future__ import annotations
@@ -38,24 +50,19 @@ import inspect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import dspy
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.metrics import accuracy_metric
 
-RECIPE_KEYS = {
-    "optimizer", "description", "metric", "train_size", "val_size", "min_train", "seed", "settings", "compile",
-    "reflection_lm", "demo_context_tokens",
-}
 DEMO_CONTEXT_TOKENS = 600
 METRICS = ("accuracy", "feedback")
-RECIPE_DIR = Path("optimizers")  # the user's own recipes, relative to the working folder
-SHIPPED_RECIPE_DIR = Path(__file__).resolve().parents[1] / "optimizers"  # the recipes of this source tree
 # Arguments hcqr sets itself: a recipe may not.
-OWN_INIT_ARGS = {"self", "metric", "reflection_lm", "prompt_model", "task_model", "teacher_settings"}
-OWN_COMPILE_ARGS = {"self", "student", "trainset", "valset", "teacher"}
+OWN_INIT_ARGS = frozenset({"self", "metric", "reflection_lm", "prompt_model", "task_model", "teacher_settings"})
+OWN_COMPILE_ARGS = frozenset({"self", "student", "trainset", "valset", "teacher"})
 
 
 class RecipeError(HCQRError):
@@ -69,108 +76,83 @@ def optimizers() -> dict[str, type]:
     return {c.__name__: c for c in (BootstrapFewShot, BootstrapFewShotWithRandomSearch, MIPROv2, GEPA)}
 
 
-@dataclass
-class Recipe:
-    """A validated recipe (see the module note for the keys)."""
+Count = Annotated[int, Field(ge=0)]
+
+
+class RecipeSpec(BaseModel):
+    """A recipe file's content (see the module note for the keys, their ranges and defaults)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    optimizer: Literal["BootstrapFewShot", "BootstrapFewShotWithRandomSearch", "MIPROv2", "GEPA"]
+    description: str = ""
+    metric: Literal["accuracy", "feedback"] = "accuracy"
+    train_size: Annotated[int, Field(ge=1)] = 30
+    val_size: Count = 0
+    min_train: Annotated[int, Field(ge=1)] = 2
+    seed: Count = 0
+    settings: dict[str, Any] = Field(default_factory=dict)
+    compile: dict[str, Any] = Field(default_factory=dict)
+    reflection_lm: Annotated[str, Field(min_length=1)] | None = None
+    demo_context_tokens: Count = DEMO_CONTEXT_TOKENS
+
+    @field_validator("settings", "compile")
+    @classmethod
+    def _optimizer_arguments(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from hcqr_dspy.config import check_arguments
+
+        name = info.data.get("optimizer")
+        if name is None:  # the optimizer itself is wrong: that error is the one reported
+            return value
+        optimizer = optimizers()[name]
+        if info.field_name == "settings":
+            return check_arguments((optimizer.__init__,), value, OWN_INIT_ARGS, f"{name} setting(s)")
+        return check_arguments((optimizer.compile,), value, OWN_COMPILE_ARGS, f"{name}.compile argument(s)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RecipeSpec":
+        if self.metric == "feedback" and self.optimizer != "GEPA":
+            raise ValueError(f"metric 'feedback' is for GEPA; {self.optimizer} needs metric 'accuracy'")
+        if self.reflection_lm is not None and self.optimizer != "GEPA":
+            raise ValueError(f"'reflection_lm' is for GEPA only, not {self.optimizer}")
+        if self.train_size < self.min_train:
+            raise ValueError(f"train_size {self.train_size} is under the recipe's own min_train {self.min_train}")
+        return self
+
+
+class Recipe(RecipeSpec):
+    """A validated recipe with where it was read: ``name`` (the file stem) and ``path``."""
 
     name: str
     path: str
-    optimizer: str
-    metric: str = "accuracy"
-    train_size: int = 30
-    val_size: int = 0
-    min_train: int = 2
-    seed: int = 0
-    settings: dict[str, Any] = field(default_factory=dict)
-    compile: dict[str, Any] = field(default_factory=dict)
-    reflection_lm: str | None = None
-    description: str = ""
-    demo_context_tokens: int = DEMO_CONTEXT_TOKENS
 
     def record(self) -> dict[str, Any]:
-        """What runs and saved programs record about the recipe."""
-        return {k: v for k, v in self.__dict__.items()}
-
-
-def find_recipe(name_or_path: str | Path) -> Path:
-    """A recipe file from a path (with or without ``.yaml``) or a bare name in ``optimizers/``.
-
-    Raises:
-        RecipeError: nothing found; the shipped recipes are listed.
-    """
-    p = Path(name_or_path)
-    folders = [RECIPE_DIR] + ([SHIPPED_RECIPE_DIR] if SHIPPED_RECIPE_DIR.resolve() != RECIPE_DIR.resolve() else [])
-    candidates = [p, p.with_name(p.name + ".yaml")]
-    if not p.is_absolute():
-        candidates += [c for d in folders for c in (d / p, d / (p.name + ".yaml"))]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    known = sorted({f.stem for d in folders if d.is_dir() for f in d.glob("*.yaml")})
-    raise RecipeError(f"recipe {str(name_or_path)!r} not found (looked in {', '.join(f'{d}/' for d in folders)}); "
-                      f"recipes there: {', '.join(known) or '(none)'}")
-
-
-def _parameters(fn: Callable, own: set[str]) -> tuple[set[str], bool]:
-    params = inspect.signature(fn).parameters.values()
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - own
-    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+        """What runs and saved programs record about the recipe (``meta.json``'s ``recipe``)."""
+        return self.model_dump()
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
     """Read and validate a recipe before any LM call.
 
-    Raises:
-        RecipeError: unreadable YAML; unknown keys, optimizer, metric or
-            settings (each error lists the valid ones); bad sizes; the
-            ``feedback`` metric with an optimizer other than GEPA.
-    """
-    import yaml
+    Args:
+        name_or_path: A recipe file (``.yaml`` may be left out), or a bare name:
+            ``./optimizers/<name>.yaml``, else the shipped recipe of that name
+            (:func:`hcqr_dspy.resources.find`).
 
-    path = find_recipe(name_or_path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RecipeError(f"cannot read recipe {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping with keys {', '.join(sorted(RECIPE_KEYS))}")
-    unknown = sorted(set(raw) - RECIPE_KEYS)
-    if unknown:
-        raise RecipeError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(RECIPE_KEYS))}")
-    known = optimizers()
-    name = raw.get("optimizer")
-    if not isinstance(name, str) or name not in known:
-        raise RecipeError(f"{path}: unknown optimizer {name!r}; valid optimizers: {', '.join(known)}")
-    metric = raw.get("metric", "accuracy")
-    if metric not in METRICS:
-        raise RecipeError(f"{path}: unknown metric {metric!r}; valid metrics: {', '.join(METRICS)}")
-    if metric == "feedback" and name != "GEPA":
-        raise RecipeError(f"{path}: metric 'feedback' is for GEPA; {name} needs metric 'accuracy'")
-    for key in ("settings", "compile"):
-        if not isinstance(raw.get(key) or {}, dict):
-            raise RecipeError(f"{path}: '{key}' must be a mapping of keyword arguments")
-    cls = known[name]
-    for key, fn, own in (("settings", cls.__init__, OWN_INIT_ARGS), ("compile", cls.compile, OWN_COMPILE_ARGS)):
-        valid, _ = _parameters(fn, own)
-        bad = sorted(set(raw.get(key) or {}) - valid)
-        if bad:
-            raise RecipeError(f"{path}: unknown {key} for {name}: {', '.join(bad)}; valid: {', '.join(sorted(valid))}")
-    sizes = {}
-    for key, default, low in (("train_size", 30, 1), ("val_size", 0, 0), ("min_train", 2, 1), ("seed", 0, None),
-                              ("demo_context_tokens", DEMO_CONTEXT_TOKENS, 0)):
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
-            raise RecipeError(f"{path}: '{key}' must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
-        sizes[key] = value
-    if name != "GEPA" and raw.get("reflection_lm"):
-        raise RecipeError(f"{path}: 'reflection_lm' is for GEPA only")
-    if raw.get("reflection_lm") is not None and not isinstance(raw.get("reflection_lm"), str):
-        raise RecipeError(f"{path}: 'reflection_lm' must be an --lm spec string, got {raw.get('reflection_lm')!r}")
-    return Recipe(
-        name=path.stem, path=str(path), optimizer=name, metric=metric, settings=dict(raw.get("settings") or {}),
-        compile=dict(raw.get("compile") or {}), reflection_lm=raw.get("reflection_lm"),
-        description=str(raw.get("description") or ""), **sizes,
-    )
+    Raises:
+        RecipeError: one line naming the file, the line and the field: unreadable or non-UTF-8 file,
+            invalid YAML, unknown keys, optimizer, metric or settings (the allowed ones listed),
+            values of the wrong type or out of range, the ``feedback`` metric or ``reflection_lm``
+            with an optimizer other than GEPA; no such file or name (the folders
+            searched and the recipes there are listed).
+    """
+    from hcqr_dspy.config import read_yaml, validate
+    from hcqr_dspy.resources import find
+
+    path, _ = find("recipe", name_or_path, RecipeError)
+    raw, node = read_yaml(path, RecipeError, "recipe")
+    spec = validate(RecipeSpec, raw, path, RecipeError, node)
+    return Recipe.model_validate({**spec.model_dump(), "name": path.stem, "path": str(path)})
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -320,8 +302,7 @@ def build_optimizer(recipe: Recipe, metric: Callable, reflection_lm=None):
     """
     cls = optimizers()[recipe.optimizer]
     kwargs = dict(recipe.settings)
-    valid, _ = _parameters(cls.__init__, set())
-    if "seed" in valid:
+    if "seed" in inspect.signature(cls.__init__).parameters:
         kwargs.setdefault("seed", recipe.seed)
     if recipe.optimizer == "GEPA":
         if reflection_lm is None:
@@ -342,8 +323,7 @@ def compile_program(recipe: Recipe, student, trainset: list[dspy.Example], valse
     metric = make_metric(recipe.metric, getattr(student, "retriever", None))
     optimizer = build_optimizer(recipe, metric, reflection_lm)
     kwargs = dict(recipe.compile)
-    valid, _ = _parameters(type(optimizer).compile, set())
-    if "valset" in valid and valset:
+    if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
         kwargs["valset"] = valset
     student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
     compiled = optimizer.compile(student, trainset=trainset, **kwargs)
@@ -378,7 +358,7 @@ class CompileSpec:
     """Everything ``hcqr compile`` needs (recorded with the saved program).
 
     Attributes:
-        recipe: Recipe name or path (see :func:`find_recipe`).
+        recipe: Recipe name or path (see :func:`load_recipe`).
         method: Registered method to compile (``hcqr``).
         train: MIRAGE-format file of training/validation questions.
         index: Index folder the program retrieves from while compiling.

@@ -10,7 +10,9 @@ A saved (usually compiled) program is a folder::
                        constructor options, the optimizer and recipe that made
                        it, the LM, the index it was compiled against, and the
                        training questions (dataset, ids and a SHA-256 of each
-                       question text, for the overlap check)
+                       question text, for the overlap check); a pydantic
+                       model, :class:`ProgramMeta`, checked when written and
+                       when read
 
 Why it is safe to load: both files are read with ``json``; the program is
 rebuilt from the method registry and only receives the JSON state
@@ -30,12 +32,14 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable, Literal
 
 import dspy
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hcqr_dspy import __version__
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.optimize import Recipe
 from hcqr_dspy.programs import PROGRAMS, accepted_options, make_program
 from hcqr_dspy.programs.base import MCQProgram
 
@@ -46,6 +50,87 @@ STATE_FILE, META_FILE = "program.json", "meta.json"
 
 class ProgramFormatError(HCQRError):
     """A saved program that cannot be used: missing files, another format, a newer version, an unknown method."""
+
+
+class TrainingSet(BaseModel):
+    """``meta.json``'s ``train``: every question the optimizer saw (training and validation), for the overlap check.
+
+    ``ids`` and ``text_sha256`` (:func:`text_sha256` of each question) are parallel lists, made by
+    :func:`question_keys`.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset: str
+    ids: list[str]
+    text_sha256: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
+    file: str | None = None
+    train_count: Annotated[int, Field(ge=0)] | None = None
+    val_count: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _parallel(self) -> "TrainingSet":
+        if len(self.ids) != len(self.text_sha256):
+            raise ValueError(f"{len(self.ids)} ids but {len(self.text_sha256)} text hashes")
+        if self.train_count is not None and self.train_count + (self.val_count or 0) != len(self.ids):
+            raise ValueError(f"train_count {self.train_count} + val_count {self.val_count or 0} != {len(self.ids)} ids")
+        return self
+
+
+class ProgramMeta(BaseModel):
+    """``meta.json`` of a saved program.
+
+    The format and its version are checked first (a newer version is refused before its keys are,
+    since it may have other ones); then the method (a registered one), its constructor options
+    (:func:`hcqr_dspy.programs.check_options`), the recipe that compiled it
+    (:class:`hcqr_dspy.optimize.Recipe`) and its training set (:class:`TrainingSet`). Unknown keys are
+    refused. The rest is recorded as :func:`save_program`'s callers give it.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal["hcqr-dspy-program"]
+    format_version: Annotated[int, Field(ge=1)]
+    method: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    created: str
+    hcqr_dspy_version: str
+    dspy_version: str
+    optimizer: str | None = None
+    recipe: Recipe | None = None
+    lm: dict[str, str] | None = None
+    reflection_lm: str | None = None
+    demo_context_tokens: Annotated[int, Field(ge=0)] | None = None
+    index: dict[str, Any] | None = None
+    train: TrainingSet | None = None
+    mlflow_run_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _readable_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            version = data.get("format_version")
+            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+                raise ValueError(f"saved in program format version {version}, newer than this hcqr-dspy reads "
+                                 f"({FORMAT_VERSION}); upgrade hcqr-dspy")
+        return data
+
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, method: str) -> str:
+        if method not in PROGRAMS:
+            raise ValueError(f"holds method {method!r}, not one of {', '.join(PROGRAMS)}")
+        return method
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> "ProgramMeta":
+        from hcqr_dspy.programs import check_options
+
+        try:
+            check_options(self.method, self.options)
+        except ValueError as exc:
+            raise ValueError(f"options: {exc}") from None
+        return self
 
 
 def normalize_text(text: str) -> str:
@@ -142,9 +227,9 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
     Args:
         program: A registered program (compiled or not).
         folder: Created if missing; existing files of a saved program are replaced.
-        **meta: Recorded as is in ``meta.json`` (``optimizer``, ``recipe``,
-            ``lm``, ``index``, ``train`` ...); must be JSON-serializable and
-            must not hold secrets (API keys are never passed here).
+        **meta: The other :class:`ProgramMeta` fields (``optimizer``, ``recipe``,
+            ``lm``, ``index``, ``train`` ...); they must not hold secrets (API
+            keys are never passed here).
 
     Returns:
         The folder.
@@ -152,13 +237,13 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
     Raises:
         ProgramFormatError: ``folder`` exists and is not a saved program folder
             (it is never overwritten then).
+        pydantic.ValidationError: ``meta`` does not fit :class:`ProgramMeta` (a bug of the caller;
+            nothing is written).
     """
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / META_FILE).is_file())):
         raise ProgramFormatError(f"{folder} exists and is not a saved program folder; choose another --out")
-    folder.mkdir(parents=True, exist_ok=True)
-    program.save(str(folder / STATE_FILE))
-    record = {
+    record = ProgramMeta.model_validate({
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "method": program.method,
@@ -167,9 +252,11 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
         "hcqr_dspy_version": __version__,
         "dspy_version": dspy.__version__,
         **meta,
-    }
+    })  # a record that read_meta would refuse is a bug here: pydantic's ValidationError, before anything is written
+    folder.mkdir(parents=True, exist_ok=True)
+    program.save(str(folder / STATE_FILE))
     tmp = folder / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
     tmp.replace(folder / META_FILE)
     return folder
 
@@ -204,31 +291,30 @@ def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = Non
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
-    """``meta.json`` of a saved program, checked.
+    """``meta.json`` of a saved program, validated by :class:`ProgramMeta`.
+
+    Returns:
+        The validated record as a dict (``ProgramMeta.model_dump()``: every field, ``None`` where unset).
 
     Raises:
-        ProgramFormatError: a missing or unreadable file, another format, a
-            format version newer than this package reads, an unknown method.
+        ProgramFormatError: a missing, unreadable or non-UTF-8 file, not JSON, another format, a format
+            version newer than this package reads, an unknown method, options that do not fit it,
+            unknown keys or ill-typed values (one line naming the file and the field).
     """
+    from hcqr_dspy.config import read_text, validate
+
     folder = Path(folder)
     for name in (META_FILE, STATE_FILE):
         if not (folder / name).is_file():
             raise ProgramFormatError(f"{folder} is not a saved program: {name} is missing")
+    path = folder / META_FILE
     try:
-        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProgramFormatError(f"{folder / META_FILE} is unreadable: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ProgramFormatError(f"{folder / META_FILE} is not an {FORMAT} file")
-    version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ProgramFormatError(
-            f"{folder} was saved in program format version {version!r}, newer than this hcqr-dspy reads "
-            f"({FORMAT_VERSION}); upgrade hcqr-dspy"
-        )
-    if meta.get("method") not in PROGRAMS:
-        raise ProgramFormatError(f"{folder} holds method {meta.get('method')!r}, not one of {', '.join(PROGRAMS)}")
-    return meta
+        raw = json.loads(read_text(path, ProgramFormatError, "saved-program metadata"))
+    except json.JSONDecodeError as exc:
+        raise ProgramFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ProgramFormatError(f"{path} is not an {FORMAT} file")
+    return validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
 
 
 def load_program(
@@ -254,9 +340,7 @@ def load_program(
     meta = read_meta(folder)
     if method is not None and method != meta["method"]:
         raise ProgramFormatError(f"{source} is a saved {meta['method']!r} program, not {method!r}")
-    options = meta.get("options") or {}
-    if not isinstance(options, dict):
-        raise ProgramFormatError(f"{folder / META_FILE}: 'options' must be a mapping, got {options!r}")
+    options = meta["options"]
     try:
         program = make_program(meta["method"], retriever, **options)
     except (TypeError, ValueError) as exc:
@@ -278,6 +362,6 @@ def load_program(
         program.load_state(state)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProgramFormatError(f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: {exc!r}") from None
-    if isinstance(meta.get("demo_context_tokens"), int):
+    if meta["demo_context_tokens"] is not None:
         program.demo_context_tokens = meta["demo_context_tokens"]
     return program, {**meta, "path": str(source)}

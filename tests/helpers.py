@@ -39,6 +39,7 @@ class SchemaEngine:
 
     supports_response_schema = True
     supported_params = frozenset({"response_format", "temperature", "max_tokens", "top_p", "top_k", "stop", "seed"})
+    free_text = "```\nRead the question, weigh the findings that separate the options, then answer.\n```"
 
     def __init__(self, answer="A", text="digoxin toxicity yellow vision hypokalemia"):
         self.answer, self.text, self.prompts = answer, text, []
@@ -60,6 +61,10 @@ class SchemaEngine:
             return {k: self._value(v) for k, v in (prop.get("properties") or {}).items()}
         return self.text
 
+    def fill(self, request, properties: dict) -> dict:
+        """The JSON reply to a request whose response schema has these properties."""
+        return {k: self._value(v) for k, v in properties.items()}
+
     def complete(self, request):
         import json as _json
 
@@ -69,10 +74,7 @@ class SchemaEngine:
         self.prompts.append(prompt)
         rf = request.config.response_format or {}
         schema = rf.get("schema") if isinstance(rf, dict) else None
-        if schema:
-            text = _json.dumps({k: self._value(v) for k, v in (schema.get("properties") or {}).items()})
-        else:
-            text = "```\nRead the question, weigh the findings that separate the options, then answer.\n```"
+        text = _json.dumps(self.fill(request, schema.get("properties") or {})) if schema else self.free_text
         return Response(id=None, model="schema", message=Message.assistant([TextPart(text)]), finish_reason="stop",
                         usage=Usage(input_tokens=len(prompt) // 4, output_tokens=len(text) // 4, total_tokens=0))
 
@@ -83,13 +85,81 @@ class SchemaEngine:
         pass
 
 
-def schema_lm(answer="A", **kwargs):
-    """A ``dspy.LM`` over :class:`SchemaEngine` (no cache, so every call reaches the engine)."""
+def schema_lm(answer="A", engine=None, **kwargs):
+    """A ``dspy.LM`` over ``engine`` (default: a :class:`SchemaEngine` answering ``answer``), with no cache,
+    so every call reaches the engine; the engine is ``lm.schema_engine``."""
     import uuid
 
     import dspy
 
-    engine = SchemaEngine(answer, **kwargs)
+    engine = engine or SchemaEngine(answer, **kwargs)
     lm = dspy.LM(f"schema/{uuid.uuid4().hex}", engine=engine, temperature=0.0, max_tokens=200, cache=False)
     lm.schema_engine = engine
     return lm
+
+
+# -- a teachable LM for optimizer tests ---------------------------------------------------------------
+# Each question of the optimizer tests names one finding; the finding decides the correct option.
+# (The hardest first: a train set's first question is one the zero-shot program gets wrong.)
+FINDINGS = {"fatigable ptosis": "C", "yellow halos": "A", "exophthalmos": "B"}
+TEACHING_OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Myasthenia gravis"}
+# The instruction the teachable LM proposes when an optimizer asks it for one, and that it then follows.
+TAUGHT = "Match the named finding to its disease; fatigable ptosis means myasthenia gravis."
+
+
+def teaching_questions(prefix: str, n: int) -> dict[str, dict]:
+    """``n`` MIRAGE rows cycling through :data:`FINDINGS` (so a third of them per finding)."""
+    findings = list(FINDINGS)
+    rows = {}
+    for i in range(n):
+        finding = findings[i % len(findings)]
+        rows[f"{i:04d}"] = {"question": f"{prefix} case {i}: the patient presents with {finding}. Diagnosis?",
+                            "options": TEACHING_OPTIONS, "answer": FINDINGS[finding]}
+    return rows
+
+
+class TeachableEngine(SchemaEngine):
+    """A deterministic LM whose answers depend on its prompt, so that what an optimizer adds can be seen to work.
+
+    On the answer step (a schema with an ``answer`` field) it answers, for the finding named in the live question:
+
+    * ``yellow halos``: ``A`` (right) always;
+    * ``exophthalmos``: ``B`` (right) only when the prompt holds a worked example (a few-shot demo: an
+      assistant turn before the live question), else ``A``;
+    * ``fatigable ptosis``: ``C`` (right) only when the system prompt (the predictor's instructions) contains
+      :data:`TAUGHT`, else ``A``.
+
+    Zero-shot it is therefore right on a third of the questions; demos add a third, the taught instruction
+    another. Asked for an instruction (a schema field named ``*instruction*``, MIPROv2's proposer, or a
+    free-text prompt, GEPA's reflection), it proposes :data:`TAUGHT`. Every other field is filled as by
+    :class:`SchemaEngine`. ``answers`` records ``(finding, had_demos, taught, letter)`` per answer step.
+    """
+
+    def __init__(self):
+        super().__init__(answer="A")
+        self.answers: list[tuple[str | None, bool, bool, str]] = []
+
+    def _answer(self, request) -> str:
+        live = (request.messages[-1].text or "").split("[[ ## question ## ]]")[-1].split("[[ ##")[0]  # not the context
+        finding = next((f for f in FINDINGS if f in live), None)
+        had_demos = any(m.role == "assistant" for m in request.messages[:-1])
+        system = request.system if isinstance(request.system, str) else " ".join(getattr(p, "text", "") or "" for p in (request.system or ()))
+        taught = TAUGHT in system
+        letter = "A"
+        if finding == "exophthalmos" and had_demos or finding == "fatigable ptosis" and taught:
+            letter = FINDINGS[finding]
+        self.answers.append((finding, had_demos, taught, letter))
+        return letter
+
+    free_text = f"```\n{TAUGHT}\n```"
+
+    def fill(self, request, properties: dict) -> dict:
+        reply = {k: TAUGHT if "instruction" in k else self._value(v) for k, v in properties.items()}
+        if "answer" in properties:
+            reply["answer"] = self._answer(request)
+        return reply
+
+
+def teachable_lm():
+    """A ``dspy.LM`` over a fresh :class:`TeachableEngine` (no cache)."""
+    return schema_lm(engine=TeachableEngine())

@@ -1,6 +1,8 @@
 """Experiment files: validation before any LM call, a grid with parent/child MLflow runs, resume, comparison."""
 
 import json
+import re
+import shutil
 
 import dspy
 import mlflow
@@ -41,19 +43,111 @@ def write_exp(folder, **overrides):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"metods": ["cot"]}, r"unknown key\(s\) metods; valid keys: .*methods"),
-        ({"methods": ["cot", "magic"]}, r"unknown method\(s\) magic; valid methods: cot, simple_rag, hcqr"),
-        ({"datasets": {"d1": "nope.json"}}, r"dataset 'd1' file .*nope.json not found"),
-        ({"index": "missing"}, "is not an hcqr index folder"),
-        ({"lm": "gpt4"}, "unknown --lm spec"),
-        ({"method_options": {"hcqr": {"k_per_qurey": 2}}}, r"unknown option\(s\) k_per_qurey for method 'hcqr'"),
-        ({"questions": {"limt": 3}}, r"unknown questions key\(s\) limt"),
-        ({"reference": "hyde"}, "reference 'hyde' is not one of the methods"),
+        ({"metods": ["cot"]}, r"metods: unknown key; allowed: api_base, .*, methods, .*threads$"),
+        ({"methods": ["cot", "magic"]}, r"methods.1: unknown method 'magic'; allowed: cot, simple_rag, hcqr"),
+        ({"methods": ["cot", "cot"]}, r"methods: method\(s\) cot listed twice"),
+        ({"methods": []}, r"methods: List should have at least 1 item"),
+        ({"datasets": {"d1": "nope.json"}}, r"datasets.d1: file .*nope.json not found"),
+        ({"datasets": {}}, r"datasets: Dictionary should have at least 1 item"),
+        ({"index": "missing"}, r"index: .*missing is not an hcqr index folder"),
+        ({"index": None}, r"retrieval methods need 'index'"),
+        ({"lm": "gpt4"}, r"lm: unknown --lm spec 'gpt4'"),
+        ({"method_options": {"hcqr": {"k_per_qurey": 2}}},
+         r"method_options: hcqr: unknown hcqr option\(s\) k_per_qurey; allowed: budget, fusion, k_per_query"),
+        ({"method_options": {"hcqr": {"k_per_query": "2"}}}, r"method_options: hcqr: k_per_query: Input should be a valid integer \(got '2'\)"),
+        ({"method_options": {"hyde": {}}}, r"method_options: 'hyde' is not one of the methods \(cot, simple_rag, hcqr\)"),
+        ({"questions": {"limt": 3}}, r"questions.limt: unknown key; allowed: ids, limit, seed"),
+        ({"questions": {"limit": "zero"}}, r"questions.limit: Input should be a valid integer \(got 'zero'\)"),
+        ({"questions": {"limit": 0}}, r"questions.limit: Input should be greater than or equal to 1 \(got 0\)"),
+        ({"questions": {"ids": [1]}}, r"questions.ids.0: Input should be a valid string \(got 1\)"),
+        ({"reference": "hyde"}, r"reference: 'hyde' is not one of the methods"),
+        ({"budget": 0}, r"budget: Input should be greater than or equal to 1 \(got 0\)"),
+        ({"budget": -3}, r"budget: Input should be greater than or equal to 1 \(got -3\)"),
+        ({"budget": "abc"}, r"budget: Input should be a valid integer \(got 'abc'\)"),
+        ({"budget": 2.5}, r"budget: Input should be a valid integer \(got 2.5\)"),
+        ({"threads": True}, r"threads: Input should be a valid integer \(got True\)"),
+        ({"judge": {"mode": "both"}}, r"judge.mode: Input should be 'context' or 'passage' \(got 'both'\)"),
+        ({"name": "../escape"}, r"name: String should match pattern"),
+        ({"api_key_env": "sk-live-123"}, r"api_key_env: String should match pattern"),
     ],
 )
 def test_bad_experiment_files_fail_before_any_lm_call(setup, overrides, message):
-    with pytest.raises(ExperimentError, match=message):
+    with pytest.raises(ExperimentError, match=message) as caught:
         load_experiment(write_exp(setup, **overrides))
+    assert str(caught.value).startswith(str(setup / "exp.yaml")) and "\n" not in str(caught.value)
+
+
+# What a reviewer found `hcqr experiment --check` accepting or crashing on: each is now one line naming the
+# file, the line and the field (the YAML is written by hand so the line numbers are known).
+GRID = """name: grid
+lm: openai/test-model
+index: idx
+budget: {budget}
+questions: {{limit: {limit}, seed: 1}}
+datasets:
+  d1: {d1}
+methods: [cot, simple_rag]
+"""
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"budget": "0"}, r"exp.yaml:4: budget: Input should be greater than or equal to 1 \(got 0\)$"),
+        ({"budget": "-3"}, r"exp.yaml:4: budget: Input should be greater than or equal to 1 \(got -3\)$"),
+        ({"budget": "fifteen"}, r"exp.yaml:4: budget: Input should be a valid integer \(got 'fifteen'\)$"),
+        ({"limit": "zero"}, r"exp.yaml:5: questions.limit: Input should be a valid integer \(got 'zero'\)$"),
+        ({"d1": "truncated.json"}, r"exp.yaml:7: datasets.d1: does not load: .*truncated.json:\d+: not valid JSON \("),
+        ({"d1": "d2.json\nmethods: [cot]"}, r"exp.yaml:9: key 'methods' appears twice in one mapping$"),
+    ],
+)
+def test_check_refuses_what_a_reviewer_found_with_one_line(setup, capsys, fields, message):
+    from hcqr_dspy.cli import main
+
+    good = (setup / "d1.json").read_text()
+    (setup / "truncated.json").write_text(json.dumps(json.loads(good), indent=1)[:80])
+    (setup / "exp.yaml").write_text(GRID.format(**{"budget": 3, "limit": 2, "d1": "d1.json", **fields}))
+    assert main(["experiment", str(setup / "exp.yaml"), "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hcqr: error: {setup / 'exp.yaml'}:") and "\n" not in err and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_check_refuses_a_non_utf8_file_naming_the_line(setup, capsys):
+    from hcqr_dspy.cli import main
+
+    text = GRID.format(budget=3, limit=2, d1="d1.json").replace("name: grid", "name: grid\ndescription: Gr\u00e4fe")
+    (setup / "exp.yaml").write_bytes(text.encode("latin-1"))
+    assert main(["experiment", str(setup / "exp.yaml"), "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"hcqr: error: {setup / 'exp.yaml'}:2: not valid UTF-8 text (byte 0xe4 at column 16); save the file as UTF-8"
+    (setup / "exp.yaml").write_text(GRID.format(budget=3, limit=2, d1="d1.json"))
+    assert main(["experiment", str(setup / "exp.yaml"), "--check"]) == 0
+    assert "valid (1 dataset(s) x 2 method(s), lm openai/test-model)" in capsys.readouterr().out
+
+
+def test_shipped_experiments_by_name_resolve_paths_from_the_working_folder(setup, monkeypatch, tmp_path_factory):
+    # `hcqr experiment paper_main` from any folder: the shipped file's ../indexes/... and ../../shared/data/...
+    # are read as if it stood in ./experiments/, i.e. ./indexes/... and ../shared/data/...
+    root = tmp_path_factory.mktemp("elsewhere")
+    work = root / "work"
+    shutil.copytree(setup / "idx", work / "indexes" / "medcorpus-bm25")
+    (root / "shared" / "data" / "benchmark").mkdir(parents=True)
+    for name in ("medqa", "mmlu"):
+        shutil.copy(setup / "d1.json", root / "shared" / "data" / "benchmark" / f"{name}.json")
+    monkeypatch.chdir(work)
+    exp = load_experiment("paper_main")
+    assert exp.name == "paper_main" and exp.index == str(work / "indexes" / "medcorpus-bm25")
+    assert exp.datasets == {n: str(root / "shared" / "data" / "benchmark" / f"{n}.json") for n in ("medqa", "mmlu")}
+    assert load_experiment("ablations", limit=5).questions["limit"] == 5
+    # the working folder's own experiments/ comes first
+    (work / "experiments").mkdir()
+    (work / "experiments" / "paper_main.yaml").write_text(
+        GRID.format(budget=3, limit=2, d1="../../shared/data/benchmark/medqa.json").replace("index: idx", "index: ../indexes/medcorpus-bm25"))
+    assert load_experiment("paper_main").name == "grid"
+    with pytest.raises(ExperimentError, match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
+                                              r"experiments there: ablations, paper_main$"):
+        load_experiment("nope")
 
 
 def routed_lm():

@@ -147,6 +147,7 @@ def test_concurrent_evaluations_share_one_mlflow_store(bench, tmp_path_factory):
 
 
 def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, mlflow_store, capfd, caplog):
+    from hcqr_dspy.optimize import load_recipe
     from hcqr_dspy.program_io import save_program
     from hcqr_dspy.programs import CoT
 
@@ -201,6 +202,7 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
 def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     """`hcqr ask --program` and `hcqr eval --program` through the CLI, against the stub endpoint."""
     from hcqr_dspy.cli import main
+    from hcqr_dspy.optimize import load_recipe
     from hcqr_dspy.program_io import save_program
     from hcqr_dspy.programs import CoT
 
@@ -211,7 +213,7 @@ def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     # a fresh instruction text, so that DSPy's response cache (kept across runs) cannot answer for the stub
     program.answer.signature = program.answer.signature.with_instructions(
         f"Compiled instructions: answer carefully. ({uuid.uuid4().hex})")
-    save_program(program, bench / "prog", optimizer="BootstrapFewShot", recipe={"name": "bootstrap_fewshot"})
+    save_program(program, bench / "prog", optimizer="BootstrapFewShot", recipe=load_recipe("bootstrap_fewshot").record())
     lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
     assert main(["ask", "--program", str(bench / "prog"), "--question", "Question number 1?", "--option", "A=x",
                  "--option", "B=y", "--option", "C=z", *lm]) in (0, 1)

@@ -1,7 +1,6 @@
 """Prompt optimization with deterministic fake LMs: every recipe compiles HCQR, saved programs round-trip,
 overlap and bad recipes are refused before any LM call, compiled runs are recorded and compared."""
 
-import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -9,8 +8,9 @@ from pathlib import Path
 import dspy
 import mlflow
 import pytest
+from pydantic import ValidationError
 
-from helpers import TINY_ROWS, schema_lm, snippet, write_jsonl
+from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
 from hcqr_dspy.compare import compare
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LMUnavailableError
@@ -18,6 +18,7 @@ from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize import (
     CompileSpec,
     RecipeError,
+    build_optimizer,
     compile_program,
     diagnose,
     load_recipe,
@@ -62,32 +63,99 @@ def load_questions_from(rows):
     ]
 
 
-def fast(recipe):
-    """The shipped recipe with search budgets a unit test can afford (same optimizer, same code path)."""
-    settings = dict(recipe.settings)
-    if recipe.optimizer == "GEPA":
-        settings.update(auto=None, max_metric_calls=40)
-    if recipe.optimizer == "MIPROv2":
-        settings.update(num_candidates=2, auto=None)
-        return dataclasses.replace(recipe, settings=settings, compile={**recipe.compile, "num_trials": 2, "minibatch_size": 2})
-    return dataclasses.replace(recipe, settings=settings)
+# -- each shipped recipe compiles HCQR, and what the optimizer produced works ----------------------
+# The teachable LM (tests/helpers.py) answers "yellow halos" questions right zero-shot, "exophthalmos" ones only
+# when the prompt shows a demo, "fatigable ptosis" ones only under the instruction TAUGHT, which it proposes when
+# an optimizer asks it for instructions. So zero-shot it solves a third of the questions, and whatever an
+# optimizer adds (demos, instructions) shows up as questions it now solves.
+NONE, DEMOS, TAUGHT_ONLY, BOTH = ({f: f == "yellow halos" for f in FINDINGS},
+                                  {f: f != "fatigable ptosis" for f in FINDINGS},
+                                  {f: f != "exophthalmos" for f in FINDINGS},
+                                  {f: True for f in FINDINGS})
 
 
-@pytest.mark.parametrize("name", ["bootstrap_fewshot", "bootstrap_random_search", "mipro_light", "gepa"])
-def test_every_shipped_recipe_compiles_hcqr(setup, name):
-    recipe = fast(load_recipe(RECIPES / f"{name}.yaml"))
-    student = HCQR(load_index(setup / "idx"), budget=3, k_per_query=1)
-    train = load_questions_from(questions("Train", 8))
-    lm = schema_lm("A")
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        compiled = compile_program(recipe, student, train[:6], train[6:], reflection_lm=schema_lm("A"))
-        pred = compiled(question=train[0].question, options=OPTIONS)
-    assert isinstance(compiled, HCQR) and compiled is not student
-    assert [n for n, _ in compiled.named_predictors()] == ["hypothesis", "rewrite", "answer"]
-    assert pred.answer == "A" and len(pred.queries) == 3
+@pytest.fixture
+def teaching(tmp_path):
+    corpus = load_corpus(write_jsonl(tmp_path / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS]))
+    BM25Retriever(corpus, show_progress=False).save(tmp_path / "idx")
+    rows = load_questions_from(teaching_questions("Train", 12))
+    return {"retriever": load_index(tmp_path / "idx"), "train": rows[:6], "val": rows[6:],
+            "test": load_questions_from(teaching_questions("Test", 6))}
+
+
+def compile_with(recipe, teaching, **lms):
+    student = HCQR(teaching["retriever"], budget=3, k_per_query=1)
+    with dspy.context(lm=teachable_lm(), adapter=dspy.JSONAdapter()):
+        compiled = compile_program(recipe, student, teaching["train"], teaching["val"], **lms)
+    assert isinstance(compiled, HCQR) and [n for n, _ in compiled.named_predictors()] == ["hypothesis", "rewrite", "answer"]
     assert all(not p.demos for p in student.predictors())  # the student is untouched
-    if name == "bootstrap_fewshot":  # questions answered A are right: their traces became demos
-        assert all(len(p.demos) >= 1 for p in compiled.predictors())
+    return student, compiled
+
+
+def solved(program, questions):
+    """For each finding, whether the program answers all its questions right (a fresh teachable LM)."""
+    with dspy.context(lm=teachable_lm(), adapter=dspy.JSONAdapter()):
+        right = [(q, program(question=q.question, options=q.options).answer == q.answer) for q in questions]
+    return {f: all(ok for q, ok in right if f in q.question) for f in FINDINGS}
+
+
+def demo_questions(predictor):
+    return [d["question"] for d in predictor.demos]
+
+
+def test_bootstrap_fewshot_keeps_traces_of_correctly_answered_train_questions(teaching):
+    recipe = load_recipe(RECIPES / "bootstrap_fewshot.yaml")  # as shipped
+    student, compiled = compile_with(recipe, teaching)
+    train = {q.question: q for q in teaching["train"]}
+    for predictor in compiled.predictors():  # max_bootstrapped_demos: 2, max_labeled_demos: 2 -> 2 traces, 0 raw
+        assert len(predictor.demos) == recipe.settings["max_bootstrapped_demos"]
+        assert all(q in train for q in demo_questions(predictor))
+    # only traces the metric passed became demos: the teacher (labeled demos, no taught instruction) fails the
+    # first train question (fatigable ptosis), so the demos are the next two, with their gold answers
+    assert demo_questions(compiled.answer) == [q.question for q in teaching["train"][1:3]]
+    assert [d["answer"] for d in compiled.answer.demos] == [train[q].answer for q in demo_questions(compiled.answer)]
+    assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == DEMOS
+
+
+def test_random_search_scores_every_candidate_and_keeps_the_best(teaching):
+    recipe = load_recipe(RECIPES / "bootstrap_random_search.yaml")  # as shipped
+    student, compiled = compile_with(recipe, teaching)
+    candidates = compiled.candidate_programs  # recorded by DSPy, best first
+    # zero-shot, labeled-only and unshuffled bootstrap (seeds -3, -2, -1), then num_candidate_programs random ones
+    assert sorted(c["seed"] for c in candidates) == list(range(-3, recipe.settings["num_candidate_programs"]))
+    zero_shot = next(c for c in candidates if c["seed"] == -3)
+    assert zero_shot["score"] == pytest.approx(100 / 3, abs=0.01)  # the validation split, a third solved
+    assert candidates[0]["score"] == max(c["score"] for c in candidates) == pytest.approx(200 / 3, abs=0.01)
+    assert candidates[0]["program"] is compiled
+    train = {q.question for q in teaching["train"]}
+    assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
+    assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == DEMOS
+
+
+def test_mipro_light_as_shipped_picks_proposed_instructions_and_demos(teaching):
+    recipe = load_recipe(RECIPES / "mipro_light.yaml")  # auto: light and every other setting as shipped
+    assert recipe.settings["auto"] == "light"
+    student, compiled = compile_with(recipe, teaching)
+    assert compiled.trial_logs[1]["full_eval_score"] == pytest.approx(100 / 3, abs=0.01)  # the zero-shot program
+    assert compiled.score == 100.0  # reachable only with the proposed instruction and demos on the answer step
+    assert compiled.answer.signature.instructions == TAUGHT != student.answer.signature.instructions
+    train = {q.question for q in teaching["train"]}
+    assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
+    assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == BOTH
+
+
+def test_gepa_rewrites_the_instruction_that_matters(teaching):
+    recipe = load_recipe(RECIPES / "gepa.yaml")
+    metric = make_metric(recipe.metric)
+    assert build_optimizer(recipe, metric, reflection_lm=teachable_lm()).auto == "light"  # the shipped budget reaches GEPA
+    # auto: light means ~1,100 metric calls whatever the data size (26 s here): the only change is a smaller budget
+    fast = recipe.model_copy(update={"settings": {**recipe.settings, "auto": None, "max_metric_calls": 60}})
+    student, compiled = compile_with(fast, teaching, reflection_lm=teachable_lm())
+    assert compiled.answer.signature.instructions == TAUGHT
+    for name in ("hypothesis", "rewrite"):  # proposals there change no score, so GEPA kept the originals
+        assert getattr(compiled, name).signature.instructions == getattr(student, name).signature.instructions
+    assert all(not p.demos for p in compiled.predictors())  # GEPA evolves instructions only
+    assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == TAUGHT_ONLY
 
 
 def test_round_trip_gives_identical_prompts_and_predictions(setup):
@@ -136,6 +204,47 @@ def test_saved_program_format_errors(setup):
     assert (setup / "junk" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"format_version": 2, "new_key": 1}, r"meta.json: saved in program format version 2, newer than this hcqr-dspy reads \(1\)"),
+        ({"format": "other"}, r"meta.json is not an hcqr-dspy-program file"),
+        ({"format_version": "1"}, r"meta.json: format_version: Input should be a valid integer \(got '1'\)"),
+        ({"optimiser": "x"}, r"meta.json: optimiser: unknown key; allowed: .*optimizer, options, recipe, reflection_lm, train$"),
+        ({"options": {"budget": 3, "k_per_qurey": 1}}, r"meta.json: options: unknown hcqr option\(s\) k_per_qurey; allowed: budget"),
+        ({"options": {"budget": "3"}}, r"meta.json: options: budget: Input should be a valid integer \(got '3'\)"),
+        ({"recipe": {"name": "r"}}, r"meta.json: recipe.optimizer: required \(and \d+ more problems?\)"),
+        ({"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": []}}, r"meta.json: train: 1 ids but 0 text hashes"),
+        ({"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": ["x"]}},
+         r"meta.json: train.text_sha256.0: String should match pattern '\^\[0-9a-f\]\{64\}\$' \(got 'x'\)"),
+        ({"demo_context_tokens": -1}, r"meta.json: demo_context_tokens: Input should be greater than or equal to 0 \(got -1\)"),
+    ],
+)
+def test_saved_program_meta_is_validated(setup, change, message):
+    retriever = load_index(setup / "idx")
+    save_program(HCQR(retriever, budget=3), setup / "p")
+    meta = json.loads((setup / "p" / "meta.json").read_text())
+    (setup / "p" / "meta.json").write_text(json.dumps({**meta, **change}))
+    with pytest.raises(ProgramFormatError, match=message) as caught:
+        load_program(setup / "p", retriever)
+    assert "\n" not in str(caught.value)
+
+
+def test_saved_program_meta_unreadable_and_refused_when_written(setup):
+    retriever = load_index(setup / "idx")
+    save_program(HCQR(retriever, budget=3), setup / "p")
+    (setup / "p" / "meta.json").write_bytes(b'{"format": "hcqr-dspy-program",\n "method": "hcq\xff"}')
+    with pytest.raises(ProgramFormatError, match=r"meta.json:2: not valid UTF-8 text \(byte 0xff at column 16\)"):
+        load_program(setup / "p", retriever)
+    (setup / "p" / "meta.json").write_text('{"format": "hcqr-dspy-program",\n')
+    with pytest.raises(ProgramFormatError, match=r"meta.json:2: not valid JSON \("):
+        load_program(setup / "p", retriever)
+    # a record read_meta would refuse is never written (a caller's bug: pydantic's error, nothing on disk)
+    with pytest.raises(ValidationError, match="optimiser"):
+        save_program(HCQR(retriever, budget=3), setup / "q", optimiser="BootstrapFewShot")
+    assert not (setup / "q").exists()
+
+
 def write_recipe(folder, **fields):
     import yaml
 
@@ -146,21 +255,45 @@ def write_recipe(folder, **fields):
 
 @pytest.mark.parametrize(
     "fields, message",
-    [
-        ({"optimizer": "SuperOpt"}, r"unknown optimizer 'SuperOpt'; valid optimizers: BootstrapFewShot, .*GEPA"),
-        ({"settings": {"max_demos": 3}}, r"unknown settings for BootstrapFewShot: max_demos; valid: .*max_bootstrapped_demos"),
-        ({"compile": {"valset": []}}, r"unknown compile for BootstrapFewShot: valset"),
-        ({"settings": {"metric": "x"}}, r"unknown settings for BootstrapFewShot: metric"),  # set by hcqr, not recipes
-        ({"metric": "f1"}, r"unknown metric 'f1'; valid metrics: accuracy, feedback"),
-        ({"metric": "feedback"}, r"metric 'feedback' is for GEPA"),
-        ({"train_sise": 3}, r"unknown key\(s\) train_sise"),
-        ({"train_size": 0}, r"'train_size' must be an integer >= 1"),
-        ({"reflection_lm": "local"}, r"'reflection_lm' is for GEPA only"),
+    [  # yaml.safe_dump sorts the keys: "optimizer" comes after "compile" and "metric", before the rest
+        ({"optimizer": "SuperOpt"}, r"r\.yaml:1: optimizer: Input should be 'BootstrapFewShot', .*'MIPROv2' or 'GEPA' \(got 'SuperOpt'\)$"),
+        ({"settings": {"max_demos": 3}},
+         r"r\.yaml:2: settings: unknown BootstrapFewShot setting\(s\) max_demos; allowed: max_bootstrapped_demos, .*max_rounds"),
+        ({"compile": {"valset": []}}, r"r\.yaml:1: compile: unknown BootstrapFewShot.compile argument\(s\) valset; allowed: \(none\)"),
+        ({"settings": {"metric": "x"}}, r"settings: unknown BootstrapFewShot setting\(s\) metric;"),  # set by hcqr, not recipes
+        ({"settings": {"max_bootstrapped_demos": "two"}}, r"settings: max_bootstrapped_demos: Input should be a valid integer \(got 'two'\)"),
+        ({"optimizer": "MIPROv2", "settings": {"auto": "lite"}}, r"settings: auto: Input should be 'light', 'medium' or 'heavy' \(got 'lite'\)"),
+        ({"metric": "f1"}, r"r\.yaml:1: metric: Input should be 'accuracy' or 'feedback' \(got 'f1'\)"),
+        ({"metric": "feedback"}, r"metric 'feedback' is for GEPA; BootstrapFewShot needs metric 'accuracy'"),
+        ({"train_sise": 3}, r"r\.yaml:2: train_sise: unknown key; allowed: compile, demo_context_tokens, .*train_size, val_size$"),
+        ({"train_size": 0}, r"train_size: Input should be greater than or equal to 1 \(got 0\)"),
+        ({"train_size": "5"}, r"train_size: Input should be a valid integer \(got '5'\)"),
+        ({"val_size": True}, r"val_size: Input should be a valid integer \(got True\)"),
+        ({"seed": -1}, r"seed: Input should be greater than or equal to 0 \(got -1\)"),
+        ({"train_size": 3, "min_train": 4}, r"train_size 3 is under the recipe's own min_train 4"),
+        ({"reflection_lm": "local"}, r"'reflection_lm' is for GEPA only, not BootstrapFewShot"),
     ],
 )
 def test_bad_recipes_are_refused(tmp_path, fields, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe(write_recipe(tmp_path, **fields))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"optimizer: MIPROv2\ndescription: caf\xe9 au lait\n", r"r\.yaml:2: not valid UTF-8 text \(byte 0xe9 at column 17\)"),
+        (b"optimizer: MIPROv2\nsettings: {auto: light\n", r"r\.yaml:3: not valid YAML \("),
+        (b"optimizer: MIPROv2\nseed: 1\nseed: 2\n", r"r\.yaml:3: key 'seed' appears twice in one mapping"),
+        (b"", r"r\.yaml: expected a mapping of keys \(compile, .*\), got an empty file"),
+        (b"- optimizer: MIPROv2\n", r"r\.yaml: expected a mapping of keys .*, got list"),
+    ],
+)
+def test_unreadable_recipes_are_one_line(tmp_path, content, message):
+    (tmp_path / "r.yaml").write_bytes(content)
+    with pytest.raises(RecipeError, match=message) as caught:
+        load_recipe(tmp_path / "r.yaml")
+    assert "\n" not in str(caught.value)
 
 
 def test_unknown_recipe_lists_the_shipped_ones(monkeypatch, tmp_path):
@@ -314,7 +447,7 @@ def test_feedback_names_where_an_hcqr_trace_went_wrong():
 
 
 def test_demo_contexts_are_trimmed_and_counted_against_the_context_budget(setup):
-    recipe = dataclasses.replace(load_recipe(RECIPES / "bootstrap_fewshot.yaml"), demo_context_tokens=40)
+    recipe = load_recipe(RECIPES / "bootstrap_fewshot.yaml").model_copy(update={"demo_context_tokens": 40})
     retriever = load_index(setup / "idx")
     train = load_questions_from(questions("Train", 6))
     lm = schema_lm("A")

@@ -10,6 +10,8 @@ fixed as ``hcqr_no_support``, ``hcqr_no_distinction``,
 
 from __future__ import annotations
 
+from typing import Any
+
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.cot import CoT
@@ -56,6 +58,30 @@ def accepted_options(program_cls: type[MCQProgram]) -> set[str]:
     return names
 
 
+def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Check constructor options of a registered method given in a file (an experiment, ``meta.json``).
+
+    Names and annotated types are checked against the constructors of the method's class and its
+    bases (:func:`hcqr_dspy.config.check_arguments`); options a variant fixes are not accepted.
+    Value ranges (``pool_k >= budget`` ...) stay with the constructors.
+
+    Returns:
+        ``options``, as given.
+
+    Raises:
+        ValueError: an unknown method or option (the accepted ones listed), or an ill-typed value.
+    """
+    from hcqr_dspy.config import check_arguments
+
+    if method not in PROGRAMS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(PROGRAMS)}")
+    cls = PROGRAMS[method]
+    constructors = tuple(c.__init__ for c in cls.__mro__
+                         if issubclass(c, MCQProgram) and "__init__" in vars(c) and "fixed_options" not in vars(c))
+    fixed = frozenset(getattr(cls, "fixed_options", {}))
+    return check_arguments(constructors, options, frozenset({"self", "retriever"}) | fixed, f"{method} option(s)")
+
+
 def make_program(method: str, retriever=None, **options) -> MCQProgram:
     """Instantiate a registered method.
 
@@ -79,6 +105,7 @@ __all__ = [
     "MCQProgram",
     "PROGRAMS",
     "accepted_options",
+    "check_options",
     "QueryRewrite",
     "QueryRewriteOptions",
     "RerankRAG",

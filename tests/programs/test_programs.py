@@ -156,16 +156,39 @@ def test_registry_and_construction_errors(spy):
         HCQR(spy, fusion="max")
 
 
-def test_saved_program_holds_no_retriever_and_loads_against_another(tmp_path, spy, tiny_corpus):
-    program = HCQR(spy)
-    program.answer.demos = [dspy.Example(question="q", options="A. x", context="c", reasoning="r", answer="A")]
-    path = tmp_path / "hcqr.json"
-    program.save(str(path))
-    text = path.read_text()
-    assert "Digoxin toxicity" not in text  # no corpus content in the saved state
-    other = HCQR(SpyRetriever(tiny_corpus))
-    other.load(str(path))
-    assert len(other.answer.demos) == 1
+# Another corpus on the same topics, with other ids and texts: a saved program must retrieve from it once loaded.
+OTHER_ROWS = [
+    ("q1", "Cardiac glycoside poisoning", "Digoxin excess: nausea, yellow vision and arrhythmia, worse with hypokalemia."),
+    ("q2", "Thyroid eye disease", "Graves disease gives exophthalmos through TSH receptor antibodies."),
+    ("q3", "Neuromuscular junction", "Myasthenia gravis: fatigable ptosis from acetylcholine receptor antibodies."),
+    ("q4", "Microcytic anemia", "Iron deficiency with low ferritin and high iron-binding capacity."),
+]
+
+
+def test_saved_program_holds_no_corpus_and_runs_against_another_retriever(tmp_path, tiny_corpus):
+    from hcqr_dspy.program_io import load_program, save_program
+    from hcqr_dspy.retrieval import Corpus, Passage
+
+    first = SpyRetriever(tiny_corpus)
+    program = HCQR(first, budget=4, k_per_query=2)
+    used = run(program, scripted())  # it has searched its own retriever
+    assert used.passages and {p["id"] for p in used.passages} <= {p.id for p in tiny_corpus}
+    program.answer.demos = [dspy.Example(question="Demo question?", options="A. x\nB. y", context="Document [1] (Title: T) c",
+                                         reasoning="r", answer="A")]
+    save_program(program, tmp_path / "saved")
+    saved = "\n".join(f.read_text() for f in sorted((tmp_path / "saved").iterdir()))
+    for passage in tiny_corpus:  # nothing of the retriever or its corpus travels with the program
+        assert f'"{passage.id}"' not in saved and passage.title not in saved and passage.text not in saved
+    assert "BM25" not in saved and "bm25" not in saved
+
+    second = SpyRetriever(Corpus([Passage(*r) for r in OTHER_ROWS], source="other"))
+    loaded, meta = load_program(tmp_path / "saved", second)
+    searched_before = len(first.calls)
+    pred = run(loaded, scripted())
+    assert loaded.retriever is second and len(first.calls) == searched_before
+    assert len(second.calls) == 1 and len(second.calls[0][0]) == 3 and second.calls[0][1] == 2
+    assert pred.passages and {p["id"] for p in pred.passages} <= {r[0] for r in OTHER_ROWS}
+    assert [d["question"] for d in loaded.answer.demos] == ["Demo question?"] and meta["options"]["k_per_query"] == 2
 
 
 @pytest.mark.parametrize(
