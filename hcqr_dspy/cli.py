@@ -135,7 +135,8 @@ def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 def _program_options(args: argparse.Namespace) -> dict:
     """The method options given as flags (``--budget``, ``--k-per-query``, ``--fusion``); flags left out
     are absent, so the method's own documented defaults apply (HCQR: ``k_per_query = ceil(budget / roles)``)."""
-    flags = {"budget": args.budget, "k_per_query": args.k_per_query, "fusion": args.fusion}
+    flags = {"budget": args.budget, "k_per_query": args.k_per_query, "fusion": args.fusion,
+             "hypothesis_style": getattr(args, "hypothesis_style", None)}
     return {k: v for k, v in flags.items() if v is not None}
 
 
@@ -154,6 +155,9 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
     p.add_argument("--fusion", choices=STRATEGIES, default=None,
                    help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
+    p.add_argument("--hypothesis-style", choices=["features_first", "options_first"], default=None,
+                   help="HCQR's hypothesis step: features_first (the paper's field order, default) or options_first "
+                        "(review each option, then commit)")
     _add_search_option_args(p)
 
 
@@ -186,14 +190,9 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     from hcqr_dspy.data import DataError, check_question
 
     if args.json:
-        try:
-            row = json.loads(Path(args.json).read_bytes().decode("utf-8"))
-        except OSError as exc:
-            raise DataError(f"cannot read question file {args.json}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{args.json}: not valid UTF-8 (byte {exc.start})") from None
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{args.json}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        from hcqr_dspy.config import read_json
+
+        row = read_json(args.json, DataError, "question file")
         if isinstance(row, dict) and "question" not in row and len(row) == 1:
             row = next(iter(row.values()))  # a one-question MIRAGE file
         if isinstance(row, dict) and "answer" not in row:

@@ -56,6 +56,22 @@ def read_text(path: Path, error: type[HCQRError], what: str) -> str:
                     "save the file as UTF-8") from None
 
 
+def read_json(path: str | Path, error: type[HCQRError], what: str, hint: str = "") -> Any:
+    """Parse a JSON file (:func:`read_text` first).
+
+    Raises:
+        error: unreadable, not UTF-8, or not JSON (``file:line: not valid JSON (...)``, then ``hint``).
+    """
+    import json
+
+    path = Path(path)
+    text = read_text(path, error, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}){'; ' + hint if hint else ''}") from None
+
+
 def read_yaml(path: str | Path, error: type[HCQRError], what: str) -> tuple[Any, Any]:
     """Parse a YAML file (PyYAML's safe loader).
 

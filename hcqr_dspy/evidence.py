@@ -26,7 +26,6 @@ No LM judges here; only the question's labels and the passages' text.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -157,11 +156,10 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     Raises:
         HCQRError: unreadable, not JSON, or of another shape (one line naming the file).
     """
+    from hcqr_dspy.config import read_json
+
     path = Path(path)
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HCQRError(f"cannot read qrels {path}: {exc}") from None
+    raw = read_json(path, HCQRError, "qrels")
     if not isinstance(raw, dict):
         raise HCQRError(f"qrels {path}: expected {{qid: {{passage_id: relevance}}}} or {{qid: [passage_id, ...]}}")
     out: dict[str, dict[str, int]] = {}

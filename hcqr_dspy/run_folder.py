@@ -82,14 +82,9 @@ def read_json_object(file: Path, what: str = "file") -> dict[str, Any]:
     Raises:
         RunError: unreadable, not UTF-8, not JSON or not an object (one line naming the file).
     """
-    try:
-        value = json.loads(file.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise RunError(f"cannot read {what} {file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RunError(f"{file} is not valid UTF-8 (byte {exc.start}); repair it or run the step that writes it again") from None
-    except json.JSONDecodeError as exc:
-        raise RunError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg}); repair it or run the step that writes it again") from None
+    from hcqr_dspy.config import read_json
+
+    value = read_json(file, RunError, what, hint="repair it or run the step that writes it again")
     if not isinstance(value, dict):
         raise RunError(f"{file} is not a JSON object; repair it or run the step that writes it again")
     return value

@@ -5,6 +5,8 @@ HCQR (Hypothesis-Conditioned Query Rewriting) has three LM steps:
 1. :class:`FormHypothesis` — Hypothesis(x, A -> y0, f, e, r): from the question
    ``x`` and options ``A``, the discriminating features ``f``, brief reasoning
    ``r``, a best-guess option ``y0`` and the confirming evidence ``e``.
+   :class:`FormHypothesisReviewingOptions` first reviews each option, then
+   commits to ``y0`` before writing ``f``, ``e`` and ``r`` (``HYPOTHESIS_STYLES``).
 2. :class:`RewriteQueries` — Rewrite(h -> q1, q2, q3): three search queries,
    support / distinction / key features.
 3. :class:`AnswerQuestion` — answer from question + options + retrieved
@@ -71,6 +73,33 @@ class FormHypothesis(dspy.Signature):
     confirming_evidence: str = dspy.OutputField(
         desc="e: 1-3 facts that must hold if the best option is right, separated by semicolons (at most 40 words)"
     )
+
+
+class FormHypothesisReviewingOptions(dspy.Signature):
+    """You are a medical expert taking a licensing exam. Before looking anything up, form a working hypothesis.
+    First review every option in one short clause: does it fit the findings in the question? Then commit to the
+    single best option, name the findings that separate it from the runner-up, state the facts that would have to be
+    true if it is right, and sum up why in one sentence. Be brief: every field is a short phrase or sentence."""
+
+    question: str = dspy.InputField(desc="the exam question (clinical vignette)")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    option_review: str = dspy.OutputField(
+        desc="one short clause per option, as 'A: fits because ...; B: does not fit because ...' (at most 15 words each)"
+    )
+    working_hypothesis: str = dspy.OutputField(desc="y0: the letter of the single best option")
+    discriminating_features: str = dspy.OutputField(
+        desc="f: 2-3 findings from the question that separate the best option from the runner-up, separated by semicolons (at most 40 words)"
+    )
+    confirming_evidence: str = dspy.OutputField(
+        desc="e: 1-3 facts that must hold if the best option is right, separated by semicolons (at most 40 words)"
+    )
+    reasoning: str = dspy.OutputField(desc="r: why the best option, in one sentence (at most 40 words)")
+
+
+# The hypothesis step's signature by style (HCQR's ``hypothesis_style`` option). ``features_first`` is the
+# paper's field order (f, r, y0, e); ``options_first`` reviews every option before committing, as later
+# variants of the HCQR reference code do, and writes the letter before the features and evidence.
+HYPOTHESIS_STYLES = {"features_first": FormHypothesis, "options_first": FormHypothesisReviewingOptions}
 
 
 class RewriteQueries(dspy.Signature):

@@ -143,3 +143,13 @@ def test_ui_binds_to_localhost_unless_told_otherwise(tmp_path, monkeypatch, caps
     assert launched[-1][launched[-1].index("--host") + 1] == "127.0.0.1"
     assert main(["ui", "--mlflow-dir", str(tmp_path), "--host", "0.0.0.0"]) == 0
     assert launched[-1][launched[-1].index("--host") + 1] == "0.0.0.0"
+
+
+def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "q.json"
+    bad.write_bytes(b'{"question": "Caf\xe9?", "options": {"A": "x", "B": "y"}}')
+    code, err = error_of(capsys, ["ask", "--method", "cot", "--json", str(bad)])
+    assert code == 2 and len(err) == 1 and "q.json:1: not valid UTF-8 text (byte 0xe9" in err[0]
+    bad.write_text('{"question": "Which?",\n "options": ')
+    code, err = error_of(capsys, ["ask", "--method", "cot", "--json", str(bad)])
+    assert code == 2 and len(err) == 1 and "q.json:2: not valid JSON" in err[0]

@@ -5,7 +5,8 @@ Methods: ``cot`` (no retrieval), ``simple_rag`` (the question, top 15),
 ``query_rewrite_options``, ``rerank_rag`` and ``main_rag``. HCQR's ablations are options of
 :class:`HCQR` (``roles``, ``show_hypothesis``), registered with those options
 fixed as ``hcqr_no_support``, ``hcqr_no_distinction``,
-``hcqr_no_key_features`` and ``hcqr_show_hypothesis``.
+``hcqr_no_key_features`` and ``hcqr_show_hypothesis``; ``hcqr_hypothesis``
+answers with HCQR's working hypothesis alone (no retrieval), to measure that step.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.programs.hcqr import HCQR, HCQRNoDistinction, HCQRNoKeyFeatures, HCQRNoSupport, HCQRShowHypothesis
+from hcqr_dspy.programs.hcqr import (
+    HCQR,
+    HCQRNoDistinction,
+    HCQRNoKeyFeatures,
+    HCQRNoSupport,
+    HCQRShowHypothesis,
+    WorkingHypothesis,
+)
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
 from hcqr_dspy.programs.main_rag import MainRAG
@@ -37,6 +45,7 @@ PROGRAMS: dict[str, type[MCQProgram]] = {
         HCQRNoDistinction,
         HCQRNoKeyFeatures,
         HCQRShowHypothesis,
+        WorkingHypothesis,
     )
 }
 
@@ -110,5 +119,6 @@ __all__ = [
     "QueryRewriteOptions",
     "RerankRAG",
     "SimpleRAG",
+    "WorkingHypothesis",
     "make_program",
 ]

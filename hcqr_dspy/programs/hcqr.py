@@ -35,7 +35,7 @@ MIRAGE's rule that retrieval must not see them; this is HCQR's design.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import dspy
 
@@ -43,6 +43,7 @@ from hcqr_dspy.data import format_options
 from hcqr_dspy.programs.base import (
     BAD_REPLY_ERRORS,
     MCQProgram,
+    bad_reply,
     clean_query,
     dedupe,
     is_content_free,
@@ -52,9 +53,9 @@ from hcqr_dspy.programs.base import (
 )
 from hcqr_dspy.retrieval.fusion import STRATEGIES, fuse
 from hcqr_dspy.signatures import (
+    HYPOTHESIS_STYLES,
     AnswerQuestion,
     AnswerQuestionWithHypothesis,
-    FormHypothesis,
     RewriteQueries,
     restrict_letters,
 )
@@ -81,6 +82,36 @@ def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], ques
     features, evidence = ("" if is_content_free(t) else t for t in (features, evidence))  # "A; B", "Yes"
     built = [f"{subject} {evidence}", f"{subject} versus alternatives {features}" if features else "", features or subject]
     return [clean_query(q) or clean_query(subject) or clean_query(terms, max_words=64) or terms for q in built]
+
+
+def form_hypothesis(predictor: dspy.Predict, question: str, options: dict[str, str]) -> tuple[dict[str, Any] | None, BaseException | None]:
+    """Run the hypothesis step: its letter field narrowed to the question's letters.
+
+    Shared by :class:`HCQR` and :class:`WorkingHypothesis`, so both send the same
+    prompt (and DSPy's cache answers one with the other's reply).
+
+    Returns:
+        ``(hypothesis, None)`` with ``working_hypothesis``, ``discriminating_features``,
+        ``confirming_evidence``, ``reasoning`` (and ``option_review`` for the
+        ``options_first`` style), or ``(None, error)`` for a reply that cannot be parsed.
+    """
+    try:
+        h = predictor(
+            question=question,
+            options=format_options(options),
+            signature=restrict_letters(predictor.signature, "working_hypothesis", list(options)),
+        )
+    except BAD_REPLY_ERRORS as exc:
+        return None, exc
+    hypothesis = {
+        "working_hypothesis": str(h.working_hypothesis).strip().upper(),
+        "discriminating_features": h.discriminating_features,
+        "confirming_evidence": h.confirming_evidence,
+        "reasoning": h.reasoning,
+    }
+    if "option_review" in h.keys():
+        hypothesis["option_review"] = h.option_review
+    return hypothesis, None
 
 
 def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
@@ -112,6 +143,9 @@ class HCQR(MCQProgram):
             q1/q2/q3 ablation; the fallback rule (fewer than two usable
             rewritten queries of the three: all built from the hypothesis) is
             decided on all three, as in full HCQR.
+        hypothesis_style: The hypothesis step's signature: ``"features_first"``
+            (default, the paper's field order f, r, y0, e) or ``"options_first"``
+            (review each option, then y0, f, e, r; ``HYPOTHESIS_STYLES``).
         show_hypothesis: Show the hypothesis (best option, features, evidence,
             reasoning) to the answer step. Default ``False``: the paper's
             no-anchoring rule; ``True`` is the anchoring ablation.
@@ -135,6 +169,7 @@ class HCQR(MCQProgram):
         fusion: str = "score_sum",
         roles: Sequence[str] = QUERY_ROLES,
         show_hypothesis: bool = False,
+        hypothesis_style: str = "features_first",
         **kwargs,
     ):
         super().__init__(retriever=retriever, budget=budget, **kwargs)
@@ -150,7 +185,8 @@ class HCQR(MCQProgram):
         self.k_per_query = k_per_query
         self.fusion = fusion
         self.show_hypothesis = bool(show_hypothesis)
-        self.hypothesis = dspy.Predict(FormHypothesis)
+        self.hypothesis_style = check_style(hypothesis_style)
+        self.hypothesis = dspy.Predict(HYPOTHESIS_STYLES[self.hypothesis_style])
         self.rewrite = dspy.Predict(RewriteQueries)
         self.answer = dspy.Predict(AnswerQuestionWithHypothesis if self.show_hypothesis else AnswerQuestion)
 
@@ -161,29 +197,16 @@ class HCQR(MCQProgram):
             "fusion": self.fusion,
             "roles": list(self.roles),
             "show_hypothesis": self.show_hypothesis,
+            "hypothesis_style": self.hypothesis_style,
         }
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         opts = format_options(options)
         with stage(stages, "hypothesis"):
-            try:
-                h = self.hypothesis(
-                    question=question,
-                    options=opts,
-                    signature=restrict_letters(self.hypothesis.signature, "working_hypothesis", list(options)),
-                )
-                hypothesis_error = None
-            except BAD_REPLY_ERRORS as exc:
-                hypothesis_error = f"{type(exc).__name__}: {exc}"[:500]
-        if hypothesis_error is not None:
-            return self.forward_without_hypothesis(question, options, stages, hypothesis_error)
-        hypothesis = {
-            "working_hypothesis": str(h.working_hypothesis).strip().upper(),
-            "discriminating_features": h.discriminating_features,
-            "confirming_evidence": h.confirming_evidence,
-            "reasoning": h.reasoning,
-        }
+            hypothesis, exc = form_hypothesis(self.hypothesis, question, options)
+        if hypothesis is None:
+            return self.forward_without_hypothesis(question, options, stages, f"{type(exc).__name__}: {exc}"[:500])
         hypothesis_text = format_hypothesis(hypothesis, options)
 
         rewrite_failed = 0
@@ -235,6 +258,52 @@ class HCQR(MCQProgram):
             query_roles=[],
             raw_queries=[],
         )
+
+
+def check_style(style: str) -> str:
+    """A known hypothesis style (:data:`~hcqr_dspy.signatures.HYPOTHESIS_STYLES`).
+
+    Raises:
+        ValueError: another style (the known ones are named).
+    """
+    if style not in HYPOTHESIS_STYLES:
+        raise ValueError(f"unknown hypothesis_style {style!r}; choose one of {', '.join(HYPOTHESIS_STYLES)}")
+    return style
+
+
+class WorkingHypothesis(MCQProgram):
+    """HCQR's working hypothesis alone, as the answer: no retrieval, no rewrite (``hcqr_hypothesis``).
+
+    It measures the hypothesis step on its own terms, e.g. against CoT with the
+    same paired test (issue: is the hypothesis weaker than plain chain of
+    thought?). It sends exactly the prompt HCQR's hypothesis step sends
+    (:func:`form_hypothesis`), so DSPy's cache shares the replies both ways.
+    A reply that cannot be parsed makes the question invalid (stage ``hypothesis``).
+
+    Args:
+        hypothesis_style: ``"features_first"`` (the paper's order) or ``"options_first"``.
+    """
+
+    method = "hcqr_hypothesis"
+    uses_retrieval = False
+
+    def __init__(self, retriever=None, budget: int = 15, hypothesis_style: str = "features_first", **kwargs):
+        super().__init__(retriever=None, budget=budget, **kwargs)
+        self.hypothesis_style = check_style(hypothesis_style)
+        self.hypothesis = dspy.Predict(HYPOTHESIS_STYLES[self.hypothesis_style])
+
+    def settings(self):
+        return {**super().settings(), "hypothesis_style": self.hypothesis_style}
+
+    def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
+        stages: dict = {}
+        with stage(stages, "hypothesis"):
+            hypothesis, exc = form_hypothesis(self.hypothesis, question, options)
+        if hypothesis is None:
+            return dspy.Prediction(**bad_reply("hypothesis", exc), stages=stages, hypothesis=None, queries=[], passages=[])
+        return dspy.Prediction(answer=hypothesis["working_hypothesis"], valid=True, reasoning=hypothesis["reasoning"],
+                               error=None, invalid_stage=None, invalid_cause=None, stages=stages, hypothesis=hypothesis,
+                               queries=[], passages=[])
 
 
 HCQRNoSupport = variant(

@@ -336,3 +336,29 @@ def test_hypothesis_queries_use_the_question_key_terms_when_fields_are_empty():
     empty = {"working_hypothesis": "A", "discriminating_features": "", "confirming_evidence": ""}
     queries = hypothesis_queries(empty, {"A": "No", "B": "Yes"}, "Does aspirin prevent stroke recurrence?")
     assert queries == ["aspirin prevent stroke recurrence"] * 3
+
+
+def test_working_hypothesis_answers_with_hcqrs_own_hypothesis_prompt(spy):
+    """hcqr_hypothesis sends HCQR's hypothesis prompt and answers with y0 (so the two share DSPy's cache)."""
+    lm = scripted()
+    pred = run(make_program("hcqr_hypothesis"), lm)
+    assert pred.valid and pred.answer == "A" and pred.hypothesis["confirming_evidence"].startswith("HYPMARK")
+    full = scripted()
+    run(HCQR(spy), full)
+    hyp = [h["messages"] for h in full.history if "`discriminating_features`" in h["messages"][-1]["content"]]
+    assert [h["messages"] for h in lm.history] == hyp
+    bad = DummyLM({"`discriminating_features`": {"oops": "x"}}, adapter=dspy.JSONAdapter())
+    pred = run(make_program("hcqr_hypothesis"), bad)
+    assert not pred.valid and (pred.invalid_stage, pred.invalid_cause) == ("hypothesis", "unparseable")
+
+
+def test_options_first_style_reviews_the_options_before_the_letter(spy):
+    review = {"option_review": "A: fits; B: no", "working_hypothesis": "A", "discriminating_features": "yellow vision",
+              "confirming_evidence": "low potassium", "reasoning": "glycoside"}
+    lm = DummyLM({"`option_review`": review, "`support_query`": QUERIES, "`answer`": ANSWER}, adapter=dspy.JSONAdapter())
+    pred = run(HCQR(spy, hypothesis_style="options_first"), lm)
+    assert pred.valid and pred.hypothesis["option_review"] == "A: fits; B: no"
+    prompt = lm.history[0]["messages"][-1]["content"]
+    assert prompt.index("`option_review`") < prompt.index("`working_hypothesis`") < prompt.index("`discriminating_features`")
+    with pytest.raises(ValueError, match="unknown hypothesis_style 'x'"):
+        HCQR(spy, hypothesis_style="x")
