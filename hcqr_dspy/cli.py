@@ -42,10 +42,36 @@ def _positive_int(text: str) -> int:
 
 
 # -- index / search ----------------------------------------------------------
+def _milvus_settings(args: argparse.Namespace):
+    """The Milvus settings of `hcqr index`, or None for the faiss/bm25s backend (Milvus flags then refused)."""
+    from hcqr_dspy.retrieval.milvus import MilvusSettings, parse_params
+
+    given = [flag for flag, value in (("--milvus-uri", args.milvus_uri), ("--collection", args.collection),
+                                      ("--milvus-index", args.milvus_index),
+                                      ("--milvus-index-param", args.milvus_index_param),
+                                      ("--milvus-search-param", args.milvus_search_param),
+                                      ("--milvus-token-env", args.milvus_token_env),
+                                      ("--milvus-index-timeout", args.milvus_index_timeout)) if value]
+    if args.backend != "milvus":
+        if given:
+            raise HCQRError(f"{', '.join(given)} only apply with --backend milvus")
+        return None
+    if not args.milvus_uri or not args.collection:
+        raise HCQRError("--backend milvus needs --milvus-uri (a Milvus Lite .db path or http://host:port) and --collection")
+    return MilvusSettings(
+        uri=args.milvus_uri, collection=args.collection, retrieval=args.retriever,
+        index_type=args.milvus_index or "FLAT",
+        index_params=parse_params(args.milvus_index_param, "--milvus-index-param"),
+        search_params=parse_params(args.milvus_search_param, "--milvus-search-param"),
+        token_env=args.milvus_token_env, index_timeout=args.milvus_index_timeout or 3600.0,
+    )
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval import build_retriever, load_corpus
     from hcqr_dspy.retrieval.base import check_index_target
 
+    milvus = _milvus_settings(args)  # bad Milvus flags fail here, before the corpus is read
     check_index_target(args.out)  # fail before minutes of encoding, not after
     t0 = time.perf_counter()
     corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids)
@@ -53,8 +79,16 @@ def cmd_index(args: argparse.Namespace) -> int:
     renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
     print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
     t0 = time.perf_counter()
-    options = {"batch_size": args.batch_size} if args.retriever != "bm25" else {}
-    retriever = build_retriever(corpus, args.retriever, encoder=args.encoder, **options)
+    extra: dict = {}
+    if milvus is not None:
+        from hcqr_dspy.retrieval.milvus import MilvusRetriever
+
+        retriever = MilvusRetriever(corpus, milvus, encoder=args.encoder,
+                                    batch_size=args.batch_size)
+        extra = {"milvus": retriever.build_stats}
+    else:
+        options = {"batch_size": args.batch_size} if args.retriever != "bm25" else {}
+        retriever = build_retriever(corpus, args.retriever, encoder=args.encoder, **options)
     t_build = time.perf_counter() - t0
     out = retriever.save(args.out)
     size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
@@ -63,10 +97,12 @@ def cmd_index(args: argparse.Namespace) -> int:
             {
                 "index": str(out),
                 "retriever": args.retriever,
+                "backend": args.backend,
                 "passages": len(corpus),
                 "build_seconds": round(t_build, 2),
                 "passages_per_second": round(len(corpus) / t_build, 1),
                 "size_bytes": size,
+                **extra,
             }
         )
     )
@@ -390,6 +426,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicate-ids", choices=["error", "rename"], default="error",
                    help="a repeated passage id: refuse (default) or keep the row as <id>#2, #3 ...")
     p.add_argument("--out", required=True, help="index folder to write")
+    p.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
+                   help="where vectors and BM25 live: faiss/bm25s files in the index folder (default) or a Milvus collection")
+    p.add_argument("--milvus-uri", default=None,
+                   help="Milvus Lite database (a path ending in .db, embedded) or a server, http://host:port")
+    p.add_argument("--collection", default=None, help="Milvus collection name (letters, digits, _)")
+    p.add_argument("--milvus-index", default=None, type=str.upper, choices=["FLAT", "IVF_FLAT", "HNSW", "DISKANN"],
+                   help="Milvus vector index type (default FLAT, exact)")
+    p.add_argument("--milvus-index-param", action="append", default=None, metavar="NAME=VALUE",
+                   help="index build parameter, e.g. M=32, efConstruction=80, nlist=128 (repeatable)")
+    p.add_argument("--milvus-search-param", action="append", default=None, metavar="NAME=VALUE",
+                   help="search parameter, e.g. ef=64, nprobe=16, search_list=64 (repeatable)")
+    p.add_argument("--milvus-token-env", default=None, metavar="VAR",
+                   help="name of the environment variable holding the server token (never the token itself)")
+    p.add_argument("--milvus-index-timeout", type=float, default=None,
+                   help="seconds to wait for a server to build the index (default 3600)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search an index with one or more queries")

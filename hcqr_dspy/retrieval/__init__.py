@@ -1,4 +1,4 @@
-"""Corpus loading, retrievers (dense, BM25, hybrid) and multi-query fusion."""
+"""Corpus loading, retrievers (dense, BM25, hybrid; faiss/bm25s or Milvus) and multi-query fusion."""
 
 from hcqr_dspy.retrieval.base import Hit, Retriever, read_manifest
 from hcqr_dspy.retrieval.bm25 import BM25Retriever
@@ -7,6 +7,7 @@ from hcqr_dspy.retrieval.dense import DenseRetriever
 from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage, fuse
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
 from hcqr_dspy.retrieval.index import RETRIEVERS, build_retriever, load_index
+from hcqr_dspy.retrieval.milvus import MilvusRetriever, MilvusSettings
 
 __all__ = [
     "BM25Retriever",
@@ -15,6 +16,8 @@ __all__ = [
     "FusedPassage",
     "Hit",
     "HybridRetriever",
+    "MilvusRetriever",
+    "MilvusSettings",
     "Passage",
     "RETRIEVERS",
     "Retriever",

@@ -226,6 +226,7 @@ REQUIRED_FIELDS = {
     None: ("retriever", "corpus.source", "corpus.fingerprint", "corpus.count"),
     "dense": ("encoder", "dimension"),
     "hybrid": ("rrf_k", "pool_k"),
+    "milvus": ("milvus.uri", "milvus.collection", "milvus.retrieval"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Build, save and load retrieval indexes by kind (``dense``, ``bm25``, ``hybrid``)."""
+"""Build, save and load retrieval indexes by kind (``dense``, ``bm25``, ``hybrid``, ``milvus``)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from hcqr_dspy.retrieval.bm25 import BM25Retriever
 from hcqr_dspy.retrieval.corpus import Corpus, load_corpus
 from hcqr_dspy.retrieval.dense import DenseRetriever
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
+from hcqr_dspy.retrieval.milvus import MilvusRetriever
 
 RETRIEVERS: dict[str, type[Retriever]] = {
     "dense": DenseRetriever,
     "bm25": BM25Retriever,
     "hybrid": HybridRetriever,
+    "milvus": MilvusRetriever,
 }
 
 
@@ -51,7 +53,11 @@ def build_retriever(
 
 
 def load_index(
-    path: str | Path, corpus: Corpus | str | Path | None = None, encoder: str | None = None, verify_files: bool = True
+    path: str | Path,
+    corpus: Corpus | str | Path | None = None,
+    encoder: str | None = None,
+    verify_files: bool = True,
+    **backend_options: Any,
 ) -> Retriever:
     """Load a saved index.
 
@@ -62,6 +68,9 @@ def load_index(
         encoder: If given, the encoder the caller expects; refused when it
             differs from the one the index was built with.
         verify_files: Check each file against its manifest checksum.
+        **backend_options: Passed to the backend: ``milvus_uri`` (the same
+            collection reached through another URI) and ``milvus_token_env``
+            for a Milvus index.
 
     Safe with untrusted folders: nothing is unpickled. The manifest is JSON;
     a dense index is faiss's own binary format (``faiss.read_index``); a BM25
@@ -91,4 +100,4 @@ def load_index(
         raise RetrievalIndexError(f"{path}: unknown retriever kind {kind!r} in manifest")
     if encoder is not None and "encoder" not in manifest and kind != "hybrid":
         raise RetrievalIndexError(f"index {path} is a {kind} index and uses no encoder (asked for {encoder!r})")
-    return RETRIEVERS[kind]._read(path, manifest, corpus, encoder=encoder)
+    return RETRIEVERS[kind]._read(path, manifest, corpus, encoder=encoder, **backend_options)
