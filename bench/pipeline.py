@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         print(f"bench: {args.dataset} is absent: set HCQR_SHARED_DATA to the shared data folder", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from retrieval import read_results, shown_path, write_results
+    from report import read_results, shown_path, write_results
 
     out = Path(args.out)
     try:
@@ -118,32 +118,6 @@ def main(argv=None) -> int:
         print(f"bench: the warm run made {section['warm_lm_calls']} LM calls per question; expected 0", file=sys.stderr)
         return 1
     return 0
-
-
-def render_pipeline(p: dict) -> list[str]:
-    lines = [
-        f"## Pipeline cost per question ({p['questions']} MedQA-US questions, seed {p['seed']}, `{p['lm']}`, "
-        f"{p['threads']} threads; measured {p['date']} by `bench/pipeline.py`)",
-        "",
-        "| run | method | accuracy | LM calls | cached calls | prompt tokens | completion tokens | seconds |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for phase in ("cold", "warm"):
-        for method, m in p[phase].items():
-            lines.append(
-                f"| {phase} | {method} | {m['accuracy']:.0%} | {m['lm_calls_per_question']} | {m['cached_lm_calls_per_question']} | "
-                f"{m['prompt_tokens_per_question']:.0f} | {m['completion_tokens_per_question']:.0f} | {m['seconds_per_question']:.1f} |"
-            )
-    lines += ["", "Per stage, cold (means per question):", "", "| method | stage | LM calls | prompt tokens | completion tokens | seconds |",
-              "|---|---|---:|---:|---:|---:|"]
-    for method, m in p["cold"].items():
-        for stage, s in m["stages"].items():
-            lines.append(f"| {method} | {stage} | {s['lm_calls']} | {s['prompt_tokens']:.0f} | {s['completion_tokens']:.0f} | {s['seconds']:.2f} |")
-    ratio = ", ".join(f"{k.replace('_', ' ')} x{v}" for k, v in p["hcqr_over_simple_rag"].items())
-    lines += ["", f"HCQR relative to Simple RAG (cold): {ratio}.",
-              f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", "",
-              "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()), ""]
-    return lines
 
 
 if __name__ == "__main__":

@@ -46,11 +46,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from report import HNSW, RECALL_K, read_results, render, shown_path, write_results  # noqa: E402
+
 SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
 DEFAULT_CORPUS = SHARED_DATA / "corpus"
-HNSW = {"M": 32, "efConstruction": 80, "efSearch": 64}
 BATCH_SIZE = 64
-RECALL_K = 15
 
 # Query triples shaped like HCQR's (support, distinction, key features), written here.
 TRIPLES = [
@@ -98,10 +99,11 @@ def child_build(corpus_file: str, kind: str, out: str) -> dict:
     from hcqr_dspy.retrieval import build_retriever, load_corpus
 
     corpus = load_corpus(corpus_file)
-    t0 = time.perf_counter()
-    options = {"batch_size": BATCH_SIZE} if kind == "dense" else {}
-    retriever = build_retriever(corpus, kind, show_progress=False, **options)
-    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as embeddings:  # fresh: the build encodes every passage, none reused
+        t0 = time.perf_counter()
+        options = {"batch_size": BATCH_SIZE, "embeddings_dir": embeddings} if kind == "dense" else {}
+        retriever = build_retriever(corpus, kind, show_progress=False, **options)
+        seconds = time.perf_counter() - t0
     retriever.save(out)
     return {"build_seconds": round(seconds, 2), "passages_per_second": round(len(corpus) / seconds, 1),
             "peak_rss_mb": peak_rss_mb(), "index_bytes": dir_size(Path(out))}
@@ -113,8 +115,8 @@ def child_raw_encode(corpus_file: str) -> dict:
     from hcqr_dspy.retrieval.encoder import load_encoder
 
     corpus = load_corpus(corpus_file)
-    model = load_encoder(None)
-    texts = [p.text for p in corpus]
+    model = load_encoder(None).model
+    texts = list(corpus.texts())
     t0 = time.perf_counter()
     model.encode(texts, batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     seconds = time.perf_counter() - t0
@@ -147,7 +149,7 @@ def exact_vs_hnsw(dense, queries: list[str], repeats: int) -> dict:
     import faiss
     import numpy as np
 
-    exact = dense.index
+    exact = dense.index.index  # the faiss IndexFlatIP inside the dense retriever's vector index
     emb = exact.reconstruct_n(0, exact.ntotal)
     t0 = time.perf_counter()
     hnsw = faiss.IndexHNSWFlat(emb.shape[1], HNSW["M"], faiss.METRIC_INNER_PRODUCT)
@@ -155,7 +157,7 @@ def exact_vs_hnsw(dense, queries: list[str], repeats: int) -> dict:
     hnsw.add(emb)
     build = time.perf_counter() - t0
     hnsw.hnsw.efSearch = HNSW["efSearch"]
-    q = dense.encode(queries, batch_size=BATCH_SIZE)
+    q = dense.encoder.encode_queries(queries, batch_size=BATCH_SIZE)
     k = min(RECALL_K, exact.ntotal)
     _, truth = exact.search(q, k)
     _, approx = hnsw.search(q, k)
@@ -206,96 +208,6 @@ def measure_size(passages, label: str, workdir: Path, repeats: int) -> dict:
     out["ann"] = exact_vs_hnsw(dense, benchmark_queries(), repeats)
     print(json.dumps({label: out}), file=sys.stderr, flush=True)
     return out
-
-
-# -- report ---------------------------------------------------------------------------------------
-def render(results: dict) -> str:
-    lines = ["# hcqr-dspy benchmark results", ""]
-    r = results.get("retrieval")
-    if r and "sizes" in r:  # (a results file from before the size sweep is rewritten by the next full run)
-        lines += [
-            f"Retrieval measured {r['date']} on {r['machine']} by `bench/retrieval.py` over `{r['corpus']}`"
-            f" ({r['corpus_passages']} passages; slices are seeded random samples)."
-            + (" **Quick run (`--quick`): the 1k slice only, 20 repeats.**" if r.get("quick") else "")
-            + (f" **Partial run: only {', '.join(r['sizes'])} measured of {', '.join(r['planned_sizes'])}.**"
-               if len(r["sizes"]) < len(r.get("planned_sizes", r["sizes"])) else ""),
-            "",
-            "## Index build (each in its own process)",
-            "",
-            "Dense build seconds run from `build_retriever` to a finished faiss index, so they include loading the"
-            " encoder; the raw encode column times `SentenceTransformer.encode` alone on the same passages (encoder"
-            " already loaded, same batch size). Build / raw is the ratio of their passages/s (1.0 = the index adds"
-            " nothing over encoding).",
-            "",
-            "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB | index size |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for label, s in r["sizes"].items():
-            for kind in ("bm25", "dense"):
-                m = s["retrievers"][kind]
-                raw = f"{m['raw_passages_per_second']}" if "raw_passages_per_second" in m else "–"
-                ratio = f"{m['build_over_raw']}" if "build_over_raw" in m else "–"
-                lines.append(f"| {s['passages']} | {kind} | {m['build_seconds']} | {m['passages_per_second']} | {raw} | "
-                             f"{ratio} | {m['peak_rss_mb']} | {m['index_bytes'] / 1e6:.1f} MB |")
-        lines += ["", "## HCQR retrieval step: 3 queries, k=5 each, fused to 15 (encoder loaded)", "",
-                  "| passages | retriever | p50 ms | p95 ms |", "|---:|---|---:|---:|"]
-        for label, s in r["sizes"].items():
-            for kind in ("bm25", "dense", "hybrid"):
-                m = s["retrievers"][kind]
-                lines.append(f"| {s['passages']} | {kind} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} |")
-        lines += ["", f"## faiss exact (IndexFlatIP) vs HNSW (M={HNSW['M']}, efConstruction={HNSW['efConstruction']}, "
-                  f"efSearch={HNSW['efSearch']})", "",
-                  f"| passages | queries | recall@{RECALL_K} of HNSW | HNSW build s | exact 3-query search ms | HNSW 3-query search ms |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        for label, s in r["sizes"].items():
-            a = s["ann"]
-            lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
-                         f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
-        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
-    p = results.get("pipeline")
-    if p:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from pipeline import render_pipeline
-
-        lines += render_pipeline(p)
-    return "\n".join(lines)
-
-
-def shown_path(path: str) -> str:
-    """Relative to the repository when inside it or its parent (``../shared/data/...``), else absolute."""
-    full = Path(path).resolve()
-    return os.path.relpath(full, REPO) if full.is_relative_to(REPO.parent) and REPO.parent != Path("/") else str(full)
-
-
-def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
-    """Merge ``section`` into the results file under ``key`` (``retrieval`` or ``pipeline``) and re-render
-    RESULTS.md beside it.
-
-    Raises:
-        ValueError: the existing results file is unreadable (see :func:`read_results`).
-    """
-    results = read_results(out)
-    results[key] = section
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    out.with_name("RESULTS.md").write_text(render(results))
-
-
-def read_results(out: Path) -> dict:
-    """The results file as a JSON object ({} when absent).
-
-    Raises:
-        ValueError: the file is unreadable, not JSON, or not a JSON object.
-    """
-    if not out.exists():
-        return {}
-    try:
-        results = json.loads(out.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{out} is not a readable results file ({exc}); move it away or pass another --out") from None
-    if not isinstance(results, dict):
-        raise ValueError(f"{out} is not a results file (a JSON object); move it away or pass another --out")
-    return results
 
 
 def parse_sizes(text: str) -> list[str]:
@@ -364,7 +276,7 @@ def main(argv=None) -> int:
     except HCQRError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    passages = list(corpus.passages)
+    passages = list(corpus)
     section = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",

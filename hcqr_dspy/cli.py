@@ -43,7 +43,11 @@ def _positive_int(text: str) -> int:
 
 # -- index / search ----------------------------------------------------------
 def _milvus_settings(args: argparse.Namespace):
-    """The Milvus settings of `hcqr index`, or None for the faiss/bm25s backend (Milvus flags then refused)."""
+    """The Milvus settings of `hcqr index` (checked, nothing contacted), or None for faiss/bm25s files.
+
+    Raises:
+        HCQRError: Milvus flags without --backend milvus, faiss flags with it, or bad Milvus settings.
+    """
     from hcqr_dspy.retrieval.milvus import MilvusSettings, parse_params
 
     given = [flag for flag, value in (("--milvus-uri", args.milvus_uri), ("--collection", args.collection),
@@ -56,6 +60,9 @@ def _milvus_settings(args: argparse.Namespace):
         if given:
             raise HCQRError(f"{', '.join(given)} only apply with --backend milvus")
         return None
+    faiss_flags = [f for f, v in (("--faiss", args.faiss), ("--train-size", args.train_size)) if v is not None]
+    if faiss_flags:
+        raise HCQRError(f"{', '.join(faiss_flags)} apply to the faiss backend, not --backend milvus (see --milvus-index)")
     if not args.milvus_uri or not args.collection:
         raise HCQRError("--backend milvus needs --milvus-uri (a Milvus Lite .db path or http://host:port) and --collection")
     return MilvusSettings(
@@ -68,51 +75,85 @@ def _milvus_settings(args: argparse.Namespace):
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from hcqr_dspy.retrieval import build_retriever, load_corpus
+    import shutil
+
+    from hcqr_dspy.retrieval import build_retriever, load_corpus, load_encoder
     from hcqr_dspy.retrieval.base import check_index_target
+    from hcqr_dspy.retrieval.vector_index import FaissIndex
 
-    milvus = _milvus_settings(args)  # bad Milvus flags fail here, before the corpus is read
-    check_index_target(args.out)  # fail before minutes of encoding, not after
-    t0 = time.perf_counter()
-    corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids)
-    t_load = time.perf_counter() - t0
-    renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
-    print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
-    t0 = time.perf_counter()
-    extra: dict = {}
-    if milvus is not None:
-        from hcqr_dspy.retrieval.milvus import MilvusRetriever
+    milvus = _milvus_settings(args)  # bad Milvus flags fail here, before anything is read or contacted
+    out = check_index_target(args.out)  # fail before minutes of encoding, not after
+    dense = args.retriever != "bm25"
+    if not dense:
+        given = [flag for flag, value in (("--encoder", args.encoder), ("--faiss", args.faiss), ("--train-size", args.train_size),
+                                          ("--embeddings", args.embeddings)) if value is not None]
+        if given:
+            raise HCQRError(f"{', '.join(given)} apply to dense and hybrid indexes, not --retriever bm25")
+    encoder = None
+    options: dict = {}
+    if dense:
+        encoder = load_encoder(args.encoder)  # a missing model fails here, before the corpus is read
+        options = {"batch_size": args.batch_size, "chunk_size": args.chunk_size, "embeddings_dir": args.embeddings}
+        if milvus is None:
+            backend_options = {"factory": args.faiss or "Flat", **({"train_size": args.train_size} if args.train_size else {})}
+            FaissIndex.check_settings(encoder.dimension, **backend_options)
+            options["backend_options"] = backend_options
+        elif args.retriever == "dense":
+            options.update(backend="milvus", backend_options=milvus.options())
+    staging = out.parent / f".{out.name}.corpus"  # the passage store, hard-linked into the index when it is saved
+    try:
+        t0 = time.perf_counter()
+        corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids, store=staging)
+        t_load = time.perf_counter() - t0
+        renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
+        print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
+        t0 = time.perf_counter()
+        if milvus is not None and args.retriever != "dense":
+            from hcqr_dspy.retrieval.milvus import MilvusRetriever
 
-        retriever = MilvusRetriever(corpus, milvus, encoder=args.encoder,
-                                    batch_size=args.batch_size)
-        extra = {"milvus": retriever.build_stats}
-    else:
-        options = {"batch_size": args.batch_size} if args.retriever != "bm25" else {}
-        retriever = build_retriever(corpus, args.retriever, encoder=args.encoder, **options)
-    t_build = time.perf_counter() - t0
-    out = retriever.save(args.out)
+            retriever = MilvusRetriever(corpus, milvus, encoder=encoder, show_progress=True, **options)
+        else:
+            retriever = build_retriever(corpus, args.retriever, encoder=encoder, **options)
+        t_build = time.perf_counter() - t0
+        out = retriever.save(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
-    print(
-        json.dumps(
-            {
-                "index": str(out),
-                "retriever": args.retriever,
-                "backend": args.backend,
-                "passages": len(corpus),
-                "build_seconds": round(t_build, 2),
-                "passages_per_second": round(len(corpus) / t_build, 1),
-                "size_bytes": size,
-                **extra,
-            }
-        )
-    )
+    summary = {
+        "index": str(out),
+        "retriever": args.retriever,
+        "backend": args.backend,
+        "passages": len(corpus),
+        "build_seconds": round(t_build, 2),
+        "passages_per_second": round(len(corpus) / t_build, 1),
+        "size_bytes": size,
+    }
+    dense_part = next((r for r in [retriever, *getattr(retriever, "retrievers", [])] if r.kind == "dense"), None)
+    if dense_part is not None:
+        summary.update(encoder=dense_part.encoder_name, **dense_part.build_stats)
+        if milvus is None:
+            summary["faiss"] = dense_part.index.describe().get("factory")
+    if retriever.kind == "milvus":
+        summary.update(encoder=retriever.encoder_name, **retriever.build_stats)
+    print(json.dumps(summary))
     return 0
+
+
+def _search_options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search)) if v is not None}
+
+
+def _add_search_option_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprobe", type=_positive_int, default=None,
+                   help="dense indexes of faiss IVF types: inverted lists visited per query (faiss default 1)")
+    p.add_argument("--ef-search", type=_positive_int, default=None,
+                   help="dense indexes of faiss HNSW types: candidate list size per query (faiss default 16)")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval import load_index
 
-    retriever = load_index(args.index, corpus=args.corpus, encoder=args.encoder)
+    retriever = load_index(args.index, corpus=args.corpus, encoder=args.encoder, search_options=_search_options(args))
     results = retriever.search(args.queries, args.k)
     for query, hits in zip(args.queries, results):
         print(f"## {query}")
@@ -155,6 +196,7 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_positive_int, default=15, help="passages shown to the answer step (paper: 15)")
     p.add_argument("--k-per-query", type=_positive_int, default=5, help="HCQR passages per query (paper: 5)")
     p.add_argument("--fusion", choices=STRATEGIES, default="score_sum", help="HCQR fusion strategy")
+    _add_search_option_args(p)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -166,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lm=args.lm, limit=args.limit, seed=args.seed,
         ids=args.ids.split(",") if args.ids else None, program_options=_program_options(args),
         max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
-        num_threads=args.threads, run_dir=args.run_dir, program=args.program,
+        num_threads=args.threads, run_dir=args.run_dir, program=args.program, search_options=_search_options(args),
     )
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
@@ -233,7 +275,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if PROGRAMS[method].uses_retrieval:
         if not args.index:
             raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
-        retriever = load_index(args.index)
+        retriever = load_index(args.index, search_options=_search_options(args))
     if folder is not None:
         program, meta = load_program(folder, retriever)
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
@@ -418,11 +460,37 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     from hcqr_dspy.retrieval.fusion import STRATEGIES
 
-    p = sub.add_parser("index", help="build a retrieval index over a corpus")
+    p = sub.add_parser(
+        "index", help="build a retrieval index over a corpus", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Build a retrieval index over a corpus. The passages are stored in the index (an Arrow file,\n"
+                    "memory-mapped when searched). Dense builds encode in chunks written to disk as they finish:\n"
+                    "the same command resumes a killed build, and another index type over the same corpus and\n"
+                    "passage encoder reuses the embeddings (see --embeddings).",
+        epilog="encoder specs (--encoder):\n"
+               "  (none) or default          all-MiniLM-L6-v2, packaged; one model for queries and passages, cosine\n"
+               "  NAME_OR_PATH               any sentence-transformers model, used the same way\n"
+               "  QUERY_MODEL,PASSAGE_MODEL  a pair: queries through the first, passages through the second (cosine)\n"
+               "  medcpt                     the HCQR reference retriever: ncbi/MedCPT-Query-Encoder (queries, <= 64\n"
+               "                             tokens) + ncbi/MedCPT-Article-Encoder ([title, content], <= 512 tokens),\n"
+               "                             CLS pooling, raw inner product; weights from the Hugging Face hub cache\n"
+               "  medcpt:QUERY_DIR,ARTICLE_DIR  the same, weights from two local folders\n"
+               "faiss index types (--faiss, any faiss index_factory string, inner product):\n"
+               "  Flat (exact, default), HNSW32 (graph; search with --ef-search), IVF1024,PQ32 or IVF4096,SQ8\n"
+               "  (compressed inverted lists, trained on a seeded sample; search with --nprobe)")
     p.add_argument("--corpus", required=True, help=".jsonl file, folder of .jsonl files, or hub dataset name")
     p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
-    p.add_argument("--encoder", default=None, help="sentence-transformers model name or path (default: all-MiniLM-L6-v2)")
+    p.add_argument("--encoder", default=None, help="encoder spec (see below; default: all-MiniLM-L6-v2)")
+    p.add_argument("--faiss", default=None, metavar="FACTORY",
+                   help="faiss index_factory string of the dense index: Flat (default), HNSW32, IVF1024,PQ32 ...")
+    p.add_argument("--train-size", type=_positive_int, default=None,
+                   help="vectors sampled (seed 0) to train faiss types that need it (default: 64 per IVF list, "
+                        "16,384 to 500,000)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="passages per encoder batch")
+    p.add_argument("--chunk-size", type=_positive_int, default=4096,
+                   help="passages per embedding chunk written to disk (what a killed build resumes from)")
+    p.add_argument("--embeddings", default=None, metavar="DIR",
+                   help="root folder of saved passage embeddings (default: $HCQR_EMBEDDINGS, else "
+                        "$HCQR_CACHE/embeddings, else ~/.cache/hcqr-dspy/embeddings)")
     p.add_argument("--duplicate-ids", choices=["error", "rename"], default="error",
                    help="a repeated passage id: refuse (default) or keep the row as <id>#2, #3 ...")
     p.add_argument("--out", required=True, help="index folder to write")
@@ -447,7 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="index folder")
     p.add_argument("--k", type=_positive_int, default=5, help="passages per query")
     p.add_argument("--corpus", default=None, help="corpus to search (default: the one the index was built on)")
-    p.add_argument("--encoder", default=None, help="expected encoder; refused if the index used another")
+    p.add_argument("--encoder", default=None,
+                   help="expected encoder spec; refused if the index used another (medcpt:QUERY_DIR,ARTICLE_DIR "
+                        "reads the same MedCPT pair from other folders)")
+    _add_search_option_args(p)
     p.add_argument("--width", type=_positive_int, default=160, help="characters of each passage to print")
     p.add_argument("queries", nargs="+", help="query strings")
     p.set_defaults(func=cmd_search)

@@ -5,6 +5,7 @@ An experiment file (YAML) looks like::
     name: paper_main
     lm: local:qwen2.5-coder-0.5b          # any --lm spec
     index: indexes/medrag-all-bm25         # one shared index (every retrieval method)
+    search_options: {nprobe: 32}           # optional: dense indexes' search-time options (nprobe, efSearch)
     budget: 15                             # passages shown to the answer step, every method
     questions: {limit: 20, seed: 0}        # the same sample in every cell (or ids: [...])
     datasets:
@@ -36,7 +37,7 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 
 KEYS = {"name", "lm", "index", "budget", "questions", "datasets", "methods", "method_options", "reference",
-        "judge", "max_tokens", "n_ctx", "api_base", "api_key_env", "threads", "description"}
+        "judge", "max_tokens", "n_ctx", "api_base", "api_key_env", "threads", "description", "search_options"}
 QUESTION_KEYS = {"limit", "seed", "ids"}
 JUDGE_KEYS = {"lm", "mode"}
 
@@ -65,6 +66,7 @@ class Experiment:
     api_key_env: str | None = None
     threads: int = 1
     description: str = ""
+    search_options: dict[str, int] = field(default_factory=dict)
 
 
 def load_experiment(
@@ -142,6 +144,17 @@ def load_experiment(
             raise ExperimentError(f"{path}: retrieval methods need 'index' (build one with `hcqr index`)")
         if not (Path(index) / "manifest.json").is_file():
             raise ExperimentError(f"{path}: index {index} is not an hcqr index folder (no manifest.json)")
+    search_options = raw.get("search_options") or {}
+    if not isinstance(search_options, dict):
+        raise ExperimentError(f"{path}: 'search_options' must be a mapping, e.g. {{nprobe: 32, efSearch: 128}}")
+    try:
+        from hcqr_dspy.retrieval.vector_index import check_search_options
+
+        search_options = check_search_options(search_options)
+    except HCQRError as exc:
+        raise ExperimentError(f"{path}: {exc}") from None
+    if search_options and not index:
+        raise ExperimentError(f"{path}: 'search_options' need an 'index'")
     judge = raw.get("judge")
     if judge is not None:
         if not isinstance(judge, dict) or set(judge) - JUDGE_KEYS:
@@ -156,7 +169,7 @@ def load_experiment(
         budget=int(raw.get("budget", 15)), questions=questions, method_options=options, reference=reference,
         judge=judge, max_tokens=int(raw.get("max_tokens", 1024)), n_ctx=int(raw.get("n_ctx", 8192)),
         api_base=raw.get("api_base"), api_key_env=raw.get("api_key_env"), threads=int(raw.get("threads", 1)),
-        description=str(raw.get("description", "")),
+        description=str(raw.get("description", "")), search_options=search_options,
     )
     try:
         parse_lm_spec(exp.lm, api_base=exp.api_base, api_key_env=exp.api_key_env)
@@ -192,6 +205,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
 
     from hcqr_dspy import tracking
     from hcqr_dspy.compare import compare
+    from hcqr_dspy.programs import PROGRAMS
     from hcqr_dspy.run import EvalSpec, run_evaluation
 
     root = Path(runs_root) / exp.name
@@ -215,6 +229,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
                     program_options={"budget": exp.budget, **exp.method_options.get(method, {})},
                     max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env,
                     num_threads=exp.threads, run_dir=str(root / dname / method),
+                    search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
                 )
                 result, run_dir, _ = run_evaluation(spec, mlflow_dir=mlflow_dir, progress=progress, lm=lm)
                 out["cells"][dname][method] = result.metrics
@@ -239,7 +254,7 @@ def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir) -> None:
 
     spec = exp.judge.get("lm") or exp.lm
     lm = build_lm(spec, max_tokens=256, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env)
-    retriever = load_index(exp.index) if exp.index else None
+    retriever = load_index(exp.index, search_options=exp.search_options) if exp.index else None
     for run_dir in run_dirs:
         config = json.loads((run_dir / "config.json").read_text())
         if not config.get("index"):

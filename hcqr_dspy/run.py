@@ -42,6 +42,8 @@ class EvalSpec:
             one: a folder from ``hcqr compile`` or ``runs:/<run_id>``; its
             method and options come from the program (``method`` may be
             ``None``; given, it must match) and ``program_options`` are ignored.
+        search_options: Search-time options of a dense index (``nprobe``,
+            ``efSearch``); recorded in the config under ``index``.
     """
 
     method: str | None
@@ -60,6 +62,7 @@ class EvalSpec:
     num_threads: int = 1
     run_dir: str | None = None
     program: str | None = None
+    search_options: dict[str, int] = field(default_factory=dict)
 
 
 def _slug(text: str) -> str:
@@ -95,7 +98,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
-    retriever, index_info = open_index(spec.method, spec.index)
+    retriever, index_info = open_index(spec.method, spec.index, spec.search_options)
     if saved:
         from hcqr_dspy.program_io import load_program
 
@@ -122,18 +125,26 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     return config, questions, program
 
 
-def open_index(method: str, index: str | None) -> tuple[Any, dict[str, Any] | None]:
+def open_index(method: str, index: str | None, search_options: dict[str, int] | None = None
+               ) -> tuple[Any, dict[str, Any] | None]:
     """The retriever a method needs and the index record runs keep; ``(None, None)`` without retrieval.
 
+    ``search_options`` (``nprobe``, ``efSearch``) are applied to the index
+    and recorded with it; a method without retrieval refuses them.
+
     Raises:
-        HCQRError: a retrieval method without an index, or an index that does not load.
+        HCQRError: a retrieval method without an index, an index that does
+            not load, or search options without an index.
     """
     if not PROGRAMS[method].uses_retrieval:
+        if search_options:
+            raise HCQRError(f"method {method!r} retrieves nothing: search options ({', '.join(search_options)}) do not apply")
         return None, None
     if not index:
         raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
-    retriever = load_index(index)
+    retriever = load_index(index, search_options=search_options)
     manifest = read_manifest(index, verify_files=False)
+    dense = manifest if manifest["retriever"] == "dense" else None
     return retriever, {
         "path": str(Path(index).resolve()),
         "retriever": manifest["retriever"],
@@ -141,6 +152,8 @@ def open_index(method: str, index: str | None) -> tuple[Any, dict[str, Any] | No
         "corpus_source": manifest["corpus"]["source"],
         "corpus_fingerprint": manifest["corpus"]["fingerprint"],
         "corpus_count": manifest["corpus"]["count"],
+        **({"vector_index": dense["vector_index"].get("factory") or dense["vector_index"]["backend"]} if dense else {}),
+        **({"search_options": dict(retriever.search_options)} if retriever.search_options else {}),
     }
 
 

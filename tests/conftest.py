@@ -17,6 +17,13 @@ SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "
 from helpers import TINY_ROWS, snippet, write_jsonl  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_embeddings_cache(tmp_path_factory):
+    """Dense builds keep passage embeddings in a cache folder (hcqr_dspy.retrieval.embeddings): tests use a
+    fresh one per session, never the user's ~/.cache, so no test reuses embeddings from an earlier run."""
+    os.environ["HCQR_EMBEDDINGS"] = str(tmp_path_factory.mktemp("embeddings"))
+
+
 @pytest.fixture
 def tiny_corpus_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
@@ -59,28 +66,25 @@ def pathoma_bm25(shared_data, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pathoma_vectors(shared_data):
-    """Pathoma (~500 real passages) and 100 real MedQA-US questions, embedded once with the packaged encoder.
-
-    The same vectors feed faiss and Milvus in the parity tests, so any difference is the engine's.
-    """
+    """Pathoma (~500 real passages) embedded once into the session's embedding store, and 100 real MedQA-US
+    questions embedded by the query side: every dense build over Pathoma (faiss or Milvus) reuses the same
+    passage vectors, so any difference in the parity tests is the engine's."""
     import json
     from types import SimpleNamespace
 
     import numpy as np
 
-    from hcqr_dspy.retrieval import load_corpus
-    from hcqr_dspy.retrieval.encoder import load_encoder
+    from hcqr_dspy.retrieval import EmbeddingStore, load_corpus, load_encoder
 
     corpus = load_corpus(shared_data / "corpus" / "textbooks" / "Pathoma_Husain.jsonl")
     questions = json.loads((shared_data / "benchmark" / "medqa.json").read_text(encoding="utf-8"))
     texts = [questions[qid]["question"] for qid in sorted(questions)[:100]]
-    model = load_encoder(None)
-
-    def encode(items):
-        emb = model.encode(items, batch_size=64, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
-        return np.ascontiguousarray(emb, dtype=np.float32)
-
-    return SimpleNamespace(corpus=corpus, passages=encode([p.text for p in corpus]), queries=encode(texts), texts=texts)
+    encoder = load_encoder(None)
+    store = EmbeddingStore.open(corpus, encoder)  # under $HCQR_EMBEDDINGS, the session's fresh cache
+    store.fill(corpus, encoder, show_progress=False)
+    passages = np.concatenate([np.asarray(chunk) for _, chunk in store.iter_chunks()])
+    return SimpleNamespace(corpus=corpus, encoder=encoder, passages=passages,
+                           queries=encoder.encode_queries(texts), texts=texts)
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,21 @@ The contract follows BEIR's single search interface (Thakur et al. 2021)
 with hit lists instead of ``{query_id: {doc_id: score}}`` dicts, because
 rank order matters to fusion.
 
-Indexes are folders: the backend's files plus ``manifest.json`` holding the
-corpus fingerprint, encoder name, dimension, passage count, library versions
-and a SHA-256 of every file. They are written to a temporary sibling folder
-and renamed into place, so a crash never leaves a valid-looking half index.
+Indexes are folders: the corpus's passage store (``passages.arrow`` and its
+id lookup, memory-mapped at load: see :mod:`hcqr_dspy.retrieval.store`), the
+backend's files, and ``manifest.json`` holding the retriever kind, the
+corpus fingerprint, the encoder, dimension and vector-index backend of dense
+indexes, the passage count, library versions and a SHA-256 of every file.
+They are written to a temporary sibling folder and renamed into place, so a
+crash never leaves a valid-looking half index.
+
+Index format 2 (this one) stores the passages in the index folder; format 1
+folders (which re-read the corpus from its source path) are refused with a
+one-line "rebuild it with `hcqr index`" error.
+
+Retriever classes register under their kind
+(:func:`hcqr_dspy.retrieval.registry.register`); :func:`load_index` finds
+the class from the manifest's ``retriever`` field.
 """
 
 from __future__ import annotations
@@ -27,11 +38,12 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Sequence
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
-from hcqr_dspy.retrieval.corpus import Corpus, Passage
+from hcqr_dspy.retrieval.registry import get_retriever_class
+from hcqr_dspy.retrieval.store import PASSAGES_FILE, Passage, PassageStore
 
 MANIFEST = "manifest.json"
 INDEX_FORMAT = "hcqr-index"
-INDEX_FORMAT_VERSION = 1
+INDEX_FORMAT_VERSION = 2
 
 
 class Hit(NamedTuple):
@@ -91,10 +103,18 @@ def library_versions(*names: str) -> dict[str, str]:
 
 
 class Retriever(ABC):
-    """A search backend over one :class:`Corpus`.
+    """A search backend over one corpus (a :class:`~hcqr_dspy.retrieval.store.PassageStore`).
 
-    Subclasses implement :meth:`_search` (queries already validated, ``k``
-    clipped to the corpus size), :meth:`_write` and :meth:`_read`.
+    Subclasses register with ``@register(kind)`` and implement
+    :meth:`_search` (queries already validated, ``k`` clipped to the corpus
+    size), :meth:`_write` and :meth:`_read`.
+
+    Attributes:
+        kind: The registered kind (set by the ``register`` decorator).
+        required_fields: Manifest fields (dotted) this kind needs to load.
+        uses_encoder: Whether the kind embeds queries (``encoder=`` applies).
+        search_options: Search-time options in effect (``nprobe``,
+            ``efSearch``); empty when none were given.
     """
 
     def __deepcopy__(self, memo):
@@ -103,9 +123,12 @@ class Retriever(ABC):
         return self
 
     kind: ClassVar[str]
+    required_fields: ClassVar[tuple[str, ...]] = ()
+    uses_encoder: ClassVar[bool] = False
 
-    def __init__(self, corpus: Corpus):
+    def __init__(self, corpus: PassageStore):
         self.corpus = corpus
+        self.search_options: dict[str, int] = {}
 
     # -- searching -----------------------------------------------------
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
@@ -147,15 +170,22 @@ class Retriever(ABC):
 
     @classmethod
     @abstractmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, **options: Any) -> "Retriever":
-        """Rebuild the retriever from ``folder`` (manifest already verified)."""
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, **options: Any) -> "Retriever":
+        """Rebuild the retriever from ``folder`` (manifest already verified).
+
+        ``options``: ``encoder`` (a spec the caller expects, or ``None``) and
+        ``search_options`` (validated ``nprobe`` / ``efSearch``; refused by
+        kinds they do not apply to).
+        """
 
     def save(self, path: str | Path) -> Path:
         """Save the index to a folder, atomically.
 
-        The files are written to a temporary sibling folder, checksummed into
-        ``manifest.json``, then renamed to ``path`` (replacing an existing
-        index there only once the new one is complete).
+        The passage store and the backend's files are written to a
+        temporary sibling folder, checksummed into ``manifest.json``, then
+        renamed to ``path`` (replacing an existing index there only once the
+        new one is complete). A store on disk is hard-linked when it is on
+        the same file system, not copied.
 
         Returns:
             The index folder.
@@ -167,6 +197,7 @@ class Retriever(ABC):
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         tmp.chmod(0o755)  # mkdtemp makes it 0700; an index is shareable like any output folder
         try:
+            self.corpus.save(tmp)
             self._write(tmp)
             manifest = self._manifest(tmp)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -196,10 +227,11 @@ class Retriever(ABC):
                 "count": len(self.corpus),
                 "duplicate_ids": self.corpus.duplicate_ids,
                 "renamed_ids": self.corpus.renamed,
+                "store": PASSAGES_FILE,
             },
             **self.describe(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy"),
+            "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy", "pyarrow"),
             "files": files,
         }
 
@@ -222,17 +254,11 @@ def check_index_target(path: str | Path) -> Path:
     return path
 
 
-REQUIRED_FIELDS = {
-    None: ("retriever", "corpus.source", "corpus.fingerprint", "corpus.count"),
-    "dense": ("encoder", "dimension"),
-    "hybrid": ("rrf_k", "pool_k"),
-    "milvus": ("milvus.uri", "milvus.collection", "milvus.retrieval"),
-}
+REQUIRED_FIELDS = ("retriever", "corpus.source", "corpus.fingerprint", "corpus.count")
 
 
 def _check_fields(manifest: dict[str, Any], mpath: Path) -> None:
-    kind = manifest.get("retriever")
-    for dotted in REQUIRED_FIELDS[None] + REQUIRED_FIELDS.get(kind, ()):
+    for dotted in REQUIRED_FIELDS + get_retriever_class(manifest.get("retriever")).required_fields:
         node: Any = manifest
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
@@ -269,12 +295,18 @@ def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]
         raise RetrievalIndexError(f"{mpath} is not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != INDEX_FORMAT:
         raise RetrievalIndexError(f"{mpath} is not an hcqr index manifest")
-    _check_fields(manifest, mpath)
-    if manifest.get("format_version", 0) > INDEX_FORMAT_VERSION:
+    version = manifest.get("format_version", 0)
+    if not isinstance(version, int) or version > INDEX_FORMAT_VERSION:
         raise RetrievalIndexError(
-            f"{path} was written by a newer hcqr-dspy (index format {manifest['format_version']}, "
+            f"{path} was written by a newer hcqr-dspy (index format {version}, "
             f"this one reads up to {INDEX_FORMAT_VERSION}); upgrade hcqr-dspy"
         )
+    if version < INDEX_FORMAT_VERSION:
+        raise RetrievalIndexError(
+            f"{path} was written by an older hcqr-dspy (index format {version}, which re-read its corpus from the "
+            f"source; format {INDEX_FORMAT_VERSION} stores the passages in the index): rebuild it with `hcqr index`"
+        )
+    _check_fields(manifest, mpath)
     if verify_files:
         for name, digest in manifest.get("files", {}).items():
             f = path / name
@@ -287,7 +319,7 @@ def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]
     return manifest
 
 
-def check_corpus(manifest: dict[str, Any], corpus: Corpus, where: Path) -> None:
+def check_corpus(manifest: dict[str, Any], corpus: PassageStore, where: Path) -> None:
     """Refuse a corpus other than the one the index was built for.
 
     Raises:

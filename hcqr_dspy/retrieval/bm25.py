@@ -5,6 +5,10 @@ and Snowball-stemmed (PyStemmer's English stemmer), then scored with bm25s'
 default BM25 variant and parameters (Lucene's BM25, k1=1.5, b=0.75;
 Lù 2024, "BM25S: Orders of magnitude faster lexical search via eager
 sparse scoring").
+
+A saved BM25 index is bm25s's sparse score matrix (numpy ``.npy`` arrays)
+and vocabulary (JSON); it is loaded memory-mapped (``bm25s.BM25.load(...,
+mmap=True)``), so the score matrix stays on disk until searched.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import CorpusError
+from hcqr_dspy.errors import CorpusError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
-from hcqr_dspy.retrieval.corpus import Corpus
+from hcqr_dspy.retrieval.registry import register
+from hcqr_dspy.retrieval.store import PassageStore
 
 STOPWORDS = "en"
 STEMMER_LANGUAGE = "english"
@@ -26,6 +31,7 @@ def _stemmer():
     return Stemmer.Stemmer(STEMMER_LANGUAGE)
 
 
+@register("bm25")
 class BM25Retriever(Retriever):
     """BM25 over ``title + "\\n" + content`` of each passage.
 
@@ -38,16 +44,14 @@ class BM25Retriever(Retriever):
     nothing and gets an empty hit list.
     """
 
-    kind = "bm25"
-
-    def __init__(self, corpus: Corpus, model: Any = None, show_progress: bool = True):
+    def __init__(self, corpus: PassageStore, model: Any = None, show_progress: bool = True):
         super().__init__(corpus)
         import bm25s
 
         self._stemmer = _stemmer()
         if model is None:
             tokens = bm25s.tokenize(
-                [p.text for p in corpus], stopwords=STOPWORDS, stemmer=self._stemmer, show_progress=show_progress
+                corpus.texts(), stopwords=STOPWORDS, stemmer=self._stemmer, show_progress=show_progress
             )
             model = bm25s.BM25()
             if not tokens.vocab:
@@ -71,9 +75,9 @@ class BM25Retriever(Retriever):
         if not live:
             return out
         rows, scores = self.model.retrieve([known[i] for i in live], k=k, show_progress=False, n_threads=1)
-        passages = self.corpus.passages
         for i, rrow, srow in zip(live, rows, scores):
-            out[i] = [Hit(passages[int(r)].id, float(s)) for r, s in zip(rrow, srow) if s > 0]
+            keep = srow > 0
+            out[i] = [Hit(pid, float(s)) for pid, s in zip(self.corpus.ids(rrow[keep]), srow[keep])]
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -84,9 +88,13 @@ class BM25Retriever(Retriever):
         self.model.save(str(folder / "bm25"))
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, **_: Any):
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, search_options: Any = None, **_: Any):
         import bm25s
 
-        # bm25s stores numpy arrays (np.load with allow_pickle=False) and JSON: no pickle.
-        model = bm25s.BM25.load(str(folder / "bm25"), mmap=False, allow_pickle=False)
+        if search_options:
+            raise RetrievalIndexError(
+                f"index {folder} is a BM25 index: search options ({', '.join(search_options)}) apply to dense indexes"
+            )
+        # bm25s stores numpy arrays (np.load with allow_pickle=False, memory-mapped) and JSON: no pickle.
+        model = bm25s.BM25.load(str(folder / "bm25"), mmap=True, allow_pickle=False, show_progress=False)
         return cls(corpus, model=model)

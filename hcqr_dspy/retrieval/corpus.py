@@ -1,6 +1,6 @@
-"""Corpus loading in MedRAG's snippet schema.
+"""Corpus loading in MedRAG's snippet schema, into a memory-mapped passage store.
 
-A corpus is an ordered list of :class:`Passage` read from
+A corpus is an ordered collection of :class:`Passage` read from
 
 * one ``.jsonl`` file (one JSON object per line),
 * a folder of ``.jsonl`` files (read recursively, in sorted path order), or
@@ -11,105 +11,45 @@ Each row needs ``id`` and ``content``; ``title`` may be empty; ``contents``
 (MedRAG's title + content field) is accepted and ignored, since it is derived.
 The schema is MedRAG's (Xiong et al. 2024, "Benchmarking Retrieval-Augmented
 Generation for Medicine", ``chunk/*.jsonl``).
+
+Rows are streamed into a :class:`~hcqr_dspy.retrieval.store.PassageStore`
+(an Arrow file, memory-mapped; in memory when no folder is given), so a
+loaded corpus holds a constant number of Python objects whatever its size.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from hcqr_dspy.errors import CorpusError
+from hcqr_dspy.retrieval.store import DUPLICATE_POLICIES, Passage, PassageStore
+
+__all__ = ["Corpus", "Passage", "load_corpus", "DUPLICATE_POLICIES"]
 
 
-@dataclass(frozen=True)
-class Passage:
-    """One retrievable passage.
+class Corpus(PassageStore):
+    """An ordered, id-unique collection of passages: a :class:`PassageStore`.
 
-    Attributes:
-        id: Unique passage id within its corpus.
-        title: Title of the source document (may be empty).
-        content: Passage text.
-    """
-
-    id: str
-    title: str
-    content: str
-
-    @property
-    def text(self) -> str:
-        """Title and content joined by a newline: the text that is indexed."""
-        return f"{self.title}\n{self.content}" if self.title else self.content
-
-
-class Corpus:
-    """An ordered, id-unique collection of passages.
+    ``Corpus(passages, source)`` builds an in-memory store from a list (small
+    corpora, tests); :func:`load_corpus` streams a source into one, and
+    :meth:`PassageStore.open` opens an index folder's store, memory-mapped.
+    Both return a :class:`Corpus`.
 
     Args:
         passages: The passages, in index order.
         source: Where they came from (a path or hub name), recorded in index
-            manifests so an index can reload its corpus.
+            manifests.
 
     Raises:
         CorpusError: if ``passages`` is empty or two passages share an id.
     """
 
     def __init__(self, passages: Iterable[Passage], source: str = "<memory>"):
-        self.passages: list[Passage] = list(passages)
-        self.source = source
-        if not self.passages:
-            raise CorpusError(f"corpus {source!r} holds no passages")
-        self._position: dict[str, int] = {}
-        for i, p in enumerate(self.passages):
-            if p.id in self._position:
-                raise CorpusError(f"corpus {source!r}: duplicate passage id {p.id!r}")
-            self._position[p.id] = i
-        self._fingerprint: str | None = None
-        self.duplicate_ids = "error"  # how repeated ids in the source were handled (see load_corpus)
-        self.renamed = 0  # passages whose repeated id was renamed
-
-    def __len__(self) -> int:
-        return len(self.passages)
-
-    def __iter__(self) -> Iterator[Passage]:
-        return iter(self.passages)
-
-    def __getitem__(self, position: int) -> Passage:
-        return self.passages[position]
-
-    def get(self, passage_id: str) -> Passage:
-        """Return the passage with this id.
-
-        Raises:
-            KeyError: if no passage has this id.
-        """
-        try:
-            return self.passages[self._position[passage_id]]
-        except KeyError:
-            raise KeyError(f"no passage with id {passage_id!r} in corpus {self.source!r}") from None
-
-    def position(self, passage_id: str) -> int:
-        """Row number of a passage id (its position in index order)."""
-        return self._position[passage_id]
-
-    @property
-    def fingerprint(self) -> str:
-        """SHA-256 (hex) over every passage's id, title and content, in order.
-
-        Two corpora with the same fingerprint index identically; indexes store
-        it in their manifest and refuse to load against another corpus.
-        """
-        if self._fingerprint is None:
-            h = hashlib.sha256()
-            for p in self.passages:
-                for part in (p.id, p.title, p.content):
-                    h.update(part.encode("utf-8"))
-                    h.update(b"\x1f")
-                h.update(b"\x1e")
-            self._fingerprint = h.hexdigest()
-        return self._fingerprint
+        rows = ((p, f"corpus {source!r} row {i + 1}") for i, p in enumerate(passages))
+        built = PassageStore.build(rows, None, source=source)
+        super().__init__(built._table, built._hashes, built._rows, built.meta, None)
 
 
 def _row_to_passage(row: object, where: str) -> Passage:
@@ -149,37 +89,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[Passage, str]]:
         raise CorpusError(f"cannot read corpus file {path}: {exc.strerror}") from None
 
 
-DUPLICATE_POLICIES = ("error", "rename")
-
-
-def _collect(rows: Iterable[tuple[Passage, str]], source: str, duplicate_ids: str = "error") -> Corpus:
-    passages: list[Passage] = []
-    seen: dict[str, str] = {}
-    repeats: dict[str, int] = {}
-    for passage, where in rows:
-        if passage.id in seen:
-            if duplicate_ids != "rename":
-                raise CorpusError(
-                    f"{where}: duplicate passage id {passage.id!r} (first seen at {seen[passage.id]}); "
-                    "pass duplicate_ids='rename' (hcqr index --duplicate-ids rename) to keep both as '<id>#2' ..."
-                )
-            repeats[passage.id] = repeats.get(passage.id, 1) + 1
-            new_id = f"{passage.id}#{repeats[passage.id]}"
-            while new_id in seen:
-                repeats[passage.id] += 1
-                new_id = f"{passage.id}#{repeats[passage.id]}"
-            passage = Passage(new_id, passage.title, passage.content)
-        seen[passage.id] = where
-        passages.append(passage)
-    if not passages:
-        raise CorpusError(f"corpus {source!r} holds no passages")
-    corpus = Corpus(passages, source=source)
-    corpus.duplicate_ids = duplicate_ids
-    corpus.renamed = sum(n - 1 for n in repeats.values())
-    return corpus
-
-
-def _load_hub(name: str, split: str, duplicate_ids: str) -> Corpus:
+def _hub_rows(name: str, split: str) -> Iterator[tuple[Passage, str]]:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets is a hard dependency
@@ -193,11 +103,17 @@ def _load_hub(name: str, split: str, duplicate_ids: str) -> Corpus:
             "Hugging Face hub (HF_HUB_OFFLINE must be unset) or a local copy; pass a .jsonl "
             "file or folder instead."
         ) from None
-    return _collect(((_row_to_passage(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(ds)), name, duplicate_ids)
+    return ((_row_to_passage(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(ds))
 
 
-def load_corpus(source: str | Path, split: str = "train", duplicate_ids: str = "error") -> Corpus:
+def load_corpus(
+    source: str | Path, split: str = "train", duplicate_ids: str = "error", store: str | Path | None = None
+) -> Corpus:
     """Load a corpus from a ``.jsonl`` file, a folder of them, or a hub dataset.
+
+    Rows are streamed into a passage store: one Arrow file written into
+    ``store`` and memory-mapped (what ``hcqr index`` does, so a corpus bigger
+    than RAM can be indexed), or kept in memory when ``store`` is ``None``.
 
     Args:
         source: Path to a ``.jsonl`` file or a folder (searched recursively for
@@ -208,6 +124,8 @@ def load_corpus(source: str | Path, split: str = "train", duplicate_ids: str = "
             ``"rename"`` keeps every row, renaming the 2nd, 3rd ... row of an
             id to ``<id>#2``, ``<id>#3`` in file order (the shared MedQuAD
             snippets give 11 ids to 52 different passages).
+        store: Folder for the passage store's files (created; store files
+            already there are replaced), or ``None`` for an in-memory store.
 
     Returns:
         The :class:`Corpus`, passages in file order (files in sorted order).
@@ -221,13 +139,20 @@ def load_corpus(source: str | Path, split: str = "train", duplicate_ids: str = "
         raise CorpusError(f"duplicate_ids must be one of {', '.join(DUPLICATE_POLICIES)}, got {duplicate_ids!r}")
     path = Path(source)
     if path.is_file():
-        return _collect(_read_jsonl(path), str(path), duplicate_ids)
-    if path.is_dir():
+        def rows():
+            return _read_jsonl(path)
+    elif path.is_dir():
         files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
         if not files:
             raise CorpusError(f"corpus folder {path} contains no .jsonl files")
-        return _collect((item for f in files for item in _read_jsonl(f)), str(path), duplicate_ids)
-    text = str(source)
-    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix:
-        return _load_hub(text, split, duplicate_ids)
-    raise CorpusError(f"corpus {text!r} not found: give a .jsonl file, a folder of them, or a hub dataset name")
+
+        def rows():
+            return (item for f in files for item in _read_jsonl(f))
+    else:
+        text = str(source)
+        if not (text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix):
+            raise CorpusError(f"corpus {text!r} not found: give a .jsonl file, a folder of them, or a hub dataset name")
+        hub = _hub_rows(text, split)
+        return Corpus.build(hub, store, source=text, duplicate_ids=duplicate_ids,
+                            relocate=lambda: _hub_rows(text, split))
+    return Corpus.build(rows(), store, source=str(path), duplicate_ids=duplicate_ids, relocate=rows)

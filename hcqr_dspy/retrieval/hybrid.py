@@ -5,6 +5,11 @@ For each query, every component retriever returns a candidate pool of
 (``sum 1 / (rrf_k + rank)``, ``rrf_k = 60``; Cormack, Clarke & Büttcher
 2009) and the top ``k`` kept. RRF needs no score calibration between a
 dense cosine and a BM25 score.
+
+Components are written into subfolders (``0-dense``, ``1-bm25``) with their
+own manifest record (``component.json``) and read back through the
+retriever registry; the passage store is stored once, in the hybrid index's
+folder, and shared by every component.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from typing import Any, Sequence
 
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
-from hcqr_dspy.retrieval.corpus import Corpus
 from hcqr_dspy.retrieval.fusion import DEFAULT_RRF_K, fuse
+from hcqr_dspy.retrieval.registry import get_retriever_class, register
+from hcqr_dspy.retrieval.store import PassageStore
 
 COMPONENTS_FILE = "components.json"
 
 
+@register("hybrid")
 class HybridRetriever(Retriever):
     """Reciprocal-rank fusion of component retrievers over the same corpus.
 
@@ -35,7 +42,8 @@ class HybridRetriever(Retriever):
             on different corpora.
     """
 
-    kind = "hybrid"
+    required_fields = ("rrf_k", "pool_k")
+    uses_encoder = True
 
     def __init__(self, retrievers: Sequence[Retriever], rrf_k: int = DEFAULT_RRF_K, pool_k: int = 50):
         retrievers = list(retrievers)
@@ -51,6 +59,8 @@ class HybridRetriever(Retriever):
         self.retrievers = retrievers
         self.rrf_k = rrf_k
         self.pool_k = pool_k
+        for r in retrievers:
+            self.search_options.update(r.search_options)
 
     def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         pool = min(max(k, self.pool_k), len(self.corpus))
@@ -80,12 +90,15 @@ class HybridRetriever(Retriever):
         (folder / COMPONENTS_FILE).write_text(json.dumps(names), encoding="utf-8")
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, **options: Any):
-        from hcqr_dspy.retrieval.index import RETRIEVERS
-
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, encoder: Any = None,
+              search_options: Any = None, **options: Any):
         parts = []
         for name in json.loads((folder / COMPONENTS_FILE).read_text(encoding="utf-8")):
             sub = folder / name
             sub_manifest = {**manifest, **json.loads((sub / "component.json").read_text(encoding="utf-8"))}
-            parts.append(RETRIEVERS[sub_manifest["retriever"]]._read(sub, sub_manifest, corpus, **options))
+            component = get_retriever_class(sub_manifest["retriever"])
+            parts.append(component._read(sub, sub_manifest, corpus, encoder=encoder if component.uses_encoder else None,
+                                         search_options=search_options if component.uses_encoder else None, **options))
+        if search_options and not any(p.search_options for p in parts):
+            raise RetrievalIndexError(f"index {folder} has no dense component: search options apply to dense indexes")
         return cls(parts, rrf_k=manifest["rrf_k"], pool_k=manifest["pool_k"])

@@ -1,103 +1,127 @@
-"""Build, save and load retrieval indexes by kind (``dense``, ``bm25``, ``hybrid``, ``milvus``)."""
+"""Build, save and load retrieval indexes by kind (``dense``, ``bm25``, ``hybrid``).
+
+:func:`load_index` reads the manifest, opens the index's passage store
+memory-mapped and asks the registry (:mod:`hcqr_dspy.retrieval.registry`)
+for the class of the manifest's kind; a dense index's vector-index backend
+comes from its manifest too. Nothing here names a retriever class but
+:func:`build_retriever`, which builds the built-in kinds.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from hcqr_dspy.errors import CorpusError, HCQRError, RetrievalIndexError
+from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Retriever, check_corpus, read_manifest
 from hcqr_dspy.retrieval.bm25 import BM25Retriever
 from hcqr_dspy.retrieval.corpus import Corpus, load_corpus
 from hcqr_dspy.retrieval.dense import DenseRetriever
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
-from hcqr_dspy.retrieval.milvus import MilvusRetriever
+from hcqr_dspy.retrieval.registry import get_retriever_class
+from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.vector_index import check_search_options
 
-RETRIEVERS: dict[str, type[Retriever]] = {
-    "dense": DenseRetriever,
-    "bm25": BM25Retriever,
-    "hybrid": HybridRetriever,
-    "milvus": MilvusRetriever,
-}
+KINDS = ("dense", "bm25", "hybrid")
+
+_DENSE_OPTIONS = ("backend", "backend_options", "batch_size", "chunk_size", "embeddings_dir", "search_options")
 
 
 def build_retriever(
-    corpus: Corpus, kind: str = "dense", encoder: str | None = None, show_progress: bool = True, **options: Any
+    corpus: PassageStore,
+    kind: str = "dense",
+    encoder: Any = None,
+    show_progress: bool = True,
+    *,
+    faiss: str | None = None,
+    **options: Any,
 ) -> Retriever:
     """Build a retriever of ``kind`` over ``corpus``.
 
     Args:
         corpus: The passages.
         kind: ``"dense"``, ``"bm25"`` or ``"hybrid"`` (dense + BM25 by RRF).
-        encoder: sentence-transformers name or path for dense parts.
+        encoder: Encoder spec for dense parts (see :mod:`hcqr_dspy.retrieval.encoder`).
         show_progress: Progress bars while encoding / indexing.
-        **options: Passed to the retriever (``batch_size``, ``rrf_k``, ``pool_k``).
+        faiss: faiss ``index_factory`` string of dense parts (``Flat``
+            default, ``HNSW32``, ``IVF1024,PQ32`` ...); shorthand for
+            ``backend_options={"factory": ...}``.
+        **options: Dense options (``backend``, ``backend_options``,
+            ``batch_size``, ``chunk_size``, ``embeddings_dir``,
+            ``search_options``; see :class:`DenseRetriever`) and hybrid ones
+            (``rrf_k``, ``pool_k``).
 
     Raises:
-        HCQRError: unknown kind.
+        HCQRError: unknown kind, or an option the kind does not take.
     """
-    if kind == "dense":
-        return DenseRetriever(corpus, encoder=encoder, show_progress=show_progress, **options)
+    if kind not in KINDS:
+        raise HCQRError(f"unknown retriever {kind!r}; choose one of {', '.join(KINDS)}")
+    dense_opts = {k: options.pop(k) for k in _DENSE_OPTIONS if k in options}
+    if faiss is not None:
+        dense_opts["backend_options"] = {**dense_opts.get("backend_options", {}), "factory": faiss}
+    hybrid_opts = {k: options.pop(k) for k in ("rrf_k", "pool_k") if k in options}
+    if options:
+        raise HCQRError(f"unknown option(s) {', '.join(sorted(options))} for a {kind} retriever")
     if kind == "bm25":
+        if dense_opts or hybrid_opts or encoder is not None:
+            given = sorted(dense_opts) + sorted(hybrid_opts) + (["encoder"] if encoder is not None else [])
+            raise HCQRError(f"a bm25 retriever takes no {', '.join(given)} (those are dense options)")
         return BM25Retriever(corpus, show_progress=show_progress)
-    if kind == "hybrid":
-        batch = {k: options.pop(k) for k in ("batch_size",) if k in options}
-        return HybridRetriever(
-            [
-                DenseRetriever(corpus, encoder=encoder, show_progress=show_progress, **batch),
-                BM25Retriever(corpus, show_progress=show_progress),
-            ],
-            **options,
-        )
-    raise HCQRError(f"unknown retriever {kind!r}; choose one of {', '.join(RETRIEVERS)}")
+    if kind == "dense" and hybrid_opts:
+        raise HCQRError(f"a dense retriever takes no {', '.join(sorted(hybrid_opts))} (hybrid options)")
+    dense = DenseRetriever(corpus, encoder=encoder, show_progress=show_progress, **dense_opts)
+    if kind == "dense":
+        return dense
+    return HybridRetriever([dense, BM25Retriever(corpus, show_progress=show_progress)], **hybrid_opts)
 
 
 def load_index(
     path: str | Path,
-    corpus: Corpus | str | Path | None = None,
-    encoder: str | None = None,
+    corpus: PassageStore | str | Path | None = None,
+    encoder: Any = None,
     verify_files: bool = True,
-    **backend_options: Any,
+    search_options: Mapping[str, int] | None = None,
 ) -> Retriever:
     """Load a saved index.
 
     Args:
         path: Index folder written by :meth:`Retriever.save`.
-        corpus: The corpus (object or source) to search; by default the one
-            recorded in the manifest is reloaded.
-        encoder: If given, the encoder the caller expects; refused when it
-            differs from the one the index was built with.
+        corpus: A corpus (object or source) the caller expects the index to
+            be built on: refused when its fingerprint differs. The passages
+            themselves are always read from the index's own store.
+        encoder: If given, the encoder spec the caller expects; refused when
+            it differs from the one the index was built with (both named);
+            the same encoder read from other folders is accepted and used
+            (e.g. ``medcpt:/new/query,/new/article``).
         verify_files: Check each file against its manifest checksum.
-        **backend_options: Passed to the backend: ``milvus_uri`` (the same
-            collection reached through another URI) and ``milvus_token_env``
-            for a Milvus index.
+        search_options: Search-time options of dense indexes: ``nprobe``
+            (IVF lists visited) and ``efSearch`` (HNSW candidates), positive
+            integers.
 
     Safe with untrusted folders: nothing is unpickled. The manifest is JSON;
-    a dense index is faiss's own binary format (``faiss.read_index``); a BM25
-    index is numpy arrays read with ``allow_pickle=False`` plus JSON
-    (``bm25s.BM25.load(..., allow_pickle=False)``); the corpus is JSON lines.
-    The dense encoder is loaded by sentence-transformers from the name or path
-    the manifest records (safetensors weights for the packaged encoder).
+    the passages an Arrow IPC file (memory-mapped) with numpy id arrays; a
+    dense index is faiss's own binary format (``faiss.read_index``); a BM25
+    index is numpy arrays read with ``allow_pickle=False`` (memory-mapped)
+    plus JSON. The dense encoder is loaded by sentence-transformers from the
+    names or folders the manifest records (or ``encoder``).
 
     Raises:
-        RetrievalIndexError: not an index, corrupted, or built for another
-            corpus or encoder (the message names both).
-        CorpusError: the corpus cannot be loaded.
+        RetrievalIndexError: not an index, an index of format 1 (rebuild
+            it), corrupted, built for another corpus or encoder (the message
+            names both), or search options the index does not take.
+        CorpusError: the given corpus cannot be loaded.
     """
     path = Path(path)
     manifest = read_manifest(path, verify_files=verify_files)
-    policy = manifest["corpus"].get("duplicate_ids", "error")
-    if corpus is None:
-        try:
-            corpus = load_corpus(manifest["corpus"]["source"], duplicate_ids=policy)
-        except CorpusError as exc:
-            raise CorpusError(f"{exc} (the corpus index {path} was built on; pass --corpus with its new place)") from None
-    elif not isinstance(corpus, Corpus):
-        corpus = load_corpus(corpus, duplicate_ids=policy)
-    check_corpus(manifest, corpus, path)
-    kind = manifest.get("retriever")
-    if kind not in RETRIEVERS:
-        raise RetrievalIndexError(f"{path}: unknown retriever kind {kind!r} in manifest")
-    if encoder is not None and "encoder" not in manifest and kind != "hybrid":
-        raise RetrievalIndexError(f"index {path} is a {kind} index and uses no encoder (asked for {encoder!r})")
-    return RETRIEVERS[kind]._read(path, manifest, corpus, encoder=encoder, **backend_options)
+    cls = get_retriever_class(manifest["retriever"])
+    search_options = check_search_options(search_options)
+    if encoder is not None and not cls.uses_encoder:
+        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and uses no encoder (asked for {encoder!r})")
+    store = Corpus.open(path)
+    if store.fingerprint != manifest["corpus"]["fingerprint"] or len(store) != manifest["corpus"]["count"]:
+        raise RetrievalIndexError(f"index {path} is inconsistent: its passage store is not the corpus its manifest records; rebuild it")
+    if corpus is not None:
+        if not isinstance(corpus, PassageStore):
+            corpus = load_corpus(corpus, duplicate_ids=manifest["corpus"].get("duplicate_ids", "error"))
+        check_corpus(manifest, corpus, path)
+    return cls._read(path, manifest, store, encoder=encoder, search_options=search_options)

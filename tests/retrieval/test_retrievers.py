@@ -185,11 +185,25 @@ def test_manifest_missing_fields_and_missing_folder(tmp_path, bm25):
         load_index(tmp_path / "nowhere")
 
 
-def test_moved_corpus_hint(tmp_path, tiny_corpus_file):
-    from hcqr_dspy.errors import CorpusError
-
+def test_index_outlives_its_source_corpus(tmp_path, tiny_corpus_file):
+    # Format 2 keeps the passages in the index: a moved or deleted source no longer matters.
     out = build_retriever(load_corpus(tiny_corpus_file), "bm25", show_progress=False).save(tmp_path / "idx")
     moved = tiny_corpus_file.rename(tmp_path / "moved.jsonl")
-    with pytest.raises(CorpusError, match="pass --corpus with its new place"):
-        load_index(out)
     assert load_index(out, corpus=moved).search(["anemia"], 1)[0]
+    moved.unlink()
+    r = load_index(out)
+    hit = r.search(["Digoxin yellow vision"], 1)[0][0]
+    assert r.get(hit.passage_id).title == "Digoxin toxicity"
+
+
+def test_program_copies_share_the_one_retriever(retriever):
+    # DSPy optimizers copy programs (Module.deepcopy, reset_copy, copy.deepcopy); every copy must search
+    # the same index object, never a copy of it (Retriever.__deepcopy__).
+    import copy
+
+    from hcqr_dspy.programs import HCQR
+
+    program = HCQR(retriever)
+    assert copy.deepcopy(retriever) is retriever
+    for clone in (program.deepcopy(), program.reset_copy(), copy.deepcopy(program)):
+        assert clone is not program and clone.retriever is retriever

@@ -1,0 +1,156 @@
+"""The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
+
+``bench/retrieval.py``, ``bench/milvus.py`` and ``bench/pipeline.py`` each
+measure one section (``retrieval``, ``milvus``, ``pipeline``) and merge it here with :func:`write_results`,
+which re-renders ``RESULTS.md`` from the whole file. Neither imports the
+other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The retrieval bench's approximate-search settings and recall depth (rendered in the report's headings).
+HNSW = {"M": 32, "efConstruction": 80, "efSearch": 64}
+RECALL_K = 15
+
+
+def render(results: dict) -> str:
+    lines = ["# hcqr-dspy benchmark results", ""]
+    r = results.get("retrieval")
+    if r and "sizes" in r:  # (a results file from before the size sweep is rewritten by the next full run)
+        lines += [
+            f"Retrieval measured {r['date']} on {r['machine']} by `bench/retrieval.py` over `{r['corpus']}`"
+            f" ({r['corpus_passages']} passages; slices are seeded random samples)."
+            + (" **Quick run (`--quick`): the 1k slice only, 20 repeats.**" if r.get("quick") else "")
+            + (f" **Partial run: only {', '.join(r['sizes'])} measured of {', '.join(r['planned_sizes'])}.**"
+               if len(r["sizes"]) < len(r.get("planned_sizes", r["sizes"])) else ""),
+            "",
+            "## Index build (each in its own process)",
+            "",
+            "Dense build seconds run from `build_retriever` to a finished faiss index, so they include loading the"
+            " encoder; the raw encode column times `SentenceTransformer.encode` alone on the same passages (encoder"
+            " already loaded, same batch size). Build / raw is the ratio of their passages/s (1.0 = the index adds"
+            " nothing over encoding).",
+            "",
+            "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB | index size |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, s in r["sizes"].items():
+            for kind in ("bm25", "dense"):
+                m = s["retrievers"][kind]
+                raw = f"{m['raw_passages_per_second']}" if "raw_passages_per_second" in m else "–"
+                ratio = f"{m['build_over_raw']}" if "build_over_raw" in m else "–"
+                lines.append(f"| {s['passages']} | {kind} | {m['build_seconds']} | {m['passages_per_second']} | {raw} | "
+                             f"{ratio} | {m['peak_rss_mb']} | {m['index_bytes'] / 1e6:.1f} MB |")
+        lines += ["", "## HCQR retrieval step: 3 queries, k=5 each, fused to 15 (encoder loaded)", "",
+                  "| passages | retriever | p50 ms | p95 ms |", "|---:|---|---:|---:|"]
+        for label, s in r["sizes"].items():
+            for kind in ("bm25", "dense", "hybrid"):
+                m = s["retrievers"][kind]
+                lines.append(f"| {s['passages']} | {kind} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} |")
+        lines += ["", f"## faiss exact (IndexFlatIP) vs HNSW (M={HNSW['M']}, efConstruction={HNSW['efConstruction']}, "
+                  f"efSearch={HNSW['efSearch']})", "",
+                  f"| passages | queries | recall@{RECALL_K} of HNSW | HNSW build s | exact 3-query search ms | HNSW 3-query search ms |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for label, s in r["sizes"].items():
+            a = s["ann"]
+            lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
+                         f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
+    m = results.get("milvus")
+    if m and m.get("datasets"):
+        lines += render_milvus(m)
+    p = results.get("pipeline")
+    if p:
+        lines += render_pipeline(p)
+    return "\n".join(lines)
+
+
+def shown_path(path: str) -> str:
+    """Relative to the repository when inside it or its parent (``../shared/data/...``), else absolute."""
+    full = Path(path).resolve()
+    return os.path.relpath(full, REPO) if full.is_relative_to(REPO.parent) and REPO.parent != Path("/") else str(full)
+
+
+def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
+    """Merge ``section`` into the results file under ``key`` (``retrieval`` or ``pipeline``) and re-render
+    RESULTS.md beside it.
+
+    Raises:
+        ValueError: the existing results file is unreadable (see :func:`read_results`).
+    """
+    results = read_results(out)
+    results[key] = section
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.with_name("RESULTS.md").write_text(render(results))
+
+
+def read_results(out: Path) -> dict:
+    """The results file as a JSON object ({} when absent).
+
+    Raises:
+        ValueError: the file is unreadable, not JSON, or not a JSON object.
+    """
+    if not out.exists():
+        return {}
+    try:
+        results = json.loads(out.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{out} is not a readable results file ({exc}); move it away or pass another --out") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{out} is not a results file (a JSON object); move it away or pass another --out")
+    return results
+
+
+def render_pipeline(p: dict) -> list[str]:
+    lines = [
+        f"## Pipeline cost per question ({p['questions']} MedQA-US questions, seed {p['seed']}, `{p['lm']}`, "
+        f"{p['threads']} threads; measured {p['date']} by `bench/pipeline.py`)",
+        "",
+        "| run | method | accuracy | LM calls | cached calls | prompt tokens | completion tokens | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for phase in ("cold", "warm"):
+        for method, m in p[phase].items():
+            lines.append(
+                f"| {phase} | {method} | {m['accuracy']:.0%} | {m['lm_calls_per_question']} | {m['cached_lm_calls_per_question']} | "
+                f"{m['prompt_tokens_per_question']:.0f} | {m['completion_tokens_per_question']:.0f} | {m['seconds_per_question']:.1f} |"
+            )
+    lines += ["", "Per stage, cold (means per question):", "", "| method | stage | LM calls | prompt tokens | completion tokens | seconds |",
+              "|---|---|---:|---:|---:|---:|"]
+    for method, m in p["cold"].items():
+        for stage, s in m["stages"].items():
+            lines.append(f"| {method} | {stage} | {s['lm_calls']} | {s['prompt_tokens']:.0f} | {s['completion_tokens']:.0f} | {s['seconds']:.2f} |")
+    ratio = ", ".join(f"{k.replace('_', ' ')} x{v}" for k, v in p["hcqr_over_simple_rag"].items())
+    lines += ["", f"HCQR relative to Simple RAG (cold): {ratio}.",
+              f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", "",
+              "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()), ""]
+    return lines
+
+
+def render_milvus(m: dict) -> list[str]:
+    """The Milvus section (``bench/milvus.py``): engines x index types per dataset."""
+    lines = [f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)", "",
+             "Build = insert + index + load from finished embeddings; search = one batched search of HCQR's 3 query "
+             "vectors, k=5, fused to 15 (query encoding excluded); recall against faiss exact search; HNSW M=32, "
+             "efConstruction=80, ef/efSearch=64." + (" **Quick run.**" if m.get("quick") else ""), "",
+             f"| passages | data | engine | index | build passages/s | p50 ms | p95 ms | recall@{RECALL_K} | disk |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for label, d in m["datasets"].items():
+        for name, f in d["runs"].items():
+            engine, kind = name.rsplit(" ", 1)
+            engine = f.get("engine", engine)
+            lines.append(f"| {d['passages']} | {d['kind']} | {engine} | {kind} | {f['build_passages_per_second']} | "
+                         f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
+                         f"{f['disk_bytes'] / 1e6:.1f} MB |")
+    for label, d in m["datasets"].items():
+        if "encode_passages_per_second" in d:
+            lines.append(f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
+                         f"{d['encode_passages_per_second']} passages/s, shared by every engine.")
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
+    return lines

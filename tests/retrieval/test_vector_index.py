@@ -1,0 +1,144 @@
+"""Approximate faiss indexes in the product: factory strings, seeded training, search-time nprobe / efSearch."""
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from hcqr_dspy.errors import HCQRError, RetrievalIndexError
+from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index, read_manifest
+
+QUERIES = ["microcytic anemia low ferritin", "fatigable ptosis acetylcholine receptor", "exophthalmos tsh yellow vision",
+           "graves disease goiter", "hypokalemia digoxin block"]
+
+
+@pytest.fixture(scope="module")
+def corpus(synthetic_corpus_file):
+    return load_corpus(synthetic_corpus_file)
+
+
+@pytest.fixture(scope="module")
+def emb(tmp_path_factory):
+    return tmp_path_factory.mktemp("emb")
+
+
+def build(corpus, spec, emb, factory, **kw):
+    return build_retriever(corpus, "dense", encoder=spec, faiss=factory, embeddings_dir=emb, show_progress=False, **kw)
+
+
+def ids(results):
+    return [[h.passage_id for h in hits] for hits in results]
+
+
+def test_approximate_types_are_built_recorded_and_reloaded(corpus, medcpt_spec, emb, tmp_path):
+    exact = build(corpus, medcpt_spec, emb, "Flat")
+    truth = ids(exact.search(QUERIES, 10))
+    for factory, kind, trained in (("HNSW32", "IndexHNSWFlat", 0), ("IVF8,Flat", "IndexIVFFlat", 300),
+                                   ("IVF4,PQ4x4", "IndexIVFPQ", 300), ("IVF4,SQ8", "IndexIVFScalarQuantizer", 300)):
+        r = build(corpus, medcpt_spec, emb, factory)
+        out = r.save(tmp_path / factory.replace(",", "-"))
+        record = read_manifest(out)["vector_index"]
+        assert (record["backend"], record["factory"], record["type"], record["metric"]) == ("faiss", factory, kind, "inner_product")
+        assert record["ntotal"] == len(corpus) and record["trained_on"] == trained and record["seed"] == 0
+        loaded = load_index(out)
+        assert loaded.search(QUERIES, 10) == r.search(QUERIES, 10)
+        assert all(len(h) == 10 for h in ids(loaded.search(QUERIES, 10)))
+    # IVF visiting every list is exhaustive: the same hits as exact search
+    ivf = load_index(tmp_path / "IVF8-Flat", search_options={"nprobe": 8})
+    assert ivf.search_options == {"nprobe": 8} and ids(ivf.search(QUERIES, 10)) == truth
+    # compressed codes: PQ4x4 stores 4 x 4 bits a vector, SQ8 one byte a dimension, Flat 4 bytes a dimension
+    sizes = {f: read_manifest(tmp_path / f.replace(",", "-"))["vector_index"]["code_bytes_per_vector"]
+             for f in ("IVF4,PQ4x4", "IVF4,SQ8", "HNSW32")}
+    assert sizes == {"IVF4,PQ4x4": 2.0, "IVF4,SQ8": 16.0, "HNSW32": 64.0}
+    assert exact.index.describe()["code_bytes_per_vector"] == 64.0
+
+
+def test_training_sample_is_seeded(corpus, medcpt_spec, emb):
+    a = build(corpus, medcpt_spec, emb, "IVF4,PQ4x4", backend_options={"train_size": 100})
+    b = build(corpus, medcpt_spec, emb, "IVF4,PQ4x4", backend_options={"train_size": 100})
+    c = build(corpus, medcpt_spec, emb, "IVF4,PQ4x4", backend_options={"train_size": 100, "seed": 7})
+    assert a.index.describe()["trained_on"] == 100
+    assert np.array_equal(faiss.serialize_index(a.index.index), faiss.serialize_index(b.index.index))
+    assert not np.array_equal(faiss.serialize_index(a.index.index), faiss.serialize_index(c.index.index))
+
+
+def test_search_options_change_what_hnsw_and_ivf_visit(corpus, medcpt_spec, emb, tmp_path):
+    out = build(corpus, medcpt_spec, emb, "IVF16,Flat").save(tmp_path / "ivf")
+    narrow = load_index(out, search_options={"nprobe": 1}).search(QUERIES, 20)
+    wide = load_index(out, search_options={"nprobe": 16}).search(QUERIES, 20)
+    assert ids(narrow) != ids(wide)
+    hnsw = build(corpus, medcpt_spec, emb, "HNSW32").save(tmp_path / "hnsw")
+    r = load_index(hnsw, search_options={"efSearch": 7})
+    assert faiss.downcast_index(r.index.index).hnsw.efSearch == 7 and r.search_options == {"efSearch": 7}
+
+
+@pytest.mark.parametrize("factory, options, message", [
+    ("Flat", {"nprobe": 4}, "search option nprobe does not apply to faiss index 'Flat'"),
+    ("HNSW32", {"nprobe": 4}, "search option nprobe does not apply to faiss index 'HNSW32'"),
+    ("IVF4,Flat", {"efSearch": 4}, "search option efSearch does not apply to faiss index 'IVF4,Flat'"),
+    ("Flat", {"nprob": 4}, "unknown search option 'nprob'"),
+    ("Flat", {"nprobe": 0}, "nprobe must be a positive integer"),
+])
+def test_search_options_that_do_not_apply_are_refused(corpus, medcpt_spec, emb, tmp_path, factory, options, message):
+    out = build(corpus, medcpt_spec, emb, factory).save(tmp_path / "idx")
+    with pytest.raises(RetrievalIndexError, match=message):
+        load_index(out, search_options=options)
+
+
+def test_bm25_refuses_search_options(tiny_corpus, tmp_path):
+    out = build_retriever(tiny_corpus, "bm25", show_progress=False).save(tmp_path / "bm25")
+    with pytest.raises(RetrievalIndexError, match="is a BM25 index: search options \\(nprobe\\) apply to dense indexes"):
+        load_index(out, search_options={"nprobe": 2})
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("Blah", r"--faiss 'Blah' is not a faiss index_factory string usable with 16-d vectors \(could not parse index string Blah\)"),
+    ("IVF4,PQ5", r"usable with 16-d vectors \(.*multiple of the number of subquantizers"),
+    ("IVF1024,Flat", r"needs at least 1024 training vectors but the corpus has 300 passages"),
+])
+def test_bad_factories_are_refused_in_one_line(corpus, medcpt_spec, emb, factory, message):
+    with pytest.raises(RetrievalIndexError, match=message) as err:
+        build(corpus, medcpt_spec, emb, factory)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_index_faiss_and_search_ef_search(medcpt_spec, synthetic_corpus_file, tmp_path, capsys):
+    from hcqr_dspy.cli import main
+
+    out = tmp_path / "idx"
+    assert main(["index", "--corpus", str(synthetic_corpus_file), "--encoder", medcpt_spec, "--faiss", "HNSW32",
+                 "--embeddings", str(tmp_path / "e"), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss"] == "HNSW32"
+    assert main(["search", "--index", str(out), "--ef-search", "32", "--k", "2", "graves"]) == 0
+    assert main(["search", "--index", str(out), "--nprobe", "4", "graves"]) == 2
+    assert "search option nprobe does not apply to faiss index 'HNSW32'" in capsys.readouterr().err
+    assert main(["index", "--corpus", str(synthetic_corpus_file), "--retriever", "bm25", "--faiss", "HNSW32",
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "--faiss apply to dense and hybrid indexes, not --retriever bm25" in capsys.readouterr().err
+    assert main(["index", "--corpus", str(synthetic_corpus_file), "--encoder", medcpt_spec, "--faiss", "IVF9999,Flat",
+                 "--out", str(tmp_path / "c")]) == 2
+    assert "needs at least 9999 training vectors" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_eval_and_experiments_apply_and_record_search_options(medcpt_spec, synthetic_corpus_file, tmp_path):
+    from hcqr_dspy.experiment import ExperimentError, load_experiment
+    from hcqr_dspy.run import EvalSpec, resolve
+
+    index = build_retriever(load_corpus(synthetic_corpus_file), "dense", encoder=medcpt_spec, faiss="IVF4,Flat",
+                            embeddings_dir=tmp_path / "e", show_progress=False).save(tmp_path / "idx")
+    dataset = tmp_path / "qs.json"
+    dataset.write_text(json.dumps({"q1": {"question": "Which?", "options": {"A": "graves", "B": "tsh"}, "answer": "A"}}))
+    config, _, program = resolve(EvalSpec(method="simple_rag", dataset=str(dataset), index=str(index), lm="openai/x",
+                                          search_options={"nprobe": 3}))
+    assert config["index"]["search_options"] == {"nprobe": 3} and config["index"]["vector_index"] == "IVF4,Flat"
+    assert faiss.extract_index_ivf(program.retriever.index.index).nprobe == 3
+    with pytest.raises(HCQRError, match="method 'cot' retrieves nothing"):
+        resolve(EvalSpec(method="cot", dataset=str(dataset), lm="openai/x", search_options={"nprobe": 3}))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"name: t\nlm: openai/x\nindex: {index}\ndatasets: {{d: {dataset}}}\nmethods: [simple_rag]\n"
+                   "search_options: {nprobe: 2}\n")
+    assert load_experiment(exp).search_options == {"nprobe": 2}
+    exp.write_text(exp.read_text().replace("nprobe: 2", "nprobes: 2"))
+    with pytest.raises(ExperimentError, match="unknown search option 'nprobes'"):
+        load_experiment(exp)
