@@ -252,6 +252,7 @@ def main(argv=None) -> int:
     section = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],  # the machine is shared: other work runs
         "quick": args.quick, "planned": datasets, "datasets": {},
         "versions": library_versions("hcqr-dspy", "faiss-cpu", "pymilvus", "milvus-lite", "numpy"),
     }

@@ -138,7 +138,11 @@ def render_milvus(m: dict) -> list[str]:
     lines = [f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)", "",
              "Build = insert + index + load from finished embeddings; search = one batched search of HCQR's 3 query "
              "vectors, k=5, fused to 15 (query encoding excluded); recall against faiss exact search; HNSW M=32, "
-             "efConstruction=80, ef/efSearch=64." + (" **Quick run.**" if m.get("quick") else ""), "",
+             "efConstruction=80, ef/efSearch=64." + (" **Quick run.**" if m.get("quick") else "")
+             + (f" Load average at the start: {m['load_average_at_start']} (a shared machine: latencies are noisy)."
+                if m.get("load_average_at_start") else "")
+             + (f" **Partial run: {', '.join(m['datasets'])} of {', '.join(m['planned'])}.**"
+                if len(m["datasets"]) < len(m.get("planned", m["datasets"])) else ""), "",
              f"| passages | data | engine | index | build passages/s | p50 ms | p95 ms | recall@{RECALL_K} | disk |",
              "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for label, d in m["datasets"].items():

@@ -12,27 +12,30 @@ One code path serves a laptop and a cluster, through pymilvus's
   flag, never written anywhere).
 
 A collection holds one row per passage: ``row`` (INT64 primary key, the
-passage's position in the corpus), ``vector`` (FLOAT_VECTOR, inner-product
-metric, the dense retriever's embeddings) and, for BM25, ``text``
-(``title + "\\n" + content``, analyzed) with ``sparse``, the output of
-Milvus's full-text ``BM25`` function. Passage text for answers comes from
-the index folder's corpus, not from Milvus. The collection's properties
-record the corpus fingerprint, passage count and encoder; a collection
-built from another corpus or encoder is refused, naming both.
+passage's row in the index folder's passage store), ``vector``
+(FLOAT_VECTOR, inner-product metric, the passage vectors of the embedding
+store) and, for BM25, ``text`` (``title + "\\n" + content``, analyzed) with
+``sparse``, the output of Milvus's full-text ``BM25`` function. Passage text
+for answers comes from the index folder's Arrow passage store, not from
+Milvus. The collection's properties record the corpus fingerprint, passage
+count and passage encoder; a collection built from another corpus or encoder
+is refused, naming both.
 
 Retrieval modes (``retrieval``):
 
 ``dense``
-    approximate or exact nearest neighbours by inner product over the
-    encoder's normalized embeddings (cosine similarity, as faiss
-    ``IndexFlatIP`` in :mod:`hcqr_dspy.retrieval.dense`); all queries of a
-    batch go to Milvus in one ``search`` call.
-``bm25``
+    :class:`MilvusIndex`, the ``milvus`` vector-index backend of
+    :class:`~hcqr_dspy.retrieval.dense.DenseRetriever` (which owns the
+    encoder or encoder pair): nearest neighbours by inner product, exact or
+    approximate; all queries of a batch go to Milvus in one ``search`` call.
+    The vectors come from the resumable embedding store, so a Milvus and a
+    faiss index over one corpus and encoder hold the same vectors.
+``bm25`` (:class:`MilvusRetriever`, kind ``milvus``)
     Milvus's full-text search: the BM25 function turns ``text`` into sparse
     term weights at insert time and each query at search time (analyzer:
     Milvus's ``standard`` tokenizer, lower-casing and bm25s' English
     stopword list; no stemming, which Milvus Lite's analyzer lacks).
-``hybrid``
+``hybrid`` (:class:`MilvusRetriever`, kind ``milvus``)
     both in one collection, fused inside Milvus by reciprocal rank
     (``hybrid_search`` with ``RRFRanker(60)``; Cormack et al. 2009), each
     side drawing ``pool_k`` candidates, as :mod:`hcqr_dspy.retrieval.hybrid`
