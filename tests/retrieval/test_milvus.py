@@ -258,6 +258,18 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
     err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("hcqr: error")]
     assert code == 2 and len(err_lines) == 1 and uri in err_lines[0]
     assert not (tmp_path / "idx").exists()
+    # an index whose server has gone away: `hcqr search` (as eval, ask ...) says so in one line
+    from helpers import TINY_ROWS
+
+    options = MilvusSettings(str(tmp_path / "milvus.db"), "tiny").options()
+    folder = DenseRetriever(_tiny_corpus(TINY_ROWS, "tiny"), backend="milvus", backend_options=options,
+                            show_progress=False).save(tmp_path / "moved")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["vector_index"]["uri"] = uri  # as if the collection lived on a server that is now down
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["search", "--index", str(folder), "digoxin"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hcqr: error: cannot reach Milvus at {uri}: ")
 
 
 def test_milvus_flags_without_the_milvus_backend_are_refused(tmp_path, tiny_corpus_file, capsys):
