@@ -5,6 +5,8 @@
 #               shared corpus (~41k passages), retrieval latency, exact vs HNSW recall, and CoT / Simple RAG / HCQR
 #               cost with the 0.5B model, cold and warm (about 1.5 hours on 2 cores);
 #               make bench QUICK=1 measures the 1k slice only and skips the LM pipeline
+#   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
+#               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,12 +21,16 @@ STAMPS := $(VENV)/.stamps
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 WHEELHOUSE ?= $(HOME)/.cache/hcqr-dspy/wheels-portable
+# PyPI's `milvus` package ships a real Milvus standalone server; its launcher needs these pins, which
+# clash with the product's pymilvus 3.x, hence its own virtualenv. The binary is unpacked there once.
+MILVUS_VENV ?= .venv-milvus
+MILVUS_SERVER_PINS := 'milvus==2.3.5' 'marshmallow<4' 'environs<10' 'pymilvus<2.4'
 
 export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b test demo bench clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test demo bench clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -52,13 +58,20 @@ $(STAMPS)/model-%: $(STAMPS)/llm
 	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[model-$*]'
 	@touch $@
 
-test: setup-model-135m
+setup-milvus-server: $(MILVUS_VENV)/.stamps/server
+$(MILVUS_VENV)/.stamps/server: Makefile
+	@test -x $(MILVUS_VENV)/bin/python || $(PYTHON) -m venv $(MILVUS_VENV)
+	$(MILVUS_VENV)/bin/python -m pip --disable-pip-version-check install --quiet $(MILVUS_SERVER_PINS)
+	$(MILVUS_VENV)/bin/python -c "import milvus; milvus._initialize_data_files('$(MILVUS_VENV)/server')"
+	@mkdir -p $(@D) && touch $@
+
+test: setup-model-135m setup-milvus-server
 	$(PY) -m pytest -q
 
 demo: setup-model-1p5b
 	$(VENV)/bin/hcqr demo
 
-bench: setup-model-0p5b
+bench: setup-model-0p5b setup-milvus-server
 ifdef QUICK
 	$(PY) bench/retrieval.py --quick --out bench/quick/results.json
 	@echo "bench: QUICK=1: 1k slice only, LM pipeline skipped; wrote bench/quick/ (the full results are untouched)"
@@ -68,4 +81,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(MILVUS_VENV) .pytest_cache build *.egg-info

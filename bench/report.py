@@ -1,7 +1,7 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
-``bench/retrieval.py`` and ``bench/pipeline.py`` each measure one section
-(``retrieval``, ``pipeline``) and merge it here with :func:`write_results`,
+``bench/retrieval.py``, ``bench/milvus.py`` and ``bench/pipeline.py`` each
+measure one section (``retrieval``, ``milvus``, ``pipeline``) and merge it here with :func:`write_results`,
 which re-renders ``RESULTS.md`` from the whole file. Neither imports the
 other.
 """
@@ -61,6 +61,9 @@ def render(results: dict) -> str:
             lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
                          f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
+    m = results.get("milvus")
+    if m and m.get("datasets"):
+        lines += render_milvus(m)
     p = results.get("pipeline")
     if p:
         lines += render_pipeline(p)
@@ -127,4 +130,31 @@ def render_pipeline(p: dict) -> list[str]:
     lines += ["", f"HCQR relative to Simple RAG (cold): {ratio}.",
               f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", "",
               "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()), ""]
+    return lines
+
+
+def render_milvus(m: dict) -> list[str]:
+    """The Milvus section (``bench/milvus.py``): engines x index types per dataset."""
+    lines = [f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)", "",
+             "Build = insert + index + load from finished embeddings; search = one batched search of HCQR's 3 query "
+             "vectors, k=5, fused to 15 (query encoding excluded); recall against faiss exact search; HNSW M=32, "
+             "efConstruction=80, ef/efSearch=64." + (" **Quick run.**" if m.get("quick") else "")
+             + (f" Load average at the start: {m['load_average_at_start']} (a shared machine: latencies are noisy)."
+                if m.get("load_average_at_start") else "")
+             + (f" **Partial run: {', '.join(m['datasets'])} of {', '.join(m['planned'])}.**"
+                if len(m["datasets"]) < len(m.get("planned", m["datasets"])) else ""), "",
+             f"| passages | data | engine | index | build passages/s | p50 ms | p95 ms | recall@{RECALL_K} | disk |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for label, d in m["datasets"].items():
+        for name, f in d["runs"].items():
+            engine, kind = name.rsplit(" ", 1)
+            engine = f.get("engine", engine)
+            lines.append(f"| {d['passages']} | {d['kind']} | {engine} | {kind} | {f['build_passages_per_second']} | "
+                         f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
+                         f"{f['disk_bytes'] / 1e6:.1f} MB |")
+    for label, d in m["datasets"].items():
+        if "encode_passages_per_second" in d:
+            lines.append(f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
+                         f"{d['encode_passages_per_second']} passages/s, shared by every engine.")
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines

@@ -42,6 +42,38 @@ def _positive_int(text: str) -> int:
 
 
 # -- index / search ----------------------------------------------------------
+def _milvus_settings(args: argparse.Namespace):
+    """The Milvus settings of `hcqr index` (checked, nothing contacted), or None for faiss/bm25s files.
+
+    Raises:
+        HCQRError: Milvus flags without --backend milvus, faiss flags with it, or bad Milvus settings.
+    """
+    from hcqr_dspy.retrieval.milvus import MilvusSettings, parse_params
+
+    given = [flag for flag, value in (("--milvus-uri", args.milvus_uri), ("--collection", args.collection),
+                                      ("--milvus-index", args.milvus_index),
+                                      ("--milvus-index-param", args.milvus_index_param),
+                                      ("--milvus-search-param", args.milvus_search_param),
+                                      ("--milvus-token-env", args.milvus_token_env),
+                                      ("--milvus-index-timeout", args.milvus_index_timeout)) if value]
+    if args.backend != "milvus":
+        if given:
+            raise HCQRError(f"{', '.join(given)} only apply with --backend milvus")
+        return None
+    faiss_flags = [f for f, v in (("--faiss", args.faiss), ("--train-size", args.train_size)) if v is not None]
+    if faiss_flags:
+        raise HCQRError(f"{', '.join(faiss_flags)} apply to the faiss backend, not --backend milvus (see --milvus-index)")
+    if not args.milvus_uri or not args.collection:
+        raise HCQRError("--backend milvus needs --milvus-uri (a Milvus Lite .db path or http://host:port) and --collection")
+    return MilvusSettings(
+        uri=args.milvus_uri, collection=args.collection, retrieval=args.retriever,
+        index_type=args.milvus_index or "FLAT",
+        index_params=parse_params(args.milvus_index_param, "--milvus-index-param"),
+        search_params=parse_params(args.milvus_search_param, "--milvus-search-param"),
+        token_env=args.milvus_token_env, index_timeout=args.milvus_index_timeout or 3600.0,
+    )
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     import shutil
 
@@ -49,6 +81,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval.base import check_index_target
     from hcqr_dspy.retrieval.vector_index import FaissIndex
 
+    milvus = _milvus_settings(args)  # bad Milvus flags fail here, before anything is read or contacted
     out = check_index_target(args.out)  # fail before minutes of encoding, not after
     dense = args.retriever != "bm25"
     if not dense:
@@ -60,10 +93,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     options: dict = {}
     if dense:
         encoder = load_encoder(args.encoder)  # a missing model fails here, before the corpus is read
-        backend_options = {"factory": args.faiss or "Flat", **({"train_size": args.train_size} if args.train_size else {})}
-        FaissIndex.check_settings(encoder.dimension, **backend_options)
-        options = {"batch_size": args.batch_size, "chunk_size": args.chunk_size, "embeddings_dir": args.embeddings,
-                   "backend_options": backend_options}
+        options = {"batch_size": args.batch_size, "chunk_size": args.chunk_size, "embeddings_dir": args.embeddings}
+        if milvus is None:
+            backend_options = {"factory": args.faiss or "Flat", **({"train_size": args.train_size} if args.train_size else {})}
+            FaissIndex.check_settings(encoder.dimension, **backend_options)
+            options["backend_options"] = backend_options
+        elif args.retriever == "dense":
+            options.update(backend="milvus", backend_options=milvus.options())
     staging = out.parent / f".{out.name}.corpus"  # the passage store, hard-linked into the index when it is saved
     try:
         t0 = time.perf_counter()
@@ -72,7 +108,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
         print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
         t0 = time.perf_counter()
-        retriever = build_retriever(corpus, args.retriever, encoder=encoder, **options)
+        if milvus is not None and args.retriever != "dense":
+            from hcqr_dspy.retrieval.milvus import MilvusRetriever
+
+            retriever = MilvusRetriever(corpus, milvus, encoder=encoder, show_progress=True, **options)
+        else:
+            retriever = build_retriever(corpus, args.retriever, encoder=encoder, **options)
         t_build = time.perf_counter() - t0
         out = retriever.save(out)
     finally:
@@ -81,6 +122,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     summary = {
         "index": str(out),
         "retriever": args.retriever,
+        "backend": args.backend,
         "passages": len(corpus),
         "build_seconds": round(t_build, 2),
         "passages_per_second": round(len(corpus) / t_build, 1),
@@ -88,8 +130,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     }
     dense_part = next((r for r in [retriever, *getattr(retriever, "retrievers", [])] if r.kind == "dense"), None)
     if dense_part is not None:
-        summary.update(encoder=dense_part.encoder_name, faiss=dense_part.index.describe().get("factory"),
-                       **dense_part.build_stats)
+        summary.update(encoder=dense_part.encoder_name, **dense_part.build_stats)
+        if milvus is None:
+            summary["faiss"] = dense_part.index.describe().get("factory")
+    if retriever.kind == "milvus":
+        summary.update(encoder=retriever.encoder_name, **retriever.build_stats)
     print(json.dumps(summary))
     return 0
 
@@ -453,6 +498,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicate-ids", choices=["error", "rename"], default="error",
                    help="a repeated passage id: refuse (default) or keep the row as <id>#2, #3 ...")
     p.add_argument("--out", required=True, help="index folder to write")
+    p.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
+                   help="where vectors and BM25 live: faiss/bm25s files in the index folder (default) or a Milvus collection")
+    p.add_argument("--milvus-uri", default=None,
+                   help="Milvus Lite database (a path ending in .db, embedded) or a server, http://host:port")
+    p.add_argument("--collection", default=None, help="Milvus collection name (letters, digits, _)")
+    p.add_argument("--milvus-index", default=None, type=str.upper, choices=["FLAT", "IVF_FLAT", "HNSW", "DISKANN"],
+                   help="Milvus vector index type (default FLAT, exact)")
+    p.add_argument("--milvus-index-param", action="append", default=None, metavar="NAME=VALUE",
+                   help="index build parameter, e.g. M=32, efConstruction=80, nlist=128 (repeatable)")
+    p.add_argument("--milvus-search-param", action="append", default=None, metavar="NAME=VALUE",
+                   help="search parameter, e.g. ef=64, nprobe=16, search_list=64 (repeatable)")
+    p.add_argument("--milvus-token-env", default=None, metavar="VAR",
+                   help="name of the environment variable holding the server token (never the token itself)")
+    p.add_argument("--milvus-index-timeout", type=float, default=None,
+                   help="seconds to wait for a server to build the index (default 3600)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search an index with one or more queries")

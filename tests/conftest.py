@@ -62,3 +62,46 @@ def pathoma_bm25(shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "pathoma-bm25"
     BM25Retriever(corpus, show_progress=False).save(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def pathoma_vectors(shared_data):
+    """Pathoma (~500 real passages) embedded once into the session's embedding store, and 100 real MedQA-US
+    questions embedded by the query side: every dense build over Pathoma (faiss or Milvus) reuses the same
+    passage vectors, so any difference in the parity tests is the engine's."""
+    import json
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hcqr_dspy.retrieval import EmbeddingStore, load_corpus, load_encoder
+
+    corpus = load_corpus(shared_data / "corpus" / "textbooks" / "Pathoma_Husain.jsonl")
+    questions = json.loads((shared_data / "benchmark" / "medqa.json").read_text(encoding="utf-8"))
+    texts = [questions[qid]["question"] for qid in sorted(questions)[:100]]
+    encoder = load_encoder(None)
+    store = EmbeddingStore.open(corpus, encoder)  # under $HCQR_EMBEDDINGS, the session's fresh cache
+    store.fill(corpus, encoder, show_progress=False)
+    passages = np.concatenate([np.asarray(chunk) for _, chunk in store.iter_chunks()])
+    return SimpleNamespace(corpus=corpus, encoder=encoder, passages=passages,
+                           queries=encoder.encode_queries(texts), texts=texts)
+
+
+@pytest.fixture(scope="session")
+def milvus_server():
+    """A real Milvus 2.3.5 standalone server (PyPI's `milvus`, from .venv-milvus) on 127.0.0.1, authorization on.
+
+    Started once per session on free ports with a temporary data folder; stopped (its whole process group)
+    at the end. Skips, saying why, when it cannot start (no .venv-milvus: `make setup-milvus-server`).
+    """
+    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+
+    server = LocalMilvusServer(auth=True)
+    try:
+        server.start()
+    except MilvusServerError as exc:
+        server.stop()
+        pytest.skip(f"the Milvus server cannot start here: {exc}")
+    print(f"\nMilvus {server.version} server on {server.uri} (ready in {server.startup_seconds:.1f} s)")
+    yield server
+    server.stop()

@@ -102,3 +102,22 @@ def test_pipeline_refuses_an_unreadable_results_file_before_any_lm_call(tmp_path
         pipeline.main(["--dataset", str(dataset), "--out", str(bad), "--lm", "openai/never-called"])
     assert exit_.value.code == 2 and "is not a readable results file" in capsys.readouterr().err
     assert bad.read_text() == '{"pipeline": '
+
+
+def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_path):
+    """bench/milvus.py on 300 synthetic passages, faiss and Milvus Lite (the server is left to `make bench`)."""
+    spec = importlib.util.spec_from_file_location("bench_milvus", BENCH.with_name("milvus.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "results.json"
+    assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["milvus"]["datasets"]["300"]["runs"]
+    assert set(runs) == {"faiss exact", "faiss hnsw", "milvus-lite exact", "milvus-lite hnsw"}
+    assert runs["faiss exact"]["recall_at_15"] == 1.0 and runs["milvus-lite exact"]["recall_at_15"] == 1.0
+    assert all(r["disk_bytes"] > 0 and r["search3_fuse_ms_p50"] > 0 for r in runs.values())
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "| 300 | synthetic | milvus-lite 3.2.2 | exact |" in report
+    import pytest
+
+    with pytest.raises(SystemExit):  # argparse refuses a bad dataset before measuring anything
+        module.main(["--datasets", "real:0", "--out", str(out)])

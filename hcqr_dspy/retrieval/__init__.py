@@ -1,7 +1,8 @@
 """Corpus loading, passage store, encoders, retrievers (dense, BM25, hybrid) and multi-query fusion.
 
 Importing this package registers every built-in retriever kind (``dense``,
-``bm25``, ``hybrid``) and vector-index backend (``faiss``) with
+``bm25``, ``hybrid``, ``milvus``) and vector-index backend (``faiss``,
+``milvus``) with
 :mod:`hcqr_dspy.retrieval.registry`.
 """
 
@@ -14,6 +15,7 @@ from hcqr_dspy.retrieval.encoder import Encoder, EncoderSpec, load_encoder, pars
 from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage, fuse
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
 from hcqr_dspy.retrieval.index import KINDS, build_retriever, load_index
+from hcqr_dspy.retrieval.milvus import MilvusIndex, MilvusRetriever, MilvusSettings
 from hcqr_dspy.retrieval.registry import get_backend_class, get_retriever_class, register, register_backend
 from hcqr_dspy.retrieval.store import PassageStore
 from hcqr_dspy.retrieval.vector_index import FaissIndex, VectorIndex
@@ -30,6 +32,9 @@ __all__ = [
     "Hit",
     "HybridRetriever",
     "KINDS",
+    "MilvusIndex",
+    "MilvusRetriever",
+    "MilvusSettings",
     "Passage",
     "PassageStore",
     "Retriever",

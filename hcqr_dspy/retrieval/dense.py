@@ -90,7 +90,8 @@ class DenseRetriever(Retriever):
             store = EmbeddingStore.open(corpus, self.encoder, embeddings_dir, chunk_size)
             self.build_stats = {"embeddings": str(store.folder), "chunk_size": store.chunk_size,
                                 **store.fill(corpus, self.encoder, batch_size=batch_size, show_progress=show_progress)}
-            index = backend_cls.build(store, show_progress=show_progress, **options)
+            index = backend_cls.build(store, show_progress=show_progress, corpus=corpus, **options)
+            self.build_stats.update(getattr(index, "build_stats", {}))
         if index.ntotal != len(corpus):
             raise RetrievalIndexError(f"vector index holds {index.ntotal} vectors but the corpus has {len(corpus)} passages")
         if index.dimension != self.encoder.dimension:

@@ -74,8 +74,12 @@ class VectorIndex(ABC):
 
     @classmethod
     @abstractmethod
-    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, **settings: Any) -> "VectorIndex":
+    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, corpus: Any = None,
+              **settings: Any) -> "VectorIndex":
         """Build from finished embeddings (``embeddings.complete``); ``settings`` are the backend's build options.
+
+        ``corpus`` is the passage store the rows belong to, for backends that
+        record what they were built from outside the index folder (Milvus).
 
         Raises:
             RetrievalIndexError: bad settings (one line).
@@ -187,8 +191,9 @@ class FaissIndex(VectorIndex):
         cls.make(factory or DEFAULT_FACTORY, dimension)
 
     @classmethod
-    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, factory: str = DEFAULT_FACTORY,
-              train_size: int | None = None, seed: int = 0, **unknown: Any) -> "FaissIndex":
+    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, corpus: Any = None,
+              factory: str = DEFAULT_FACTORY, train_size: int | None = None, seed: int = 0,
+              **unknown: Any) -> "FaissIndex":
         """Build from ``embeddings``: make, train on a seeded sample if needed, add chunk by chunk.
 
         Args:

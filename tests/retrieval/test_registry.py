@@ -51,10 +51,10 @@ def test_unknown_kind_or_backend_in_a_manifest_is_one_line(substring_kind, tiny_
     out = SubstringRetriever(tiny_corpus).save(tmp_path / "idx")
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "retriever": "colbert"}))
-    with pytest.raises(RetrievalIndexError, match=r"unknown retriever kind 'colbert'; known kinds: bm25, dense, hybrid, substring"):
+    with pytest.raises(RetrievalIndexError, match=r"unknown retriever kind 'colbert'; known kinds: bm25, dense, hybrid, milvus, substring"):
         load_index(out)
-    with pytest.raises(RetrievalIndexError, match=r"unknown vector-index backend 'milvus'; known backends: faiss"):
-        registry.get_backend_class("milvus")
+    with pytest.raises(RetrievalIndexError, match=r"unknown vector-index backend 'vespa'; known backends: faiss, milvus"):
+        registry.get_backend_class("vespa")
     with pytest.raises(ValueError, match="already registered"):
         register("bm25")(SubstringRetriever)
 
