@@ -148,3 +148,12 @@ def test_cache_served_calls_are_counted_apart(tmp_path):
     assert first.stages["answer"]["prompt_tokens"] == 50
     assert second.stages["answer"]["lm_calls"] == 0 and second.stages["answer"]["cached_lm_calls"] == 1
     assert second.answer == "A"
+
+
+def test_engine_settings_are_part_of_the_cache_key():
+    """DSPy caches replies by model name and request: a smaller window must not be served a reply cached
+    under a larger one (whose prompt it would refuse), nor another penalty's or seed's."""
+    from hcqr_dspy.lm import build_lm
+
+    names = {build_lm("local:smollm2-135m", n_ctx=n).model for n in (2048, 4096)}
+    assert len(names) == 2 and all("n_ctx=" in n and "repeat_penalty=1.1" in n and "seed=0" in n for n in names)
