@@ -53,7 +53,7 @@ def write_exp(folder, **overrides):
         ({"index": None}, r"retrieval methods need 'index'"),
         ({"lm": "gpt4"}, r"lm: unknown --lm spec 'gpt4'"),
         ({"method_options": {"hcqr": {"k_per_qurey": 2}}},
-         r"method_options: hcqr: unknown hcqr option\(s\) k_per_qurey; allowed: budget, fusion, k_per_query"),
+         r"method_options: hcqr: unknown hcqr option\(s\) k_per_qurey; allowed: budget, fusion, hypothesis_style, k_per_query"),
         ({"method_options": {"hcqr": {"k_per_query": "2"}}}, r"method_options: hcqr: k_per_query: Input should be a valid integer \(got '2'\)"),
         ({"method_options": {"hyde": {}}}, r"method_options: 'hyde' is not one of the methods \(cot, simple_rag, hcqr\)"),
         ({"questions": {"limt": 3}}, r"questions.limt: unknown key; allowed: ids, limit, seed"),
@@ -146,7 +146,7 @@ def test_shipped_experiments_by_name_resolve_paths_from_the_working_folder(setup
         GRID.format(budget=3, limit=2, d1="../../shared/data/benchmark/medqa.json").replace("index: idx", "index: ../indexes/medcorpus-bm25"))
     assert load_experiment("paper_main").name == "grid"
     with pytest.raises(ExperimentError, match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
-                                              r"experiments there: ablations, paper_main$"):
+                                              r"experiments there: ablations, paper_main, study_mmlu$"):
         load_experiment("nope")
 
 
