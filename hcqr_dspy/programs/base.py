@@ -174,7 +174,7 @@ def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
     """A usable search query, or ``None``.
 
     Strips quotes, list markers (``1.``, ``-``), labels like ``q1:`` or
-    ``query 2:`` and whitespace; keeps at most ``max_words`` words (the 1.5B
+    ``query 2:``, a leading option letter (``A. Fava beans``) and whitespace; keeps at most ``max_words`` words (the 1.5B
     model's "queries" were often 30-60-word copies of its reasoning). Unusable:
     empty text, content-free text (:func:`is_content_free`: letter lists such as
     ``"A; B; C"``, a bare "yes"/"no"), a template placeholder echoed back
@@ -187,6 +187,7 @@ def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
         return None  # missing, or a template placeholder echoed back ("{support_query}")
     q = re.sub(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+", "", text.strip())
     q = re.sub(r"^\s*(q\d|query(\s*\d)?|support|distinction|key[ _]features?)\s*[:\-]\s*", "", q, flags=re.I)
+    q = re.sub(r"^\s*(?:\(?[A-Z][.)]|option [A-Z][.:)]?)\s+(?=\S)", "", q)  # an option letter prefix: "A. Fava beans"
     q = " ".join(q.strip().strip("\"'`").split())
     if len(re.sub(r"[^A-Za-z0-9]", "", q)) < 3 or is_content_free(q):
         return None

@@ -204,6 +204,8 @@ def test_saved_program_holds_no_corpus_and_runs_against_another_retriever(tmp_pa
         ("{support_query}", None),
         (None, None),
         (" ".join(["word"] * 50), " ".join(["word"] * 32)),
+        ("A. Fava beans", "Fava beans"),  # an option letter prefix is not searchable
+        ("(B) hepatitis B vaccine", "hepatitis B vaccine"),
         ("A; B; C", None),  # a list of option letters names nothing to search for
         ("both A and C", None),
         ("options B, D", None),
