@@ -229,6 +229,12 @@ def main(argv=None) -> int:
     }
     section["versions"]["milvus (server package)"] = "2.3.5"
     repeats = 20 if args.quick else args.repeats
+    previous = read_results(out).get("milvus") or {}
+    if previous.get("quick") == args.quick:  # a run of other datasets keeps the ones measured before (each dated)
+        kept = {k: v for k, v in previous.get("datasets", {}).items() if k not in datasets and "kind" in v}
+        section["datasets"].update(kept)
+        section["planned"] = [*kept, *datasets]
+        section["study_paused_seconds"] = previous.get("study_paused_seconds", 0)
     prepared = Path(args.work)
     prepared.mkdir(parents=True, exist_ok=True)
     for d in datasets:
@@ -242,6 +248,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             data[-1]["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+            data[-1]["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines)
         finally:
             if args.pause_study:

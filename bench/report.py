@@ -235,8 +235,16 @@ def render_milvus(m: dict) -> list[str]:
                          f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
                          f"{f['disk_bytes'] / 1e6:.1f} MB |")
     for label, d in m["datasets"].items():
+        if d.get("load_average_at_start"):
+            lines.append(f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
+                         f"the start {', '.join(map(str, d['load_average_at_start']))}.")
+        if d.get("kind") == "synthetic" and d.get("recipe"):
+            lines.append(f"\nThe synthetic set is the one of the scale section (`bench/scale_data.py`: {d['recipe']}).")
+    for label, d in m["datasets"].items():
         if "encode_passages_per_second" in d:
             lines.append(f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
                          f"{d['encode_passages_per_second']} passages/s, shared by every engine.")
+    if m.get("study_paused_seconds"):
+        lines.append(f"\nThe background LM study was paused while these were measured: {m['study_paused_seconds']} s in all.")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines

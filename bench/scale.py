@@ -416,6 +416,12 @@ def main(argv=None) -> int:
         "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "onnxruntime",
                                      "openvino", "numpy"),
     }
+    previous = read_results(out).get("scale") or {}
+    if previous.get("quick") == args.quick:  # a run of other datasets keeps the ones measured before (each dated)
+        kept = {k: v for k, v in previous.get("datasets", {}).items() if k not in datasets}
+        section["datasets"].update(kept)
+        section["planned"] = [*kept, *datasets]
+        section["study_paused_seconds"] = previous.get("study_paused_seconds", 0)
     real = None
     for d in datasets:
         if d.startswith("real"):
@@ -425,11 +431,13 @@ def main(argv=None) -> int:
             if real is None or real[0].folder is None or len(real[0]) < 1000:
                 real = load_real(args.corpus, work)
             corpus, store, info = synthesize(int(d), real[0], real[1], work)
-        section["datasets"][d] = measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
-                                                 runtimes if d.startswith("real") else [], pause)
+        section["datasets"][d] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                  **measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
+                                                    runtimes if d.startswith("real") else [], pause)}
         section["medcorp"] = medcorp(section["datasets"])
         section["targets"] = targets(section)
-        section["study_paused_seconds"] = round(pause.paused_seconds, 1)
+        section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + pause.paused_seconds, 1)
+        pause.paused_seconds = 0.0
         write_results(out, section, key="scale")  # after each dataset: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)
     return 0

@@ -172,3 +172,36 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     assert "HNSW recall@15 >= 0.97" in report
     with pytest.raises(SystemExit):
         module.main(["--types", "HNSW", "--out", str(out)])  # Flat is the reference: refused before measuring
+
+
+def parity_run(folder, predictions, hits, content="v1"):
+    """A run folder of 3 questions with the given answers and passage ids (HCQR-shaped rows)."""
+    folder.mkdir(parents=True)
+    qids = ["q0", "q1", "q2"]
+    questions = {"count": 3, "ids_sha256": "-".join(qids), "content_sha256": f"{content}:{'-'.join(qids)}"}
+    (folder / "config.json").write_text(json.dumps({"method": "hcqr", "lm": {"spec": "local"}, "dataset": "bench.json",
+                                                    "questions": questions, "index": {"path": str(folder)}}))
+    rows = [{"qid": q, "method": "hcqr", "prediction": p, "gold": "A", "valid": True, "correct": p == "A",
+             "queries": ["a", "b", "c"], "passages": [{"id": pid, "score": 1.0 - 0.1 * j} for j, pid in enumerate(h)],
+             "stages": {"answer": {"cached_lm_calls": 1}}} for q, p, h in zip(qids, predictions, hits)]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path, capsys):
+    parity = load_module("parity")
+    hits = [["p1", "p2"], ["p3", "p4"], ["p5", "p6"]]
+    ref = parity_run(tmp_path / "flat", ["A", "B", "C"], hits)
+    same = parity_run(tmp_path / "lite", ["A", "B", "C"], hits)
+    other_hits = parity_run(tmp_path / "server", ["A", "B", "D"], [hits[0], hits[1], ["p6", "p5"]])
+    out = tmp_path / "parity.json"
+    assert parity.main([str(ref), str(same), str(other_hits), "--json", str(out)]) == 0
+    lite, server = json.loads(out.read_text())
+    assert (lite["same_hits"], lite["same_answers_where_hits_agree"]) == (3, 3)
+    assert (server["same_hits"], server["same_answers"], server["same_answers_where_hits_agree"]) == (2, 2, 2)
+    broken = parity_run(tmp_path / "broken", ["A", "C", "C"], hits)  # same hits, another answer
+    assert parity.main([str(ref), str(broken)]) == 1
+    assert "where the hits agree, same answers 2 of 3" in capsys.readouterr().out
+    elsewhere = parity_run(tmp_path / "elsewhere", ["A", "B", "C"], hits, content="v2")  # same ids, other questions
+    assert parity.main([str(ref), str(elsewhere)]) == 1
+    assert "share question ids but not questions" in capsys.readouterr().err
