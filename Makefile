@@ -5,6 +5,9 @@
 #               shared corpus (~41k passages), retrieval latency, exact vs HNSW recall, and CoT / Simple RAG / HCQR
 #               cost with the 0.5B model, cold and warm (about 1.5 hours on 2 cores);
 #               make bench QUICK=1 measures the 1k slice only and skips the LM pipeline
+#               (bench/scale.py and bench/milvus.py: faiss index types, query runtimes, the MedCorp extrapolation and
+#               Milvus Lite / server vs faiss at the real ~41k and a synthetic 1M corpus; reuse the ~41k embeddings)
+#   make bench-scale / bench-milvus   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
 SHELL := /bin/bash
@@ -30,7 +33,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test demo bench clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test demo bench bench-scale bench-milvus clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -74,11 +77,22 @@ demo: setup-model-1p5b
 bench: setup-model-0p5b setup-milvus-server
 ifdef QUICK
 	$(PY) bench/retrieval.py --quick --out bench/quick/results.json
-	@echo "bench: QUICK=1: 1k slice only, LM pipeline skipped; wrote bench/quick/ (the full results are untouched)"
+	$(PY) bench/scale.py --quick --out bench/quick/results.json $(PAUSE_ARG)
+	$(PY) bench/milvus.py --quick --out bench/quick/results.json $(PAUSE_ARG)
+	@echo "bench: QUICK=1: small slices only, LM pipeline skipped; wrote bench/quick/ (the full results are untouched)"
 else
 	$(PY) bench/retrieval.py
+	$(PY) bench/scale.py $(PAUSE_ARG)
+	$(PY) bench/milvus.py $(PAUSE_ARG)
 	$(PY) bench/pipeline.py
 endif
+
+PAUSE_ARG := $(if $(PAUSE),--pause-study $(PAUSE))
+bench-scale: setup
+	$(PY) bench/scale.py $(PAUSE_ARG)
+
+bench-milvus: setup setup-milvus-server
+	HCQR_MILVUS_SERVER_VENV=$(abspath $(MILVUS_VENV)) $(PY) bench/milvus.py $(PAUSE_ARG)
 
 clean:
 	rm -rf $(VENV) $(MILVUS_VENV) .pytest_cache build *.egg-info

@@ -11,12 +11,10 @@ Datasets:
   about 30 minutes on 2 cores the first time, reused afterwards). Queries:
   the retrieval bench's 8 HCQR-shaped triples (latency) and those 24 queries
   plus 100 MedQA-US questions (recall).
-* ``N`` (e.g. ``1000000``): N synthetic passages whose vectors are seeded
-  random unit vectors (384-d, Gaussian then normalized), written straight
-  into a temporary embedding store (no encoder runs); queries are 100 more
-  such vectors (latency triples: consecutive threes of them). Random vectors
-  are a hard case for approximate search: their recall is a floor, not what
-  text embeddings get.
+* ``N`` (e.g. ``1000000``): N synthetic passages made from the real
+  passages and their real embeddings (``bench/scale_data.py``: new ids,
+  recombined texts, mixed and noised vectors; no encoder runs), the same set
+  ``bench/scale.py`` measures faiss on; searched with the same real queries.
 
 For each dataset, each engine (faiss, Milvus Lite 3.x embedded, PyPI's
 Milvus 2.3.5 standalone server on 127.0.0.1 from ``.venv-milvus``, one fresh
@@ -44,9 +42,9 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,12 +57,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from report import RECALL_K, read_results, shown_path, write_results  # noqa: E402
+from scale_data import DEFAULT_CORPUS, DEFAULT_WORK, load_real, real_queries, synthesize  # noqa: E402
 
-SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
-DEFAULT_CORPUS = SHARED_DATA / "corpus"
 HNSW = {"M": 32, "efConstruction": 80, "ef": 64}
-DIM = 384
-SYNTHETIC_CHUNK = 65_536
 ENGINES = ("faiss", "milvus-lite", "milvus-server")
 INDEXES = ("exact", "hnsw")
 
@@ -77,54 +72,27 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-# -- datasets ---------------------------------------------------------------------------------------------
+# -- datasets (bench/scale_data.py: the same real and synthetic sets as bench/scale.py) -------------------------
 def real_dataset(corpus_path: str, n: int | None, work: Path):
     """The shared corpus (or a seeded slice of n passages), its embedding store and encoded queries."""
-    from retrieval import TRIPLES, benchmark_queries
+    from hcqr_dspy.retrieval import load_encoder
 
-    from hcqr_dspy.retrieval import EmbeddingStore, PassageStore, load_corpus, load_encoder
-    from hcqr_dspy.retrieval.store import Passage
-
-    corpus = load_corpus(corpus_path, duplicate_ids="rename", store=work / "real-store")
-    if n is not None and n < len(corpus):
-        rows = sorted(random.Random(0).sample(range(len(corpus)), n))
-        corpus = PassageStore.build(((Passage(p.id, p.title, p.content), f"row {r}") for r in rows for p in [corpus[r]]),
-                                    work / "slice-store", source=f"{corpus.source} (seeded slice of {n})")
+    corpus, store, info = load_real(corpus_path, work, n)
+    triples, recall_queries = real_queries()
     encoder = load_encoder(None)
-    store = EmbeddingStore.open(corpus, encoder)
-    t0 = time.perf_counter()
-    filled = store.fill(corpus, encoder, show_progress=True)
-    encode_seconds = time.perf_counter() - t0
-    triples = [encoder.encode_queries(list(t)) for t in TRIPLES]
-    recall_queries = encoder.encode_queries(benchmark_queries())
-    info = {"passages": len(corpus), "kind": "real", "source": shown_path(str(corpus_path)),
-            "encoder": encoder.spec.name, "encoded_chunks": filled["encoded_chunks"],
-            "reused_chunks": filled["reused_chunks"]}
-    if filled["encoded_chunks"] == store.n_chunks:
-        info["encode_passages_per_second"] = round(len(corpus) / encode_seconds, 1)
-    return corpus, store, triples, recall_queries, info
+    info["source"] = shown_path(str(corpus_path))
+    return corpus, store, [encoder.encode_queries(t) for t in triples], encoder.encode_queries(recall_queries), info
 
 
-def synthetic_dataset(n: int, work: Path):
-    """n synthetic passages with seeded random unit vectors in a temporary embedding store."""
-    import numpy as np
+def synthetic_dataset(n: int, corpus_path: str, work: Path):
+    """n synthetic passages made from the real ones (bench/scale_data.py), searched with the real queries."""
+    from hcqr_dspy.retrieval import load_encoder
 
-    from hcqr_dspy.retrieval import EmbeddingStore, PassageStore, load_encoder
-    from hcqr_dspy.retrieval.store import Passage
-
-    corpus = PassageStore.build(((Passage(f"syn-{i}", "", f"synthetic passage {i}"), f"synthetic {i}") for i in range(n)),
-                                work / "synthetic-store", source=f"synthetic ({n} passages)")
-    # The store is keyed by an encoder's passage side; the packaged one (384-d) names it. Its vectors are random.
-    store = EmbeddingStore.open(corpus, load_encoder(None), root=work / "synthetic-embeddings", chunk_size=SYNTHETIC_CHUNK)
-    for i in range(store.n_chunks):
-        start, stop = store.chunk_rows(i)
-        v = np.random.default_rng(i).standard_normal((stop - start, DIM)).astype(np.float32)
-        v /= np.linalg.norm(v, axis=1, keepdims=True)
-        store._write_chunk(i, v)
-    q = np.random.default_rng(10**6).standard_normal((102, DIM)).astype(np.float32)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    triples = [q[i:i + 3] for i in range(0, 99, 3)]
-    return corpus, store, triples, q[:100], {"passages": n, "kind": "synthetic", "vectors": "seeded random unit, 384-d"}
+    real_corpus, real_store, _ = load_real(corpus_path, work)
+    corpus, store, info = synthesize(n, real_corpus, real_store, work)
+    triples, recall_queries = real_queries()
+    encoder = load_encoder(None)
+    return corpus, store, [encoder.encode_queries(t) for t in triples], encoder.encode_queries(recall_queries), info
 
 
 # -- measuring one index ----------------------------------------------------------------------------------
@@ -228,6 +196,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--quick", action="store_true", help="real:5000 and 100000 synthetic, 20 repeats")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets (shared with bench/scale.py)")
+    ap.add_argument("--pause-study", default=None, metavar="SCRIPT",
+                    help="a script taking stop|cont, run around each dataset's timed measurements")
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
     from hcqr_dspy.retrieval.base import library_versions
@@ -258,16 +229,31 @@ def main(argv=None) -> int:
     }
     section["versions"]["milvus (server package)"] = "2.3.5"
     repeats = 20 if args.quick else args.repeats
+    previous = read_results(out).get("milvus") or {}
+    if previous.get("quick") == args.quick:  # a run of other datasets keeps the ones measured before (each dated)
+        kept = {k: v for k, v in previous.get("datasets", {}).items() if k not in datasets and "kind" in v}
+        section["datasets"].update(kept)
+        section["planned"] = [*kept, *datasets]
+        section["study_paused_seconds"] = previous.get("study_paused_seconds", 0)
+    prepared = Path(args.work)
+    prepared.mkdir(parents=True, exist_ok=True)
     for d in datasets:
-        work = Path(tempfile.mkdtemp(prefix="hcqr-bench-milvus-"))
+        if d.startswith("real"):
+            data = real_dataset(args.corpus, int(d[5:]) if ":" in d else None, prepared)
+        else:
+            data = synthetic_dataset(int(d), args.corpus, prepared)
+        work = Path(tempfile.mkdtemp(prefix="hcqr-bench-milvus-", dir=prepared))  # this run's indexes and servers
+        if args.pause_study:
+            subprocess.run([args.pause_study, "stop"], check=False)
+        t0 = time.perf_counter()
         try:
-            if d.startswith("real"):
-                n = int(d[5:]) if ":" in d else None
-                data = real_dataset(args.corpus, n, work)
-            else:
-                data = synthetic_dataset(int(d), work)
+            data[-1]["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+            data[-1]["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines)
         finally:
+            if args.pause_study:
+                subprocess.run([args.pause_study, "cont"], check=False)
+            section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + time.perf_counter() - t0, 1)
             shutil.rmtree(work, ignore_errors=True)
         write_results(out, section, key="milvus")  # after each dataset: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
-``bench/retrieval.py``, ``bench/milvus.py`` and ``bench/pipeline.py`` each
-measure one section (``retrieval``, ``milvus``, ``pipeline``) and merge it here with :func:`write_results`,
+``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py`` and
+``bench/pipeline.py`` each measure one section (``retrieval``, ``scale``,
+``milvus``, ``pipeline``) and merge it here with :func:`write_results`,
 which re-renders ``RESULTS.md`` from the whole file. Neither imports the
 other.
 """
@@ -61,6 +62,9 @@ def render(results: dict) -> str:
             lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
                          f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
+    sc = results.get("scale")
+    if sc and sc.get("datasets"):
+        lines += render_scale(sc)
     m = results.get("milvus")
     if m and m.get("datasets"):
         lines += render_milvus(m)
@@ -133,6 +137,84 @@ def render_pipeline(p: dict) -> list[str]:
     return lines
 
 
+def _phases(d: dict) -> str:
+    return "; ".join(f"{p['phase']} (load average at start {', '.join(map(str, p['load_average_at_start']))}"
+                     + (f", {p['seconds']} s" if "seconds" in p else "") + ")" for p in d.get("timed_phases", []))
+
+
+def render_scale(sc: dict) -> list[str]:
+    """The scale section (``bench/scale.py``): faiss index types x corpus sizes, query runtimes, MedCorp."""
+    lines = [f"## Retrieval at scale: faiss index types, query runtimes, MedCorp (measured {sc['date']} on {sc['machine']} "
+             f"by `bench/scale.py`)", ""]
+    if sc.get("quick"):
+        lines += ["**Quick run (`--quick`).**", ""]
+    if len(sc["datasets"]) < len(sc.get("planned", sc["datasets"])):
+        lines += [f"**Partial run: {', '.join(sc['datasets'])} of {', '.join(sc['planned'])}.**", ""]
+    for label, d in sc["datasets"].items():
+        if d["kind"] == "synthetic":
+            lines += [f"The {d['passages']:,}-passage corpus is synthetic, made from the {d['source_passages']:,} real "
+                      f"passages and their real embeddings (`bench/scale_data.py`: {d['recipe']}); nothing was downloaded "
+                      "or encoded. It is searched with the same real queries.", ""]
+        elif "encode_passages_per_second" in d:
+            lines += [f"The {d['passages']:,} real passages were encoded once in this run at "
+                      f"{d['encode_passages_per_second']} passages/s ({d['encoder']}).", ""]
+    lines += ["Build = from finished embeddings to a saved index, each in its own process (nothing encoded). Bytes per "
+              "passage: the faiss file on disk; in RAM, the resident memory `faiss.read_index` adds in a fresh process. "
+              "Load + search: peak RSS of `load_index` and one 3-query search in a fresh process, above a baseline that "
+              "already holds the encoder; *beyond structure* subtracts the index file's bytes (target: at most "
+              f"300 MB; the passage store is memory-mapped). Latency: HCQR's retrieval step (3 queries, k=5 each, "
+              f"fused to 15) with PyTorch query encoding; recall@{RECALL_K} against Flat on the real queries.", "",
+              "| passages | type | factory | search | build s | build passages/s | build peak RSS MB | disk B/passage | "
+              "RAM B/passage | load+search added MB | beyond structure MB | p50 ms | p95 ms | encode ms p50 | "
+              f"recall@{RECALL_K} |",
+              "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, d in sc["datasets"].items():
+        for name, m in d["types"].items():
+            opts = ", ".join(f"{k}={v}" for k, v in m["search_options"].items()) or "–"
+            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | `{m['factory']}` | {opts} | {m['build_seconds']} | "
+                         f"{m['build_passages_per_second']} | {m['build_peak_rss_mb']} | {m['disk_bytes_per_passage']} | "
+                         f"{m['ram_bytes_per_passage']} | {m['load_search_added_mb']} | {m['overhead_beyond_structure_mb']} | "
+                         f"{m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} | {m['encode3_ms_p50']} | "
+                         f"{m[f'recall_at_{RECALL_K}']} |")
+        b = d["bm25"]
+        lines.append(f"| {d['passages']:,} {d['kind']} | BM25 | bm25s | – | {b['build_seconds']} | {b['build_passages_per_second']} | "
+                     f"{b['build_peak_rss_mb']} | {b['disk_bytes_per_passage']} | (memory-mapped) | {b['load_search_added_mb']} | "
+                     f"{b['overhead_beyond_structure_mb']} | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
+    for label, d in sc["datasets"].items():
+        lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
+                     f"on disk. Timed phases: {_phases(d)}.")
+    for label, d in sc["datasets"].items():
+        if d.get("runtimes"):
+            lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights)", "",
+                      "Agreement: mean share of common passage ids in the top 15, against PyTorch on Flat, over the "
+                      f"{d['recall_queries']} real queries; a runtime is kept only at 0.99 or more.", "",
+                      "| runtime | index | p50 ms | p95 ms | query encoding ms p50 | top-15 agreement | kept |",
+                      "|---|---|---:|---:|---:|---:|---|"]
+            for key, m in d["runtimes"].items():
+                runtime, index = key.rsplit(" ", 1)
+                flat = d["runtimes"].get(f"{runtime} Flat", {})
+                lines.append(f"| {runtime} | {index} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} | {m['encode3_ms_p50']} | "
+                             f"{flat.get('top15_agreement_with_torch', '–')} | {'yes' if flat.get('kept') else 'no'} |")
+    mc = sc.get("medcorp")
+    if mc:
+        lines += ["", f"### MedCorp extrapolation ({mc['passages']:,} passages, from the {mc['from']} measurement's bytes per passage)", "",
+                  "384-d all-MiniLM-L6-v2 vectors, as measured; MedCPT's 768-d vectors would double Flat, HNSW and SQ8 "
+                  "(PQ's code size is fixed by its factory string).", "",
+                  f"| type | RAM GB | index disk GB | fits in {mc['ram_budget_gb']} GB RAM |", "|---|---:|---:|---|"]
+        for name, m in mc["types"].items():
+            lines.append(f"| {name} | {m['ram_gb']} | {m['index_disk_gb']} | {'yes' if m['fits'] else 'no'} |")
+        lines.append(f"\nPassage store for {mc['passages']:,} passages: {mc['passage_store_disk_gb']} GB on disk (memory-mapped, "
+                     f"not RAM); BM25 score matrix: {mc['bm25_disk_gb']} GB on disk (memory-mapped).")
+    if sc.get("targets"):
+        lines += ["", "### Targets (issue 12 point 6)", "", "| target | measured | met |", "|---|---|---|"]
+        for t in sc["targets"]:
+            lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
+    if sc.get("study_paused_seconds"):
+        lines.append(f"\nThe background LM study was paused for the timed phases: {sc['study_paused_seconds']} s in all.")
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sc["versions"].items()), ""]
+    return lines
+
+
 def render_milvus(m: dict) -> list[str]:
     """The Milvus section (``bench/milvus.py``): engines x index types per dataset."""
     lines = [f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)", "",
@@ -153,8 +235,16 @@ def render_milvus(m: dict) -> list[str]:
                          f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
                          f"{f['disk_bytes'] / 1e6:.1f} MB |")
     for label, d in m["datasets"].items():
+        if d.get("load_average_at_start"):
+            lines.append(f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
+                         f"the start {', '.join(map(str, d['load_average_at_start']))}.")
+        if d.get("kind") == "synthetic" and d.get("recipe"):
+            lines.append(f"\nThe synthetic set is the one of the scale section (`bench/scale_data.py`: {d['recipe']}).")
+    for label, d in m["datasets"].items():
         if "encode_passages_per_second" in d:
             lines.append(f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
                          f"{d['encode_passages_per_second']} passages/s, shared by every engine.")
+    if m.get("study_paused_seconds"):
+        lines.append(f"\nThe background LM study was paused while these were measured: {m['study_paused_seconds']} s in all.")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines

@@ -148,12 +148,23 @@ def _add_search_option_args(p: argparse.ArgumentParser) -> None:
                    help="dense indexes of faiss IVF types: inverted lists visited per query (faiss default 1)")
     p.add_argument("--ef-search", type=_positive_int, default=None,
                    help="dense indexes of faiss HNSW types: candidate list size per query (faiss default 16)")
+    _add_encoder_backend_arg(p)
+
+
+def _add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
+    from hcqr_dspy.retrieval.query_runtime import RUNTIMES
+
+    p.add_argument("--encoder-backend", choices=RUNTIMES, default=None,
+                   help="what embeds the queries of a dense or hybrid index: torch (default; sentence-transformers), "
+                        "onnx, onnx-int8 (ONNX Runtime) or openvino, exported once from the index's own query "
+                        "encoder into the cache (passages stay PyTorch's; see bench/RESULTS.md for agreement)")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     from hcqr_dspy.retrieval import load_index
 
-    retriever = load_index(args.index, corpus=args.corpus, encoder=args.encoder, search_options=_search_options(args))
+    retriever = load_index(args.index, corpus=args.corpus, encoder=args.encoder, search_options=_search_options(args),
+                           encoder_backend=args.encoder_backend)
     results = retriever.search(args.queries, args.k)
     for query, hits in zip(args.queries, results):
         print(f"## {query}")
@@ -216,6 +227,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ids=args.ids.split(",") if args.ids else None, program_options=_program_options(args),
         max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
         num_threads=args.threads, run_dir=args.run_dir, program=args.program, search_options=_search_options(args),
+        encoder_backend=args.encoder_backend,
     )
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
@@ -288,7 +300,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if PROGRAMS[method].uses_retrieval:
         if not args.index:
             raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
-        retriever = load_index(args.index, search_options=_search_options(args))
+        retriever = load_index(args.index, search_options=_search_options(args), encoder_backend=args.encoder_backend)
+    elif args.encoder_backend not in (None, "torch"):
+        raise HCQRError(f"method {method!r} retrieves nothing: --encoder-backend does not apply")
     if folder is not None:
         program, meta = load_program(folder, retriever)
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
@@ -402,7 +416,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from hcqr_dspy.experiment import load_experiment, run_experiment
 
     only = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets is not None else None
-    exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only)
+    exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only,
+                          encoder_backend=args.encoder_backend)
     if args.check:
         print(f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s), lm {exp.lm})")
         return 0
@@ -595,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
     p.add_argument("--mlflow-dir", default=None)
     p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
+    _add_encoder_backend_arg(p)
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")

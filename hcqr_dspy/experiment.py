@@ -6,6 +6,7 @@ An experiment file (YAML) looks like::
     lm: local:qwen2.5-coder-0.5b          # any --lm spec
     index: indexes/medrag-all-bm25         # one shared index (every retrieval method)
     search_options: {nprobe: 32}           # optional: dense indexes' search-time options (nprobe, efSearch)
+    encoder_backend: onnx-int8             # optional: what embeds the queries (torch, onnx, onnx-int8, openvino)
     budget: 15                             # passages shown to the answer step, every method
     questions: {limit: 20, seed: 0}        # the same sample in every cell (or ids: [...])
     datasets:
@@ -140,6 +141,7 @@ class Experiment(BaseModel):
     n_ctx: Positive = 8192
     threads: Positive = 1
     search_options: dict[str, int] = Field(default_factory=dict)
+    encoder_backend: Literal["torch", "onnx", "onnx-int8", "openvino"] | None = None
 
     @field_validator("search_options")
     @classmethod
@@ -215,11 +217,14 @@ class Experiment(BaseModel):
             raise ValueError("retrieval methods need 'index' (build one with `hcqr index`)")
         if self.search_options and not self.index:
             raise ValueError("'search_options' need an 'index'")
+        if self.encoder_backend not in (None, "torch") and not self.index:
+            raise ValueError("'encoder_backend' needs an 'index'")
         return self
 
 
 def load_experiment(
-    path: str | Path, limit: int | None = None, lm: str | None = None, only_datasets: list[str] | None = None
+    path: str | Path, limit: int | None = None, lm: str | None = None, only_datasets: list[str] | None = None,
+    encoder_backend: str | None = None,
 ) -> Experiment:
     """Read and validate an experiment file (no LM call, no index load).
 
@@ -230,6 +235,7 @@ def load_experiment(
         lm: Override ``lm``.
         only_datasets: Run only these of the file's datasets (names as in
             the file), e.g. one dataset on a slow machine.
+        encoder_backend: Override ``encoder_backend`` (what embeds the queries).
 
     Raises:
         ExperimentError: one line naming the file, the line and the field: an unreadable or
@@ -245,6 +251,8 @@ def load_experiment(
     raw, node = read_yaml(file, ExperimentError, "experiment file")
     if isinstance(raw, dict):
         overrides: dict[str, Any] = {"lm": lm} if lm else {}
+        if encoder_backend is not None:
+            overrides["encoder_backend"] = encoder_backend
         if limit is not None and isinstance(raw.get("questions", {}), dict):
             overrides["questions"] = {**raw.get("questions", {}), "limit": limit}
         raw = {**raw, **overrides}
@@ -305,6 +313,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
                     max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env,
                     num_threads=exp.threads, run_dir=str(root / dname / method),
                     search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
+                    encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
                 )
                 result, run_dir, _ = run_evaluation(spec, mlflow_dir=mlflow_dir, progress=progress, lm=lm)
                 out["cells"][dname][method] = result.metrics
@@ -329,7 +338,8 @@ def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = No
     if lm is None:
         lm = build_lm(spec, max_tokens=exp.judge.get("max_tokens", 512), n_ctx=exp.n_ctx, api_base=exp.api_base,
                       api_key_env=exp.api_key_env)
-    retriever = load_index(exp.index, search_options=exp.search_options) if exp.index else None
+    retriever = (load_index(exp.index, search_options=exp.search_options, encoder_backend=exp.encoder_backend)
+                 if exp.index else None)
     for run_dir in run_dirs:
         judge_and_track(run_dir, judge_lm=spec, lm=lm, mode=exp.judge.get("mode", "context"),
                         reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir)

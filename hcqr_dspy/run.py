@@ -47,6 +47,9 @@ class EvalSpec:
             ``None``; given, it must match), so ``program_options`` must be empty.
         search_options: Search-time options of a dense index (``nprobe``,
             ``efSearch``); recorded in the config under ``index``.
+        encoder_backend: What embeds the queries (``torch``, ``onnx``,
+            ``onnx-int8``, ``openvino``; ``None`` = torch); recorded in the
+            config under ``index``.
     """
 
     method: str | None
@@ -66,6 +69,7 @@ class EvalSpec:
     run_dir: str | None = None
     program: str | None = None
     search_options: dict[str, int] = field(default_factory=dict)
+    encoder_backend: str | None = None
 
 
 def _slug(text: str) -> str:
@@ -125,7 +129,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
-    retriever, index_info = open_index(spec.method, spec.index, spec.search_options)
+    retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
     if saved:
         from hcqr_dspy.program_io import load_program
 
@@ -149,24 +153,29 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     return config, questions, program
 
 
-def open_index(method: str, index: str | None, search_options: dict[str, int] | None = None
-               ) -> tuple[Any, dict[str, Any] | None]:
+def open_index(method: str, index: str | None, search_options: dict[str, int] | None = None,
+               encoder_backend: str | None = None) -> tuple[Any, dict[str, Any] | None]:
     """The retriever a method needs and the index record runs keep; ``(None, None)`` without retrieval.
 
     ``search_options`` (``nprobe``, ``efSearch``) are applied to the index
-    and recorded with it; a method without retrieval refuses them.
+    and recorded with it, and so is ``encoder_backend`` (what embeds the
+    queries); a method without retrieval refuses both.
 
     Raises:
         HCQRError: a retrieval method without an index, an index that does
-            not load, or search options without an index.
+            not load, or search options or an encoder backend without an index.
     """
     if not PROGRAMS[method].uses_retrieval:
         if search_options:
             raise HCQRError(f"method {method!r} retrieves nothing: search options ({', '.join(search_options)}) do not apply")
+        if encoder_backend not in (None, "torch"):
+            raise HCQRError(f"method {method!r} retrieves nothing: --encoder-backend does not apply")
         return None, None
     if not index:
         raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
-    retriever = load_index(index, search_options=search_options)
+    retriever = load_index(index, search_options=search_options, encoder_backend=encoder_backend)
+    runtimes = {p.encoder.spec.query_runtime for p in [retriever, *getattr(retriever, "retrievers", [])]
+                if getattr(p, "encoder", None) is not None}
     manifest = read_manifest(index, verify_files=False)
     dense = manifest if manifest["retriever"] == "dense" else None
     return retriever, {
@@ -178,6 +187,8 @@ def open_index(method: str, index: str | None, search_options: dict[str, int] | 
         "corpus_count": manifest["corpus"]["count"],
         **({"vector_index": dense["vector_index"].get("factory") or dense["vector_index"]["backend"]} if dense else {}),
         **({"search_options": dict(retriever.search_options)} if retriever.search_options else {}),
+        # recorded only when not the default torch, so runs made before the option existed still resume
+        **({"encoder_backend": next(iter(runtimes))} if runtimes - {"torch"} else {}),
     }
 
 

@@ -22,6 +22,7 @@ def fresh_embeddings_cache(tmp_path_factory):
     """Dense builds keep passage embeddings in a cache folder (hcqr_dspy.retrieval.embeddings): tests use a
     fresh one per session, never the user's ~/.cache, so no test reuses embeddings from an earlier run."""
     os.environ["HCQR_EMBEDDINGS"] = str(tmp_path_factory.mktemp("embeddings"))
+    os.environ["HCQR_QUERY_RUNTIMES"] = str(tmp_path_factory.mktemp("query-runtimes"))  # ONNX / OpenVINO exports
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "retrieval.py"
 
 
@@ -104,20 +106,102 @@ def test_pipeline_refuses_an_unreadable_results_file_before_any_lm_call(tmp_path
     assert bad.read_text() == '{"pipeline": '
 
 
-def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_path):
-    """bench/milvus.py on 300 synthetic passages, faiss and Milvus Lite (the server is left to `make bench`)."""
-    spec = importlib.util.spec_from_file_location("bench_milvus", BENCH.with_name("milvus.py"))
+def load_module(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH.with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_path, tiny_corpus_file):
+    """bench/milvus.py on 300 synthetic passages made from the tiny corpus, faiss and Milvus Lite (the server is left
+    to `make bench`)."""
+    module = load_module("milvus")
     out = tmp_path / "results.json"
-    assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out)]) == 0
+    assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out),
+                        "--corpus", str(tiny_corpus_file), "--work", str(tmp_path / "work")]) == 0
     runs = json.loads(out.read_text())["milvus"]["datasets"]["300"]["runs"]
     assert set(runs) == {"faiss exact", "faiss hnsw", "milvus-lite exact", "milvus-lite hnsw"}
     assert runs["faiss exact"]["recall_at_15"] == 1.0 and runs["milvus-lite exact"]["recall_at_15"] == 1.0
     assert all(r["disk_bytes"] > 0 and r["search3_fuse_ms_p50"] > 0 for r in runs.values())
     report = (tmp_path / "RESULTS.md").read_text()
     assert "| 300 | synthetic | milvus-lite 3.2.2 | exact |" in report
-    import pytest
-
     with pytest.raises(SystemExit):  # argparse refuses a bad dataset before measuring anything
         module.main(["--datasets", "real:0", "--out", str(out)])
+
+
+def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny_corpus_file):
+    """bench/scale_data.py: new ids, texts from two real passages, vectors near their sources, reused by a second call."""
+    import numpy as np
+
+    data = load_module("scale_data")
+    real, real_store, _ = data.load_real(tiny_corpus_file, tmp_path)
+    corpus, store, info = data.synthesize(500, real, real_store, tmp_path, show_progress=False)
+    assert len(corpus) == 500 and corpus[0].id == "syn-0000000" and corpus[499].id == "syn-0000499"
+    assert not {p.id for p in real} & set(corpus.ids(np.arange(500)))
+    rng = np.random.default_rng(data.SYNTHETIC_SEED)
+    a = rng.integers(0, len(real), 500)
+    b = (a + rng.integers(1, len(real), 500)) % len(real)
+    assert np.all(a != b)
+    source = real[int(a[7])]
+    assert corpus[7].title == source.title and corpus[7].content.startswith(source.content)
+    assert len(corpus[7].content) <= data.MAX_CHARS
+    vectors = np.concatenate([np.asarray(c) for _, c in store.iter_chunks()])
+    real_vectors = np.concatenate([np.asarray(c) for _, c in real_store.iter_chunks()])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    to_source = (vectors * real_vectors[a]).sum(axis=1)
+    assert to_source.min() > 0.7 and to_source.max() < 0.999  # near its source, never a copy
+    _, _, again = data.synthesize(500, real, real_store, tmp_path, show_progress=False)
+    assert again["prepared"] == "reused" and info["prepared"].startswith("made in")
+
+
+def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_file):
+    """bench/scale.py on 3,000 synthetic passages (Flat and HNSW; the real corpus and IVF types are left to `make bench`)."""
+    module = load_module("scale")
+    out = tmp_path / "results.json"
+    assert module.main(["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--types", "Flat,HNSW", "--repeats", "3",
+                        "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    d = json.loads(out.read_text())["scale"]["datasets"]["3000"]
+    flat, hnsw = d["types"]["Flat"], d["types"]["HNSW"]
+    assert flat["recall_at_15"] == 1.0 and 0 < hnsw["recall_at_15"] <= 1.0
+    assert flat["index_file_bytes"] > 4 * 384 * 3000 and hnsw["disk_bytes_per_passage"] > flat["disk_bytes_per_passage"]
+    assert flat["build_passages_per_second"] > 0 and d["bm25"]["search3_fuse_ms_p50"] > 0
+    assert flat["ram_bytes_per_passage"] > 0 and flat["load_search_added_mb"] > 0
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "| 3,000 synthetic | Flat | `Flat` |" in report and "### MedCorp extrapolation" in report
+    assert "HNSW recall@15 >= 0.97" in report
+    with pytest.raises(SystemExit):
+        module.main(["--types", "HNSW", "--out", str(out)])  # Flat is the reference: refused before measuring
+
+
+def parity_run(folder, predictions, hits, content="v1"):
+    """A run folder of 3 questions with the given answers and passage ids (HCQR-shaped rows)."""
+    folder.mkdir(parents=True)
+    qids = ["q0", "q1", "q2"]
+    questions = {"count": 3, "ids_sha256": "-".join(qids), "content_sha256": f"{content}:{'-'.join(qids)}"}
+    (folder / "config.json").write_text(json.dumps({"method": "hcqr", "lm": {"spec": "local"}, "dataset": "bench.json",
+                                                    "questions": questions, "index": {"path": str(folder)}}))
+    rows = [{"qid": q, "method": "hcqr", "prediction": p, "gold": "A", "valid": True, "correct": p == "A",
+             "queries": ["a", "b", "c"], "passages": [{"id": pid, "score": 1.0 - 0.1 * j} for j, pid in enumerate(h)],
+             "stages": {"answer": {"cached_lm_calls": 1}}} for q, p, h in zip(qids, predictions, hits)]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path, capsys):
+    parity = load_module("parity")
+    hits = [["p1", "p2"], ["p3", "p4"], ["p5", "p6"]]
+    ref = parity_run(tmp_path / "flat", ["A", "B", "C"], hits)
+    same = parity_run(tmp_path / "lite", ["A", "B", "C"], hits)
+    other_hits = parity_run(tmp_path / "server", ["A", "B", "D"], [hits[0], hits[1], ["p6", "p5"]])
+    out = tmp_path / "parity.json"
+    assert parity.main([str(ref), str(same), str(other_hits), "--json", str(out)]) == 0
+    lite, server = json.loads(out.read_text())
+    assert (lite["same_hits"], lite["same_answers_where_hits_agree"]) == (3, 3)
+    assert (server["same_hits"], server["same_answers"], server["same_answers_where_hits_agree"]) == (2, 2, 2)
+    broken = parity_run(tmp_path / "broken", ["A", "C", "C"], hits)  # same hits, another answer
+    assert parity.main([str(ref), str(broken)]) == 1
+    assert "where the hits agree, same answers 2 of 3" in capsys.readouterr().out
+    elsewhere = parity_run(tmp_path / "elsewhere", ["A", "B", "C"], hits, content="v2")  # same ids, other questions
+    assert parity.main([str(ref), str(elsewhere)]) == 1
+    assert "share question ids but not questions" in capsys.readouterr().err

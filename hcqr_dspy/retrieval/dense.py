@@ -137,7 +137,8 @@ class DenseRetriever(Retriever):
 
     @classmethod
     def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, encoder: Any = None,
-              search_options: Mapping[str, int] | None = None, **_: Any) -> "DenseRetriever":
+              search_options: Mapping[str, int] | None = None, encoder_backend: str | None = None,
+              **_: Any) -> "DenseRetriever":
         built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
         if built.describe() != manifest["encoders"]:
             raise RetrievalIndexError(
@@ -152,6 +153,7 @@ class DenseRetriever(Retriever):
                     "queries must be embedded by the query side of the encoder the passages were embedded with"
                 )
             built = wanted  # same encoder, possibly read from other folders
+        built = built.with_runtime(encoder_backend)  # what runs the query side: not part of the encoder's identity
         record = manifest["vector_index"]
         index = get_backend_class(record["backend"]).read(folder, record)
         if index.dimension != manifest["dimension"]:

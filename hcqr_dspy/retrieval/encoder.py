@@ -38,8 +38,16 @@ The :meth:`EncoderSpec.describe` dict is recorded in index manifests and
 compared when an index is loaded with an explicit encoder: it names the
 models, pooling, lengths, normalization and passage input of both sides,
 but not where the weights were read from (a folder or the hub cache) nor
-the runtime (device; an ONNX/OpenVINO backend later), so an index stays
-usable when its weights move.
+the runtime (device; the query runtime), so an index stays usable when its
+weights move, and an index built with PyTorch can be searched with its
+queries embedded by ONNX Runtime or OpenVINO.
+
+Query runtimes (``EncoderSpec.query_runtime``; ``hcqr search|ask|eval
+--encoder-backend``, ``encoder_backend:`` in experiment files,
+``load_index(encoder_backend=...)``): ``torch`` (sentence-transformers, the
+default), ``onnx``, ``onnx-int8`` and ``openvino``, exported locally from the
+same weights (:mod:`hcqr_dspy.retrieval.query_runtime`). Only queries use
+them; passages are always embedded by PyTorch.
 """
 
 from __future__ import annotations
@@ -109,6 +117,10 @@ class EncoderSpec:
             inner product).
         passage_input: ``"title\\ncontent"`` (one string) or ``"[title,
             content]"`` (a tokenizer text pair).
+        query_runtime: What runs the query side: ``torch`` (default),
+            ``onnx``, ``onnx-int8`` or ``openvino`` (see
+            :mod:`hcqr_dspy.retrieval.query_runtime`). A runtime setting, not
+            part of :meth:`describe`: it does not change which encoder this is.
     """
 
     name: str
@@ -116,6 +128,7 @@ class EncoderSpec:
     passage: EncoderSide
     normalize: bool = True
     passage_input: str = PASSAGE_TEXT
+    query_runtime: str = "torch"
 
     @property
     def paired(self) -> bool:
@@ -148,6 +161,18 @@ class EncoderSpec:
         if not self.paired:
             return repr(self.name)
         return f"{self.name!r} (query encoder {self.query.model}, passage encoder {self.passage.model})"
+
+    def with_runtime(self, runtime: str | None) -> "EncoderSpec":
+        """The same encoder with its queries run by ``runtime`` (``None`` keeps the current one).
+
+        Raises:
+            QueryRuntimeError: an unknown runtime.
+        """
+        if runtime is None:
+            return self
+        from hcqr_dspy.retrieval.query_runtime import check_runtime
+
+        return replace(self, query_runtime=check_runtime(runtime))
 
     def with_paths(self, paths: dict[str, str | None] | None) -> "EncoderSpec":
         """The same encoder read from other places (as recorded by :meth:`paths`)."""
@@ -209,9 +234,10 @@ class Encoder:
         dimension: Embedding size ``d``.
     """
 
-    def __init__(self, spec: EncoderSpec, model: "SentenceTransformer"):
+    def __init__(self, spec: EncoderSpec, model: "SentenceTransformer", runtime: Any = None):
         self.spec = spec
         self.model = model
+        self.runtime = runtime  # a QueryRuntime when spec.query_runtime is not torch
         dimension = model.get_embedding_dimension()
         if dimension is None:
             raise EncoderError(f"encoder {spec.name!r} does not say its embedding dimension")
@@ -224,10 +250,16 @@ class Encoder:
     def encode_queries(self, queries: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Embed queries through the query side.
 
+        Runs through the spec's query runtime (PyTorch, ONNX Runtime or
+        OpenVINO); ``batch_size`` applies to PyTorch (the other runtimes take
+        all queries in one batch).
+
         Returns:
             float32 array ``(len(queries), dimension)``, C-contiguous; unit
             rows when the spec normalizes.
         """
+        if self.runtime is not None:
+            return self.runtime.encode(queries)
         emb = self.model.encode_query(list(queries), batch_size=batch_size, convert_to_numpy=True,
                                       normalize_embeddings=self.spec.normalize, show_progress_bar=False)
         return np.ascontiguousarray(emb, dtype=np.float32)
@@ -254,6 +286,7 @@ class Encoder:
 
 
 _cache: dict[tuple, Encoder] = {}
+_models: dict[tuple, "SentenceTransformer"] = {}
 _lock = threading.Lock()
 
 
@@ -276,6 +309,10 @@ def resolve_encoder_path(name: str | None) -> str:
 def load_encoder(spec: "str | EncoderSpec | None" = None, device: str = "cpu") -> Encoder:
     """Load (once per process) an encoder.
 
+    The weights are loaded once per process whatever the query runtime: an
+    encoder with ``query_runtime="onnx"`` shares the PyTorch model (its
+    tokenizer, and its passage side) with the ``torch`` one.
+
     Args:
         spec: Encoder spec or :class:`EncoderSpec`; ``None`` means the
             packaged all-MiniLM-L6-v2.
@@ -285,12 +322,25 @@ def load_encoder(spec: "str | EncoderSpec | None" = None, device: str = "cpu") -
         EncoderError: malformed spec; a model that cannot be loaded (one
             line naming it); for MedCPT without weights on this machine, one
             line naming both models and how to provide them.
+        QueryRuntimeError: the query runtime's library is missing or its
+            export failed.
     """
     spec = parse_encoder(spec)
     key = (spec, device)
     with _lock:
         if key not in _cache:
-            _cache[key] = Encoder(spec, _build_model(spec, device))
+            base = replace(spec, query_runtime="torch")
+            if (base, device) not in _models:
+                _models[(base, device)] = _build_model(base, device)
+            model = _models[(base, device)]
+            runtime = None
+            if spec.query_runtime != "torch":
+                from hcqr_dspy.retrieval.query_runtime import load_query_runtime
+
+                weights = spec.query.path or (resolve_encoder_path(spec.query.model) if not spec.paired else spec.query.model)
+                runtime = load_query_runtime(spec.query_runtime, model, {**spec.query.describe(), "name": spec.name},
+                                             weights, spec.normalize)
+            _cache[key] = Encoder(spec, model, runtime)
         return _cache[key]
 
 

@@ -81,6 +81,7 @@ def load_index(
     encoder: Any = None,
     verify_files: bool = True,
     search_options: Mapping[str, int] | None = None,
+    encoder_backend: str | None = None,
 ) -> Retriever:
     """Load a saved index.
 
@@ -97,6 +98,11 @@ def load_index(
         search_options: Search-time options of dense indexes: ``nprobe``
             (IVF lists visited) and ``efSearch`` (HNSW candidates), positive
             integers.
+        encoder_backend: What embeds the queries of an index with an
+            encoder: ``torch`` (default), ``onnx``, ``onnx-int8`` or
+            ``openvino`` (exported locally from the index's query encoder;
+            see :mod:`hcqr_dspy.retrieval.query_runtime`). Not a property of
+            the index: one built with PyTorch is searched with any of them.
 
     Safe with untrusted folders: nothing is unpickled. The manifest is JSON;
     the passages an Arrow IPC file (memory-mapped) with numpy id arrays; a
@@ -108,7 +114,10 @@ def load_index(
     Raises:
         RetrievalIndexError: not an index, an index of format 1 (rebuild
             it), corrupted, built for another corpus or encoder (the message
-            names both), or search options the index does not take.
+            names both), search options the index does not take, or an
+            encoder backend for an index that uses no encoder.
+        QueryRuntimeError: an unknown encoder backend, its library missing,
+            or its export failed.
         CorpusError: the given corpus cannot be loaded.
     """
     path = Path(path)
@@ -117,6 +126,13 @@ def load_index(
     search_options = check_search_options(search_options)
     if encoder is not None and not cls.uses_encoder:
         raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and uses no encoder (asked for {encoder!r})")
+    if encoder_backend is not None:
+        from hcqr_dspy.retrieval.query_runtime import check_runtime
+
+        encoder_backend = check_runtime(encoder_backend)
+        if encoder_backend != "torch" and not cls.uses_encoder:
+            raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and embeds no queries: "
+                                      f"--encoder-backend {encoder_backend} does not apply")
     store = Corpus.open(path)
     if store.fingerprint != manifest["corpus"]["fingerprint"] or len(store) != manifest["corpus"]["count"]:
         raise RetrievalIndexError(f"index {path} is inconsistent: its passage store is not the corpus its manifest records; rebuild it")
@@ -124,4 +140,5 @@ def load_index(
         if not isinstance(corpus, PassageStore):
             corpus = load_corpus(corpus, duplicate_ids=manifest["corpus"].get("duplicate_ids", "error"))
         check_corpus(manifest, corpus, path)
-    return cls._read(path, manifest, store, encoder=encoder, search_options=search_options)
+    options = {"encoder_backend": encoder_backend} if encoder_backend is not None else {}
+    return cls._read(path, manifest, store, encoder=encoder, search_options=search_options, **options)

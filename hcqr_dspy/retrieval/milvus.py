@@ -974,7 +974,7 @@ class MilvusRetriever(Retriever):
 
     @classmethod
     def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Any, encoder: Any = None,
-              search_options: Any = None, **_: Any) -> "MilvusRetriever":
+              search_options: Any = None, encoder_backend: str | None = None, **_: Any) -> "MilvusRetriever":
         from hcqr_dspy.retrieval.encoder import parse_encoder
 
         settings = MilvusSettings.from_manifest(manifest["milvus"])
@@ -994,8 +994,12 @@ class MilvusRetriever(Retriever):
                         "queries must be embedded by the query side of the encoder the passages were embedded with"
                     )
                 built = wanted
+            built = built.with_runtime(encoder_backend)
         elif encoder is not None:
             raise RetrievalIndexError(f"index {folder} is a Milvus bm25 index and uses no encoder (asked for {encoder!r})")
+        elif encoder_backend not in (None, "torch"):
+            raise RetrievalIndexError(f"index {folder} is a Milvus bm25 index and embeds no queries: "
+                                      f"--encoder-backend {encoder_backend} does not apply")
         retriever = cls(corpus, settings, encoder=built, open_existing=True)
         if search_options:
             retriever.set_search_options(search_options)

@@ -1,0 +1,447 @@
+"""Retrieval at scale: faiss index types at the real ~41k and a synthetic 1M corpus, query runtimes, MedCorp extrapolation.
+
+Usage:
+    python bench/scale.py [--datasets real,1000000] [--types Flat,HNSW,IVF-PQ,IVF-SQ8] [--repeats 50]
+                          [--runtimes torch,onnx,onnx-int8,openvino] [--quick] [--out bench/results.json]
+
+Datasets (``bench/scale_data.py``): ``real`` is the shared corpus, embedded
+once into the embedding store; ``N`` is N synthetic passages made from the
+real passages and their real embeddings (new ids, recombined texts, mixed
+and noised vectors; no encoder runs). Both are searched with the same real
+queries: the retrieval bench's 8 HCQR-shaped triples (latency) and those 24
+queries plus 100 MedQA-US questions (recall).
+
+For each dataset and index type (``TYPES``: faiss ``index_factory`` strings
+and their search options):
+
+* build, in its own process, from the finished embeddings (nothing is
+  encoded): seconds, passages/s, peak RSS of the build;
+* bytes per passage of the index structure on disk (the faiss file) and in
+  RAM (resident memory that ``faiss.read_index`` adds in a fresh process);
+* peak RSS of ``load_index`` plus one 3-query search in a fresh process
+  (corpus included: the passage store is memory-mapped), against the target:
+  at most 300 MB beyond the encoder's own footprint and the index structure's
+  own bytes; the same for a BM25 index;
+* p50 / p95 of HCQR's retrieval step (``search`` of 3 queries, k=5 each,
+  fused to 15, query encoding included, PyTorch runtime);
+* recall@15 against ``Flat`` on the real queries.
+
+Query runtimes, side by side on the real corpus (``Flat`` and ``HNSW``):
+p50 / p95 of the same step and of the query encoding alone, and the top-15
+agreement of each runtime's hits with PyTorch's (mean share of common ids
+over the recall queries); a runtime is kept only at 0.99 or more.
+
+MedCorp extrapolation: RAM and disk for 54M passages per index type from
+the measured bytes per passage (384-d all-MiniLM-L6-v2 vectors; MedCPT's
+768-d would double Flat, HNSW and SQ8, not PQ's fixed code size).
+
+Timed phases (builds, latencies) should run on an idle machine. Results are
+merged into ``--out`` under ``scale`` after each dataset and rendered into
+RESULTS.md; the load average at the start of each timed phase is recorded.
+``--quick``: a 5,000-passage real slice and 50,000 synthetic passages, 10
+repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from report import RECALL_K, read_results, write_results  # noqa: E402
+from scale_data import DEFAULT_CORPUS, DEFAULT_WORK, load_real, real_queries, synthesize  # noqa: E402
+
+MEDCORP_PASSAGES = 54_000_000  # MedCorp: PubMed 23.9M + Wikipedia 29.9M + StatPearls + Textbooks snippets (MedRAG)
+RAM_BUDGET_GB = 16
+RSS_OVERHEAD_TARGET_MB = 300
+AGREEMENT_TARGET = 0.99
+HNSW_RECALL_TARGET = 0.97
+PQ_RECALL_TARGET = 0.90
+PQ_BYTES_FRACTION = 1 / 8
+LATENCY_TARGET_MS = 15.0
+
+
+def types_for(n: int) -> dict[str, dict]:
+    """Index types by name: faiss factory and search options, with IVF lists scaled to the corpus (~sqrt(n) x 1-2)."""
+    nlist = 256 if n <= 100_000 else 1024
+    nprobe = 16 if n <= 100_000 else 32
+    return {
+        "Flat": {"factory": "Flat", "search": {}},
+        "HNSW": {"factory": "HNSW32", "search": {"efSearch": 128}},
+        "IVF-PQ": {"factory": f"IVF{nlist},PQ96", "search": {"nprobe": nprobe}},
+        "IVF-SQ8": {"factory": f"IVF{nlist},SQ8", "search": {"nprobe": nprobe}},
+    }
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def percentile(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def proc_status(field: str) -> float:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's VmHWM to its current RSS (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``, proc(5))."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# -- child processes ------------------------------------------------------------------------------------------
+def child_build(store_folder: str, embeddings_root: str, factory: str, out: str) -> dict:
+    """Build one faiss index from finished embeddings (fresh process: its peak RSS is the build's own)."""
+    from hcqr_dspy.retrieval import DenseRetriever, PassageStore, load_encoder
+
+    corpus = PassageStore.open(store_folder)
+    encoder = load_encoder(None)
+    t0 = time.perf_counter()
+    retriever = DenseRetriever(corpus, encoder=encoder, backend_options={"factory": factory}, embeddings_dir=embeddings_root,
+                               show_progress=False)
+    retriever.save(out)
+    seconds = time.perf_counter() - t0
+    assert retriever.build_stats["encoded_chunks"] == 0, "the benchmark's builds must encode nothing"
+    return {"build_seconds": round(seconds, 2), "build_passages_per_second": round(len(corpus) / seconds, 1),
+            "build_peak_rss_mb": round(proc_status("VmHWM"), 1)}
+
+
+def child_bm25(store_folder: str, out: str) -> dict:
+    from hcqr_dspy.retrieval import BM25Retriever, PassageStore
+
+    corpus = PassageStore.open(store_folder)
+    t0 = time.perf_counter()
+    BM25Retriever(corpus, show_progress=False).save(out)
+    seconds = time.perf_counter() - t0
+    return {"build_seconds": round(seconds, 2), "build_passages_per_second": round(len(corpus) / seconds, 1),
+            "build_peak_rss_mb": round(proc_status("VmHWM"), 1)}
+
+
+def child_load(index: str, kind: str, search_options: str) -> dict:
+    """RSS of ``load_index`` + one 3-query search in a fresh process, beyond the encoder's own footprint.
+
+    Baseline: after the imports and (dense) after loading the encoder and embedding one query. Then the peak
+    (VmHWM, reset at the baseline) through ``load_index`` and one fused search; the faiss structure's own
+    resident bytes are measured apart (:func:`child_structure`).
+    """
+    import faiss  # noqa: F401  (imported before the baseline, as load_index would)
+
+    from hcqr_dspy.retrieval import fuse, load_encoder, load_index
+    from retrieval import TRIPLES
+
+    if kind == "dense":
+        load_encoder(None).encode_queries(["warm up"])
+    baseline = proc_status("VmRSS")
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    retriever = load_index(index, search_options=json.loads(search_options))
+    load_seconds = time.perf_counter() - t0
+    fused = fuse(retriever.search(list(TRIPLES[0]), k=5), budget=15)
+    assert fused
+    peak = proc_status("VmHWM")
+    out = {"baseline_rss_mb": round(baseline, 1), "load_search_peak_rss_mb": round(peak, 1),
+           "load_search_added_mb": round(peak - baseline, 1), "load_seconds": round(load_seconds, 2)}
+    return out
+
+
+def child_structure(index: str) -> dict:
+    """Resident memory that ``faiss.read_index`` adds in a fresh process: the index structure's own RAM."""
+    import faiss
+
+    before = proc_status("VmRSS")
+    structure = faiss.read_index(str(Path(index) / "faiss.index"))
+    assert structure.ntotal > 0
+    return {"structure_ram_mb": round(proc_status("VmRSS") - before, 1)}
+
+
+def in_child(*args: str) -> dict:
+    run = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"bench child {args} failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+# -- measurements in this process -----------------------------------------------------------------------------
+def latency(retriever, triples, repeats: int) -> dict:
+    from hcqr_dspy.retrieval import fuse
+
+    retriever.search(triples[0], k=5)  # warm-up
+    times, encode = [], []
+    for i in range(repeats):
+        q = triples[i % len(triples)]
+        t0 = time.perf_counter()
+        fused = fuse(retriever.search(q, k=5), budget=15)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert fused
+        t0 = time.perf_counter()
+        retriever.encoder.encode_queries(q, batch_size=len(q))
+        encode.append((time.perf_counter() - t0) * 1000)
+    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2),
+            "encode3_ms_p50": round(statistics.median(encode), 2)}
+
+
+def recall(retriever, query_vectors, truth) -> float:
+    _, rows = retriever.index.search(query_vectors, RECALL_K)
+    return round(sum(len(set(t) & set(r[r >= 0])) / RECALL_K for t, r in zip(truth, rows)) / len(truth), 4)
+
+
+def agreement(reference_hits, hits) -> float:
+    """Mean share of top-k ids two runs have in common, per query."""
+    return round(sum(len({h.passage_id for h in a} & {h.passage_id for h in b}) / max(len(a), 1)
+                     for a, b in zip(reference_hits, hits)) / len(hits), 4)
+
+
+def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: int, types: list[str],
+                    runtimes: list[str], pause) -> dict:
+    from hcqr_dspy.retrieval import load_encoder, load_index
+
+    triples, recall_queries = real_queries()
+    n = len(corpus)
+    spec = types_for(n)
+    out = {**info, "recall_queries": len(recall_queries), "types": {}, "timed_phases": []}
+    folder = work / f"indexes-{label}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    store_folder, emb_root = str(corpus.folder), str(store.folder.parent)
+    q_vectors = load_encoder(None).encode_queries(recall_queries)
+    with pause(out, f"{label}: builds"):
+        for name in ["Flat", *[t for t in types if t != "Flat"]]:
+            print(f"bench: {label} build {name} ({spec[name]['factory']}) ...", file=sys.stderr, flush=True)
+            out["types"][name] = {"factory": spec[name]["factory"], "search_options": spec[name]["search"],
+                                  **in_child("build", store_folder, emb_root, spec[name]["factory"], str(folder / name))}
+        print(f"bench: {label} build BM25 ...", file=sys.stderr, flush=True)
+        out["bm25"] = in_child("bm25", store_folder, str(folder / "BM25"))
+    for name, m in out["types"].items():
+        disk = (folder / name / "faiss.index").stat().st_size
+        m.update(index_file_bytes=disk, disk_bytes_per_passage=round(disk / n, 1),
+                 **in_child("load", str(folder / name), "dense", json.dumps(spec[name]["search"])),
+                 **in_child("structure", str(folder / name)))
+        m["ram_bytes_per_passage"] = round(m["structure_ram_mb"] * 2**20 / n, 1)
+        structure_mb = disk / 2**20
+        m["overhead_beyond_structure_mb"] = round(m["load_search_added_mb"] - structure_mb, 1)
+        m["rss_target_met"] = m["overhead_beyond_structure_mb"] <= RSS_OVERHEAD_TARGET_MB
+    bm25_bytes = dir_size(folder / "BM25" / "bm25")
+    out["bm25"].update(index_bytes=bm25_bytes, disk_bytes_per_passage=round(bm25_bytes / n, 1),
+                       **in_child("load", str(folder / "BM25"), "bm25", "{}"))
+    out["bm25"]["overhead_beyond_structure_mb"] = round(out["bm25"]["load_search_added_mb"] - bm25_bytes / 2**20, 1)
+    out["bm25"]["rss_target_met"] = out["bm25"]["overhead_beyond_structure_mb"] <= RSS_OVERHEAD_TARGET_MB
+    out["passage_store_bytes"] = dir_size(Path(store_folder))
+    flat = load_index(folder / "Flat")
+    _, truth = flat.index.search(q_vectors, RECALL_K)
+    with pause(out, f"{label}: search latency"):
+        for name, m in out["types"].items():
+            retriever = load_index(folder / name, search_options=spec[name]["search"])
+            m.update(latency(retriever, triples, repeats))
+            m[f"recall_at_{RECALL_K}"] = recall(retriever, q_vectors, truth)
+            print(f"bench: {label} {name}: {json.dumps(m)}", file=sys.stderr, flush=True)
+        out["bm25"].update({k: v for k, v in latency_bm25(folder / "BM25", triples, repeats).items()})
+    if runtimes and info["kind"] == "real":
+        out["runtimes"] = {}
+        reference = flat.search(recall_queries, RECALL_K)
+        with pause(out, f"{label}: query runtimes"):
+            for runtime in runtimes:
+                for name in ("Flat", "HNSW"):
+                    if name not in out["types"]:
+                        continue
+                    retriever = load_index(folder / name, search_options=spec[name]["search"], encoder_backend=runtime)
+                    figures = latency(retriever, triples, repeats)
+                    if name == "Flat":
+                        figures["top15_agreement_with_torch"] = agreement(reference, retriever.search(recall_queries, RECALL_K))
+                        figures["kept"] = figures["top15_agreement_with_torch"] >= AGREEMENT_TARGET
+                    out["runtimes"][f"{runtime} {name}"] = figures
+                    print(f"bench: {label} runtime {runtime} {name}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+    return out
+
+
+def latency_bm25(index: Path, triples, repeats: int) -> dict:
+    from hcqr_dspy.retrieval import fuse, load_index
+
+    retriever = load_index(index)
+    retriever.search(triples[0], k=5)
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fuse(retriever.search(triples[i % len(triples)], k=5), budget=15)
+        times.append((time.perf_counter() - t0) * 1000)
+    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2)}
+
+
+def medcorp(datasets: dict) -> dict:
+    """RAM and disk for 54M passages per index type, from the largest measured dataset's bytes per passage."""
+    label = max(datasets, key=lambda d: datasets[d]["passages"])
+    d = datasets[label]
+    out = {"from": label, "passages": MEDCORP_PASSAGES, "ram_budget_gb": RAM_BUDGET_GB, "types": {}}
+    for name, m in d["types"].items():
+        ram = m["ram_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9
+        out["types"][name] = {"ram_gb": round(ram, 1), "index_disk_gb": round(m["disk_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9, 1),
+                              "fits": ram <= RAM_BUDGET_GB}
+    out["passage_store_disk_gb"] = round(d["passage_store_bytes"] / d["passages"] * MEDCORP_PASSAGES / 1e9, 1)
+    out["bm25_disk_gb"] = round(d["bm25"]["disk_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9, 1)
+    return out
+
+
+def targets(section: dict) -> list[dict]:
+    """Each target of issue 12 point 6 with the measured figure and whether it is met."""
+    rows = []
+    for label, d in section["datasets"].items():
+        t = d["types"]
+        if d["passages"] >= 1_000_000:
+            for name, m in [*t.items(), ("BM25", d["bm25"])]:
+                rows.append({"target": f"{label}: load + search adds <= {RSS_OVERHEAD_TARGET_MB} MB beyond encoder and "
+                                       f"structure ({name})", "measured": f"{m['overhead_beyond_structure_mb']} MB",
+                             "met": m["rss_target_met"]})
+        if "IVF-PQ" in t and "Flat" in t:
+            frac = t["IVF-PQ"]["disk_bytes_per_passage"] / t["Flat"]["disk_bytes_per_passage"]
+            rows.append({"target": f"{label}: IVF-PQ bytes/passage <= 1/8 of Flat", "measured": f"1/{1 / frac:.1f}",
+                         "met": frac <= PQ_BYTES_FRACTION})
+            r = t["IVF-PQ"][f"recall_at_{RECALL_K}"]
+            rows.append({"target": f"{label}: IVF-PQ recall@15 >= {PQ_RECALL_TARGET}", "measured": r, "met": r >= PQ_RECALL_TARGET})
+        if "HNSW" in t:
+            r = t["HNSW"][f"recall_at_{RECALL_K}"]
+            rows.append({"target": f"{label}: HNSW recall@15 >= {HNSW_RECALL_TARGET}", "measured": r, "met": r >= HNSW_RECALL_TARGET})
+        if d["kind"] == "real":
+            best = min(((f"{name} (torch)", m["search3_fuse_ms_p50"]) for name, m in t.items()), key=lambda x: x[1])
+            for key, m in d.get("runtimes", {}).items():
+                if (m.get("kept") or key.split()[0] == "torch" or d["runtimes"].get(f"{key.split()[0]} Flat", {}).get("kept")) \
+                        and m["search3_fuse_ms_p50"] < best[1]:
+                    best = (key, m["search3_fuse_ms_p50"])
+            rows.append({"target": f"{label}: 3-query fused dense retrieval p50 <= {LATENCY_TARGET_MS} ms (best kept setting)",
+                         "measured": f"{best[1]} ms ({best[0]})", "met": best[1] <= LATENCY_TARGET_MS})
+    if section.get("medcorp"):
+        fits = [n for n, m in section["medcorp"]["types"].items() if m["fits"]]
+        rows.append({"target": f"MedCorp (54M): an index type fits in <= {RAM_BUDGET_GB} GB RAM",
+                     "measured": ", ".join(f"{n} {section['medcorp']['types'][n]['ram_gb']} GB" for n in fits) or "none",
+                     "met": bool(fits)})
+    return rows
+
+
+class Pauser:
+    """Record each timed phase's load average and length; with ``--pause-study``, stop the lead's background
+    study for the phase (``/work/logs/study-pause.sh stop``) and always resume it after."""
+
+    def __init__(self, command: str | None):
+        self.command = command
+        self.paused_seconds = 0.0
+
+    def __call__(self, out: dict, phase: str):
+        pauser = self
+
+        class Phase:
+            def __enter__(self):
+                if pauser.command:
+                    subprocess.run([pauser.command, "stop"], check=False)
+                    time.sleep(1)
+                self.t0 = time.perf_counter()
+                out["timed_phases"].append({"phase": phase, "load_average_at_start": load_average()})
+                return self
+
+            def __exit__(self, *exc):
+                seconds = time.perf_counter() - self.t0
+                out["timed_phases"][-1]["seconds"] = round(seconds, 1)
+                if pauser.command:
+                    subprocess.run([pauser.command, "cont"], check=False)
+                    pauser.paused_seconds += seconds
+                return False
+
+        return Phase()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument("--datasets", default="real,1000000", help="comma-separated: 'real', 'real:N' (seeded slice) or N synthetic")
+    ap.add_argument("--types", default="Flat,HNSW,IVF-PQ,IVF-SQ8")
+    ap.add_argument("--runtimes", default="torch,onnx,onnx-int8,openvino", help="query runtimes compared on the real corpus")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="real:5000 and 50000 synthetic, 10 repeats")
+    ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets and indexes (reused)")
+    ap.add_argument("--pause-study", default=None, metavar="SCRIPT",
+                    help="a script taking stop|cont, run around every timed phase (e.g. /work/logs/study-pause.sh)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        fn = {"build": child_build, "bm25": child_bm25, "load": child_load, "structure": child_structure}[kind]
+        print(json.dumps(fn(*rest)))
+        return 0
+    from hcqr_dspy.retrieval.base import library_versions
+
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    if not types or set(types) - set(types_for(1)) or "Flat" not in types:
+        ap.error(f"--types takes Flat (the reference) and some of {', '.join(types_for(1))}")
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    datasets = ["real:5000", "50000"] if args.quick else [d.strip() for d in args.datasets.split(",") if d.strip()]
+    for d in datasets:
+        if not (d == "real" or (d.startswith("real:") and d[5:].isdigit()) or d.isdigit()):
+            ap.error(f"--datasets: {d!r} is not 'real', 'real:N' or N")
+    if not Path(args.corpus).exists():
+        print(f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA or pass --corpus", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        read_results(out)
+    except ValueError as exc:
+        ap.error(str(exc))
+    repeats = 10 if args.quick else args.repeats
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    pause = Pauser(args.pause_study)
+    section = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "quick": args.quick, "planned": datasets, "datasets": {},
+        "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "onnxruntime",
+                                     "openvino", "numpy"),
+    }
+    previous = read_results(out).get("scale") or {}
+    if previous.get("quick") == args.quick:  # a run of other datasets keeps the ones measured before (each dated)
+        kept = {k: v for k, v in previous.get("datasets", {}).items() if k not in datasets}
+        section["datasets"].update(kept)
+        section["planned"] = [*kept, *datasets]
+        section["study_paused_seconds"] = previous.get("study_paused_seconds", 0)
+    real = None
+    for d in datasets:
+        if d.startswith("real"):
+            real = load_real(args.corpus, work, int(d[5:]) if ":" in d else None)
+            corpus, store, info = real
+        else:
+            if real is None or real[0].folder is None or len(real[0]) < 1000:
+                real = load_real(args.corpus, work)
+            corpus, store, info = synthesize(int(d), real[0], real[1], work)
+        section["datasets"][d] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                  **measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
+                                                    runtimes if d.startswith("real") else [], pause)}
+        section["medcorp"] = medcorp(section["datasets"])
+        section["targets"] = targets(section)
+        section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + pause.paused_seconds, 1)
+        pause.paused_seconds = 0.0
+        write_results(out, section, key="scale")  # after each dataset: an interrupted run keeps what it measured
+    print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
