@@ -164,14 +164,14 @@ def build_one(engine: str, kind: str, corpus, store, work: Path, label: str) -> 
 
 
 def measure_dataset(label: str, corpus, store, triples, recall_queries, info: dict, work: Path, repeats: int,
-                    engines: list[str]) -> dict:
+                    engines: list[str], indexes: tuple[str, ...] = INDEXES) -> dict:
     from hcqr_dspy.retrieval import FaissIndex
 
     exact = FaissIndex.build(store, show_progress=False, factory="Flat")
     _, truth = exact.search(recall_queries, RECALL_K)
     out = {**info, "recall_queries": len(recall_queries), "runs": {}}
     for engine in engines:
-        for kind in INDEXES:
+        for kind in indexes:
             name = f"{engine} {kind}"
             print(f"bench: {label} {name} ...", file=sys.stderr, flush=True)
             index, figures, server = build_one(engine, kind, corpus, store, work, label)
@@ -194,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", default="real,1000000",
                     help="comma-separated: 'real' (the whole corpus), 'real:N' (a seeded slice) or N synthetic passages")
     ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--indexes", default=",".join(INDEXES), help="index types per engine: exact, hnsw")
     ap.add_argument("--quick", action="store_true", help="real:5000 and 100000 synthetic, 20 repeats")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets (shared with bench/scale.py)")
@@ -206,6 +207,9 @@ def main(argv=None) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not engines or set(engines) - set(ENGINES):
         ap.error(f"--engines takes some of {', '.join(ENGINES)}")
+    indexes = tuple(i.strip() for i in args.indexes.split(",") if i.strip())
+    if not indexes or set(indexes) - set(INDEXES):
+        ap.error(f"--indexes takes some of {', '.join(INDEXES)}")
     datasets = ["real:5000", "100000"] if args.quick else [d.strip() for d in args.datasets.split(",") if d.strip()]
     for d in datasets:
         if not (d == "real" or (d.startswith("real:") and d[5:].isdigit() and int(d[5:]) > 0) or (d.isdigit() and int(d) > 0)):
@@ -249,7 +253,7 @@ def main(argv=None) -> int:
         try:
             data[-1]["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
             data[-1]["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines)
+            section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines, indexes=indexes)
         finally:
             if args.pause_study:
                 subprocess.run([args.pause_study, "cont"], check=False)
