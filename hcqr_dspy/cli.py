@@ -14,11 +14,50 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hcqr_dspy import __version__
 from hcqr_dspy.errors import HCQRError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 Command = Callable[[argparse.Namespace], int]
+
+# The names the parser offers, written here so that `hcqr --help` imports neither the method
+# registry nor the retrieval package (dspy, torch, faiss: seconds of imports). tests/test_cli.py
+# checks them against hcqr_dspy.programs.PROGRAMS and hcqr_dspy.retrieval.fusion.STRATEGIES.
+METHODS = ("cot", "simple_rag", "hcqr", "hyde", "query_rewrite", "query_rewrite_options", "rerank_rag", "main_rag",
+           "hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis")
+FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")
+RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help says its default: ``(default: X)`` is added unless the text already
+    says what the default is; switches read ``(default: off)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or "default" in text.lower() or action.default is argparse.SUPPRESS
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        if action.default is None:
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
+def _versions() -> str:
+    """``hcqr-dspy X (dspy Y, mlflow Z, python W)``, read from installed package metadata (no import)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "missing"
+
+    return (f"hcqr-dspy {__version__} (dspy {version('dspy')}, mlflow {version('mlflow')}, "
+            f"python {sys.version.split()[0]})")
 
 
 def _non_negative_int(text: str) -> int:
@@ -100,9 +139,9 @@ def _search_options(args: argparse.Namespace) -> dict:
 
 def _add_search_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nprobe", type=_positive_int, default=None,
-                   help="dense indexes of faiss IVF types: inverted lists visited per query (faiss default 1)")
+                   help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)")
     p.add_argument("--ef-search", type=_positive_int, default=None,
-                   help="dense indexes of faiss HNSW types: candidate list size per query (faiss default 16)")
+                   help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -122,12 +161,16 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 # -- eval / ask / demo / ui --------------------------------------------------
+def _add_mlflow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+
+
 def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
-    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model")
-    p.add_argument(
-        "--api-key-env", default=None, help="name of the environment variable holding the API key (never the key itself)"
-    )
+    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model (default: the provider's)")
+    p.add_argument("--api-key-env", default=None,
+                   help="name of the environment variable holding the API key, never the key itself (default: none)")
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
 
@@ -140,19 +183,18 @@ def _program_options(args: argparse.Namespace) -> dict:
 
 
 def _add_program_args(p: argparse.ArgumentParser) -> None:
-    from hcqr_dspy.programs import PROGRAMS
-    from hcqr_dspy.retrieval.fusion import STRATEGIES
-
-    p.add_argument("--method", default=None, help=f"one of: {', '.join(PROGRAMS)} (default: hcqr)")
+    p.add_argument("--method", default=None, metavar="METHOD",
+                   help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)")
     p.add_argument("--program", default=None,
-                   help="a saved program to run (folder from `hcqr compile`, or runs:/<mlflow run id>); "
-                        "its method and options come with it")
-    p.add_argument("--index", default=None, help="index folder (from `hcqr index`)")
+                   help="a saved program to run instead of a fresh method: a folder from `hcqr compile`, "
+                        "runs:/<mlflow run id>, models:/NAME/VERSION or models:/NAME@ALIAS (MLflow Model Registry); "
+                        "its method and options come with it (default: none, run --method zero-shot)")
+    p.add_argument("--index", default=None, help="index folder (from `hcqr index`; default: none, needed by retrieval methods)")
     p.add_argument("--budget", type=_positive_int, default=None,
                    help="passages shown to the answer step (default: the method's, 15 as in the paper)")
     p.add_argument("--k-per-query", type=_positive_int, default=None,
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
-    p.add_argument("--fusion", choices=STRATEGIES, default=None,
+    p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None,
                    help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
     _add_search_option_args(p)
 
@@ -172,7 +214,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
     if run_id:
-        print(f"MLflow run {run_id} in {_store(args)} (view with `hcqr ui`)")
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
 
 
@@ -180,6 +222,18 @@ def _store(args) -> str:
     from hcqr_dspy.tracking import tracking_uri
 
     return tracking_uri(getattr(args, "mlflow_dir", None))
+
+
+def _ui_hint(args) -> str:
+    """The command that opens the UI on the store this command wrote to."""
+    from hcqr_dspy.tracking import store_dir
+
+    mlflow_dir = getattr(args, "mlflow_dir", None)
+    if os.environ.get("MLFLOW_TRACKING_URI") and mlflow_dir is None:
+        return f"the MLflow UI of {os.environ['MLFLOW_TRACKING_URI']}"
+    if mlflow_dir is None or store_dir(mlflow_dir) == store_dir(None):
+        return "`hcqr ui`"
+    return f"`hcqr ui --mlflow-dir {store_dir(mlflow_dir)}`"
 
 
 def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
@@ -317,7 +371,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"   {run_dir}  (MLflow run {run_id})", file=sys.stderr)
     print()
     print(metrics_table(results))
-    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with `hcqr ui` (http://127.0.0.1:5000)")
+    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with {_ui_hint(args)} (http://127.0.0.1:5000)")
     return 0
 
 
@@ -349,7 +403,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  tags={"kind": "comparison"}, store=args.mlflow_dir, traces=False) as run:
             for f in files:
                 mlflow.log_artifact(str(f), artifact_path="comparison")
-        print(f"MLflow run {run.info.run_id} in {_store(args)}", file=sys.stderr)
+        print(f"MLflow run {run.info.run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
     return 0
 
 
@@ -368,7 +422,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(metrics_table(list(cells.items())))
         if dname in out["reports"]:
             print(f"\nreport: {out['reports'][dname]}")
-    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)}")
+    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
 
 
@@ -400,28 +454,28 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from hcqr_dspy.tracking import store_dir, tracking_uri
+    from hcqr_dspy.tracking import serve_ui, store_dir
 
     folder = store_dir(args.mlflow_dir)
     if not (folder / "mlflow.db").exists():
         raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(args.mlflow_dir),
-           "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on http://{args.host}:{args.port} for {folder}", file=sys.stderr)
-    return subprocess.call(cmd)
+    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)", file=sys.stderr)
+    return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA."
+        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA.",
+        formatter_class=HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    from hcqr_dspy.retrieval.fusion import STRATEGIES
+    parser.add_argument("--version", action="version", version=_versions())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "index", help="build a retrieval index over a corpus", formatter_class=argparse.RawDescriptionHelpFormatter,
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+
+    p = command(
+        "index", help="build a retrieval index over a corpus",
         description="Build a retrieval index over a corpus. The passages are stored in the index (an Arrow file,\n"
                     "memory-mapped when searched). Dense builds encode in chunks written to disk as they finish:\n"
                     "the same command resumes a killed build, and another index type over the same corpus and\n"
@@ -438,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  Flat (exact, default), HNSW32 (graph; search with --ef-search), IVF1024,PQ32 or IVF4096,SQ8\n"
                "  (compressed inverted lists, trained on a seeded sample; search with --nprobe)")
     p.add_argument("--corpus", required=True, help=".jsonl file, folder of .jsonl files, or hub dataset name")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
+    p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever kind")
     p.add_argument("--encoder", default=None, help="encoder spec (see below; default: all-MiniLM-L6-v2)")
     p.add_argument("--faiss", default=None, metavar="FACTORY",
                    help="faiss index_factory string of the dense index: Flat (default), HNSW32, IVF1024,PQ32 ...")
@@ -456,52 +510,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="index folder to write")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("search", help="search an index with one or more queries")
+    p = command("search", help="search an index with one or more queries")
     p.add_argument("--index", required=True, help="index folder")
     p.add_argument("--k", type=_positive_int, default=5, help="passages per query")
     p.add_argument("--corpus", default=None, help="corpus to search (default: the one the index was built on)")
     p.add_argument("--encoder", default=None,
                    help="expected encoder spec; refused if the index used another (medcpt:QUERY_DIR,ARTICLE_DIR "
-                        "reads the same MedCPT pair from other folders)")
+                        "reads the same MedCPT pair from other folders; default: the index's)")
     _add_search_option_args(p)
     p.add_argument("--width", type=_positive_int, default=160, help="characters of each passage to print")
     p.add_argument("queries", nargs="+", help="query strings")
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
+    p = command("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
     _add_program_args(p)
     p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
-    p.add_argument("--limit", type=_positive_int, default=None, help="evaluate a seeded random sample of N questions")
+    p.add_argument("--limit", type=_positive_int, default=None,
+                   help="evaluate a seeded random sample of N questions (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
-    p.add_argument("--ids", default=None, help="comma-separated question ids")
+    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
     p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
     p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
-    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
-    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+    _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("ask", help="answer one question and show hypothesis, queries and passages")
+    p = command("ask", help="answer one question and show hypothesis, queries and passages")
     _add_program_args(p)
-    p.add_argument("--question", default=None, help="question text")
-    p.add_argument("--option", action="append", help="an option as LETTER=text (repeat)")
-    p.add_argument("--json", default=None, help="a JSON file holding {question, options}")
-    p.add_argument("--mlflow-dir", default=None, help="MLflow store for --program runs:/... URIs")
+    p.add_argument("--question", default=None, help="question text (default: none; or give --json)")
+    p.add_argument("--option", action="append", help="an option as LETTER=text, repeated (default: none)")
+    p.add_argument("--json", default=None, help="a JSON file holding {question, options} (default: none)")
+    p.add_argument("--width", type=_positive_int, default=100, help="characters of each passage to print")
+    p.add_argument("--mlflow-dir", default=None,
+                   help="MLflow store of --program runs:/ and models:/ URIs (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     _add_lm_args(p)
     p.set_defaults(func=cmd_ask)
 
-    p = sub.add_parser("demo", help="run CoT, Simple RAG and HCQR on the embedded demo questions")
+    p = command("demo", help="run HCQR, CoT and Simple RAG on the embedded demo questions")
     p.add_argument("--index", default="indexes/demo", help="demo index folder (built if missing)")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
-    p.add_argument("--methods", default="cot,simple_rag,hcqr")
+    p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever of a demo index built now")
+    p.add_argument("--methods", default="hcqr,cot,simple_rag",
+                   help="comma-separated methods, run in this order (the first HCQR answer is shown in full)")
     p.add_argument("--runs", default="runs/demo", help="folder of the demo's run folders (resumed if present)")
-    p.add_argument("--limit", type=_positive_int, default=None)
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--lm", default="local")
-    p.add_argument("--max-tokens", type=_positive_int, default=1024)
+    p.add_argument("--limit", type=_positive_int, default=None, help="demo questions to run (default: all 20)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--lm", default="local", help="LM spec (see `hcqr eval --help`)")
+    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("judge", help="label each run question's retrieved context with the DUR judge")
+    p = command("judge", help="label each run question's retrieved context with the DUR judge")
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
     p.add_argument("--mode", choices=["context", "passage"], default="context",
@@ -509,63 +566,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reasoning", action="store_true",
                    help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)")
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
-    p.add_argument("--threads", type=_positive_int, default=1)
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
-    p.add_argument("--api-base", default=None)
-    p.add_argument("--api-key-env", default=None)
+    p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
+    _add_mlflow_args(p)
+    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
+    p.add_argument("--api-key-env", default=None,
+                   help="name of the environment variable holding the judge's API key (default: none)")
     p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)
 
-    p = sub.add_parser("compare", help="compare runs on the same questions: table, McNemar tests, plots")
+    p = command("compare", help="compare runs on the same questions: table, McNemar tests, plots")
     p.add_argument("runs", nargs="+", help="two or more run folders")
     p.add_argument("--reference", default=None, help="reference run (method label or folder; default: the first)")
     p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
     p.add_argument("--qrels", default=None,
                    help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)")
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
+    _add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
+    p = command("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
     p.add_argument("file", help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size")
-    p.add_argument("--lm", default=None, help="override the experiment's LM spec")
+    p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size (default: the file's)")
+    p.add_argument("--lm", default=None, help="override the experiment's LM spec (default: the file's)")
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
-    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
     p.set_defaults(func=cmd_experiment)
 
-    p = sub.add_parser("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
+    p = command("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
     p.add_argument("--recipe", required=True,
                    help="recipe file, or the name of one in ./optimizers/ or shipped (bootstrap_fewshot, mipro_light ...)")
-    p.add_argument("--program", default="hcqr", help="method to compile (default: hcqr)")
+    p.add_argument("--program", default="hcqr", metavar="METHOD",
+                   help=f"method to compile, one of: {', '.join(METHODS)} (default: hcqr)")
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
     p.add_argument("--val-size", type=_non_negative_int, default=None, help="validation questions (default: the recipe's)")
     p.add_argument("--holdout", action="append", default=None,
-                   help="an evaluation file that must not share questions with the training set (repeat)")
-    p.add_argument("--index", default=None, help="index folder")
+                   help="an evaluation file that must not share questions with the training set, repeated (default: none)")
+    p.add_argument("--index", default=None, help="index folder (default: none, needed by retrieval methods)")
     p.add_argument("--budget", type=_positive_int, default=None, help="passages shown (default: the method's, 15)")
     p.add_argument("--k-per-query", type=_positive_int, default=None,
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries))")
-    p.add_argument("--fusion", choices=STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
+    p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
-    p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (overrides the recipe's)")
+    p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
     p.add_argument("--reflection-api-key-env", default=None,
-                   help="name of the environment variable holding the reflection LM's API key")
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
+                   help="name of the environment variable holding the reflection LM's API key (default: none)")
+    _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
-    p.add_argument("--mlflow-dir", default=None)
+    p = command("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_positive_int, default=5000)
+    p.add_argument("--port", type=_positive_int, default=5000, help="port to serve on")
+    p.add_argument("--workers", type=_positive_int, default=1, help="MLflow server worker processes")
     p.set_defaults(func=cmd_ui)
     return parser
 

@@ -180,3 +180,84 @@ def log_run_folder(folder) -> None:
     folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
     for f in folder.files():
         mlflow.log_artifact(str(f), artifact_path="run")
+
+
+# Signals that stop `hcqr ui` (SIGKILL cannot be caught: the server then gets SIGTERM from the kernel, below).
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+STOP_GRACE_SECONDS = 5.0
+
+
+def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> int:
+    """Run the MLflow UI (``mlflow server``) for the store at ``path`` until it exits or this process is stopped.
+
+    The server runs in its own process group (session): MLflow starts a uvicorn parent with worker
+    processes, so stopping only the process we started would leave the workers serving. On any of
+    :data:`STOP_SIGNALS`, and on any exit of this function, the whole group gets SIGTERM, then SIGKILL
+    after :data:`STOP_GRACE_SECONDS`. On Linux the server also gets SIGTERM if this process dies
+    (``PR_SET_PDEATHSIG``), so even a SIGKILL of ``hcqr ui`` does not leave it running.
+    MLflow's server-side job runner (online scoring, judges run from the UI) is turned off
+    (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``): it starts seven more worker processes.
+
+    Returns:
+        The server's exit code (0 when it was stopped by a signal).
+    """
+    import signal
+    import subprocess
+
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(ui_command(path, host, port, workers), env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    stopped: list[int] = []
+
+    def on_signal(signum, _frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {name: signal.signal(getattr(signal, name), on_signal) for name in STOP_SIGNALS if hasattr(signal, name)}
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+        stop_process_group(proc)
+    return code if not stopped else 0
+
+
+def ui_command(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> list[str]:
+    """The ``mlflow server`` command line of :func:`serve_ui`."""
+    import sys
+
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(path),
+            "--host", host, "--port", str(port), "--workers", str(workers)]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (no-op elsewhere)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def stop_process_group(proc, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), wait up
+    to ``grace`` seconds for its leader, then SIGKILL whatever is left of the group."""
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return  # the group is empty
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
