@@ -212,7 +212,8 @@ def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
 
 
 def run_evaluation(
-    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None
+    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None,
+    on_row: Any = None,
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming if the run folder has rows) and track one evaluation.
 
@@ -228,6 +229,14 @@ def run_evaluation(
         track: Track in MLflow.
         lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
             (tests, notebooks); ``spec.lm`` is still what the config records.
+        on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluate.evaluate`).
+
+    Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
+    (:func:`run_name`) and tagged likewise; its description links the compile run of a saved program;
+    the questions are its input (an MLflow evaluation dataset); each question is a trace
+    (:mod:`hcqr_dspy.traces`); and once every question is answered the traces are scored with
+    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.scorers.score_run`; once per run: a rerun that answers
+    nothing new does not score again).
 
     Returns:
         The result, the run folder and the MLflow run id (``None`` untracked).
@@ -239,7 +248,7 @@ def run_evaluation(
     """
     from hcqr_dspy import tracking
 
-    config, questions, program = resolve(spec, mlflow_dir)
+    config, questions, program_module = resolve(spec, mlflow_dir)
     if lm is None:
         lm = build_lm(
             spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
@@ -249,19 +258,55 @@ def run_evaluation(
     folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
     if not track:
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-            return evaluate(program, questions, folder, spec.method, spec.num_threads, progress), folder.path, None
+            return evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row), folder.path, None
     old_id = tracking.existing_run_id(folder.mlflow_run_id, mlflow_dir)
-    name = f"{spec.method} | {dataset_name(spec.dataset)} | {spec.lm}"
-    tags = {"method": spec.method, "dataset": dataset_name(spec.dataset), "lm": spec.lm}
+    labelled = all(q.answer is not None for q in questions)
+    dname = dataset_name(spec.dataset)
+    program = program_label(config)
+    kind = "evaluation" if labelled else "prediction"
+    name = run_name(spec.method, dname, spec.lm, program, kind)
+    tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
     with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+        import mlflow
+
         run_id = run.info.run_id
         folder.set_mlflow_run_id(run_id)
+        if old_id is None:
+            tracking.describe_run(run_id, config, kind)
+        questions_ds = tracking.questions_dataset(
+            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id)
+        if old_id is None:
+            mlflow.log_input(questions_ds, context=kind)
+        trace_tags = {"method": spec.method, "dataset": dname, "run_folder": str(folder.path.resolve()),
+                      "lm": spec.lm, "program": program, "mlflow_run_id": run_id}
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             try:
-                result = evaluate(program, questions, folder, spec.method, spec.num_threads, progress)
+                result = evaluate(program=program_module, examples=questions, folder=folder, method=spec.method,
+                                  num_threads=spec.num_threads, progress=progress, on_row=on_row, trace_tags=trace_tags)
             finally:
                 tracking.log_run_folder(folder)
         tracking.log_metrics(result.metrics)
+        if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
+            from hcqr_dspy.scorers import score_run
+
+            score_run(result.rows, questions_ds, labelled=labelled)
+            mlflow.set_tag(SCORED_TAG, "true")
     return result, folder.path, run_id
+
+
+SCORED_TAG = "hcqr.scored"
+
+
+def program_label(config: dict[str, Any]) -> str:
+    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` when it records no recipe)."""
+    saved = config.get("saved_program")
+    if not saved:
+        return "zero-shot"
+    return f"compiled:{saved.get('recipe') or 'saved'}"
+
+
+def run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
+    """An evaluation run's MLflow name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
+    return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])

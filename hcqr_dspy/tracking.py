@@ -22,6 +22,23 @@ from hcqr_dspy.errors import HCQRError
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "hcqr-dspy"
+# The experiment's description (MLflow shows the ``mlflow.note.content`` tag as Markdown on the experiment page).
+EXPERIMENT_DESCRIPTION = """Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented multiple-choice QA, \
+run by hcqr-dspy as DSPy programs.
+
+* **Runs** — one per evaluation (`hcqr eval`, `hcqr predict`, experiment cells), named
+  `method · dataset · LM · zero-shot|compiled:<recipe>`; metrics `accuracy`, `accuracy_se`, `invalid_rate`, `dur`,
+  `mean_lm_calls` first; compile runs (`kind=compile`) and comparisons (`kind=comparison`, their runs linked by run id).
+* **Traces** — one per question: named stage spans (hypothesis, rewrite, one RETRIEVER span per query, fusion,
+  answer), tags `qid`, `method`, `dataset`, `run_folder`, `lm`, `program`; the gold answer as the expectation
+  `answer`, and feedback `correct`, `valid`, `hypothesis` (kept/fixed/broke), `dur` (DUR judge). Filter e.g.
+  `tags.method = 'hcqr'` and `feedback.correct = 'false'`.
+* **Evaluation runs / Datasets** — each run's questions as an MLflow evaluation dataset, scored with
+  `mlflow.genai.evaluate`.
+* **Models** — compiled programs registered with `hcqr compile --register NAME`, served with `mlflow models serve`.
+"""
+# The metrics a reader looks at first: logged by every evaluation run (and shown first by `hcqr` tables).
+KEY_METRICS = ("accuracy", "accuracy_se", "invalid_rate", "dur", "mean_lm_calls")
 
 
 def store_dir(path: str | Path | None = None) -> Path:
@@ -70,8 +87,15 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
         mlflow.set_tracking_uri(tracking_uri(path))
         found = mlflow.get_experiment_by_name(experiment)
         if found is not None:
-            return found.experiment_id
-        return mlflow.create_experiment(experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+            experiment_id = found.experiment_id
+            if "mlflow.note.content" not in found.tags:
+                mlflow.MlflowClient().set_experiment_tag(experiment_id, "mlflow.note.content", EXPERIMENT_DESCRIPTION)
+        else:
+            experiment_id = mlflow.create_experiment(
+                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri(),
+                tags={"mlflow.note.content": EXPERIMENT_DESCRIPTION})
+    mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
+    return experiment_id
 
 
 def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
@@ -261,3 +285,85 @@ def stop_process_group(proc, grace: float = STOP_GRACE_SECONDS) -> None:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             pass
+
+
+def questions_dataset(questions, name: str, experiment_id: str):
+    """The MLflow evaluation dataset of a question set (``mlflow.genai.datasets``), created on first use.
+
+    One record per question: inputs ``question`` and ``options``, the expectation ``answer`` (the gold
+    letter, when the question has one) and the tag ``qid``. The same question set reuses its dataset.
+
+    Args:
+        questions: The questions (``dspy.Example`` with ``qid``, ``question``, ``options``, ``answer``).
+        name: The dataset's name: the benchmark's name and the question set's content fingerprint
+            (``medqa-1a2b3c4d5e6f``), so that another sample is another dataset.
+        experiment_id: The experiment it belongs to.
+
+    Returns:
+        The ``mlflow.genai.datasets.EvaluationDataset``.
+    """
+    from mlflow.genai import datasets
+
+    def find():
+        found = datasets.search_datasets(experiment_ids=[experiment_id], filter_string=f"name = '{name}'", max_results=1)
+        return found[0] if found else None
+
+    dataset = find()
+    if dataset is not None and dataset.has_records():
+        return dataset
+    if dataset is None:
+        try:
+            dataset = datasets.create_dataset(name=name, experiment_id=experiment_id, tags={"source": "hcqr-dspy"})
+        except Exception:  # another process created it first (unique name): use that one
+            dataset = find()
+            if dataset is None:
+                raise
+    dataset.merge_records([
+        {"inputs": {"question": q.question, "options": dict(q.options)},
+         **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
+         "tags": {"qid": str(q.qid)}}
+        for q in questions
+    ])
+    return dataset
+
+
+def run_link(run_id: str) -> str | None:
+    """A Markdown link to a run of this store for MLflow's UI (``#/experiments/<id>/runs/<id>``); ``None`` if absent."""
+    import mlflow
+
+    try:
+        run = mlflow.get_run(run_id)
+    except Exception:  # MlflowException: not in this store
+        return None
+    return f"[{run.info.run_name or run_id}](#/experiments/{run.info.experiment_id}/runs/{run_id})"
+
+
+def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") -> None:
+    """Set an evaluation run's description (MLflow's ``mlflow.note.content``, Markdown) and, for a saved
+    (compiled) program, the tag ``compile_run_id`` linking the run that compiled it.
+
+    Args:
+        run_id: The run.
+        config: The run folder's configuration (:func:`hcqr_dspy.run.resolve`).
+        kind: ``evaluation`` (gold answers) or ``prediction`` (unlabelled questions).
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    q = config.get("questions") or {}
+    lines = [f"**{config['method']}** on {q.get('count')} questions of `{config['dataset']}` "
+             f"({'scored against gold answers' if kind == 'evaluation' else 'no gold answers: predictions only'}), "
+             f"LM `{(config.get('lm') or {}).get('spec')}`."]
+    saved = config.get("saved_program")
+    if saved:
+        compile_id = saved.get("compile_run_id")
+        link = run_link(compile_id) if compile_id else None
+        lines.append(f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
+                     f"{saved.get('train_count')} {saved.get('train_dataset')} questions, from `{saved.get('source')}`; "
+                     + (f"compile run {link}." if link else f"compile run `{compile_id}` (not in this store)." if compile_id
+                        else "no compile run recorded."))
+        if compile_id:
+            client.set_tag(run_id, "compile_run_id", compile_id)
+    else:
+        lines.append("Program: zero-shot (the method's own instructions, no demos).")
+    client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))

@@ -50,7 +50,7 @@ from hcqr_dspy.programs.base import (
     stage,
     variant,
 )
-from hcqr_dspy.retrieval.fusion import STRATEGIES, fuse
+from hcqr_dspy.retrieval.fusion import STRATEGIES
 from hcqr_dspy.signatures import (
     AnswerQuestion,
     AnswerQuestionWithHypothesis,
@@ -81,6 +81,12 @@ def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], ques
     features, evidence = ("" if is_content_free(t) else t for t in (features, evidence))  # "A; B", "Yes"
     built = [f"{subject} {evidence}", f"{subject} versus alternatives {features}" if features else "", features or subject]
     return [clean_query(q) or clean_query(subject) or clean_query(terms, max_words=64) or terms for q in built]
+
+
+def query_names(roles: Sequence[str]) -> list[str]:
+    """Labels of the queries of ``roles`` as the paper numbers them: ``q1 (support)``, ``q2 (distinction)``,
+    ``q3 (key features)`` (an ablation keeps its queries' numbers)."""
+    return [f"q{QUERY_ROLES.index(role) + 1} ({role.replace('_', ' ')})" for role in roles]
 
 
 def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
@@ -166,7 +172,7 @@ class HCQR(MCQProgram):
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         opts = format_options(options)
-        with stage(stages, "hypothesis"):
+        with stage(stages, "hypothesis") as span:
             try:
                 h = self.hypothesis(
                     question=question,
@@ -174,25 +180,28 @@ class HCQR(MCQProgram):
                     signature=restrict_letters(self.hypothesis.signature, "working_hypothesis", list(options)),
                 )
                 hypothesis_error = None
+                hypothesis = {
+                    "working_hypothesis": str(h.working_hypothesis).strip().upper(),
+                    "discriminating_features": h.discriminating_features,
+                    "confirming_evidence": h.confirming_evidence,
+                    "reasoning": h.reasoning,
+                }
+                span.output(hypothesis)
             except BAD_REPLY_ERRORS as exc:
                 hypothesis_error = f"{type(exc).__name__}: {exc}"[:500]
+                span.output({"error": hypothesis_error})
         if hypothesis_error is not None:
             return self.forward_without_hypothesis(question, options, stages, hypothesis_error)
-        hypothesis = {
-            "working_hypothesis": str(h.working_hypothesis).strip().upper(),
-            "discriminating_features": h.discriminating_features,
-            "confirming_evidence": h.confirming_evidence,
-            "reasoning": h.reasoning,
-        }
         hypothesis_text = format_hypothesis(hypothesis, options)
 
         rewrite_failed = 0
-        with stage(stages, "rewrite"):
+        with stage(stages, "rewrite", inputs={"hypothesis": hypothesis_text}) as span:
             try:
                 r = self.rewrite(question=question, options=opts, hypothesis=hypothesis_text)
                 raw = [r.support_query, r.distinction_query, r.key_feature_query]
             except BAD_REPLY_ERRORS:
                 raw, rewrite_failed = [None, None, None], 1
+            span.output({"raw_queries": raw})
         rewritten = dedupe([clean_query(q) for q in raw])
         fallback = hypothesis_queries(hypothesis, options, question)
         if sum(q is not None for q in rewritten) < 2:
@@ -205,8 +214,9 @@ class HCQR(MCQProgram):
         fallbacks = {"rewrite_failed": rewrite_failed, "queries_from_hypothesis": sources.count("hypothesis")}
 
         with stage(stages, "retrieval"):
-            hit_lists = self.retriever.search(queries, k=self.k_per_query)
-            fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
+            names = query_names(self.roles)
+            fused = self.fuse(self.retrieve(queries, k=self.k_per_query, names=names), budget=self.budget,
+                              strategy=self.fusion, names=names)
         shown = {"hypothesis": hypothesis_text} if self.show_hypothesis else {}
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages, fallbacks, **shown),
@@ -223,7 +233,7 @@ class HCQR(MCQProgram):
         ``hypothesis_failed`` and ``queries_from_question`` fallbacks; ``hypothesis_error`` keeps the reply's error."""
         fallbacks = {"hypothesis_failed": 1, "queries_from_question": 1}
         with stage(stages, "retrieval"):
-            fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
+            fused = self.fuse(self.retrieve([question], k=self.budget, names=["question"]), budget=self.budget)
         # The anchoring ablation has no hypothesis to show: it answers like HCQR here.
         shown = {"hypothesis": "(no working hypothesis: its reply could not be parsed)"} if self.show_hypothesis else {}
         return dspy.Prediction(
