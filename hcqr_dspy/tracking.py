@@ -162,12 +162,8 @@ def mlflow_run(
     import mlflow
 
     experiment_id = configure(store, experiment)
-    if traces:
-        import mlflow.dspy
-
-        mlflow.dspy.autolog(log_traces=True, silent=True)
     nested = mlflow.active_run() is not None  # a cell of an experiment: child of its parent run
-    try:
+    with dspy_tracing(traces):
         if run_id:
             run = mlflow.start_run(run_id=run_id, nested=nested)
         else:
@@ -175,12 +171,24 @@ def mlflow_run(
             mlflow.log_params(flatten(params))
         with run:
             yield run
-    finally:
-        if traces:
-            import mlflow.dspy
 
-            mlflow.dspy.autolog(disable=True, silent=True)
-            mlflow.flush_trace_async_logging()  # traces are exported in the background: persist them now
+
+@contextmanager
+def dspy_tracing(enabled: bool = True) -> Iterator[None]:
+    """Record DSPy module and LM calls as MLflow spans (``mlflow.dspy.autolog(log_traces=True)``) inside the
+    block; at its end autologging is turned off and the traces, exported in the background, are written."""
+    if not enabled:
+        yield
+        return
+    import mlflow
+    import mlflow.dspy
+
+    mlflow.dspy.autolog(log_traces=True, silent=True)
+    try:
+        yield
+    finally:
+        mlflow.dspy.autolog(disable=True, silent=True)
+        mlflow.flush_trace_async_logging()
 
 
 def log_metrics(metrics: dict[str, float]) -> None:

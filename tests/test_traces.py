@@ -128,3 +128,46 @@ def test_rerun_answers_nothing_new_and_scores_nothing_twice(tracked_run):
     for trace in traces_of(run_id):
         names = [a.name for a in trace.info.assessments]
         assert names.count("correct") == 1 and names.count("answer") == 1
+
+
+def judge_lm(label="USEFUL"):
+    return DummyLM({"`label`": {"reasoning": f"the context supports it ({label})", "label": label}},
+                   adapter=dspy.JSONAdapter())
+
+
+def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(tracked_run):
+    from hcqr_dspy.dur import judge_and_track
+
+    run_id = tracked_run["run_id"]
+    metrics = judge_and_track(tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(),
+                              mlflow_dir=tracked_run["store"], progress=False)
+    assert metrics["dur"] == 1.0 and mlflow.get_run(run_id).data.metrics["dur"] == 1.0
+    for trace in traces_of(run_id):
+        dur = [a for a in trace.info.assessments if a.name == "dur"]
+        assert len(dur) == 1 and dur[0].value == "USEFUL" and "supports it" in dur[0].rationale
+        assert (dur[0].source.source_type, dur[0].source.source_id) == ("LLM_JUDGE", "openai/judge")
+        assert assessments(trace, "feedback")["dur_positive_control"] == "USEFUL"
+        # the judge's own trace: tagged with the question and the judged run, holding the judge's LM calls
+        judge_trace = mlflow.get_trace(dur[0].metadata["judge_trace_id"])
+        assert judge_trace.info.tags["kind"] == "dur_judge" and judge_trace.info.tags["judged_run_id"] == run_id
+        assert judge_trace.info.tags["qid"] == trace.info.tags["qid"]
+        assert {"judge", "controls"} <= {s.name for s in judge_trace.data.spans}
+        assert sum(s.span_type == "CHAT_MODEL" for s in judge_trace.data.spans) == 3  # context + two controls
+    # judging again (resumed: nothing new) logs no second label
+    judge_and_track(tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(), mlflow_dir=tracked_run["store"],
+                    progress=False)
+    assert all([a.name for a in t.info.assessments].count("dur") == 1 for t in traces_of(run_id))
+
+
+def test_the_dur_judge_is_an_mlflow_scorer(tracked_run):
+    from hcqr_dspy.scorers import dur_scorer
+
+    traces = traces_of(tracked_run["run_id"])
+    with mlflow.start_run(run_name="dur scorer") as run:
+        mlflow.genai.evaluate(data=traces, scorers=[dur_scorer(judge_lm("ENTAILED"), judge_lm="openai/judge")])
+    scored = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list")
+    assert len(scored) == 3
+    for trace in scored:
+        labels = [a.value for a in trace.info.assessments if a.name == "dur"
+                  and (a.metadata or {}).get("mlflow.assessment.sourceRunId") == run.info.run_id]
+        assert labels == ["ENTAILED"]
