@@ -146,7 +146,7 @@ def test_shipped_experiments_by_name_resolve_paths_from_the_working_folder(setup
         GRID.format(budget=3, limit=2, d1="../../shared/data/benchmark/medqa.json").replace("index: idx", "index: ../indexes/medcorpus-bm25"))
     assert load_experiment("paper_main").name == "grid"
     with pytest.raises(ExperimentError, match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
-                                              r"experiments there: ablations, paper_main$"):
+                                              r"experiments there: ablations, paper_main, study_mmlu$"):
         load_experiment("nope")
 
 
