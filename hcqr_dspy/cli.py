@@ -390,20 +390,14 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hcqr_dspy import tracking
-    from hcqr_dspy.compare import compare
+    from hcqr_dspy.compare import compare, track_comparison
 
     report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels)
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
-        import mlflow
-
-        with tracking.mlflow_run("compare", {"runs": [str(r) for r in args.runs], "reference": args.reference},
-                                 tags={"kind": "comparison"}, store=args.mlflow_dir, traces=False) as run:
-            for f in files:
-                mlflow.log_artifact(str(f), artifact_path="comparison")
-        print(f"MLflow run {run.info.run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
+        run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
     return 0
 
 
@@ -440,26 +434,35 @@ def cmd_compile(args: argparse.Namespace) -> int:
         reflection_lm=args.reflection_lm, reflection_api_base=args.reflection_api_base,
         reflection_api_key_env=args.reflection_api_key_env, train_size=args.train_size, val_size=args.val_size,
         holdout=list(args.holdout or []), program_options=options, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
-        api_base=args.api_base, api_key_env=args.api_key_env,
+        api_base=args.api_base, api_key_env=args.api_key_env, register=args.register, alias=args.alias,
     )
     out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(f"saved compiled {args.program} to {out['out']} ({out['train']} training + {out['val']} validation questions)")
     for name, info in out["predictors"].items():
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {info['demos']} demos, instructions {changed}")
+    if out["scores"].get("val_score") is not None:
+        print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")
     if out["mlflow_run_id"]:
-        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)}; run it with "
+        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
               f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}")
+    if out["registered"]:
+        uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
+        print(f"registered as {out['registered']}" + (f" (alias {args.alias})" if args.alias else "")
+              + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
+              f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local -h 127.0.0.1 -p 5001")
     return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from hcqr_dspy.tracking import serve_ui, store_dir
+    from hcqr_dspy.tracking import configure, key_metrics_url, serve_ui, store_dir
 
     folder = store_dir(args.mlflow_dir)
     if not (folder / "mlflow.db").exists():
         raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
-    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)", file=sys.stderr)
+    experiment_id = configure(args.mlflow_dir)
+    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
+          f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}", file=sys.stderr)
     return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
 
 
@@ -610,6 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries))")
     p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
+    p.add_argument("--register", default=None, metavar="NAME",
+                   help="register the compiled program in the MLflow Model Registry as NAME (a new version; "
+                        "then --program models:/NAME/VERSION; default: not registered)")
+    p.add_argument("--alias", default=None, help="alias of the registered version, e.g. champion "
+                                                 "(--program models:/NAME@ALIAS; default: none)")
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
     p.add_argument("--reflection-api-key-env", default=None,

@@ -29,13 +29,22 @@ class DataError(HCQRError):
     """A benchmark file or question row is malformed."""
 
 
-def check_question(qid: str, row: object, where: str) -> dspy.Example:
+def check_question(qid: str, row: object, where: str, labelled: bool = True) -> dspy.Example:
     """Validate one MIRAGE row and build its Example.
+
+    Args:
+        qid: The question's id.
+        row: ``{question, options, answer}``.
+        where: The file (or flag) it came from, for messages.
+        labelled: The row must have a gold ``answer``. With ``False`` (unlabelled questions, ``hcqr
+            predict``) a row without ``answer`` (or with ``null``) gets ``answer=None``; an answer that
+            is given must still be one of the options.
 
     Raises:
         DataError: not an object, missing/empty question, fewer than two
             options, option labels that are not consecutive letters from
-            ``A``, an empty option text, or an answer not among the options.
+            ``A``, an empty option text, or an answer not among the options
+            (a missing one too, unless ``labelled`` is false).
     """
     if not isinstance(row, dict):
         raise DataError(f"{where}: question {qid!r} is not a JSON object")
@@ -64,7 +73,9 @@ def check_question(qid: str, row: object, where: str) -> dspy.Example:
         opts[key] = text.strip()
     answer = row.get("answer")
     answer = answer.strip().upper() if isinstance(answer, str) else answer
-    if answer not in opts:
+    if answer is None and not labelled:
+        pass
+    elif answer not in opts:
         raise DataError(f"{where}: question {qid!r} has answer {row.get('answer')!r}, not one of its options {list(opts)}")
     return dspy.Example(qid=str(qid), question=question.strip(), options=opts, answer=answer).with_inputs(
         "question", "options"

@@ -12,6 +12,7 @@ evaluation continues its MLflow run (its id is kept in ``config.json``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import contextmanager
@@ -39,6 +40,14 @@ run by hcqr-dspy as DSPy programs.
 """
 # The metrics a reader looks at first: logged by every evaluation run (and shown first by `hcqr` tables).
 KEY_METRICS = ("accuracy", "accuracy_se", "invalid_rate", "dur", "mean_lm_calls")
+# A saved view of the experiment's runs table with those metrics as its columns. MLflow's UI keeps "shared
+# views" as experiment tags `mlflow.sharedViewState.<key>` (a JSON of the table's state; column keys are
+# `metrics.`name`` / `tags.`name`` / `attributes.`name``) and opens one with `?viewStateShareKey=<key>`.
+KEY_VIEW = "hcqr-key-metrics"
+KEY_VIEW_STATE = {
+    "selectedColumns": [*(f"metrics.`{m}`" for m in KEY_METRICS), "tags.`program`", "attributes.`Dataset`"],
+    "orderByKey": "attributes.start_time", "orderByAsc": False,
+}
 
 
 def store_dir(path: str | Path | None = None) -> Path:
@@ -94,8 +103,17 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
             experiment_id = mlflow.create_experiment(
                 experiment, artifact_location=(folder / "artifacts" / experiment).as_uri(),
                 tags={"mlflow.note.content": EXPERIMENT_DESCRIPTION})
+    client = mlflow.MlflowClient()
+    view = json.dumps(KEY_VIEW_STATE)
+    if client.get_experiment(experiment_id).tags.get(f"mlflow.sharedViewState.{KEY_VIEW}") != view:
+        client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{KEY_VIEW}", view)
     mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
     return experiment_id
+
+
+def key_metrics_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The address of the runs table with :data:`KEY_METRICS` as its columns, on a UI at ``host:port``."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?viewStateShareKey={KEY_VIEW}"
 
 
 def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:

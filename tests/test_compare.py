@@ -250,3 +250,33 @@ def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"q1": "p1"}))
     with pytest.raises(HCQRError, match="question 'q1' has str"):
         load_qrels(tmp_path / "bad.json")
+
+
+def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_logs_its_figures(tmp_path, mlflow_store):
+    import mlflow
+
+    from hcqr_dspy import tracking
+    from hcqr_dspy.compare import track_comparison
+
+    ids = {}
+    for method in ("simple_rag", "hcqr"):
+        with tracking.mlflow_run(f"{method} run", {}, store=mlflow_store, traces=False) as run:
+            ids[method] = run.info.run_id
+    a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13, dataset="/data/medqa.json")
+    b = make_run(tmp_path / "b", "hcqr", [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5, dataset="/data/medqa.json",
+                 dur={"dur_n": 25, "dur_invalid": 0, "dur": 0.75, "dur_entailed": 0.25, "dur_useful": 0.5, "dur_not_useful": 0.25})
+    for folder, method in ((a, "simple_rag"), (b, "hcqr")):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "mlflow_run_id": ids[method]}))
+    compare([a, b], reference="simple_rag", out_dir=tmp_path / "out")
+    run = mlflow.get_run(track_comparison(tmp_path / "out", mlflow_dir=mlflow_store))
+    assert run.info.run_name == "compare simple_rag vs hcqr · medqa · local"
+    assert run.data.tags["kind"] == "comparison" and run.data.tags["reference"] == "simple_rag"
+    assert run.data.tags["runs"] == f"{ids['simple_rag']},{ids['hcqr']}" and run.data.tags["run.hcqr"] == ids["hcqr"]
+    m = run.data.metrics
+    assert m["accuracy.simple_rag"] == 0.48 and m["accuracy.hcqr"] == 0.72
+    assert m["delta_accuracy.hcqr"] == pytest.approx(0.24) and m["mcnemar_p.hcqr"] == pytest.approx(0.109375)
+    assert m["dur.hcqr"] == 0.75 and "delta_accuracy.simple_rag" not in m
+    assert f"runs/{ids['hcqr']})" in run.data.tags["mlflow.note.content"]
+    names = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "comparison")}
+    assert "comparison/comparison.md" in names and "comparison/accuracy.png" in names

@@ -193,7 +193,7 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
     out = run_compile(spec, mlflow_dir=mlflow_store)
     assert stub.count >= 1 and out["model_uri"]
     places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
-    assert any(p.name == "program.json" for p in places) and any("model" in p.parts for p in places)
+    assert any(p.name == "program.json" for p in places) and any(p.name == "MLmodel" for p in places)
     for path in places:
         assert SECRET.encode() not in path.read_bytes(), path
     stub.stop()
