@@ -19,6 +19,7 @@ from hcqr_dspy.optimize import (
     CompileSpec,
     RecipeError,
     build_optimizer,
+    optimizer_scores,
     compile_program,
     diagnose,
     load_recipe,
@@ -127,6 +128,7 @@ def test_random_search_scores_every_candidate_and_keeps_the_best(teaching):
     assert zero_shot["score"] == pytest.approx(100 / 3, abs=0.01)  # the validation split, a third solved
     assert candidates[0]["score"] == max(c["score"] for c in candidates) == pytest.approx(200 / 3, abs=0.01)
     assert candidates[0]["program"] is compiled
+    assert optimizer_scores(compiled) == {"val_score": pytest.approx(2 / 3, abs=1e-4), "candidates": len(candidates)}
     train = {q.question for q in teaching["train"]}
     assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
     assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == DEMOS
@@ -138,6 +140,7 @@ def test_mipro_light_as_shipped_picks_proposed_instructions_and_demos(teaching):
     student, compiled = compile_with(recipe, teaching)
     assert compiled.trial_logs[1]["full_eval_score"] == pytest.approx(100 / 3, abs=0.01)  # the zero-shot program
     assert compiled.score == 100.0  # reachable only with the proposed instruction and demos on the answer step
+    assert optimizer_scores(compiled)["val_score"] == 1.0
     assert compiled.answer.signature.instructions == TAUGHT != student.answer.signature.instructions
     train = {q.question for q in teaching["train"]}
     assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
