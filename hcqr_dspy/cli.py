@@ -218,6 +218,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.data import load_questions, select
+    from hcqr_dspy.run import EvalSpec, answers_target, run_evaluation, write_answers
+
+    out = answers_target(args.out)
+    spec = EvalSpec(
+        method=args.method if args.program else (args.method or "hcqr"), dataset=args.input, index=args.index,
+        lm=args.lm, limit=args.limit, seed=args.seed, ids=args.ids.split(",") if args.ids else None,
+        program_options=_program_options(args), max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base,
+        api_key_env=args.api_key_env, num_threads=args.threads, run_dir=args.run_dir, program=args.program,
+        search_options=_search_options(args), labelled=False,
+    )
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    questions = select(load_questions(args.input, labelled=False), limit=args.limit, seed=args.seed, ids=spec.ids)
+    write_answers(out, result.rows, questions)
+    print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
+    scored = "accuracy" in result.metrics
+    print(f"\n{len(result.rows)} answers written to {out}" + (" (with gold answers: scored)" if scored else "")
+          + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
+    if run_id:
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
+    return 0
+
+
 def _store(args) -> str:
     from hcqr_dspy.tracking import tracking_uri
 
@@ -250,9 +275,7 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             raise DataError(f"{args.json}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         if isinstance(row, dict) and "question" not in row and len(row) == 1:
             row = next(iter(row.values()))  # a one-question MIRAGE file
-        if isinstance(row, dict) and "answer" not in row:
-            row = {**row, "answer": next(iter(row.get("options") or {"A": ""}), "A")}
-        ex = check_question("ask", row, args.json)
+        ex = check_question("ask", row, args.json, labelled=False)
         return ex.question, ex.options
     if not args.question:
         raise DataError("give --question and --option A=... --option B=..., or --json FILE")
@@ -264,7 +287,7 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         if key.strip().upper() in {k.upper() for k in options}:
             raise DataError(f"--option {key.strip()} is given twice; each option letter once")
         options[key.strip()] = text
-    ex = check_question("ask", {"question": args.question, "options": options, "answer": next(iter(options), None)}, "--option")
+    ex = check_question("ask", {"question": args.question, "options": options}, "--option", labelled=False)
     return ex.question, ex.options
 
 
@@ -537,6 +560,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_eval)
+
+    p = command("predict", help="answer a file of questions, with or without gold answers (resumable, tracked)",
+                description="Answer every question of a file with a program (typically a compiled one: --program)\n"
+                            "and write the answers, with their hypothesis, queries and passages, to --out. Questions\n"
+                            "need no gold answer; a file that has them is scored too. The run folder records each\n"
+                            "answer as it finishes: the same command resumes an interrupted run.")
+    _add_program_args(p)
+    p.add_argument("--input", required=True,
+                   help="questions: a MIRAGE-format .json file ({qid: {question, options[, answer]}}) or a .jsonl file "
+                        "(one {id, question, options[, answer]} per line)")
+    p.add_argument("--out", required=True, help="answers file: .jsonl (one answer per line) or .json ({qid: answer})")
+    p.add_argument("--limit", type=_positive_int, default=None, help="answer a seeded random sample of N questions (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
+    _add_mlflow_args(p)
+    _add_lm_args(p)
+    p.set_defaults(func=cmd_predict)
 
     p = command("ask", help="answer one question and show hypothesis, queries and passages")
     _add_program_args(p)

@@ -71,6 +71,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     rows = folder.rows()
     if not rows:
         raise HCQRError(f"run {folder.path} has no finished question")
+    if any(r.get("gold") is None for r in rows):
+        raise HCQRError(f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
+                        "a comparison needs gold answers")
     judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
@@ -275,8 +278,9 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
         if not m.get("n"):
             lines.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
             continue
+        acc = (f"{m['accuracy']:.1%} | {m['accuracy_se']:.1%}" if "accuracy" in m else "– (no gold answers) | –")
         lines.append(
-            f"| {label} | {m['n']} | {m['accuracy']:.1%} | {m['accuracy_se']:.1%} | {m['invalid']} "
+            f"| {label} | {m['n']} | {acc} | {m['invalid']} "
             f"({m['invalid_rate']:.0%}) | {_calls(m)} | {m['mean_prompt_tokens']:.0f} | "
             f"{m['mean_completion_tokens']:.0f} | {m['mean_seconds']:.1f} |"
         )

@@ -213,6 +213,10 @@ def judge_run(
     if not rows:
         raise RunError(f"{folder.path} has no finished question; run `hcqr eval` first")
     questions = folder.load_questions()
+    unlabelled = [r["qid"] for r in rows if questions[r["qid"]].answer is None]
+    if unlabelled:
+        raise RunError(f"{folder.path}: {len(unlabelled)} question(s) have no gold answer ({', '.join(unlabelled[:5])}); "
+                       "the DUR judge needs the correct answer")
     settings = {"judge_lm": judge_lm or getattr(lm, "model", str(lm)), "mode": mode, "reasoning": bool(reasoning),
                 "controls": True, "control_seed": CONTROL_SEED}
     done = folder.judgments()

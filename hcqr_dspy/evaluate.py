@@ -53,6 +53,7 @@ __all__ = [
     "LM_UNAVAILABLE",
     "EvalResult",
     "LMUnavailableError",
+    "answer_record",
     "ProgramError",
     "RunError",
     "evaluate",
@@ -104,6 +105,26 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         if key not in row and key not in ("answer", "valid"):
             row[key] = pred.get(key)
     return row
+
+
+def answer_record(qid: str, options: dict[str, str], answer: str | None, valid: bool, error: str | None,
+                  hypothesis: dict[str, Any] | None, queries: list[str] | None,
+                  passages: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One answer as ``hcqr predict`` writes it and the served model returns it: ``qid``, ``answer`` (a
+    letter, ``None`` when the reply was not one), ``answer_text``, ``valid``, ``error``, ``hypothesis``,
+    ``queries`` and ``passages`` (id, title, fused score and the queries, ``q1``..., that found each)."""
+    answer = answer if valid else None
+    return {
+        "qid": qid,
+        "answer": answer,
+        "answer_text": options.get(answer) if answer else None,
+        "valid": bool(valid),
+        "error": error,
+        "hypothesis": hypothesis,
+        "queries": list(queries or []),
+        "passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
+                      "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in passages or []],
+    }
 
 
 def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramError:

@@ -25,7 +25,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         rows: Records written by :func:`hcqr_dspy.evaluate.evaluate`.
 
     Returns:
-        ``n``, ``accuracy``, ``accuracy_se``, ``invalid_rate``, ``invalid``,
+        ``n``, ``accuracy``, ``accuracy_se`` (over the rows with a gold answer; absent when
+        none has one, and ``labelled`` counts them when some lack one), ``invalid_rate``, ``invalid``,
         means per question of ``lm_calls`` (served by the model),
         ``cached_lm_calls`` (served by DSPy's cache), ``prompt_tokens``,
         ``completion_tokens``, ``seconds``, and the same per stage as
@@ -43,17 +44,16 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     n = len(rows)
     if n == 0:
         return {"n": 0}
-    correct = sum(bool(r["correct"]) for r in rows)
     invalid = sum(not r["valid"] for r in rows)
-    acc = correct / n
-    out: dict[str, float] = {
-        "n": n,
-        "correct": correct,
-        "accuracy": acc,
-        "accuracy_se": math.sqrt(acc * (1 - acc) / n),
-        "invalid": invalid,
-        "invalid_rate": invalid / n,
-    }
+    out: dict[str, float] = {"n": n}
+    labelled = [r for r in rows if r.get("gold") is not None]
+    if labelled:  # accuracy over the questions with a gold answer (all of them in an evaluation)
+        correct = sum(bool(r["correct"]) for r in labelled)
+        acc = correct / len(labelled)
+        out.update(correct=correct, accuracy=acc, accuracy_se=math.sqrt(acc * (1 - acc) / len(labelled)))
+    if len(labelled) < n:
+        out["labelled"] = len(labelled)
+    out.update(invalid=invalid, invalid_rate=invalid / n)
     for field in ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
         out[f"mean_{field}"] = sum(r.get(field) or 0 for r in rows) / n
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

@@ -47,6 +47,9 @@ class EvalSpec:
             ``None``; given, it must match), so ``program_options`` must be empty.
         search_options: Search-time options of a dense index (``nprobe``,
             ``efSearch``); recorded in the config under ``index``.
+        labelled: The questions must have gold answers (``hcqr eval``). ``False``
+            (``hcqr predict``) accepts questions without one; they are answered, not
+            scored, and the config records ``questions.labelled: false``.
     """
 
     method: str | None
@@ -66,6 +69,7 @@ class EvalSpec:
     run_dir: str | None = None
     program: str | None = None
     search_options: dict[str, int] = field(default_factory=dict)
+    labelled: bool = True
 
 
 def _slug(text: str) -> str:
@@ -122,7 +126,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
                         + ", ".join("--" + k.replace("_", "-") for k in sorted(spec.program_options)))
     check_program_options(spec.method, spec.program_options)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
-    questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
+    questions = select(load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
     retriever, index_info = open_index(spec.method, spec.index, spec.search_options)
@@ -140,7 +144,8 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "program": program.settings(),
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
-        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed},
+        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed,
+                      **({} if spec.labelled else {"labelled": False})},
         "index": index_info,
         "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
         "adapter": "JSONAdapter",
@@ -204,11 +209,13 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
 
 
 def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
-    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>``: the same spec reuses (resumes) its folder."""
+    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>`` (``predict-<method>...`` for unlabelled
+    questions): the same spec reuses (resumes) its folder."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
     dataset = _slug(dataset_name(spec.dataset))
     lm = _slug(spec.lm.replace(":", "-").replace("/", "-"))
-    return DEFAULT_RUNS / dataset / f"{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
+    kind = "" if spec.labelled else "predict-"
+    return DEFAULT_RUNS / dataset / f"{kind}{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
 
 
 def run_evaluation(
@@ -300,13 +307,62 @@ SCORED_TAG = "hcqr.scored"
 
 
 def program_label(config: dict[str, Any]) -> str:
-    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` when it records no recipe)."""
+    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made)."""
     saved = config.get("saved_program")
     if not saved:
         return "zero-shot"
-    return f"compiled:{saved.get('recipe') or 'saved'}"
+    return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
 
 
 def run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
     """An evaluation run's MLflow name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
     return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])
+
+
+def answers_target(out: str | Path) -> Path:
+    """Check where :func:`write_answers` will write, before any LM call.
+
+    Raises:
+        HCQRError: ``out`` is a folder, or its folder cannot be created or written.
+    """
+    from hcqr_dspy.run_folder import write_probe
+
+    path = Path(out)
+    if path.is_dir():
+        raise HCQRError(f"--out {path} is a folder; give a file (answers.jsonl or answers.json)")
+    try:
+        write_probe(path.parent)
+    except OSError as exc:
+        raise HCQRError(f"--out {path}: its folder cannot be written ({exc.strerror or exc})") from None
+    return path
+
+
+def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Sequence[dspy.Example]) -> Path:
+    """Write a run's answers for people and programs: one record per question, in question order
+    (:func:`hcqr_dspy.evaluate.answer_record`: the letter and its text, validity, hypothesis, queries and
+    passages; ``gold`` and ``correct`` when the question has a gold answer).
+
+    ``out`` ending in ``.json`` gets one object ``{qid: record}``; any other name gets JSON Lines. The
+    file is written whole to a temporary name and renamed, so a reader never sees half of it.
+    """
+    from hcqr_dspy.evaluate import answer_record
+
+    by_qid = {r["qid"]: r for r in rows}
+    records = []
+    for q in questions:
+        r = by_qid.get(q.qid)
+        if r is None:
+            continue
+        record = answer_record(q.qid, q.options, r.get("prediction"), r["valid"], r.get("error"), r.get("hypothesis"),
+                               r.get("queries"), r.get("passages"))
+        if q.answer is not None:
+            record.update(gold=q.answer, correct=r["correct"])
+        records.append(record)
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps({r["qid"]: r for r in records}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    else:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -28,7 +28,8 @@ Serving (MLflow's scoring server; ``--env-manager local`` uses the environment h
       -d '{"dataframe_records": [{"question": "A 70-year-old ...", "options": {"A": "...", "B": "..."}}]}'
 
 Each answer is ``{qid, answer, answer_text, valid, error, hypothesis, queries, passages}`` (passages:
-id, title, score and the queries that found them), as ``hcqr predict`` writes them.
+id, title, score and the queries that found them: :func:`hcqr_dspy.evaluate.answer_record`), as
+``hcqr predict`` writes them.
 """
 
 from __future__ import annotations
@@ -48,22 +49,6 @@ ENV_OVERRIDES = {"lm": "HCQR_SERVE_LM", "index": "HCQR_SERVE_INDEX", "api_base":
 
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
-
-
-def answer_record(qid: str, options: dict[str, str], pred: Any) -> dict[str, Any]:
-    """What a served or predicted answer holds: the letter and its text, validity, and how it was reached."""
-    answer = pred.get("answer") if pred.get("valid") else None
-    return {
-        "qid": qid,
-        "answer": answer,
-        "answer_text": options.get(answer) if answer else None,
-        "valid": bool(pred.get("valid")),
-        "error": pred.get("error"),
-        "hypothesis": pred.get("hypothesis"),
-        "queries": pred.get("queries") or [],
-        "passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
-                      "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in pred.get("passages") or []],
-    }
 
 
 class ProgramModel:
@@ -110,6 +95,7 @@ class ProgramModel:
         import dspy
 
         from hcqr_dspy.data import check_question
+        from hcqr_dspy.evaluate import answer_record
 
         records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
         out = []
@@ -118,7 +104,8 @@ class ProgramModel:
             ex = check_question(qid, {k: v for k, v in record.items() if k != "answer"}, "request", labelled=False)
             with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
                 pred = self.program(question=ex.question, options=ex.options)
-            out.append(answer_record(qid, ex.options, pred))
+            out.append(answer_record(qid, ex.options, pred.get("answer"), bool(pred.get("valid")), pred.get("error"),
+                                     pred.get("hypothesis"), pred.get("queries"), pred.get("passages")))
         return out
 
 
