@@ -297,6 +297,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from hcqr_dspy.evaluate import LM_UNAVAILABLE, lm_failure
     from hcqr_dspy.lm import build_lm, check_lm, parse_lm_spec
     from hcqr_dspy.programs import PROGRAMS, make_program
+    from hcqr_dspy.programs.base import observe_stages
     from hcqr_dspy.program_io import load_program, read_meta, resolve_program_path
     from hcqr_dspy.retrieval import load_index
     from hcqr_dspy.run import check_program_options
@@ -321,7 +322,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if PROGRAMS[method].uses_retrieval:
         if not args.index:
             raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
+        t0 = time.perf_counter()
+        _progress(f"loading the index {args.index} ...")
         retriever = load_index(args.index, search_options=_search_options(args))
+        _progress(f"  {len(retriever.corpus)} passages ({retriever.kind}) in {time.perf_counter() - t0:.1f} s")
     if folder is not None:
         program, meta = load_program(folder, retriever)
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
@@ -330,40 +334,77 @@ def cmd_ask(args: argparse.Namespace) -> int:
             program = make_program(method, retriever, **_program_options(args))
         except ValueError as exc:
             raise HCQRError(f"method {method!r}: {exc}") from None
+    t0 = time.perf_counter()
+    _progress(f"loading the model {args.lm} ...")
     lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
     check_lm(lm)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    _progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), observe_stages(_stage_progress):
         try:
             pred = program(question=question, options=options)
         except LM_UNAVAILABLE as exc:
             raise HCQRError(f"the LM stopped answering or cannot be used ({lm_failure(exc)}); nothing was answered") from None
-    if pred.get("hypothesis"):
-        h = pred.hypothesis
+    _show_answer({**pred.toDict(), "answer": pred.answer}, options, retriever, args.width)
+    return 0 if pred.valid else 1
+
+
+def _progress(message: str) -> None:
+    """A line saying what the command is doing, on stderr (stdout keeps the result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _stage_progress(name: str, record: dict | None) -> None:
+    """Print a program stage as it starts and ends (:func:`hcqr_dspy.programs.base.observe_stages`)."""
+    if record is None:
+        _progress(f"  {name} ...")
+    else:
+        calls = record.get("lm_calls", 0) + record.get("cached_lm_calls", 0)
+        _progress(f"  {name} done in {record['seconds']:.1f} s" + (f" ({calls} LM call{'s' * (calls != 1)})" if calls else ""))
+
+
+def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 100) -> None:
+    """Print how a question was answered: hypothesis, queries, the shown passages (score, id, title, the
+    queries that found each and its first words) and the answer.
+
+    Args:
+        fields: A prediction's fields or a run row (``answer`` or ``prediction``, ``valid``, ``error``,
+            ``reasoning``, ``hypothesis``, ``queries``, ``query_sources``, ``query_roles``, ``passages``).
+        options: The question's options.
+        retriever: Resolves passage ids to their text (``None``: no snippets).
+        width: Characters of each passage's text to print.
+    """
+    h = fields.get("hypothesis")
+    if h:
         print("Hypothesis")
-        print(f"  best option:        {h['working_hypothesis']}. {options.get(h['working_hypothesis'], '')}")
-        print(f"  features:           {h['discriminating_features']}")
+        print(f"  best option:         {h['working_hypothesis']}. {options.get(h['working_hypothesis'], '')}")
+        print(f"  features:            {h['discriminating_features']}")
         print(f"  confirming evidence: {h['confirming_evidence']}")
-        print(f"  reasoning:          {h['reasoning']}")
-    roles = [r.replace("_", " ") for r in pred.get("query_roles") or []]
-    if pred.get("queries"):
+        print(f"  reasoning:           {h['reasoning']}")
+    roles = [r.replace("_", " ") for r in fields.get("query_roles") or []]
+    sources = fields.get("query_sources") or []
+    if fields.get("queries"):
         print("Queries")
-        for i, q in enumerate(pred.queries):
-            src = f" [{pred.query_sources[i]}]" if pred.get("query_sources") else ""
+        for i, q in enumerate(fields["queries"]):
+            src = f" [{sources[i]}]" if i < len(sources) else ""
             role = f" {roles[i]}" if i < len(roles) else ""
             print(f"  q{i + 1}{role}{src}: {q}")
-    if pred.get("passages"):
-        print(f"Passages ({len(pred.passages)})")
-        for i, p in enumerate(pred.passages, start=1):
-            found_by = ",".join(f"q{q + 1}" for q in p["queries"])
-            print(f"  [{i:>2}] {p['title']}  ({p['id']}; found by {found_by})")
+    passages = fields.get("passages") or []
+    if passages:
+        print(f"Passages ({len(passages)} shown to the answer step; score, id, title, found by)")
+        for i, p in enumerate(passages, start=1):
+            found_by = ",".join(f"q{q + 1}" for q in p.get("queries") or [])
+            print(f"  [{i:>2}] {p.get('score', 0):8.3f}  {p['id']}  {p['title']}" + (f"  (found by {found_by})" if found_by else ""))
+            if retriever is not None:
+                text = " ".join(retriever.get(p["id"]).content.split())
+                print(f"        {text[:width].rstrip()}{' ...' if len(text) > width else ''}")
+    answer = fields.get("answer", fields.get("prediction"))
     print("Answer")
-    if pred.valid:
-        print(f"  {pred.answer}. {options[pred.answer]}")
+    if fields.get("valid"):
+        print(f"  {answer}. {options[answer]}")
     else:
-        print(f"  invalid reply ({pred.error})")
-    if pred.reasoning:
-        print(f"  reasoning: {pred.reasoning}")
-    return 0 if pred.valid else 1
+        print(f"  invalid reply ({fields.get('error')})")
+    if fields.get("reasoning"):
+        print(f"  reasoning: {fields['reasoning']}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

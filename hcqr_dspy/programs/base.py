@@ -29,7 +29,8 @@ import re
 import time
 import types
 from contextlib import contextmanager
-from typing import Any, Iterator, TypeVar
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError, ContextWindowExceededError
@@ -111,6 +112,24 @@ class _LMCallCounter(BaseCallback):
         self.requests += 1
 
 
+# Who is told when a stage starts and ends (``hcqr ask`` and ``hcqr demo`` print it): a callable
+# ``observer(name, record)``, called with ``record=None`` when stage ``name`` starts and with its
+# ``stages[name]`` record when it ends. Set with :func:`observe_stages`; per thread and context.
+STAGE_OBSERVER: ContextVar[Callable[[str, dict[str, Any] | None], None] | None] = ContextVar("hcqr_stage_observer",
+                                                                                             default=None)
+
+
+@contextmanager
+def observe_stages(observer: Callable[[str, dict[str, Any] | None], None]) -> Iterator[None]:
+    """Call ``observer(name, None)`` when a program's stage starts and ``observer(name, record)`` when it
+    ends (its seconds, LM calls and tokens), for the programs run inside the block."""
+    token = STAGE_OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        STAGE_OBSERVER.reset(token)
+
+
 @contextmanager
 def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> Iterator[traces.SpanHandle]:
     """Record wall time, LM calls and tokens of one stage into ``stages[name]``; under an MLflow trace,
@@ -124,6 +143,9 @@ def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> I
     Yields:
         The stage's span handle (``handle.output(value)`` sets the span's outputs when it is recorded).
     """
+    observer = STAGE_OBSERVER.get()
+    if observer is not None:
+        observer(name, None)
     t0 = time.perf_counter()
     counter = _LMCallCounter()
     with traces.span(name, inputs=inputs) as handle, \
@@ -139,6 +161,8 @@ def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> I
                 "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
                 "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
             }
+            if observer is not None:
+                observer(name, stages[name])
 
 
 # Option texts that carry no searchable content (PubMedQA/BioASQ-style answers).
