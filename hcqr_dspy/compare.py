@@ -309,24 +309,85 @@ def _pyplot():
     return plt
 
 
-def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
-    """Bar chart of accuracy with 95% Wilson intervals (statsmodels ``proportion_confint``)."""
-    plt = _pyplot()
+def plot_context(runs: Sequence[Run]) -> str:
+    """The line every plot's title ends with: dataset, LM and question count (``medqa · LM local · n=20``);
+    several datasets or LMs are listed."""
+    datasets = sorted({r.folder.dataset_name for r in runs})
+    lms = sorted({r.folder.lm_spec or "?" for r in runs})
+    return f"{', '.join(datasets)} · LM {', '.join(lms)} · n={runs[0].metrics['n']}"
+
+
+def _save(fig, out: Path) -> Path:
+    """Write a figure with everything drawn around the axes (titles, legends, rotated labels) inside it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out, dpi=120, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    return out
+
+
+def wilson_interval(run: Run) -> tuple[float, float]:
+    """95% Wilson score interval of a run's accuracy (statsmodels ``proportion_confint(method="wilson")``)."""
     from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(run.metrics["correct"], run.metrics["n"], method="wilson")
+    return float(lo), float(hi)
+
+
+def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
+    """Bar chart of accuracy with 95% Wilson intervals (:func:`wilson_interval`)."""
+    plt = _pyplot()
 
     labels = [r.label for r in runs]
     acc = [r.metrics["accuracy"] for r in runs]
-    lo, hi = zip(*(proportion_confint(r.metrics["correct"], r.metrics["n"], method="wilson") for r in runs))
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(runs)), 3.5))
+    lo, hi = zip(*(wilson_interval(r) for r in runs))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.8))
     ax.bar(labels, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]], capsize=4, color="#4C72B0")
     ax.set_ylabel("accuracy (95% Wilson CI)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Accuracy on {runs[0].metrics['n']} questions")
+    ax.set_title(f"Accuracy\n{plot_context(runs)}", fontsize=10)
     plt.xticks(rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
+
+
+def plot_accuracy_vs_cost(runs: Sequence[Run], out: Path) -> Path:
+    """Write :func:`accuracy_vs_cost_figure` to ``out``."""
+    return _save(accuracy_vs_cost_figure(runs), out)
+
+
+def accuracy_vs_cost_figure(runs: Sequence[Run]):
+    """Accuracy (with its 95% Wilson interval) against cost per question, one point per run: is a method's
+    extra cost (HCQR's three LM calls against Simple RAG's one) paid back in accuracy?
+
+    Left: LM calls per question (every request the method makes, served by the model or by DSPy's
+    cache). Right: tokens per question (prompt + completion, counted on calls the model served).
+
+    Returns:
+        The matplotlib figure (two axes).
+    """
+    plt = _pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
+    xs = {
+        "LM calls per question": [r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0) for r in runs],
+        "tokens per question (prompt + completion)": [r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"]
+                                                       for r in runs],
+    }
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (xlabel, x) in zip(axes, xs.items()):
+        for i, run in enumerate(runs):
+            lo, hi = wilson_interval(run)
+            acc = run.metrics["accuracy"]
+            ax.errorbar([x[i]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4, color=colors[i % len(colors)],
+                        label=run.label)
+            ax.annotate(run.label, (x[i], acc), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(left=0, right=max(x) * 1.25 if max(x) > 0 else 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (95% Wilson CI)")
+    axes[0].set_ylim(0, 1)
+    fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
+    return fig
 
 
 def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
@@ -346,17 +407,21 @@ def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
         ax.bar([r.label for r in judged], vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("share of judged questions")
-    ax.set_title("Decision-Useful Rate labels")
+    ax.set_title(f"Decision-Useful Rate labels\n{plot_context(judged)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plt.xticks(rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
-    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...)."""
+    """Write :func:`hypothesis_changes_figure` to ``out``; ``None`` when no run has hypotheses."""
+    fig = hypothesis_changes_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def hypothesis_changes_figure(runs: Sequence[Run]):
+    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...), in
+    questions (whole numbers on the axis); ``None`` when no run has hypotheses."""
     with_h = [(r, hypothesis_changes(r.rows)) for r in runs]
     with_h = [(r, c) for r, c in with_h if c["with_hypothesis"]]
     if not with_h:
@@ -365,19 +430,19 @@ def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
 
     keys = ("kept_right", "fixed", "kept_wrong", "broke", "changed_wrong_to_wrong", "invalid_answer")
     colors = ("#2ca02c", "#98df8a", "#ff9896", "#d62728", "#ffbb78", "#7f7f7f")
-    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(with_h)), 3.5))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(with_h)), 3.8))
     bottom = [0] * len(with_h)
     for key, color in zip(keys, colors):
         vals = [c[key] for _, c in with_h]
         ax.bar([r.label for r, _ in with_h], vals, bottom=bottom, label=key.replace("_", " "), color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("questions")
-    ax.set_title("Final answer vs working hypothesis")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # question counts: whole numbers only
+    ax.set_title(f"Final answer vs working hypothesis\n{plot_context([r for r, _ in with_h])}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def fallback_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
@@ -567,7 +632,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    files = [plot_accuracy(runs, out / "accuracy.png")]
+    files = [plot_accuracy(runs, out / "accuracy.png"), plot_accuracy_vs_cost(runs, out / "accuracy_vs_cost.png")]
     files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
     ordered = [ref] + [r for r in runs if r is not ref]
     from hcqr_dspy.evidence import qrels_beside

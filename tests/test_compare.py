@@ -280,3 +280,29 @@ def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_log
     assert f"runs/{ids['hcqr']})" in run.data.tags["mlflow.note.content"]
     names = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "comparison")}
     assert "comparison/comparison.md" in names and "comparison/accuracy.png" in names
+
+
+def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_against_cost(tmp_path):
+    from PIL import Image
+
+    from hcqr_dspy.compare import accuracy_vs_cost_figure, hypothesis_changes_figure, load_run
+
+    a = make_run(tmp_path / "a", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
+    b = make_run(tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json")
+    runs = [load_run(a), load_run(b)]
+    two = make_run(tmp_path / "two", "hcqr", [True, False], hypothesis=["A", "A"], dataset="/data/medqa.json")
+    fig = hypothesis_changes_figure([load_run(two)])
+    ax = fig.axes[0]
+    ax.figure.canvas.draw()
+    assert all(float(t).is_integer() for t in ax.get_yticks())  # 2 questions: no 0.25, 0.5 ... ticks
+    assert ax.get_title().endswith("medqa · LM local · n=2")
+    fig = accuracy_vs_cost_figure(runs)
+    calls, tokens = fig.axes
+    assert calls.get_xlabel() == "LM calls per question" and "medqa · LM local · n=5" in fig._suptitle.get_text()
+    points = {c.get_label(): (c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in calls.containers}
+    assert points == {"simple_rag": (3.0, 0.4), "hcqr": (3.0, 0.8)}
+    assert [c.lines[0].get_xdata()[0] for c in tokens.containers] == [110.0, 110.0]
+    # written whole: the title fits in the image (bbox_inches="tight"), the plot is among compare's files
+    _, files = compare([a, b], out_dir=tmp_path / "out")
+    png = next(f for f in files if f.name == "accuracy_vs_cost.png")
+    assert Image.open(png).size[0] > 900
