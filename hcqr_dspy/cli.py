@@ -254,8 +254,10 @@ def _ui_hint(args) -> str:
     from hcqr_dspy.tracking import store_dir
 
     mlflow_dir = getattr(args, "mlflow_dir", None)
-    if os.environ.get("MLFLOW_TRACKING_URI") and mlflow_dir is None:
-        return f"the MLflow UI of {os.environ['MLFLOW_TRACKING_URI']}"
+    external = os.environ.get("MLFLOW_TRACKING_URI")
+    # (MLflow sets the variable itself to the store hcqr configured: that one is ours)
+    if external and mlflow_dir is None and external != f"sqlite:///{store_dir(None) / 'mlflow.db'}":
+        return f"the MLflow UI of {external}"
     if mlflow_dir is None or store_dir(mlflow_dir) == store_dir(None):
         return "`hcqr ui`"
     return f"`hcqr ui --mlflow-dir {store_dir(mlflow_dir)}`"
@@ -408,33 +410,77 @@ def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.compare import compare, metrics_table, track_comparison
+    from hcqr_dspy.data import load_questions, select
     from hcqr_dspy.errors import RetrievalIndexError
     from hcqr_dspy.resources import shipped_dir
     from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index
     from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.run_folder import RunFolder
 
     demo_dir = shipped_dir("demo")  # package data: the same from a wheel, an editable install or a checkout
+    dataset = demo_dir / "questions.json"
     corpus = load_corpus(demo_dir / "corpus.jsonl")
     index = Path(args.index)
     try:
-        load_index(index, corpus=corpus)
-        print(f"demo index: {index} (reused)", file=sys.stderr)
+        retriever = load_index(index, corpus=corpus)
+        _progress(f"demo index: {index} (reused)")
     except RetrievalIndexError:
-        print(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}", file=sys.stderr)
+        _progress(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}")
         build_retriever(corpus, args.retriever).save(index)
-    results = []
-    for method in args.methods.split(","):
-        print(f"\n== {method} on {demo_dir / 'questions.json'} with --lm {args.lm}", file=sys.stderr, flush=True)
+        retriever = load_index(index)
+    questions = {q.qid: q for q in select(load_questions(dataset), limit=args.limit)}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    shown = {"done": False}
+
+    def show_first(row: dict) -> None:
+        """The first complete HCQR answer, in full: what the method does, on one question."""
+        q = questions[row["qid"]]
+        print(f"\nFirst HCQR answer ({row['qid']}, {row['seconds']:.0f} s):\nQuestion: {q.question}")
+        for letter, text in q.options.items():
+            print(f"  {letter}. {text}")
+        _show_answer(row, q.options, retriever)
+        print(f"Gold answer: {q.answer} ({'right' if row['correct'] else 'wrong'})\n", flush=True)
+        shown["done"] = True
+
+    results, run_dirs = [], []
+    for method in methods:
         lm_slug = args.lm.replace(":", "-").replace("/", "-")
-        spec = EvalSpec(method=method, dataset=str(demo_dir / "questions.json"), index=str(index), lm=args.lm,
-                        limit=args.limit, max_tokens=args.max_tokens,
-                        run_dir=str(Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"))
-        result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir)
+        run_dir = Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"
+        earlier = RunFolder(run_dir).rows() if (run_dir / "predictions.jsonl").exists() else []
+        earlier = [r for r in earlier if r["qid"] in questions]
+        tally = {"done": len(earlier), "right": sum(bool(r["correct"]) for r in earlier)}
+        _progress(f"\n== {method} on {len(questions)} demo questions with --lm {args.lm}"
+                  + (f" ({len(earlier)} already answered)" if earlier else ""))
+        if method == "hcqr" and earlier and not shown["done"]:
+            show_first(earlier[0])
+
+        def on_row(row: dict, method: str = method, tally: dict = tally) -> None:
+            tally["done"] += 1
+            tally["right"] += bool(row["correct"])
+            mark = "right" if row["correct"] else ("invalid" if not row["valid"] else "wrong")
+            _progress(f"  {method:<11} {tally['done']:>2}/{len(questions)}  {row['qid']}: {row['prediction'] or '-'} "
+                      f"(gold {row['gold']}, {mark}, {row['seconds']:.0f} s)   accuracy so far "
+                      f"{tally['right']}/{tally['done']} = {tally['right'] / tally['done']:.0%}")
+            if method == "hcqr" and not shown["done"]:
+                show_first(row)
+
+        spec = EvalSpec(method=method, dataset=str(dataset), index=str(index), lm=args.lm, limit=args.limit,
+                        max_tokens=args.max_tokens, run_dir=str(run_dir))
+        result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, progress=False, on_row=on_row)
         results.append((method, result.metrics))
-        print(f"   {run_dir}  (MLflow run {run_id})", file=sys.stderr)
+        run_dirs.append(run_dir)
+        _progress(f"   {run_dir}  (MLflow run {run_id})")
     print()
-    print(metrics_table(results))
+    if len(run_dirs) > 1:
+        reference = "simple_rag" if "simple_rag" in methods else methods[0]
+        out = Path(args.runs) / "comparison"
+        report, files = compare(run_dirs, reference=reference, out_dir=out)
+        print(report.split("\n\n")[1])  # the comparison table: accuracy ± SE, cost, McNemar vs the reference
+        comparison_id = track_comparison(out, mlflow_dir=args.mlflow_dir)
+        print(f"\nComparison: {files[0]} (plots beside it, accuracy_vs_cost.png among them; MLflow run {comparison_id})")
+    else:
+        print(metrics_table(results))
     print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with {_ui_hint(args)} (http://127.0.0.1:5000)")
     return 0
 

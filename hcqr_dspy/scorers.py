@@ -31,8 +31,9 @@ the other questions of the run) and logs each label on the question's trace.
 
 from __future__ import annotations
 
+import io
 import sys
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from typing import Any, Sequence
 
 import mlflow
@@ -168,9 +169,15 @@ def score_run(rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: boo
     data = pd.DataFrame({"trace": found})
     if dataset is not None:
         _name_as(data, dataset)
-    with redirect_stdout(sys.stderr):  # MLflow prints its summary; stdout is the command's report
+    # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
+    # warnings, e.g. failed scorer calls, still reach stderr through logging)
+    chatter = io.StringIO()
+    with redirect_stdout(chatter), redirect_stderr(chatter):
         result = mlflow.genai.evaluate(data=data, scorers=list(scorers or run_scorers(labelled)))
-    return {k: float(v) for k, v in result.metrics.items()}
+    metrics = {k: float(v) for k, v in result.metrics.items()}
+    print(f"scored {len(found)} question traces with mlflow.genai.evaluate: "
+          + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())), file=sys.stderr)
+    return metrics
 
 
 def _name_as(data: Any, dataset: Any) -> None:

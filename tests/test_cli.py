@@ -198,3 +198,9 @@ def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     assert _ui_hint(argparse.Namespace(mlflow_dir="mlruns")) == "`hcqr ui`"
     other = tmp_path / "elsewhere"
     assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    from hcqr_dspy import tracking
+
+    tracking.configure(other)  # MLflow now sets MLFLOW_TRACKING_URI to that store itself: still named by folder
+    assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"
