@@ -1,4 +1,4 @@
-"""MLflow tracking: one MLflow run per evaluation.
+"""MLflow tracking: the store, one MLflow run per evaluation, and what a reviewer sees first.
 
 The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under
 ``<dir>/artifacts`` (MLflow 3's file store is in maintenance mode), where
@@ -6,8 +6,12 @@ The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under
 explicit ``$MLFLOW_TRACKING_URI`` wins. Each run logs the full configuration
 as params, the metrics of :func:`hcqr_dspy.metrics.summarize`, the run
 folder's ``config.json``, ``predictions.jsonl`` and ``metrics.json`` as
-artifacts, and DSPy traces through ``mlflow.dspy.autolog()``. A resumed
-evaluation continues its MLflow run (its id is kept in ``config.json``).
+artifacts, and DSPy traces through ``mlflow.dspy.autolog()`` (each question's
+trace is built by :mod:`hcqr_dspy.traces` and scored by :mod:`hcqr_dspy.scorers`).
+A resumed evaluation continues its MLflow run (its id is kept in ``config.json``).
+Also here: the question set as an MLflow evaluation dataset
+(:func:`questions_dataset`), run descriptions (:func:`describe_run`), and the
+UI (:func:`serve_ui`, ``hcqr ui``).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ EXPERIMENT_DESCRIPTION = """Hypothesis-Conditioned Query Rewriting (HCQR) for re
 run by hcqr-dspy as DSPy programs.
 
 * **Runs** — one per evaluation (`hcqr eval`, `hcqr predict`, experiment cells), named
-  `method · dataset · LM · zero-shot|compiled:<recipe>`; metrics `accuracy`, `accuracy_se`, `invalid_rate`, `dur`,
-  `mean_lm_calls` first; compile runs (`kind=compile`) and comparisons (`kind=comparison`, their runs linked by run id).
+  `method · dataset · LM · zero-shot|compiled:<recipe>`; [the runs table with the key metrics](#/experiments/{experiment_id}/runs?viewStateShareKey={view})
+  (`accuracy`, `accuracy_se`, `invalid_rate`, `dur`, `mean_lm_calls`); compile runs (`kind=compile`) and
+  comparisons (`kind=comparison`, their runs linked by run id).
 * **Traces** — one per question: named stage spans (hypothesis, rewrite, one RETRIEVER span per query, fusion,
   answer), tags `qid`, `method`, `dataset`, `run_folder`, `lm`, `program`; the gold answer as the expectation
   `answer`, and feedback `correct`, `valid`, `hypothesis` (kept/fixed/broke), `dur` (DUR judge). Filter e.g.
@@ -65,6 +70,10 @@ def tracking_uri(path: str | Path | None = None) -> str:
 def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> str:
     """Point MLflow at the store and select (creating if needed) the experiment.
 
+    The experiment gets its description (:data:`EXPERIMENT_DESCRIPTION`, unless it has one) and the
+    saved view of its runs table with the key metrics as columns (:data:`KEY_VIEW`), and becomes the
+    active experiment (traces made outside a run, such as the DUR judge's, are recorded there).
+
     Several processes may start on one new store at once (parallel
     evaluations): MLflow creates and migrates the SQLite schema on first use,
     and two processes doing it together fail ("table ... already exists").
@@ -97,16 +106,17 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
         found = mlflow.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
-            if "mlflow.note.content" not in found.tags:
-                mlflow.MlflowClient().set_experiment_tag(experiment_id, "mlflow.note.content", EXPERIMENT_DESCRIPTION)
         else:
             experiment_id = mlflow.create_experiment(
-                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri(),
-                tags={"mlflow.note.content": EXPERIMENT_DESCRIPTION})
-    client = mlflow.MlflowClient()
-    view = json.dumps(KEY_VIEW_STATE)
-    if client.get_experiment(experiment_id).tags.get(f"mlflow.sharedViewState.{KEY_VIEW}") != view:
-        client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{KEY_VIEW}", view)
+                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+        client = mlflow.MlflowClient()
+        tags = client.get_experiment(experiment_id).tags
+        if "mlflow.note.content" not in tags:  # a description a user wrote is kept
+            client.set_experiment_tag(experiment_id, "mlflow.note.content",
+                                      EXPERIMENT_DESCRIPTION.format(experiment_id=experiment_id, view=KEY_VIEW))
+        view = json.dumps(KEY_VIEW_STATE)
+        if tags.get(f"mlflow.sharedViewState.{KEY_VIEW}") != view:
+            client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{KEY_VIEW}", view)
     mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
     return experiment_id
 

@@ -110,6 +110,12 @@ def test_run_is_an_evaluation_of_its_questions_dataset(tracked_run):
     assert run.data.tags["mlflow.runType"] == "genai_evaluate"
     assert run.data.metrics["correct/mean"] == pytest.approx(2 / 3) == run.data.metrics["accuracy"]
     assert run.data.metrics["valid/mean"] == 1.0
+    experiment = mlflow.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.note.content"].startswith("Hypothesis-Conditioned Query Rewriting")
+    view = json.loads(experiment.tags["mlflow.sharedViewState.hcqr-key-metrics"])  # the runs table's key columns
+    assert view["selectedColumns"][:5] == ["metrics.`accuracy`", "metrics.`accuracy_se`", "metrics.`invalid_rate`",
+                                           "metrics.`dur`", "metrics.`mean_lm_calls`"]
+    assert "runs?viewStateShareKey=hcqr-key-metrics" in experiment.tags["mlflow.note.content"]
     inputs = [d.dataset.name for d in run.inputs.dataset_inputs]
     assert len(inputs) == 1 and inputs[0].startswith("qs-")
     [dataset] = mlflow.genai.datasets.search_datasets(experiment_ids=[run.info.experiment_id],
