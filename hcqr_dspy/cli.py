@@ -14,11 +14,50 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hcqr_dspy import __version__
 from hcqr_dspy.errors import HCQRError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 Command = Callable[[argparse.Namespace], int]
+
+# The names the parser offers, written here so that `hcqr --help` imports neither the method
+# registry nor the retrieval package (dspy, torch, faiss: seconds of imports). tests/test_cli.py
+# checks them against hcqr_dspy.programs.PROGRAMS and hcqr_dspy.retrieval.fusion.STRATEGIES.
+METHODS = ("cot", "simple_rag", "hcqr", "hyde", "query_rewrite", "query_rewrite_options", "rerank_rag", "main_rag",
+           "hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis")
+FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")
+RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help says its default: ``(default: X)`` is added unless the text already
+    says what the default is; switches read ``(default: off)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or "default" in text.lower() or action.default is argparse.SUPPRESS
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        if action.default is None:
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
+def _versions() -> str:
+    """``hcqr-dspy X (dspy Y, mlflow Z, python W)``, read from installed package metadata (no import)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "missing"
+
+    return (f"hcqr-dspy {__version__} (dspy {version('dspy')}, mlflow {version('mlflow')}, "
+            f"python {sys.version.split()[0]})")
 
 
 def _non_negative_int(text: str) -> int:
@@ -145,9 +184,9 @@ def _search_options(args: argparse.Namespace) -> dict:
 
 def _add_search_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nprobe", type=_positive_int, default=None,
-                   help="dense indexes of faiss IVF types: inverted lists visited per query (faiss default 1)")
+                   help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)")
     p.add_argument("--ef-search", type=_positive_int, default=None,
-                   help="dense indexes of faiss HNSW types: candidate list size per query (faiss default 16)")
+                   help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)")
     _add_encoder_backend_arg(p)
 
 
@@ -178,12 +217,16 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 # -- eval / ask / demo / ui --------------------------------------------------
+def _add_mlflow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+
+
 def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
-    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model")
-    p.add_argument(
-        "--api-key-env", default=None, help="name of the environment variable holding the API key (never the key itself)"
-    )
+    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model (default: the provider's)")
+    p.add_argument("--api-key-env", default=None,
+                   help="name of the environment variable holding the API key, never the key itself (default: none)")
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
 
@@ -197,19 +240,18 @@ def _program_options(args: argparse.Namespace) -> dict:
 
 
 def _add_program_args(p: argparse.ArgumentParser) -> None:
-    from hcqr_dspy.programs import PROGRAMS
-    from hcqr_dspy.retrieval.fusion import STRATEGIES
-
-    p.add_argument("--method", default=None, help=f"one of: {', '.join(PROGRAMS)} (default: hcqr)")
+    p.add_argument("--method", default=None, metavar="METHOD",
+                   help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)")
     p.add_argument("--program", default=None,
-                   help="a saved program to run (folder from `hcqr compile`, or runs:/<mlflow run id>); "
-                        "its method and options come with it")
-    p.add_argument("--index", default=None, help="index folder (from `hcqr index`)")
+                   help="a saved program to run instead of a fresh method: a folder from `hcqr compile`, "
+                        "runs:/<mlflow run id>, models:/NAME/VERSION or models:/NAME@ALIAS (MLflow Model Registry); "
+                        "its method and options come with it (default: none, run --method zero-shot)")
+    p.add_argument("--index", default=None, help="index folder (from `hcqr index`; default: none, needed by retrieval methods)")
     p.add_argument("--budget", type=_positive_int, default=None,
                    help="passages shown to the answer step (default: the method's, 15 as in the paper)")
     p.add_argument("--k-per-query", type=_positive_int, default=None,
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
-    p.add_argument("--fusion", choices=STRATEGIES, default=None,
+    p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None,
                    help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
     p.add_argument("--hypothesis-style", choices=["features_first", "options_first"], default=None,
                    help="HCQR's hypothesis step: features_first (the paper's field order, default) or options_first "
@@ -233,7 +275,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
     if run_id:
-        print(f"MLflow run {run_id} in {_store(args)} (view with `hcqr ui`)")
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.data import load_questions, select
+    from hcqr_dspy.run import EvalSpec, answers_target, run_evaluation, write_answers
+
+    out = answers_target(args.out)
+    spec = EvalSpec(
+        method=args.method if args.program else (args.method or "hcqr"), dataset=args.input, index=args.index,
+        lm=args.lm, limit=args.limit, seed=args.seed, ids=args.ids.split(",") if args.ids else None,
+        program_options=_program_options(args), max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base,
+        api_key_env=args.api_key_env, num_threads=args.threads, run_dir=args.run_dir, program=args.program,
+        search_options=_search_options(args), encoder_backend=args.encoder_backend, labelled=False,
+    )
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    questions = select(load_questions(args.input, labelled=False), limit=args.limit, seed=args.seed, ids=spec.ids)
+    write_answers(out, result.rows, questions)
+    print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
+    scored = "accuracy" in result.metrics
+    print(f"\n{len(result.rows)} answers written to {out}" + (" (with gold answers: scored)" if scored else "")
+          + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
+    if run_id:
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
 
 
@@ -241,6 +308,20 @@ def _store(args) -> str:
     from hcqr_dspy.tracking import tracking_uri
 
     return tracking_uri(getattr(args, "mlflow_dir", None))
+
+
+def _ui_hint(args) -> str:
+    """The command that opens the UI on the store this command wrote to."""
+    from hcqr_dspy.tracking import store_dir
+
+    mlflow_dir = getattr(args, "mlflow_dir", None)
+    external = os.environ.get("MLFLOW_TRACKING_URI")
+    # (MLflow sets the variable itself to the store hcqr configured: that one is ours)
+    if external and mlflow_dir is None and external != f"sqlite:///{store_dir(None) / 'mlflow.db'}":
+        return f"the MLflow UI of {external}"
+    if mlflow_dir is None or store_dir(mlflow_dir) == store_dir(None):
+        return "`hcqr ui`"
+    return f"`hcqr ui --mlflow-dir {store_dir(mlflow_dir)}`"
 
 
 def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
@@ -252,9 +333,7 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         row = read_json(args.json, DataError, "question file")
         if isinstance(row, dict) and "question" not in row and len(row) == 1:
             row = next(iter(row.values()))  # a one-question MIRAGE file
-        if isinstance(row, dict) and "answer" not in row:
-            row = {**row, "answer": next(iter(row.get("options") or {"A": ""}), "A")}
-        ex = check_question("ask", row, args.json)
+        ex = check_question("ask", row, args.json, labelled=False)
         return ex.question, ex.options
     if not args.question:
         raise DataError("give --question and --option A=... --option B=..., or --json FILE")
@@ -266,7 +345,7 @@ def _read_question(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         if key.strip().upper() in {k.upper() for k in options}:
             raise DataError(f"--option {key.strip()} is given twice; each option letter once")
         options[key.strip()] = text
-    ex = check_question("ask", {"question": args.question, "options": options, "answer": next(iter(options), None)}, "--option")
+    ex = check_question("ask", {"question": args.question, "options": options}, "--option", labelled=False)
     return ex.question, ex.options
 
 
@@ -276,6 +355,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from hcqr_dspy.evaluate import LM_UNAVAILABLE, lm_failure
     from hcqr_dspy.lm import build_lm, check_lm, parse_lm_spec
     from hcqr_dspy.programs import PROGRAMS, make_program
+    from hcqr_dspy.programs.base import observe_stages
     from hcqr_dspy.program_io import load_program, read_meta, resolve_program_path
     from hcqr_dspy.retrieval import load_index
     from hcqr_dspy.run import check_program_options
@@ -300,7 +380,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if PROGRAMS[method].uses_retrieval:
         if not args.index:
             raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
+        t0 = time.perf_counter()
+        _progress(f"loading the index {args.index} ...")
         retriever = load_index(args.index, search_options=_search_options(args), encoder_backend=args.encoder_backend)
+        _progress(f"  {len(retriever.corpus)} passages ({retriever.kind}) in {time.perf_counter() - t0:.1f} s")
     elif args.encoder_backend not in (None, "torch"):
         raise HCQRError(f"method {method!r} retrieves nothing: --encoder-backend does not apply")
     if folder is not None:
@@ -311,71 +394,152 @@ def cmd_ask(args: argparse.Namespace) -> int:
             program = make_program(method, retriever, **_program_options(args))
         except ValueError as exc:
             raise HCQRError(f"method {method!r}: {exc}") from None
+    t0 = time.perf_counter()
+    _progress(f"loading the model {args.lm} ...")
     lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env)
     check_lm(lm)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    _progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), observe_stages(_stage_progress):
         try:
             pred = program(question=question, options=options)
         except LM_UNAVAILABLE as exc:
             raise HCQRError(f"the LM stopped answering or cannot be used ({lm_failure(exc)}); nothing was answered") from None
-    if pred.get("hypothesis"):
-        h = pred.hypothesis
-        print("Hypothesis")
-        print(f"  best option:        {h['working_hypothesis']}. {options.get(h['working_hypothesis'], '')}")
-        print(f"  features:           {h['discriminating_features']}")
-        print(f"  confirming evidence: {h['confirming_evidence']}")
-        print(f"  reasoning:          {h['reasoning']}")
-    roles = [r.replace("_", " ") for r in pred.get("query_roles") or []]
-    if pred.get("queries"):
-        print("Queries")
-        for i, q in enumerate(pred.queries):
-            src = f" [{pred.query_sources[i]}]" if pred.get("query_sources") else ""
-            role = f" {roles[i]}" if i < len(roles) else ""
-            print(f"  q{i + 1}{role}{src}: {q}")
-    if pred.get("passages"):
-        print(f"Passages ({len(pred.passages)})")
-        for i, p in enumerate(pred.passages, start=1):
-            found_by = ",".join(f"q{q + 1}" for q in p["queries"])
-            print(f"  [{i:>2}] {p['title']}  ({p['id']}; found by {found_by})")
-    print("Answer")
-    if pred.valid:
-        print(f"  {pred.answer}. {options[pred.answer]}")
-    else:
-        print(f"  invalid reply ({pred.error})")
-    if pred.reasoning:
-        print(f"  reasoning: {pred.reasoning}")
+    _show_answer({**pred.toDict(), "answer": pred.answer}, options, retriever, args.width)
     return 0 if pred.valid else 1
 
 
+def _progress(message: str) -> None:
+    """A line saying what the command is doing, on stderr (stdout keeps the result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _stage_progress(name: str, record: dict | None) -> None:
+    """Print a program stage as it starts and ends (:func:`hcqr_dspy.programs.base.observe_stages`)."""
+    if record is None:
+        _progress(f"  {name} ...")
+    else:
+        calls = record.get("lm_calls", 0) + record.get("cached_lm_calls", 0)
+        _progress(f"  {name} done in {record['seconds']:.1f} s" + (f" ({calls} LM call{'s' * (calls != 1)})" if calls else ""))
+
+
+def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 100) -> None:
+    """Print how a question was answered: hypothesis, queries, the shown passages (score, id, title, the
+    queries that found each and its first words) and the answer.
+
+    Args:
+        fields: A prediction's fields or a run row (``answer`` or ``prediction``, ``valid``, ``error``,
+            ``reasoning``, ``hypothesis``, ``queries``, ``query_sources``, ``query_roles``, ``passages``).
+        options: The question's options.
+        retriever: Resolves passage ids to their text (``None``: no snippets).
+        width: Characters of each passage's text to print.
+    """
+    h = fields.get("hypothesis")
+    if h:
+        print("Hypothesis")
+        print(f"  best option:         {h['working_hypothesis']}. {options.get(h['working_hypothesis'], '')}")
+        print(f"  features:            {h['discriminating_features']}")
+        print(f"  confirming evidence: {h['confirming_evidence']}")
+        print(f"  reasoning:           {h['reasoning']}")
+    roles = [r.replace("_", " ") for r in fields.get("query_roles") or []]
+    sources = fields.get("query_sources") or []
+    if fields.get("queries"):
+        print("Queries")
+        for i, q in enumerate(fields["queries"]):
+            src = f" [{sources[i]}]" if i < len(sources) else ""
+            role = f" {roles[i]}" if i < len(roles) else ""
+            print(f"  q{i + 1}{role}{src}: {q}")
+    passages = fields.get("passages") or []
+    if passages:
+        print(f"Passages ({len(passages)} shown to the answer step; score, id, title, found by)")
+        for i, p in enumerate(passages, start=1):
+            found_by = ",".join(f"q{q + 1}" for q in p.get("queries") or [])
+            print(f"  [{i:>2}] {p.get('score', 0):8.3f}  {p['id']}  {p['title']}" + (f"  (found by {found_by})" if found_by else ""))
+            if retriever is not None:
+                text = " ".join(retriever.get(p["id"]).content.split())
+                print(f"        {text[:width].rstrip()}{' ...' if len(text) > width else ''}")
+    answer = fields.get("answer", fields.get("prediction"))
+    print("Answer")
+    if fields.get("valid"):
+        print(f"  {answer}. {options[answer]}")
+    else:
+        print(f"  invalid reply ({fields.get('error')})")
+    if fields.get("reasoning"):
+        print(f"  reasoning: {fields['reasoning']}")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hcqr_dspy.compare import metrics_table
+    from hcqr_dspy.compare import compare, metrics_table, track_comparison
+    from hcqr_dspy.data import load_questions, select
     from hcqr_dspy.errors import RetrievalIndexError
     from hcqr_dspy.resources import shipped_dir
     from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index
     from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.run_folder import RunFolder
 
     demo_dir = shipped_dir("demo")  # package data: the same from a wheel, an editable install or a checkout
+    dataset = demo_dir / "questions.json"
     corpus = load_corpus(demo_dir / "corpus.jsonl")
     index = Path(args.index)
     try:
-        load_index(index, corpus=corpus)
-        print(f"demo index: {index} (reused)", file=sys.stderr)
+        retriever = load_index(index, corpus=corpus)
+        _progress(f"demo index: {index} (reused)")
     except RetrievalIndexError:
-        print(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}", file=sys.stderr)
+        _progress(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}")
         build_retriever(corpus, args.retriever).save(index)
-    results = []
-    for method in args.methods.split(","):
-        print(f"\n== {method} on {demo_dir / 'questions.json'} with --lm {args.lm}", file=sys.stderr, flush=True)
+        retriever = load_index(index)
+    questions = {q.qid: q for q in select(load_questions(dataset), limit=args.limit)}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    shown = {"done": False}
+
+    def show_first(row: dict) -> None:
+        """The first complete HCQR answer, in full: what the method does, on one question."""
+        q = questions[row["qid"]]
+        print(f"\nFirst HCQR answer ({row['qid']}, {row['seconds']:.0f} s):\nQuestion: {q.question}")
+        for letter, text in q.options.items():
+            print(f"  {letter}. {text}")
+        _show_answer(row, q.options, retriever)
+        print(f"Gold answer: {q.answer} ({'right' if row['correct'] else 'wrong'})\n", flush=True)
+        shown["done"] = True
+
+    results, run_dirs = [], []
+    for method in methods:
         lm_slug = args.lm.replace(":", "-").replace("/", "-")
-        spec = EvalSpec(method=method, dataset=str(demo_dir / "questions.json"), index=str(index), lm=args.lm,
-                        limit=args.limit, max_tokens=args.max_tokens,
-                        run_dir=str(Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"))
-        result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir)
+        run_dir = Path(args.runs) / f"{method}-{lm_slug}-n{args.limit or 'all'}"
+        earlier = RunFolder(run_dir).rows() if (run_dir / "predictions.jsonl").exists() else []
+        earlier = [r for r in earlier if r["qid"] in questions]
+        tally = {"done": len(earlier), "right": sum(bool(r["correct"]) for r in earlier)}
+        _progress(f"\n== {method} on {len(questions)} demo questions with --lm {args.lm}"
+                  + (f" ({len(earlier)} already answered)" if earlier else ""))
+        if method == "hcqr" and earlier and not shown["done"]:
+            show_first(earlier[0])
+
+        def on_row(row: dict, method: str = method, tally: dict = tally) -> None:
+            tally["done"] += 1
+            tally["right"] += bool(row["correct"])
+            mark = "right" if row["correct"] else ("invalid" if not row["valid"] else "wrong")
+            _progress(f"  {method:<11} {tally['done']:>2}/{len(questions)}  {row['qid']}: {row['prediction'] or '-'} "
+                      f"(gold {row['gold']}, {mark}, {row['seconds']:.0f} s)   accuracy so far "
+                      f"{tally['right']}/{tally['done']} = {tally['right'] / tally['done']:.0%}")
+            if method == "hcqr" and not shown["done"]:
+                show_first(row)
+
+        spec = EvalSpec(method=method, dataset=str(dataset), index=str(index), lm=args.lm, limit=args.limit,
+                        max_tokens=args.max_tokens, run_dir=str(run_dir))
+        result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, progress=False, on_row=on_row)
         results.append((method, result.metrics))
-        print(f"   {run_dir}  (MLflow run {run_id})", file=sys.stderr)
+        run_dirs.append(run_dir)
+        _progress(f"   {run_dir}  (MLflow run {run_id})")
     print()
-    print(metrics_table(results))
-    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with `hcqr ui` (http://127.0.0.1:5000)")
+    if len(run_dirs) > 1:
+        reference = "simple_rag" if "simple_rag" in methods else methods[0]
+        out = Path(args.runs) / "comparison"
+        report, files = compare(run_dirs, reference=reference, out_dir=out)
+        print(report.split("\n\n")[1])  # the comparison table: accuracy ± SE, cost, McNemar vs the reference
+        comparison_id = track_comparison(out, mlflow_dir=args.mlflow_dir)
+        print(f"\nComparison: {files[0]} (plots beside it, accuracy_vs_cost.png among them; MLflow run {comparison_id})")
+    else:
+        print(metrics_table(results))
+    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with {_ui_hint(args)} (http://127.0.0.1:5000)")
     return 0
 
 
@@ -394,20 +558,14 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hcqr_dspy import tracking
-    from hcqr_dspy.compare import compare
+    from hcqr_dspy.compare import compare, track_comparison
 
     report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels)
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
-        import mlflow
-
-        with tracking.mlflow_run("compare", {"runs": [str(r) for r in args.runs], "reference": args.reference},
-                                 tags={"kind": "comparison"}, store=args.mlflow_dir, traces=False) as run:
-            for f in files:
-                mlflow.log_artifact(str(f), artifact_path="comparison")
-        print(f"MLflow run {run.info.run_id} in {_store(args)}", file=sys.stderr)
+        run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
+        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
     return 0
 
 
@@ -427,7 +585,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(metrics_table(list(cells.items())))
         if dname in out["reports"]:
             print(f"\nreport: {out['reports'][dname]}")
-    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)}")
+    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
 
 
@@ -445,42 +603,51 @@ def cmd_compile(args: argparse.Namespace) -> int:
         reflection_lm=args.reflection_lm, reflection_api_base=args.reflection_api_base,
         reflection_api_key_env=args.reflection_api_key_env, train_size=args.train_size, val_size=args.val_size,
         holdout=list(args.holdout or []), program_options=options, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
-        api_base=args.api_base, api_key_env=args.api_key_env,
+        api_base=args.api_base, api_key_env=args.api_key_env, register=args.register, alias=args.alias,
     )
     out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(f"saved compiled {args.program} to {out['out']} ({out['train']} training + {out['val']} validation questions)")
     for name, info in out["predictors"].items():
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {info['demos']} demos, instructions {changed}")
+    if out["scores"].get("val_score") is not None:
+        print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")
     if out["mlflow_run_id"]:
-        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)}; run it with "
+        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
               f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}")
+    if out["registered"]:
+        uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
+        print(f"registered as {out['registered']}" + (f" (alias {args.alias})" if args.alias else "")
+              + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
+              f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local -h 127.0.0.1 -p 5001")
     return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from hcqr_dspy.tracking import store_dir, tracking_uri
+    from hcqr_dspy.tracking import configure, key_metrics_url, serve_ui, store_dir
 
     folder = store_dir(args.mlflow_dir)
     if not (folder / "mlflow.db").exists():
         raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(args.mlflow_dir),
-           "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on http://{args.host}:{args.port} for {folder}", file=sys.stderr)
-    return subprocess.call(cmd)
+    experiment_id = configure(args.mlflow_dir)
+    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
+          f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}", file=sys.stderr)
+    return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA."
+        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA.",
+        formatter_class=HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    from hcqr_dspy.retrieval.fusion import STRATEGIES
+    parser.add_argument("--version", action="version", version=_versions())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "index", help="build a retrieval index over a corpus", formatter_class=argparse.RawDescriptionHelpFormatter,
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+
+    p = command(
+        "index", help="build a retrieval index over a corpus",
         description="Build a retrieval index over a corpus. The passages are stored in the index (an Arrow file,\n"
                     "memory-mapped when searched). Dense builds encode in chunks written to disk as they finish:\n"
                     "the same command resumes a killed build, and another index type over the same corpus and\n"
@@ -497,7 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  Flat (exact, default), HNSW32 (graph; search with --ef-search), IVF1024,PQ32 or IVF4096,SQ8\n"
                "  (compressed inverted lists, trained on a seeded sample; search with --nprobe)")
     p.add_argument("--corpus", required=True, help=".jsonl file, folder of .jsonl files, or hub dataset name")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
+    p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever kind")
     p.add_argument("--encoder", default=None, help="encoder spec (see below; default: all-MiniLM-L6-v2)")
     p.add_argument("--faiss", default=None, metavar="FACTORY",
                    help="faiss index_factory string of the dense index: Flat (default), HNSW32, IVF1024,PQ32 ...")
@@ -530,52 +697,74 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a server to build the index (default 3600)")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("search", help="search an index with one or more queries")
+    p = command("search", help="search an index with one or more queries")
     p.add_argument("--index", required=True, help="index folder")
     p.add_argument("--k", type=_positive_int, default=5, help="passages per query")
     p.add_argument("--corpus", default=None, help="corpus to search (default: the one the index was built on)")
     p.add_argument("--encoder", default=None,
                    help="expected encoder spec; refused if the index used another (medcpt:QUERY_DIR,ARTICLE_DIR "
-                        "reads the same MedCPT pair from other folders)")
+                        "reads the same MedCPT pair from other folders; default: the index's)")
     _add_search_option_args(p)
     p.add_argument("--width", type=_positive_int, default=160, help="characters of each passage to print")
     p.add_argument("queries", nargs="+", help="query strings")
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
+    p = command("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
     _add_program_args(p)
     p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
-    p.add_argument("--limit", type=_positive_int, default=None, help="evaluate a seeded random sample of N questions")
+    p.add_argument("--limit", type=_positive_int, default=None,
+                   help="evaluate a seeded random sample of N questions (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
-    p.add_argument("--ids", default=None, help="comma-separated question ids")
+    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
     p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
     p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
-    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
-    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+    _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("ask", help="answer one question and show hypothesis, queries and passages")
+    p = command("predict", help="answer a file of questions, with or without gold answers (resumable, tracked)",
+                description="Answer every question of a file with a program (typically a compiled one: --program)\n"
+                            "and write the answers, with their hypothesis, queries and passages, to --out. Questions\n"
+                            "need no gold answer; a file that has them is scored too. The run folder records each\n"
+                            "answer as it finishes: the same command resumes an interrupted run.")
     _add_program_args(p)
-    p.add_argument("--question", default=None, help="question text")
-    p.add_argument("--option", action="append", help="an option as LETTER=text (repeat)")
-    p.add_argument("--json", default=None, help="a JSON file holding {question, options}")
-    p.add_argument("--mlflow-dir", default=None, help="MLflow store for --program runs:/... URIs")
+    p.add_argument("--input", required=True,
+                   help="questions: a MIRAGE-format .json file ({qid: {question, options[, answer]}}) or a .jsonl file "
+                        "(one {id, question, options[, answer]} per line)")
+    p.add_argument("--out", required=True, help="answers file: .jsonl (one answer per line) or .json ({qid: answer})")
+    p.add_argument("--limit", type=_positive_int, default=None, help="answer a seeded random sample of N questions (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
+    _add_mlflow_args(p)
+    _add_lm_args(p)
+    p.set_defaults(func=cmd_predict)
+
+    p = command("ask", help="answer one question and show hypothesis, queries and passages")
+    _add_program_args(p)
+    p.add_argument("--question", default=None, help="question text (default: none; or give --json)")
+    p.add_argument("--option", action="append", help="an option as LETTER=text, repeated (default: none)")
+    p.add_argument("--json", default=None, help="a JSON file holding {question, options} (default: none)")
+    p.add_argument("--width", type=_positive_int, default=100, help="characters of each passage to print")
+    p.add_argument("--mlflow-dir", default=None,
+                   help="MLflow store of --program runs:/ and models:/ URIs (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     _add_lm_args(p)
     p.set_defaults(func=cmd_ask)
 
-    p = sub.add_parser("demo", help="run CoT, Simple RAG and HCQR on the embedded demo questions")
+    p = command("demo", help="run HCQR, CoT and Simple RAG on the embedded demo questions")
     p.add_argument("--index", default="indexes/demo", help="demo index folder (built if missing)")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
-    p.add_argument("--methods", default="cot,simple_rag,hcqr")
+    p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever of a demo index built now")
+    p.add_argument("--methods", default="hcqr,cot,simple_rag",
+                   help="comma-separated methods, run in this order (the first HCQR answer is shown in full)")
     p.add_argument("--runs", default="runs/demo", help="folder of the demo's run folders (resumed if present)")
-    p.add_argument("--limit", type=_positive_int, default=None)
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--lm", default="local")
-    p.add_argument("--max-tokens", type=_positive_int, default=1024)
+    p.add_argument("--limit", type=_positive_int, default=None, help="demo questions to run (default: all 20)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--lm", default="local", help="LM spec (see `hcqr eval --help`)")
+    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("judge", help="label each run question's retrieved context with the DUR judge")
+    p = command("judge", help="label each run question's retrieved context with the DUR judge")
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
     p.add_argument("--mode", choices=["context", "passage"], default="context",
@@ -583,64 +772,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reasoning", action="store_true",
                    help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)")
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
-    p.add_argument("--threads", type=_positive_int, default=1)
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
-    p.add_argument("--api-base", default=None)
-    p.add_argument("--api-key-env", default=None)
+    p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
+    _add_mlflow_args(p)
+    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
+    p.add_argument("--api-key-env", default=None,
+                   help="name of the environment variable holding the judge's API key (default: none)")
     p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)
 
-    p = sub.add_parser("compare", help="compare runs on the same questions: table, McNemar tests, plots")
+    p = command("compare", help="compare runs on the same questions: table, McNemar tests, plots")
     p.add_argument("runs", nargs="+", help="two or more run folders")
     p.add_argument("--reference", default=None, help="reference run (method label or folder; default: the first)")
     p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
     p.add_argument("--qrels", default=None,
                    help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)")
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
+    _add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
+    p = command("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
     p.add_argument("file", help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size")
-    p.add_argument("--lm", default=None, help="override the experiment's LM spec")
+    p.add_argument("--limit", type=_positive_int, default=None, help="override the question sample size (default: the file's)")
+    p.add_argument("--lm", default=None, help="override the experiment's LM spec (default: the file's)")
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
-    p.add_argument("--mlflow-dir", default=None)
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
     _add_encoder_backend_arg(p)
     p.set_defaults(func=cmd_experiment)
 
-    p = sub.add_parser("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
+    p = command("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
     p.add_argument("--recipe", required=True,
                    help="recipe file, or the name of one in ./optimizers/ or shipped (bootstrap_fewshot, mipro_light ...)")
-    p.add_argument("--program", default="hcqr", help="method to compile (default: hcqr)")
+    p.add_argument("--program", default="hcqr", metavar="METHOD",
+                   help=f"method to compile, one of: {', '.join(METHODS)} (default: hcqr)")
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
     p.add_argument("--val-size", type=_non_negative_int, default=None, help="validation questions (default: the recipe's)")
     p.add_argument("--holdout", action="append", default=None,
-                   help="an evaluation file that must not share questions with the training set (repeat)")
-    p.add_argument("--index", default=None, help="index folder")
+                   help="an evaluation file that must not share questions with the training set, repeated (default: none)")
+    p.add_argument("--index", default=None, help="index folder (default: none, needed by retrieval methods)")
     p.add_argument("--budget", type=_positive_int, default=None, help="passages shown (default: the method's, 15)")
     p.add_argument("--k-per-query", type=_positive_int, default=None,
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries))")
-    p.add_argument("--fusion", choices=STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
+    p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
-    p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (overrides the recipe's)")
+    p.add_argument("--register", default=None, metavar="NAME",
+                   help="register the compiled program in the MLflow Model Registry as NAME (a new version; "
+                        "then --program models:/NAME/VERSION; default: not registered)")
+    p.add_argument("--alias", default=None, help="alias of the registered version, e.g. champion "
+                                                 "(--program models:/NAME@ALIAS; default: none)")
+    p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
     p.add_argument("--reflection-api-key-env", default=None,
-                   help="name of the environment variable holding the reflection LM's API key")
-    p.add_argument("--mlflow-dir", default=None)
-    p.add_argument("--no-mlflow", action="store_true")
+                   help="name of the environment variable holding the reflection LM's API key (default: none)")
+    _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
-    p.add_argument("--mlflow-dir", default=None)
+    p = command("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_positive_int, default=5000)
+    p.add_argument("--port", type=_positive_int, default=5000, help="port to serve on")
+    p.add_argument("--workers", type=_positive_int, default=1, help="MLflow server worker processes")
     p.set_defaults(func=cmd_ui)
     return parser
 

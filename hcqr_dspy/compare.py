@@ -71,6 +71,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     rows = folder.rows()
     if not rows:
         raise HCQRError(f"run {folder.path} has no finished question")
+    if any(r.get("gold") is None for r in rows):
+        raise HCQRError(f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
+                        "a comparison needs gold answers")
     judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
@@ -275,8 +278,9 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
         if not m.get("n"):
             lines.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
             continue
+        acc = (f"{m['accuracy']:.1%} | {m['accuracy_se']:.1%}" if "accuracy" in m else "– (no gold answers) | –")
         lines.append(
-            f"| {label} | {m['n']} | {m['accuracy']:.1%} | {m['accuracy_se']:.1%} | {m['invalid']} "
+            f"| {label} | {m['n']} | {acc} | {m['invalid']} "
             f"({m['invalid_rate']:.0%}) | {_calls(m)} | {m['mean_prompt_tokens']:.0f} | "
             f"{m['mean_completion_tokens']:.0f} | {m['mean_seconds']:.1f} |"
         )
@@ -305,24 +309,85 @@ def _pyplot():
     return plt
 
 
-def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
-    """Bar chart of accuracy with 95% Wilson intervals (statsmodels ``proportion_confint``)."""
-    plt = _pyplot()
+def plot_context(runs: Sequence[Run]) -> str:
+    """The line every plot's title ends with: dataset, LM and question count (``medqa · LM local · n=20``);
+    several datasets or LMs are listed."""
+    datasets = sorted({r.folder.dataset_name for r in runs})
+    lms = sorted({r.folder.lm_spec or "?" for r in runs})
+    return f"{', '.join(datasets)} · LM {', '.join(lms)} · n={runs[0].metrics['n']}"
+
+
+def _save(fig, out: Path) -> Path:
+    """Write a figure with everything drawn around the axes (titles, legends, rotated labels) inside it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out, dpi=120, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    return out
+
+
+def wilson_interval(run: Run) -> tuple[float, float]:
+    """95% Wilson score interval of a run's accuracy (statsmodels ``proportion_confint(method="wilson")``)."""
     from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(run.metrics["correct"], run.metrics["n"], method="wilson")
+    return float(lo), float(hi)
+
+
+def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
+    """Bar chart of accuracy with 95% Wilson intervals (:func:`wilson_interval`)."""
+    plt = _pyplot()
 
     labels = [r.label for r in runs]
     acc = [r.metrics["accuracy"] for r in runs]
-    lo, hi = zip(*(proportion_confint(r.metrics["correct"], r.metrics["n"], method="wilson") for r in runs))
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(runs)), 3.5))
+    lo, hi = zip(*(wilson_interval(r) for r in runs))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.8))
     ax.bar(labels, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]], capsize=4, color="#4C72B0")
     ax.set_ylabel("accuracy (95% Wilson CI)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Accuracy on {runs[0].metrics['n']} questions")
+    ax.set_title(f"Accuracy\n{plot_context(runs)}", fontsize=10)
     plt.xticks(rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
+
+
+def plot_accuracy_vs_cost(runs: Sequence[Run], out: Path) -> Path:
+    """Write :func:`accuracy_vs_cost_figure` to ``out``."""
+    return _save(accuracy_vs_cost_figure(runs), out)
+
+
+def accuracy_vs_cost_figure(runs: Sequence[Run]):
+    """Accuracy (with its 95% Wilson interval) against cost per question, one point per run: is a method's
+    extra cost (HCQR's three LM calls against Simple RAG's one) paid back in accuracy?
+
+    Left: LM calls per question (every request the method makes, served by the model or by DSPy's
+    cache). Right: tokens per question (prompt + completion, counted on calls the model served).
+
+    Returns:
+        The matplotlib figure (two axes).
+    """
+    plt = _pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
+    xs = {
+        "LM calls per question": [r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0) for r in runs],
+        "tokens per question (prompt + completion)": [r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"]
+                                                       for r in runs],
+    }
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (xlabel, x) in zip(axes, xs.items()):
+        for i, run in enumerate(runs):
+            lo, hi = wilson_interval(run)
+            acc = run.metrics["accuracy"]
+            ax.errorbar([x[i]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4, color=colors[i % len(colors)],
+                        label=run.label)
+            ax.annotate(run.label, (x[i], acc), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(left=0, right=max(x) * 1.25 if max(x) > 0 else 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (95% Wilson CI)")
+    axes[0].set_ylim(0, 1)
+    fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
+    return fig
 
 
 def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
@@ -342,17 +407,21 @@ def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
         ax.bar([r.label for r in judged], vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("share of judged questions")
-    ax.set_title("Decision-Useful Rate labels")
+    ax.set_title(f"Decision-Useful Rate labels\n{plot_context(judged)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plt.xticks(rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
-    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...)."""
+    """Write :func:`hypothesis_changes_figure` to ``out``; ``None`` when no run has hypotheses."""
+    fig = hypothesis_changes_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def hypothesis_changes_figure(runs: Sequence[Run]):
+    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...), in
+    questions (whole numbers on the axis); ``None`` when no run has hypotheses."""
     with_h = [(r, hypothesis_changes(r.rows)) for r in runs]
     with_h = [(r, c) for r, c in with_h if c["with_hypothesis"]]
     if not with_h:
@@ -361,19 +430,19 @@ def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
 
     keys = ("kept_right", "fixed", "kept_wrong", "broke", "changed_wrong_to_wrong", "invalid_answer")
     colors = ("#2ca02c", "#98df8a", "#ff9896", "#d62728", "#ffbb78", "#7f7f7f")
-    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(with_h)), 3.5))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(with_h)), 3.8))
     bottom = [0] * len(with_h)
     for key, color in zip(keys, colors):
         vals = [c[key] for _, c in with_h]
         ax.bar([r.label for r, _ in with_h], vals, bottom=bottom, label=key.replace("_", " "), color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("questions")
-    ax.set_title("Final answer vs working hypothesis")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # question counts: whole numbers only
+    ax.set_title(f"Final answer vs working hypothesis\n{plot_context([r for r, _ in with_h])}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def fallback_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
@@ -563,7 +632,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    files = [plot_accuracy(runs, out / "accuracy.png")]
+    files = [plot_accuracy(runs, out / "accuracy.png"), plot_accuracy_vs_cost(runs, out / "accuracy_vs_cost.png")]
     files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
     ordered = [ref] + [r for r in runs if r is not ref]
     from hcqr_dspy.evidence import qrels_beside
@@ -614,7 +683,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     summary = {
         "reference": ref.label,
         "questions": len(qids),
-        "runs": {r.label: {"path": str(r.path), **r.metrics, **r.dur} for r in ordered},
+        "runs": {r.label: {"path": str(r.path.resolve()), **r.metrics, **r.dur} for r in ordered},
         "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
         "warnings": warnings,
         "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
@@ -624,3 +693,78 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     js = out / "comparison.json"
     js.write_text(json.dumps(summary, indent=2) + "\n")
     return report, [md, js, *files]
+
+
+def _metric_label(label: str) -> str:
+    """A run label as part of an MLflow metric name (letters, digits, ``_ - . / :`` and spaces)."""
+    import re
+
+    return re.sub(r"[^\w.\- /:]", "_", label)
+
+
+def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) -> str:
+    """Record a comparison written by :func:`compare` as an MLflow run (a child run when one is active).
+
+    The run is named after what it compares (``compare hcqr vs simple_rag · medqa · local``) and tagged
+    ``kind=comparison``, ``reference``, ``runs`` (the compared MLflow run ids, comma-separated) and
+    ``run.<label>`` (each one's id); its description links each compared run. Metrics, per compared run
+    label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
+    (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
+    (LM calls per question). The report, the JSON summary and the plots are its artifacts.
+
+    Args:
+        out_dir: The folder :func:`compare` wrote (``comparison.json`` and the files beside it).
+        mlflow_dir: MLflow store folder.
+
+    Returns:
+        The comparison run's id.
+
+    Raises:
+        HCQRError: ``out_dir`` holds no readable ``comparison.json``.
+    """
+    import mlflow
+
+    from hcqr_dspy import tracking
+    from hcqr_dspy.run_folder import read_json_object
+
+    out = Path(out_dir)
+    summary = read_json_object(out / "comparison.json", "comparison summary")
+    labels = list(summary["runs"])
+    ref = summary["reference"]
+    folders = {label: RunFolder(info["path"]) for label, info in summary["runs"].items()}
+    first = folders[ref].config if (folders[ref].path / "config.json").is_file() else {}
+    dataset = Path(first.get("dataset", "")).stem or "?"
+    lm = (first.get("lm") or {}).get("spec") or "?"
+    run_ids = {label: (f.config.get("mlflow_run_id") if (f.path / "config.json").is_file() else None)
+               for label, f in folders.items()}
+    name = f"compare {' vs '.join(labels)} · {dataset} · {lm}"
+    tags = {"kind": "comparison", "reference": ref, "dataset": dataset,
+            "runs": ",".join(r for r in run_ids.values() if r),
+            **{f"run.{_metric_label(label)}": rid for label, rid in run_ids.items() if rid}}
+    with tracking.mlflow_run(name, {"reference": ref, "questions": summary["questions"]}, tags=tags,
+                             store=mlflow_dir, traces=False) as run:
+        metrics: dict[str, float] = {}
+        ref_acc = summary["runs"][ref].get("accuracy")
+        for label, info in summary["runs"].items():
+            key = _metric_label(label)
+            metrics[f"accuracy.{key}"] = info["accuracy"]
+            metrics[f"lm_calls.{key}"] = info["mean_lm_calls"]
+            if info.get("dur") is not None:
+                metrics[f"dur.{key}"] = info["dur"]
+            if label != ref:
+                metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
+                metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
+        mlflow.log_metrics(metrics)
+        lines = [f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).", "",
+                 "| run | accuracy | Δ vs reference | McNemar p | MLflow run |", "|---|---:|---:|---:|---|"]
+        for label in labels:
+            info = summary["runs"][label]
+            delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"
+            p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
+            link = tracking.run_link(run_ids[label]) if run_ids[label] else None
+            lines.append(f"| {label} | {info['accuracy']:.1%} | {delta} | {p} | {link or '–'} |")
+        mlflow.set_tag("mlflow.note.content", "\n".join(lines))
+        for f in sorted(out.iterdir()):
+            if f.is_file() and f.suffix in (".md", ".json", ".png"):
+                mlflow.log_artifact(str(f), artifact_path="comparison")
+        return run.info.run_id

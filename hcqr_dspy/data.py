@@ -6,8 +6,11 @@ consecutive from ``A``, two or more) to option texts.
 
 Sources: MIRAGE-format JSON files ``{qid: {question, options, answer}}``
 (Xiong et al. 2024, the MIRAGE benchmark: MedQA-US, MMLU-Med, MedMCQA,
-PubMedQA*, BioASQ-Y/N), or a hub dataset name through :func:`datasets.load_dataset` with the same fields
-(needs network access).
+PubMedQA*, BioASQ-Y/N), JSON Lines files with one ``{id, question, options,
+answer}`` object per line (``qid`` or ``id``; the line number when neither),
+or a hub dataset name through :func:`datasets.load_dataset` with the same fields
+(needs network access). Questions without gold answers (``hcqr predict``) are
+read with ``labelled=False``: their ``answer`` is ``None``.
 """
 
 from __future__ import annotations
@@ -29,13 +32,22 @@ class DataError(HCQRError):
     """A benchmark file or question row is malformed."""
 
 
-def check_question(qid: str, row: object, where: str) -> dspy.Example:
+def check_question(qid: str, row: object, where: str, labelled: bool = True) -> dspy.Example:
     """Validate one MIRAGE row and build its Example.
+
+    Args:
+        qid: The question's id.
+        row: ``{question, options, answer}``.
+        where: The file (or flag) it came from, for messages.
+        labelled: The row must have a gold ``answer``. With ``False`` (unlabelled questions, ``hcqr
+            predict``) a row without ``answer`` (or with ``null``) gets ``answer=None``; an answer that
+            is given must still be one of the options.
 
     Raises:
         DataError: not an object, missing/empty question, fewer than two
             options, option labels that are not consecutive letters from
-            ``A``, an empty option text, or an answer not among the options.
+            ``A``, an empty option text, or an answer not among the options
+            (a missing one too, unless ``labelled`` is false).
     """
     if not isinstance(row, dict):
         raise DataError(f"{where}: question {qid!r} is not a JSON object")
@@ -64,7 +76,9 @@ def check_question(qid: str, row: object, where: str) -> dspy.Example:
         opts[key] = text.strip()
     answer = row.get("answer")
     answer = answer.strip().upper() if isinstance(answer, str) else answer
-    if answer not in opts:
+    if answer is None and not labelled:
+        pass
+    elif answer not in opts:
         raise DataError(f"{where}: question {qid!r} has answer {row.get('answer')!r}, not one of its options {list(opts)}")
     return dspy.Example(qid=str(qid), question=question.strip(), options=opts, answer=answer).with_inputs(
         "question", "options"
@@ -80,7 +94,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
-def _from_mapping(data: object, where: str) -> list[dspy.Example]:
+def _from_mapping(data: object, where: str, labelled: bool = True) -> list[dspy.Example]:
     if isinstance(data, dict):
         items: Iterable = data.items()
     elif isinstance(data, list):
@@ -93,25 +107,30 @@ def _from_mapping(data: object, where: str) -> list[dspy.Example]:
         if str(qid) in seen:
             raise DataError(f"{where}: question id {str(qid)!r} appears twice; ids must be unique")
         seen.add(str(qid))
-        examples.append(check_question(str(qid), row, where))
+        examples.append(check_question(str(qid), row, where, labelled=labelled))
     if not examples:
         raise DataError(f"{where}: holds no questions")
     return examples
 
 
-def load_questions(source: str | Path, split: str = "test") -> list[dspy.Example]:
+def load_questions(source: str | Path, split: str = "test", labelled: bool = True) -> list[dspy.Example]:
     """Load a benchmark as Examples, in file order.
 
     Args:
-        source: A MIRAGE-format ``.json`` file, or a hub dataset name (with
-            fields ``question``, ``options``, ``answer`` and optionally ``id``).
+        source: A MIRAGE-format ``.json`` file, a ``.jsonl`` file (one question
+            object per line), or a hub dataset name (with fields ``question``,
+            ``options``, ``answer`` and optionally ``id``).
         split: Split of a hub dataset.
+        labelled: Every question must have a gold answer (evaluations). ``False``
+            accepts questions without one (``answer=None``; see :func:`check_question`).
 
     Raises:
-        DataError: unreadable or malformed file (see :func:`check_question`),
-            or a hub dataset that cannot be reached.
+        DataError: unreadable or malformed file (see :func:`check_question`; a
+            JSON Lines file names the line), or a hub dataset that cannot be reached.
     """
     path = Path(source)
+    if path.is_file() and path.suffix == ".jsonl":
+        return _from_mapping(_read_jsonl(path), str(path), labelled)
     if path.is_file():
         try:
             data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -121,7 +140,7 @@ def load_questions(source: str | Path, split: str = "test") -> list[dspy.Example
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         except DataError as exc:
             raise DataError(f"{path}: {exc}") from None
-        return _from_mapping(data, str(path))
+        return _from_mapping(data, str(path), labelled)
     text = str(source)
     if text.count("/") == 1 and not path.suffix and not text.startswith((".", "/", "~")):
         try:
@@ -133,8 +152,34 @@ def load_questions(source: str | Path, split: str = "test") -> list[dspy.Example
                 f"could not load hub dataset {text!r} (split {split!r}): {type(exc).__name__}; it needs network "
                 "access to the Hugging Face hub, or pass a MIRAGE-format .json file"
             ) from None
-        return _from_mapping([dict(r) for r in ds], text)
+        return _from_mapping([dict(r) for r in ds], text, labelled)
     raise DataError(f"benchmark {text!r} not found: give a MIRAGE-format .json file or a hub dataset name")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The question objects of a JSON Lines file, each given its ``qid`` (``qid``, ``id`` or the line number).
+
+    Raises:
+        DataError: unreadable, not UTF-8, or a line that is not a JSON object (file and line named).
+    """
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: not a question object")
+        rows.append({**row, "qid": str(row.get("qid", row.get("id", lineno)))})
+    return rows
 
 
 def select(

@@ -177,6 +177,7 @@ def judge_run(
     judge_lm: str | None = None,
     num_threads: int = 1,
     progress: bool = True,
+    trace_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Judge every question of a finished (or partial) run, with controls; write ``judgments.jsonl`` and ``dur.json``.
 
@@ -193,6 +194,9 @@ def judge_run(
         judge_lm: The judge's LM spec, recorded (default: the LM's model name).
         num_threads: Judgments in flight.
         progress: Progress bar.
+        trace_tags: Record each question's judging (the judge's calls and its controls) as an MLflow trace
+            named ``dur judge`` with these tags plus ``qid``; its id is kept in the judgment as
+            ``judge_trace_id``. ``None``: no traces.
 
     Returns:
         DUR metrics (see :func:`dur_metrics`) with the judge's settings under ``judge``.
@@ -209,6 +213,10 @@ def judge_run(
     if not rows:
         raise RunError(f"{folder.path} has no finished question; run `hcqr eval` first")
     questions = folder.load_questions()
+    unlabelled = [r["qid"] for r in rows if questions[r["qid"]].answer is None]
+    if unlabelled:
+        raise RunError(f"{folder.path}: {len(unlabelled)} question(s) have no gold answer ({', '.join(unlabelled[:5])}); "
+                       "the DUR judge needs the correct answer")
     settings = {"judge_lm": judge_lm or getattr(lm, "model", str(lm)), "mode": mode, "reasoning": bool(reasoning),
                 "controls": True, "control_seed": CONTROL_SEED}
     done = folder.judgments()
@@ -226,6 +234,18 @@ def judge_run(
 
     donors = negative_control_pairs(todo, gold_in)
     by_qid = {r["qid"]: r for r in todo}
+
+    def judged(row: dict[str, Any]) -> dict[str, Any]:
+        if trace_tags is None:
+            return work(row)
+        from hcqr_dspy import traces
+
+        q = questions[row["qid"]]
+        with traces.question("dur judge", q.question, q.options, {**trace_tags, "qid": row["qid"]}) as trace:
+            record = work(row)
+            trace.root.set_outputs({k: record[k] for k in ("label", "rationale", "positive_label", "negative_label")})
+            record["judge_trace_id"] = trace.trace_id
+        return record
 
     def work(row: dict[str, Any]) -> dict[str, Any]:
         q = questions[row["qid"]]
@@ -256,7 +276,7 @@ def judge_run(
                             "fix it and run the same command again to resume", row["qid"], tb)
 
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        judgments, _, _ = folder.judgments_table.map(todo, lambda r: r["qid"], work, LM_UNAVAILABLE, num_threads,
+        judgments, _, _ = folder.judgments_table.map(todo, lambda r: r["qid"], judged, LM_UNAVAILABLE, num_threads,
                                                      progress, on_error=bug)
     metrics = {**dur_metrics(judgments), "judge": settings}
     folder.write_json(DUR_METRICS, metrics)
@@ -292,7 +312,9 @@ def judge_and_track(
         index: The index to resolve passages; default the run's own.
         retriever: A loaded retriever instead of ``index``.
         mlflow_dir: MLflow store; the run's MLflow run (if any) gets the DUR metrics, the
-            judge's settings as params and the updated record files.
+            judge's settings as params and the updated record files; the judge's calls are traced
+            (one ``dur judge`` trace per question, tagged ``kind=dur_judge``, ``qid`` and the judged run),
+            and each label is logged on the question's trace (:func:`log_dur_feedback`).
         track: Log to MLflow.
         num_threads, progress: See :func:`judge_run`.
         max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
@@ -319,17 +341,68 @@ def judge_and_track(
             raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
         lm = build_lm(spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env)
         check_lm(lm)
-    metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
-                        num_threads=num_threads, progress=progress)
     run_id = folder.mlflow_run_id
-    if track and run_id and tracking.existing_run_id(run_id, mlflow_dir):
-        import mlflow
+    tracked = bool(track and run_id and tracking.existing_run_id(run_id, mlflow_dir))
+    if not tracked:
+        return judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
+                         num_threads=num_threads, progress=progress)
+    import mlflow
 
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-            tracking.log_metrics(metrics)
-            mlflow.log_params(tracking.flatten({"dur": metrics["judge"]}))
-            tracking.log_run_folder(folder)
+    trace_tags = {"kind": "dur_judge", "judged_run_id": run_id, "method": folder.method, "dataset": folder.dataset_name,
+                  "run_folder": str(folder.path.resolve()), "judge_lm": spec}
+    with tracking.dspy_tracing():
+        metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
+                            num_threads=num_threads, progress=progress, trace_tags=trace_tags)
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        tracking.log_metrics(metrics)
+        mlflow.log_params(tracking.flatten({"dur": metrics["judge"]}))
+        tracking.log_run_folder(folder)
+        log_dur_feedback(folder)
     return metrics
+
+
+# Assessment metadata that marks a DUR label logged by `hcqr judge` (a rerun does not log it twice).
+JUDGE_FEEDBACK_SOURCE = "hcqr judge"
+
+
+def log_dur_feedback(folder: RunFolder) -> int:
+    """Log each DUR judgment of a run on its question's MLflow trace, once.
+
+    Feedback ``dur`` (the label, the judge's reasoning as rationale; an error for an invalid judgment),
+    ``dur_positive_control`` and ``dur_negative_control``, source ``LLM_JUDGE`` (the judge LM), with
+    metadata naming the judge's settings and its own trace (``judge_trace_id``). Questions without a
+    trace in the current store, and traces that already hold a label from ``hcqr judge``, are skipped.
+
+    Returns:
+        How many questions got their labels now.
+    """
+    import mlflow
+    from mlflow.entities import AssessmentError, AssessmentSource
+
+    mlflow.flush_trace_async_logging()
+    trace_ids = {r["qid"]: r.get("trace_id") for r in folder.rows()}
+    logged = 0
+    for j in folder.judgments():
+        trace_id = trace_ids.get(j["qid"])
+        trace = mlflow.get_trace(trace_id, silent=True) if trace_id else None
+        if trace is None or any(a.name == "dur" and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE
+                                for a in trace.info.assessments):
+            continue
+        source = AssessmentSource(source_type="LLM_JUDGE", source_id=str(j.get("judge_lm")))
+        meta = {"source": JUDGE_FEEDBACK_SOURCE, "mode": str(j.get("mode")), "reasoning": str(j.get("reasoning")),
+                **({"judge_trace_id": j["judge_trace_id"]} if j.get("judge_trace_id") else {})}
+        if j["valid"]:
+            mlflow.log_feedback(trace_id=trace_id, name="dur", value=j["label"], rationale=j.get("rationale"),
+                                source=source, metadata=meta)
+        else:
+            mlflow.log_feedback(trace_id=trace_id, name="dur", source=source, metadata=meta,
+                                error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(j.get("error"))))
+        for side in ("positive", "negative"):
+            if j.get(f"{side}_label"):
+                mlflow.log_feedback(trace_id=trace_id, name=f"dur_{side}_control", value=j[f"{side}_label"],
+                                    source=source, metadata=meta)
+        logged += 1
+    return logged
 
 
 def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, Any]:

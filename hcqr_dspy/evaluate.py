@@ -30,6 +30,7 @@ from dspy.utils.exceptions import (
 )
 
 from hcqr_dspy.errors import HCQRError, LMCapabilityError
+from hcqr_dspy.metrics import is_correct
 from hcqr_dspy.run_folder import LMUnavailableError, ProgramError, RunError, RunFolder, lm_failure, write_probe
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
@@ -52,6 +53,7 @@ __all__ = [
     "LM_UNAVAILABLE",
     "EvalResult",
     "LMUnavailableError",
+    "answer_record",
     "ProgramError",
     "RunError",
     "evaluate",
@@ -80,7 +82,7 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         "prediction": pred.get("answer"),
         "gold": example.answer,
         "valid": bool(pred.get("valid")),
-        "correct": bool(pred.get("valid")) and pred.get("answer") == example.answer,
+        "correct": is_correct(pred.get("answer"), bool(pred.get("valid")), example.answer),
         "error": pred.get("error"),
         "invalid_stage": pred.get("invalid_stage"),
         "invalid_cause": pred.get("invalid_cause"),
@@ -103,6 +105,26 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         if key not in row and key not in ("answer", "valid"):
             row[key] = pred.get(key)
     return row
+
+
+def answer_record(qid: str, options: dict[str, str], answer: str | None, valid: bool, error: str | None,
+                  hypothesis: dict[str, Any] | None, queries: list[str] | None,
+                  passages: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One answer as ``hcqr predict`` writes it and the served model returns it: ``qid``, ``answer`` (a
+    letter, ``None`` when the reply was not one), ``answer_text``, ``valid``, ``error``, ``hypothesis``,
+    ``queries`` and ``passages`` (id, title, fused score and the queries, ``q1``..., that found each)."""
+    answer = answer if valid else None
+    return {
+        "qid": qid,
+        "answer": answer,
+        "answer_text": options.get(answer) if answer else None,
+        "valid": bool(valid),
+        "error": error,
+        "hypothesis": hypothesis,
+        "queries": list(queries or []),
+        "passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
+                      "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in passages or []],
+    }
 
 
 def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramError:
@@ -134,6 +156,7 @@ def evaluate(
     num_threads: int = 1,
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    trace_tags: dict[str, str] | None = None,
 ) -> EvalResult:
     """Run ``program`` over ``examples``, writing ``predictions.jsonl`` as it goes.
 
@@ -146,6 +169,8 @@ def evaluate(
             local llama.cpp models serialize calls, so 1 suits them.
         progress: Show a progress bar.
         on_row: Called with each new row after it is written.
+        trace_tags: Record each question as an MLflow trace (:func:`hcqr_dspy.traces.question`) with
+            these tags plus ``qid``; the row keeps the trace's id as ``trace_id``. ``None``: no traces.
 
     Returns:
         :class:`EvalResult` over every question of ``examples``.
@@ -161,12 +186,22 @@ def evaluate(
 
     retriever = getattr(program, "retriever", None)
 
-    def work(example: dspy.Example) -> dict[str, Any]:
+    def answer(example: dspy.Example) -> dict[str, Any]:
         t0 = time.perf_counter()
         pred = program(question=example.question, options=example.options)
         row = prediction_row(example, pred, method, time.perf_counter() - t0)
-        if retriever is not None and row["passages"]:
+        if retriever is not None and row["passages"] and example.answer is not None:
             row["evidence"] = question_evidence(example.options, example.answer, shown_documents(retriever, row["passages"]))
+        return row
+
+    def work(example: dspy.Example) -> dict[str, Any]:
+        if trace_tags is None:
+            return answer(example)
+        from hcqr_dspy import traces
+
+        with traces.question(method, example.question, example.options, {**trace_tags, "qid": example.qid}) as trace:
+            row = answer(example)
+            trace.finish(row)
         return row
 
     try:

@@ -287,7 +287,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
     import mlflow
 
     from hcqr_dspy import tracking
-    from hcqr_dspy.compare import compare
+    from hcqr_dspy.compare import compare, track_comparison
     from hcqr_dspy.programs import PROGRAMS
     from hcqr_dspy.run import EvalSpec, run_evaluation
 
@@ -325,6 +325,7 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
                 out["reports"][dname] = str(files[0])
                 for f in files:
                     mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")
+                track_comparison(root / dname / "comparison", mlflow_dir=mlflow_dir)  # a child run, linking the cells
     return out
 
 

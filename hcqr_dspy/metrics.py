@@ -25,7 +25,8 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         rows: Records written by :func:`hcqr_dspy.evaluate.evaluate`.
 
     Returns:
-        ``n``, ``accuracy``, ``accuracy_se``, ``invalid_rate``, ``invalid``,
+        ``n``, ``accuracy``, ``accuracy_se`` (over the rows with a gold answer; absent when
+        none has one, and ``labelled`` counts them when some lack one), ``invalid_rate``, ``invalid``,
         means per question of ``lm_calls`` (served by the model),
         ``cached_lm_calls`` (served by DSPy's cache), ``prompt_tokens``,
         ``completion_tokens``, ``seconds``, and the same per stage as
@@ -43,17 +44,16 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     n = len(rows)
     if n == 0:
         return {"n": 0}
-    correct = sum(bool(r["correct"]) for r in rows)
     invalid = sum(not r["valid"] for r in rows)
-    acc = correct / n
-    out: dict[str, float] = {
-        "n": n,
-        "correct": correct,
-        "accuracy": acc,
-        "accuracy_se": math.sqrt(acc * (1 - acc) / n),
-        "invalid": invalid,
-        "invalid_rate": invalid / n,
-    }
+    out: dict[str, float] = {"n": n}
+    labelled = [r for r in rows if r.get("gold") is not None]
+    if labelled:  # accuracy over the questions with a gold answer (all of them in an evaluation)
+        correct = sum(bool(r["correct"]) for r in labelled)
+        acc = correct / len(labelled)
+        out.update(correct=correct, accuracy=acc, accuracy_se=math.sqrt(acc * (1 - acc) / len(labelled)))
+    if len(labelled) < n:
+        out["labelled"] = len(labelled)
+    out.update(invalid=invalid, invalid_rate=invalid / n)
     for field in ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
         out[f"mean_{field}"] = sum(r.get(field) or 0 for r in rows) / n
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -121,32 +121,47 @@ def fallback_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def hypothesis_changes(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """How the final answer relates to HCQR's working hypothesis.
+HYPOTHESIS_OUTCOMES = ("kept_right", "kept_wrong", "fixed", "broke", "changed_wrong_to_wrong", "invalid_answer")
 
-    Counts over rows that have a hypothesis (HCQR runs): ``hypothesis_correct``;
-    ``kept_right`` / ``kept_wrong`` (answer = hypothesis); ``fixed`` (wrong
-    hypothesis, right answer); ``broke`` (right hypothesis, wrong answer);
-    ``changed_wrong_to_wrong``; ``invalid_answer`` (no valid final answer).
+
+def is_correct(prediction: str | None, valid: bool, gold: str | None) -> bool | None:
+    """A valid answer equal to the gold letter (an invalid answer is wrong); ``None`` without a gold answer."""
+    if gold is None:
+        return None
+    return bool(valid) and prediction == gold
+
+
+def hypothesis_outcome(hypothesis: str | None, prediction: str | None, valid: bool, gold: str | None) -> str | None:
+    """How one final answer relates to HCQR's working hypothesis: one of :data:`HYPOTHESIS_OUTCOMES`
+    (``kept_right`` / ``kept_wrong``: answer = hypothesis; ``fixed``: wrong hypothesis, right answer;
+    ``broke``: right hypothesis, wrong answer; ``changed_wrong_to_wrong``; ``invalid_answer``: no valid
+    final answer); ``None`` without a hypothesis or a gold answer."""
+    if not hypothesis or gold is None:
+        return None
+    h_right = hypothesis == gold
+    if not valid:
+        return "invalid_answer"
+    if prediction == hypothesis:
+        return "kept_right" if h_right else "kept_wrong"
+    if prediction == gold:
+        return "fixed"
+    return "broke" if h_right else "changed_wrong_to_wrong"
+
+
+def hypothesis_changes(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How the final answer relates to HCQR's working hypothesis, counted over rows
+    (:func:`hypothesis_outcome` of each).
+
+    Counts over rows that have a hypothesis (HCQR runs): ``with_hypothesis``,
+    ``hypothesis_correct`` and each of :data:`HYPOTHESIS_OUTCOMES`.
     """
-    c = dict.fromkeys(
-        ("with_hypothesis", "hypothesis_correct", "kept_right", "kept_wrong", "fixed", "broke",
-         "changed_wrong_to_wrong", "invalid_answer"), 0)
+    c = dict.fromkeys(("with_hypothesis", "hypothesis_correct", *HYPOTHESIS_OUTCOMES), 0)
     for r in rows:
         h = (r.get("hypothesis") or {}).get("working_hypothesis")
-        if not h:
+        outcome = hypothesis_outcome(h, r["prediction"], r["valid"], r["gold"])
+        if outcome is None:
             continue
         c["with_hypothesis"] += 1
-        h_right = h == r["gold"]
-        c["hypothesis_correct"] += h_right
-        if not r["valid"]:
-            c["invalid_answer"] += 1
-        elif r["prediction"] == h:
-            c["kept_right" if h_right else "kept_wrong"] += 1
-        elif r["correct"]:
-            c["fixed"] += 1
-        elif h_right:
-            c["broke"] += 1
-        else:
-            c["changed_wrong_to_wrong"] += 1
+        c["hypothesis_correct"] += h == r["gold"]
+        c[outcome] += 1
     return c

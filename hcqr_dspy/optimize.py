@@ -392,6 +392,30 @@ class CompileSpec:
     n_ctx: int = 8192
     api_base: str | None = None
     api_key_env: str | None = None
+    register: str | None = None
+    alias: str | None = None
+
+
+def optimizer_scores(compiled: Any) -> dict[str, float]:
+    """The score the optimizer itself measured for the program it returned, as a fraction in [0, 1].
+
+    ``val_score``: BootstrapFewShotWithRandomSearch's best candidate (``candidate_programs[0]["score"]``)
+    and MIPROv2's best full evaluation (``program.score``), both percentages from ``dspy.Evaluate``;
+    GEPA's best candidate's aggregate score on its validation set (``detailed_results``, already a
+    fraction). ``candidates``: how many programs it scored. BootstrapFewShot validates nothing: ``{}``.
+    """
+    out: dict[str, float] = {}
+    candidates = getattr(compiled, "candidate_programs", None)
+    if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) and "score" in candidates[0]:
+        out["val_score"] = float(candidates[0]["score"]) / 100
+        out["candidates"] = float(len(candidates))
+    elif isinstance(getattr(compiled, "score", None), (int, float)):
+        out["val_score"] = float(compiled.score) / 100
+    results = getattr(compiled, "detailed_results", None)
+    if results is not None and getattr(results, "val_aggregate_scores", None):
+        out["val_score"] = float(results.val_aggregate_scores[results.best_idx])
+        out["candidates"] = float(len(results.val_aggregate_scores))
+    return out
 
 
 def probe_writable(folder: Path) -> None:
@@ -427,13 +451,19 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         mlflow_dir: MLflow store folder.
         track: Log to MLflow: params, the optimizer's trials
             (``mlflow.dspy.autolog(log_compiles=True)``), the saved program
-            folder as ``program`` artifacts, the recipe, and an MLflow model
-            (``mlflow.dspy.log_model``, logged without the retriever).
+            folder as ``program`` artifacts, the recipe, metrics (the optimizer's own
+            validation score ``val_score`` where it has one, :func:`optimizer_scores`; the
+            training and validation sizes; demos per predictor and whether its
+            instructions changed), and the program as an MLflow pyfunc model logged
+            from code (:func:`hcqr_dspy.serving.log_program_model`: no pickle; the model
+            config names the index and the LM), registered as ``spec.register`` (with
+            ``spec.alias``) when given.
         lm / reflection_lm: Ready ``dspy.LM`` objects instead of building the specs (tests).
 
     Returns:
-        ``{"out", "mlflow_run_id", "model_uri", "train", "val", "predictors": {name: {"demos",
-        "instructions_changed"}}}`` (``mlflow_run_id`` and ``model_uri`` are None untracked).
+        ``{"out", "mlflow_run_id", "model_uri", "registered", "scores", "train", "val", "predictors": {name:
+        {"demos", "instructions_changed"}}}`` (``mlflow_run_id``, ``model_uri`` and ``registered`` are
+        None untracked or unregistered).
 
     Raises:
         RecipeError, HCQRError: bad input as listed above, or an unwritable ``out``
@@ -450,6 +480,10 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
     from hcqr_dspy.run import dataset_name, open_index
 
     recipe = load_recipe(spec.recipe)
+    if spec.alias and not spec.register:
+        raise HCQRError("--alias needs --register NAME")
+    if spec.register and not track:
+        raise HCQRError("--register needs MLflow tracking (drop --no-mlflow)")
     if spec.method not in PROGRAMS:
         raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
@@ -517,7 +551,8 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
             raise unavailable(failures[0])
         return compiled
 
-    run_id = model_uri = None
+    run_id = model_uri = registered = None
+    scores: dict[str, float] = {}
     if track:
         import mlflow
         import mlflow.dspy
@@ -527,8 +562,9 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         params = {"recipe": recipe.record(), "method": spec.method, "program": student.settings(), "lm": lm_cfg.params(),
                   "train": {"file": meta["train"]["file"], "count": len(trainset), "val_count": len(valset)},
                   "index": index_info}
-        with tracking.mlflow_run(f"compile {spec.method} | {recipe.name} | {spec.lm}", params,
-                                 tags={"kind": "compile", "method": spec.method, "optimizer": recipe.optimizer},
+        with tracking.mlflow_run(f"compile · {spec.method} · {recipe.name} · {spec.lm}", params,
+                                 tags={"kind": "compile", "method": spec.method, "optimizer": recipe.optimizer,
+                                       "recipe": recipe.name, "lm": spec.lm, "dataset": train_name},
                                  store=mlflow_dir, traces=False) as run:
             run_id = run.info.run_id
             mlflow.dspy.autolog(log_compiles=True, log_traces=False, log_traces_from_compile=False, silent=True)
@@ -539,11 +575,21 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
             save_program(compiled, out, mlflow_run_id=run_id, **meta)
             mlflow.log_artifacts(str(out), artifact_path="program")
             mlflow.log_artifact(recipe.path, artifact_path="recipe")
-            saved_retriever, compiled.retriever = compiled.retriever, None
-            try:  # the MLflow model holds the program without its index (a retriever is not portable)
-                model_uri = mlflow.dspy.log_model(compiled, name="model", use_dspy_model_save=True).model_uri
-            finally:
-                compiled.retriever = saved_retriever
+            scores = optimizer_scores(compiled)
+            mlflow.log_metrics({**scores, "train_size": len(trainset), "val_size": len(valset),
+                                **{f"demos.{name}": len(p.demos) for name, p in compiled.named_predictors()},
+                                **{f"instructions_changed.{name}": float(p.signature.instructions != q.signature.instructions)
+                                   for (name, p), (_, q) in zip(compiled.named_predictors(), student.named_predictors())}})
+            if not scores:
+                mlflow.set_tag("val_score", f"none: {recipe.optimizer} does not score candidates on a validation set")
+            from hcqr_dspy.serving import log_program_model
+
+            logged = log_program_model(out, lm=spec.lm, index=spec.index, register=spec.register, alias=spec.alias,
+                                       max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
+                                       api_key_env=spec.api_key_env, name=spec.method)
+            model_uri, registered = logged["model_uri"], logged["registered"]
+            if registered:
+                mlflow.MlflowClient().set_model_version_tag(spec.register, str(logged["version"]), "recipe", recipe.name)
     else:
         compiled = _compile()
         save_program(compiled, out, mlflow_run_id=None, **meta)
@@ -557,5 +603,5 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         }
         for name in before
     }
-    return {"out": str(out), "mlflow_run_id": run_id, "model_uri": model_uri, "train": len(trainset), "val": len(valset),
-            "predictors": predictors}
+    return {"out": str(out), "mlflow_run_id": run_id, "model_uri": model_uri, "registered": registered, "scores": scores,
+            "train": len(trainset), "val": len(valset), "predictors": predictors}

@@ -21,8 +21,9 @@ pickle travels with a saved program. MLflow model URIs are read the same way:
 :func:`compile_program <hcqr_dspy.optimize.compile_program>` logs this folder
 as the run's ``program`` artifacts next to the MLflow model, and
 :func:`load_program` downloads that folder (``runs:/<run_id>`` or
-``runs:/<run_id>/program``), never ``mlflow.dspy.load_model``, which
-unpickles (cloudpickle) the logged object.
+``runs:/<run_id>/program``, or from a registered model ``models:/NAME/VERSION``
+or ``models:/NAME@ALIAS``: :mod:`hcqr_dspy.serving`), never
+``mlflow.dspy.load_model``, which unpickles (cloudpickle) the logged object.
 """
 
 from __future__ import annotations
@@ -265,25 +266,39 @@ def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = Non
     """A local saved-program folder for a path or an MLflow URI.
 
     ``runs:/<run_id>`` (or ``runs:/<run_id>/program``) downloads the run's
-    ``program`` artifacts from the tracking store (:mod:`hcqr_dspy.tracking`).
+    ``program`` artifacts from the tracking store (:mod:`hcqr_dspy.tracking`);
+    ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` (the Model Registry) and
+    ``models:/<model id>`` download the pyfunc model that ``hcqr compile`` logged
+    (:mod:`hcqr_dspy.serving`) and use the program folder it carries. Either way
+    only the two JSON files are read.
 
     Raises:
-        ProgramFormatError: no such folder, or the run has no program artifacts.
+        ProgramFormatError: no such folder, run, model, version or alias, or a
+            run or model without program artifacts.
     """
     text = str(source)
-    if text.startswith("runs:/"):
+    if text.startswith(("runs:/", "models:/")):
         import mlflow
 
         from hcqr_dspy import tracking
 
         tracking.configure(mlflow_dir)
         uri = text.rstrip("/")
-        if uri.count("/") == 1:  # runs:/<id>
+        if uri.startswith("runs:/") and uri.count("/") == 1:  # runs:/<id>
             uri += "/program"
         try:
-            return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
         except Exception as exc:  # MlflowException, OSError: both mean "not there"
-            raise ProgramFormatError(f"cannot fetch saved program {text} from {tracking.tracking_uri(mlflow_dir)}: {exc}") from None
+            first = (str(exc).splitlines() or [""])[0][:300]
+            raise ProgramFormatError(f"cannot fetch saved program {text} from {tracking.tracking_uri(mlflow_dir)}: {first}") from None
+        if uri.startswith("models:/"):
+            from hcqr_dspy.serving import program_folder_of_model
+
+            try:
+                return program_folder_of_model(local)
+            except HCQRError as exc:
+                raise ProgramFormatError(f"{text}: {exc}") from None
+        return local
     path = Path(text)
     if not path.is_dir():
         raise ProgramFormatError(f"saved program {path} not found (a folder with {STATE_FILE} and {META_FILE})")

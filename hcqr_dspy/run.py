@@ -50,6 +50,9 @@ class EvalSpec:
         encoder_backend: What embeds the queries (``torch``, ``onnx``,
             ``onnx-int8``, ``openvino``; ``None`` = torch); recorded in the
             config under ``index``.
+        labelled: The questions must have gold answers (``hcqr eval``). ``False``
+            (``hcqr predict``) accepts questions without one; they are answered, not
+            scored, and the config records ``questions.labelled: false``.
     """
 
     method: str | None
@@ -70,6 +73,7 @@ class EvalSpec:
     program: str | None = None
     search_options: dict[str, int] = field(default_factory=dict)
     encoder_backend: str | None = None
+    labelled: bool = True
 
 
 def _slug(text: str) -> str:
@@ -126,7 +130,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
                         + ", ".join("--" + k.replace("_", "-") for k in sorted(spec.program_options)))
     check_program_options(spec.method, spec.program_options)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
-    questions = select(load_questions(spec.dataset), limit=spec.limit, seed=spec.seed, ids=spec.ids)
+    questions = select(load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
     retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
@@ -144,7 +148,8 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "program": program.settings(),
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
-        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed},
+        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed,
+                      **({} if spec.labelled else {"labelled": False})},
         "index": index_info,
         "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
         "adapter": "JSONAdapter",
@@ -215,15 +220,18 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
 
 
 def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
-    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>``: the same spec reuses (resumes) its folder."""
+    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>`` (``predict-<method>...`` for unlabelled
+    questions): the same spec reuses (resumes) its folder."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
     dataset = _slug(dataset_name(spec.dataset))
     lm = _slug(spec.lm.replace(":", "-").replace("/", "-"))
-    return DEFAULT_RUNS / dataset / f"{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
+    kind = "" if spec.labelled else "predict-"
+    return DEFAULT_RUNS / dataset / f"{kind}{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
 
 
 def run_evaluation(
-    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None
+    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None,
+    on_row: Any = None,
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming if the run folder has rows) and track one evaluation.
 
@@ -239,6 +247,14 @@ def run_evaluation(
         track: Track in MLflow.
         lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
             (tests, notebooks); ``spec.lm`` is still what the config records.
+        on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluate.evaluate`).
+
+    Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
+    (:func:`run_name`) and tagged likewise; its description links the compile run of a saved program;
+    the questions are its input (an MLflow evaluation dataset); each question is a trace
+    (:mod:`hcqr_dspy.traces`); and once every question is answered the traces are scored with
+    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.scorers.score_run`; once per run: a rerun that answers
+    nothing new does not score again).
 
     Returns:
         The result, the run folder and the MLflow run id (``None`` untracked).
@@ -250,7 +266,7 @@ def run_evaluation(
     """
     from hcqr_dspy import tracking
 
-    config, questions, program = resolve(spec, mlflow_dir)
+    config, questions, program_module = resolve(spec, mlflow_dir)
     if lm is None:
         lm = build_lm(
             spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
@@ -260,19 +276,104 @@ def run_evaluation(
     folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
     if not track:
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-            return evaluate(program, questions, folder, spec.method, spec.num_threads, progress), folder.path, None
+            return evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row), folder.path, None
     old_id = tracking.existing_run_id(folder.mlflow_run_id, mlflow_dir)
-    name = f"{spec.method} | {dataset_name(spec.dataset)} | {spec.lm}"
-    tags = {"method": spec.method, "dataset": dataset_name(spec.dataset), "lm": spec.lm}
+    labelled = all(q.answer is not None for q in questions)
+    dname = dataset_name(spec.dataset)
+    program = program_label(config)
+    kind = "evaluation" if labelled else "prediction"
+    name = run_name(spec.method, dname, spec.lm, program, kind)
+    tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
     with tracking.mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+        import mlflow
+
         run_id = run.info.run_id
         folder.set_mlflow_run_id(run_id)
+        if old_id is None:
+            tracking.describe_run(run_id, config, kind)
+        questions_ds = tracking.questions_dataset(
+            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id)
+        if old_id is None:
+            mlflow.log_input(questions_ds, context=kind)
+        trace_tags = {"method": spec.method, "dataset": dname, "run_folder": str(folder.path.resolve()),
+                      "lm": spec.lm, "program": program, "mlflow_run_id": run_id}
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             try:
-                result = evaluate(program, questions, folder, spec.method, spec.num_threads, progress)
+                result = evaluate(program=program_module, examples=questions, folder=folder, method=spec.method,
+                                  num_threads=spec.num_threads, progress=progress, on_row=on_row, trace_tags=trace_tags)
             finally:
                 tracking.log_run_folder(folder)
         tracking.log_metrics(result.metrics)
+        if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
+            from hcqr_dspy.scorers import score_run
+
+            score_run(result.rows, questions_ds, labelled=labelled)
+            mlflow.set_tag(SCORED_TAG, "true")
     return result, folder.path, run_id
+
+
+SCORED_TAG = "hcqr.scored"
+
+
+def program_label(config: dict[str, Any]) -> str:
+    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made)."""
+    saved = config.get("saved_program")
+    if not saved:
+        return "zero-shot"
+    return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
+
+
+def run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
+    """An evaluation run's MLflow name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
+    return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])
+
+
+def answers_target(out: str | Path) -> Path:
+    """Check where :func:`write_answers` will write, before any LM call.
+
+    Raises:
+        HCQRError: ``out`` is a folder, or its folder cannot be created or written.
+    """
+    from hcqr_dspy.run_folder import write_probe
+
+    path = Path(out)
+    if path.is_dir():
+        raise HCQRError(f"--out {path} is a folder; give a file (answers.jsonl or answers.json)")
+    try:
+        write_probe(path.parent)
+    except OSError as exc:
+        raise HCQRError(f"--out {path}: its folder cannot be written ({exc.strerror or exc})") from None
+    return path
+
+
+def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Sequence[dspy.Example]) -> Path:
+    """Write a run's answers for people and programs: one record per question, in question order
+    (:func:`hcqr_dspy.evaluate.answer_record`: the letter and its text, validity, hypothesis, queries and
+    passages; ``gold`` and ``correct`` when the question has a gold answer).
+
+    ``out`` ending in ``.json`` gets one object ``{qid: record}``; any other name gets JSON Lines. The
+    file is written whole to a temporary name and renamed, so a reader never sees half of it.
+    """
+    from hcqr_dspy.evaluate import answer_record
+
+    by_qid = {r["qid"]: r for r in rows}
+    records = []
+    for q in questions:
+        r = by_qid.get(q.qid)
+        if r is None:
+            continue
+        record = answer_record(q.qid, q.options, r.get("prediction"), r["valid"], r.get("error"), r.get("hypothesis"),
+                               r.get("queries"), r.get("passages"))
+        if q.answer is not None:
+            record.update(gold=q.answer, correct=r["correct"])
+        records.append(record)
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps({r["qid"]: r for r in records}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    else:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -356,7 +356,8 @@ class RunFolder:
 
     @property
     def questions_record(self) -> dict[str, Any]:
-        """``count``, ``limit``, ``seed``, ``ids_sha256`` and (runs since 0.2) ``content_sha256``."""
+        """``count``, ``limit``, ``seed``, ``ids_sha256``, (runs since 0.2) ``content_sha256``, and
+        ``labelled: false`` for questions read without gold answers (``hcqr predict``)."""
         return self.config.get("questions") or {}
 
     @property
@@ -391,7 +392,7 @@ class RunFolder:
         from hcqr_dspy.data import load_questions
 
         try:
-            questions = load_questions(self.dataset)
+            questions = load_questions(self.dataset, labelled=self.questions_record.get("labelled", True))
         except HCQRError as exc:
             raise RunError(f"run {self.path}: its dataset cannot be read ({exc})") from None
         by_id = {q.qid: q for q in questions}

@@ -1,4 +1,4 @@
-"""MLflow tracking: one MLflow run per evaluation.
+"""MLflow tracking: the store, one MLflow run per evaluation, and what a reviewer sees first.
 
 The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under
 ``<dir>/artifacts`` (MLflow 3's file store is in maintenance mode), where
@@ -6,12 +6,17 @@ The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under
 explicit ``$MLFLOW_TRACKING_URI`` wins. Each run logs the full configuration
 as params, the metrics of :func:`hcqr_dspy.metrics.summarize`, the run
 folder's ``config.json``, ``predictions.jsonl`` and ``metrics.json`` as
-artifacts, and DSPy traces through ``mlflow.dspy.autolog()``. A resumed
-evaluation continues its MLflow run (its id is kept in ``config.json``).
+artifacts, and DSPy traces through ``mlflow.dspy.autolog()`` (each question's
+trace is built by :mod:`hcqr_dspy.traces` and scored by :mod:`hcqr_dspy.scorers`).
+A resumed evaluation continues its MLflow run (its id is kept in ``config.json``).
+Also here: the question set as an MLflow evaluation dataset
+(:func:`questions_dataset`), run descriptions (:func:`describe_run`), and the
+UI (:func:`serve_ui`, ``hcqr ui``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import contextmanager
@@ -22,6 +27,32 @@ from hcqr_dspy.errors import HCQRError
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "hcqr-dspy"
+# The experiment's description (MLflow shows the ``mlflow.note.content`` tag as Markdown on the experiment page).
+EXPERIMENT_DESCRIPTION = """Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented multiple-choice QA, \
+run by hcqr-dspy as DSPy programs.
+
+* **Runs** — one per evaluation (`hcqr eval`, `hcqr predict`, experiment cells), named
+  `method · dataset · LM · zero-shot|compiled:<recipe>`; [the runs table with the key metrics](#/experiments/{experiment_id}/runs?viewStateShareKey={view})
+  (`accuracy`, `accuracy_se`, `invalid_rate`, `dur`, `mean_lm_calls`); compile runs (`kind=compile`) and
+  comparisons (`kind=comparison`, their runs linked by run id).
+* **Traces** — one per question: named stage spans (hypothesis, rewrite, one RETRIEVER span per query, fusion,
+  answer), tags `qid`, `method`, `dataset`, `run_folder`, `lm`, `program`; the gold answer as the expectation
+  `answer`, and feedback `correct`, `valid`, `hypothesis` (kept/fixed/broke), `dur` (DUR judge). Filter e.g.
+  `tags.method = 'hcqr'` and `feedback.correct = 'false'`.
+* **Evaluation runs / Datasets** — each run's questions as an MLflow evaluation dataset, scored with
+  `mlflow.genai.evaluate`.
+* **Models** — compiled programs registered with `hcqr compile --register NAME`, served with `mlflow models serve`.
+"""
+# The metrics a reader looks at first: logged by every evaluation run (and shown first by `hcqr` tables).
+KEY_METRICS = ("accuracy", "accuracy_se", "invalid_rate", "dur", "mean_lm_calls")
+# A saved view of the experiment's runs table with those metrics as its columns. MLflow's UI keeps "shared
+# views" as experiment tags `mlflow.sharedViewState.<key>` (a JSON of the table's state; column keys are
+# `metrics.`name`` / `tags.`name`` / `attributes.`name``) and opens one with `?viewStateShareKey=<key>`.
+KEY_VIEW = "hcqr-key-metrics"
+KEY_VIEW_STATE = {
+    "selectedColumns": [*(f"metrics.`{m}`" for m in KEY_METRICS), "tags.`program`", "attributes.`Dataset`"],
+    "orderByKey": "attributes.start_time", "orderByAsc": False,
+}
 
 
 def store_dir(path: str | Path | None = None) -> Path:
@@ -38,6 +69,10 @@ def tracking_uri(path: str | Path | None = None) -> str:
 
 def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> str:
     """Point MLflow at the store and select (creating if needed) the experiment.
+
+    The experiment gets its description (:data:`EXPERIMENT_DESCRIPTION`, unless it has one) and the
+    saved view of its runs table with the key metrics as columns (:data:`KEY_VIEW`), and becomes the
+    active experiment (traces made outside a run, such as the DUR judge's, are recorded there).
 
     Several processes may start on one new store at once (parallel
     evaluations): MLflow creates and migrates the SQLite schema on first use,
@@ -70,8 +105,25 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
         mlflow.set_tracking_uri(tracking_uri(path))
         found = mlflow.get_experiment_by_name(experiment)
         if found is not None:
-            return found.experiment_id
-        return mlflow.create_experiment(experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+            experiment_id = found.experiment_id
+        else:
+            experiment_id = mlflow.create_experiment(
+                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+        client = mlflow.MlflowClient()
+        tags = client.get_experiment(experiment_id).tags
+        if "mlflow.note.content" not in tags:  # a description a user wrote is kept
+            client.set_experiment_tag(experiment_id, "mlflow.note.content",
+                                      EXPERIMENT_DESCRIPTION.format(experiment_id=experiment_id, view=KEY_VIEW))
+        view = json.dumps(KEY_VIEW_STATE)
+        if tags.get(f"mlflow.sharedViewState.{KEY_VIEW}") != view:
+            client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{KEY_VIEW}", view)
+    mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
+    return experiment_id
+
+
+def key_metrics_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The address of the runs table with :data:`KEY_METRICS` as its columns, on a UI at ``host:port``."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?viewStateShareKey={KEY_VIEW}"
 
 
 def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
@@ -138,12 +190,8 @@ def mlflow_run(
     import mlflow
 
     experiment_id = configure(store, experiment)
-    if traces:
-        import mlflow.dspy
-
-        mlflow.dspy.autolog(log_traces=True, silent=True)
     nested = mlflow.active_run() is not None  # a cell of an experiment: child of its parent run
-    try:
+    with dspy_tracing(traces):
         if run_id:
             run = mlflow.start_run(run_id=run_id, nested=nested)
         else:
@@ -151,12 +199,24 @@ def mlflow_run(
             mlflow.log_params(flatten(params))
         with run:
             yield run
-    finally:
-        if traces:
-            import mlflow.dspy
 
-            mlflow.dspy.autolog(disable=True, silent=True)
-            mlflow.flush_trace_async_logging()  # traces are exported in the background: persist them now
+
+@contextmanager
+def dspy_tracing(enabled: bool = True) -> Iterator[None]:
+    """Record DSPy module and LM calls as MLflow spans (``mlflow.dspy.autolog(log_traces=True)``) inside the
+    block; at its end autologging is turned off and the traces, exported in the background, are written."""
+    if not enabled:
+        yield
+        return
+    import mlflow
+    import mlflow.dspy
+
+    mlflow.dspy.autolog(log_traces=True, silent=True)
+    try:
+        yield
+    finally:
+        mlflow.dspy.autolog(disable=True, silent=True)
+        mlflow.flush_trace_async_logging()
 
 
 def log_metrics(metrics: dict[str, float]) -> None:
@@ -180,3 +240,166 @@ def log_run_folder(folder) -> None:
     folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
     for f in folder.files():
         mlflow.log_artifact(str(f), artifact_path="run")
+
+
+# Signals that stop `hcqr ui` (SIGKILL cannot be caught: the server then gets SIGTERM from the kernel, below).
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+STOP_GRACE_SECONDS = 5.0
+
+
+def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> int:
+    """Run the MLflow UI (``mlflow server``) for the store at ``path`` until it exits or this process is stopped.
+
+    The server runs in its own process group (session): MLflow starts a uvicorn parent with worker
+    processes, so stopping only the process we started would leave the workers serving. On any of
+    :data:`STOP_SIGNALS`, and on any exit of this function, the whole group gets SIGTERM, then SIGKILL
+    after :data:`STOP_GRACE_SECONDS`. On Linux the server also gets SIGTERM if this process dies
+    (``PR_SET_PDEATHSIG``), so even a SIGKILL of ``hcqr ui`` does not leave it running.
+    MLflow's server-side job runner (online scoring, judges run from the UI) is turned off
+    (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``): it starts seven more worker processes.
+
+    Returns:
+        The server's exit code (0 when it was stopped by a signal).
+    """
+    import signal
+    import subprocess
+
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(ui_command(path, host, port, workers), env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    stopped: list[int] = []
+
+    def on_signal(signum, _frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {name: signal.signal(getattr(signal, name), on_signal) for name in STOP_SIGNALS if hasattr(signal, name)}
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+        stop_process_group(proc)
+    return code if not stopped else 0
+
+
+def ui_command(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> list[str]:
+    """The ``mlflow server`` command line of :func:`serve_ui`."""
+    import sys
+
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(path),
+            "--host", host, "--port", str(port), "--workers", str(workers)]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (no-op elsewhere)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def stop_process_group(proc, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), wait up
+    to ``grace`` seconds for its leader, then SIGKILL whatever is left of the group."""
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return  # the group is empty
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def questions_dataset(questions, name: str, experiment_id: str):
+    """The MLflow evaluation dataset of a question set (``mlflow.genai.datasets``), created on first use.
+
+    One record per question: inputs ``question`` and ``options``, the expectation ``answer`` (the gold
+    letter, when the question has one) and the tag ``qid``. The same question set reuses its dataset.
+
+    Args:
+        questions: The questions (``dspy.Example`` with ``qid``, ``question``, ``options``, ``answer``).
+        name: The dataset's name: the benchmark's name and the question set's content fingerprint
+            (``medqa-1a2b3c4d5e6f``), so that another sample is another dataset.
+        experiment_id: The experiment it belongs to.
+
+    Returns:
+        The ``mlflow.genai.datasets.EvaluationDataset``.
+    """
+    from mlflow.genai import datasets
+
+    def find():
+        found = datasets.search_datasets(experiment_ids=[experiment_id], filter_string=f"name = '{name}'", max_results=1)
+        return found[0] if found else None
+
+    dataset = find()
+    if dataset is not None and dataset.has_records():
+        return dataset
+    if dataset is None:
+        try:
+            dataset = datasets.create_dataset(name=name, experiment_id=experiment_id, tags={"source": "hcqr-dspy"})
+        except Exception:  # another process created it first (unique name): use that one
+            dataset = find()
+            if dataset is None:
+                raise
+    dataset.merge_records([
+        {"inputs": {"question": q.question, "options": dict(q.options)},
+         **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
+         "tags": {"qid": str(q.qid)}}
+        for q in questions
+    ])
+    return dataset
+
+
+def run_link(run_id: str) -> str | None:
+    """A Markdown link to a run of this store for MLflow's UI (``#/experiments/<id>/runs/<id>``); ``None`` if absent."""
+    import mlflow
+
+    try:
+        run = mlflow.get_run(run_id)
+    except Exception:  # MlflowException: not in this store
+        return None
+    return f"[{run.info.run_name or run_id}](#/experiments/{run.info.experiment_id}/runs/{run_id})"
+
+
+def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") -> None:
+    """Set an evaluation run's description (MLflow's ``mlflow.note.content``, Markdown) and, for a saved
+    (compiled) program, the tag ``compile_run_id`` linking the run that compiled it.
+
+    Args:
+        run_id: The run.
+        config: The run folder's configuration (:func:`hcqr_dspy.run.resolve`).
+        kind: ``evaluation`` (gold answers) or ``prediction`` (unlabelled questions).
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    q = config.get("questions") or {}
+    lines = [f"**{config['method']}** on {q.get('count')} questions of `{config['dataset']}` "
+             f"({'scored against gold answers' if kind == 'evaluation' else 'no gold answers: predictions only'}), "
+             f"LM `{(config.get('lm') or {}).get('spec')}`."]
+    saved = config.get("saved_program")
+    if saved:
+        compile_id = saved.get("compile_run_id")
+        link = run_link(compile_id) if compile_id else None
+        lines.append(f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
+                     f"{saved.get('train_count')} {saved.get('train_dataset')} questions, from `{saved.get('source')}`; "
+                     + (f"compile run {link}." if link else f"compile run `{compile_id}` (not in this store)." if compile_id
+                        else "no compile run recorded."))
+        if compile_id:
+            client.set_tag(run_id, "compile_run_id", compile_id)
+    else:
+        lines.append("Program: zero-shot (the method's own instructions, no demos).")
+    client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 TINY_ROWS = [
@@ -163,3 +167,51 @@ class TeachableEngine(SchemaEngine):
 def teachable_lm():
     """A ``dspy.LM`` over a fresh :class:`TeachableEngine` (no cache)."""
     return schema_lm(engine=TeachableEngine())
+
+
+# -- real servers started by tests (MLflow UI, MLflow scoring server): ports and process trees ------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (exited, not yet reaped by its new parent) counts as stopped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read()[-3000:] if proc.stderr else ""
+            raise AssertionError(f"the server exited early with {proc.returncode}: {err}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"{url} did not answer within {timeout:.0f} s")

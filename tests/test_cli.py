@@ -133,16 +133,15 @@ def test_index_out_under_a_file_fails_before_building(tmp_path, tiny_corpus_file
     assert blocker.read_text() == "keep"
 
 
-def test_ui_binds_to_localhost_unless_told_otherwise(tmp_path, monkeypatch, capsys):
-    import subprocess
+def test_ui_binds_to_localhost_unless_told_otherwise(tmp_path):
+    from hcqr_dspy.cli import build_parser
+    from hcqr_dspy.tracking import ui_command
 
-    (tmp_path / "mlflow.db").write_text("")
-    launched = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
-    assert main(["ui", "--mlflow-dir", str(tmp_path)]) == 0
-    assert launched[-1][launched[-1].index("--host") + 1] == "127.0.0.1"
-    assert main(["ui", "--mlflow-dir", str(tmp_path), "--host", "0.0.0.0"]) == 0
-    assert launched[-1][launched[-1].index("--host") + 1] == "0.0.0.0"
+    args = build_parser().parse_args(["ui"])
+    cmd = ui_command(tmp_path, host=args.host)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    cmd = ui_command(tmp_path, host="0.0.0.0")
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
 
 
 def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
@@ -153,3 +152,65 @@ def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
     bad.write_text('{"question": "Which?",\n "options": ')
     code, err = error_of(capsys, ["ask", "--method", "cot", "--json", str(bad)])
     assert code == 2 and len(err) == 1 and "q.json:2: not valid JSON" in err[0]
+
+
+def test_parser_names_are_the_registries():
+    from hcqr_dspy.cli import FUSION_STRATEGIES, METHODS, RETRIEVER_KINDS
+    from hcqr_dspy.programs import PROGRAMS
+    from hcqr_dspy.retrieval import KINDS
+    from hcqr_dspy.retrieval.fusion import STRATEGIES
+
+    assert METHODS == tuple(PROGRAMS) and FUSION_STRATEGIES == STRATEGIES
+    assert set(RETRIEVER_KINDS) == set(KINDS)
+
+
+def test_help_and_version_import_nothing_heavy():
+    """`hcqr --help` and `--version` answer without importing dspy, mlflow, torch, sentence-transformers or faiss
+    (seconds of imports); the time itself is measured in the report, not here."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom hcqr_dspy.cli import main\n"
+             "for argv in (['--help'], ['--version'], ['eval', '--help']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "heavy = ('dspy', 'mlflow', 'torch', 'sentence_transformers', 'faiss', 'litellm', 'pandas')\n"
+             "print('HEAVY', [m for m in heavy if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "hcqr-dspy 0.1.0 (dspy " in out
+    assert out.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_every_option_says_its_default():
+    from hcqr_dspy.cli import HelpFormatter, build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    missing = []
+    for name, sub in subparsers.choices.items():
+        formatter = HelpFormatter(name)
+        for action in sub._actions:
+            if not action.option_strings or action.required or action.help == "show this help message and exit":
+                continue
+            if "default" not in formatter._expand_help(action).lower():
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert missing == []
+
+
+def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
+    import argparse
+
+    from hcqr_dspy.cli import _ui_hint
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("HCQR_MLFLOW_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "`hcqr ui`"
+    assert _ui_hint(argparse.Namespace(mlflow_dir="mlruns")) == "`hcqr ui`"
+    other = tmp_path / "elsewhere"
+    assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    from hcqr_dspy import tracking
+
+    tracking.configure(other)  # MLflow now sets MLFLOW_TRACKING_URI to that store itself: still named by folder
+    assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"

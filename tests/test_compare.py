@@ -250,3 +250,59 @@ def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"q1": "p1"}))
     with pytest.raises(HCQRError, match="question 'q1' has str"):
         load_qrels(tmp_path / "bad.json")
+
+
+def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_logs_its_figures(tmp_path, mlflow_store):
+    import mlflow
+
+    from hcqr_dspy import tracking
+    from hcqr_dspy.compare import track_comparison
+
+    ids = {}
+    for method in ("simple_rag", "hcqr"):
+        with tracking.mlflow_run(f"{method} run", {}, store=mlflow_store, traces=False) as run:
+            ids[method] = run.info.run_id
+    a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13, dataset="/data/medqa.json")
+    b = make_run(tmp_path / "b", "hcqr", [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5, dataset="/data/medqa.json",
+                 dur={"dur_n": 25, "dur_invalid": 0, "dur": 0.75, "dur_entailed": 0.25, "dur_useful": 0.5, "dur_not_useful": 0.25})
+    for folder, method in ((a, "simple_rag"), (b, "hcqr")):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "mlflow_run_id": ids[method]}))
+    compare([a, b], reference="simple_rag", out_dir=tmp_path / "out")
+    run = mlflow.get_run(track_comparison(tmp_path / "out", mlflow_dir=mlflow_store))
+    assert run.info.run_name == "compare simple_rag vs hcqr · medqa · local"
+    assert run.data.tags["kind"] == "comparison" and run.data.tags["reference"] == "simple_rag"
+    assert run.data.tags["runs"] == f"{ids['simple_rag']},{ids['hcqr']}" and run.data.tags["run.hcqr"] == ids["hcqr"]
+    m = run.data.metrics
+    assert m["accuracy.simple_rag"] == 0.48 and m["accuracy.hcqr"] == 0.72
+    assert m["delta_accuracy.hcqr"] == pytest.approx(0.24) and m["mcnemar_p.hcqr"] == pytest.approx(0.109375)
+    assert m["dur.hcqr"] == 0.75 and "delta_accuracy.simple_rag" not in m
+    assert f"runs/{ids['hcqr']})" in run.data.tags["mlflow.note.content"]
+    names = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "comparison")}
+    assert "comparison/comparison.md" in names and "comparison/accuracy.png" in names
+
+
+def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_against_cost(tmp_path):
+    from PIL import Image
+
+    from hcqr_dspy.compare import accuracy_vs_cost_figure, hypothesis_changes_figure, load_run
+
+    a = make_run(tmp_path / "a", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
+    b = make_run(tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json")
+    runs = [load_run(a), load_run(b)]
+    two = make_run(tmp_path / "two", "hcqr", [True, False], hypothesis=["A", "A"], dataset="/data/medqa.json")
+    fig = hypothesis_changes_figure([load_run(two)])
+    ax = fig.axes[0]
+    ax.figure.canvas.draw()
+    assert all(float(t).is_integer() for t in ax.get_yticks())  # 2 questions: no 0.25, 0.5 ... ticks
+    assert ax.get_title().endswith("medqa · LM local · n=2")
+    fig = accuracy_vs_cost_figure(runs)
+    calls, tokens = fig.axes
+    assert calls.get_xlabel() == "LM calls per question" and "medqa · LM local · n=5" in fig._suptitle.get_text()
+    points = {c.get_label(): (c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in calls.containers}
+    assert points == {"simple_rag": (3.0, 0.4), "hcqr": (3.0, 0.8)}
+    assert [c.lines[0].get_xdata()[0] for c in tokens.containers] == [110.0, 110.0]
+    # written whole: the title fits in the image (bbox_inches="tight"), the plot is among compare's files
+    _, files = compare([a, b], out_dir=tmp_path / "out")
+    png = next(f for f in files if f.name == "accuracy_vs_cost.png")
+    assert Image.open(png).size[0] > 900

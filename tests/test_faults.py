@@ -193,7 +193,7 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
     out = run_compile(spec, mlflow_dir=mlflow_store)
     assert stub.count >= 1 and out["model_uri"]
     places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
-    assert any(p.name == "program.json" for p in places) and any("model" in p.parts for p in places)
+    assert any(p.name == "program.json" for p in places) and any(p.name == "MLmodel" for p in places)
     for path in places:
         assert SECRET.encode() not in path.read_bytes(), path
     stub.stop()
@@ -267,9 +267,36 @@ def test_ask_fails_like_eval_when_the_endpoint_is_down(bench, capsys):
     code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Question number 1?", "--option", "A=alpha",
                              "--option", "B=beta", "--lm", "openai/stub-model", "--api-base", stub.base,
                              "--api-key-env", "STUB_KEY"])
-    assert code == 2 and len(err) == 1 and err[0].startswith("hcqr: error:") and "cannot be used" in err[0]
+    errors = [line for line in err if line.startswith("hcqr: error:")]
+    assert code == 2 and err[-1] == errors[0] and len(errors) == 1 and "cannot be used" in errors[0]
+    assert err[0] == "loading the model openai/stub-model ..."  # it said what it was doing when the LM failed
     code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Which?", "--option", "A=alpha", "--option", "A=beta"])
     assert code == 2 and "--option A is given twice" in err[0]
+
+
+def test_ask_says_what_it_is_doing_and_shows_each_passage_with_its_score_and_first_words(bench, capsys, demo_bm25):
+    from hcqr_dspy.cli import main
+
+    stub = Stub()
+
+    code = main(["ask", "--index", str(demo_bm25), "--question", "Question number 1? Yellow vision on digoxin.",
+                 "--option", "A=alpha", "--option", "B=beta", "--option", "C=gamma", "--lm", "openai/stub-model",
+                 "--api-base", stub.base, "--api-key-env", "STUB_KEY", "--width", "40"])
+    out, err = capsys.readouterr()
+    stub.stop()
+    assert code == 0, err
+    steps = [line.strip() for line in err.splitlines()]
+    assert steps[0] == f"loading the index {demo_bm25} ..." and steps[2] == "loading the model openai/stub-model ..."
+    done = [s.split(" done")[0] for s in steps if " done in " in s]
+    assert done == ["hypothesis", "rewrite", "retrieval", "answer"]
+    assert "hypothesis done in" in err and "(1 LM call)" in err
+    lines = out.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("Passages (")))
+    passage = lines[first + 1]
+    assert passage.startswith("  [ 1]") and "(found by q" in passage and float(passage.split("]", 1)[1].split()[0]) > 0
+    snippet_line = lines[first + 2].strip()
+    assert 0 < len(snippet_line) <= 44 and snippet_line.endswith(" ...")
+    assert lines[-3:-1] == ["Answer", "  C. gamma"]
 
 
 @pytest.fixture(scope="module")

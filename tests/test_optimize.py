@@ -19,6 +19,7 @@ from hcqr_dspy.optimize import (
     CompileSpec,
     RecipeError,
     build_optimizer,
+    optimizer_scores,
     compile_program,
     diagnose,
     load_recipe,
@@ -127,6 +128,7 @@ def test_random_search_scores_every_candidate_and_keeps_the_best(teaching):
     assert zero_shot["score"] == pytest.approx(100 / 3, abs=0.01)  # the validation split, a third solved
     assert candidates[0]["score"] == max(c["score"] for c in candidates) == pytest.approx(200 / 3, abs=0.01)
     assert candidates[0]["program"] is compiled
+    assert optimizer_scores(compiled) == {"val_score": pytest.approx(2 / 3, abs=1e-4), "candidates": len(candidates)}
     train = {q.question for q in teaching["train"]}
     assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
     assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == DEMOS
@@ -138,6 +140,7 @@ def test_mipro_light_as_shipped_picks_proposed_instructions_and_demos(teaching):
     student, compiled = compile_with(recipe, teaching)
     assert compiled.trial_logs[1]["full_eval_score"] == pytest.approx(100 / 3, abs=0.01)  # the zero-shot program
     assert compiled.score == 100.0  # reachable only with the proposed instruction and demos on the answer step
+    assert optimizer_scores(compiled)["val_score"] == 1.0
     assert compiled.answer.signature.instructions == TAUGHT != student.answer.signature.instructions
     train = {q.question for q in teaching["train"]}
     assert compiled.answer.demos and all(q in train for q in demo_questions(compiled.answer))
@@ -375,7 +378,7 @@ def test_overlap_by_question_text_across_datasets(setup):
 
 
 def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_store):
-    out = run_compile(spec(setup), mlflow_dir=mlflow_store, lm=schema_lm("A"))
+    out = run_compile(spec(setup, register="hcqr-bfs-test", alias="champion"), mlflow_dir=mlflow_store, lm=schema_lm("A"))
     folder = Path(out["out"])
     assert out["train"] == 6 and all(p["demos"] >= 1 for p in out["predictors"].values())
     meta = json.loads((folder / "meta.json").read_text())
@@ -388,8 +391,23 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
     artifacts = {a.path for a in client.list_artifacts(out["mlflow_run_id"], "program")}
     assert {"program/program.json", "program/meta.json"} <= artifacts
     assert client.list_artifacts(out["mlflow_run_id"], "recipe")
+    # the compile run's figures: BootstrapFewShot validates nothing, so it says so instead of a score
+    assert run.data.metrics["train_size"] == 6 and run.data.metrics["demos.answer"] >= 1
+    assert "val_score" not in run.data.metrics and "does not score" in run.data.tags["val_score"]
+    # the MLflow model: a pyfunc logged from code, holding the program's JSON files and naming its index and LM;
+    # registered, with an alias
     model = mlflow.models.get_model_info(out["model_uri"])
-    assert model.run_id == out["mlflow_run_id"] and model.flavors.get("dspy")
+    assert model.run_id == out["mlflow_run_id"] and set(model.flavors) == {"python_function"}
+    pyfunc = model.flavors["python_function"]
+    assert pyfunc["loader_module"] == "mlflow.pyfunc.loaders.code_model"
+    assert pyfunc["config"]["lm"] == "openai/unused" and pyfunc["config"]["index"] == "bundled"
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=out["model_uri"]))
+    assert (local / Path(pyfunc["model_code_path"]).name).read_text().startswith('"""The code of the MLflow pyfunc model')
+    assert not [p for p in local.rglob("*") if p.suffix in (".pkl", ".pickle", ".cloudpickle")]
+    assert {p.name for p in (local / pyfunc["artifacts"]["program"]["path"]).iterdir()} == {"program.json", "meta.json"}
+    assert out["registered"] == "models:/hcqr-bfs-test/1"
+    version = client.get_model_version_by_alias("hcqr-bfs-test", "champion")
+    assert str(version.version) == "1" and version.run_id == out["mlflow_run_id"] and version.tags["recipe"] == "bootstrap_fewshot"
 
     common = dict(dataset=str(setup / "medqa.json"), index=str(setup / "idx"), lm="openai/unused")
     zero, zero_dir, _ = run_evaluation(EvalSpec(method="hcqr", program_options={"budget": 3, "k_per_query": 1},
@@ -398,6 +416,20 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
     comp, comp_dir, comp_id = run_evaluation(EvalSpec(method=None, program=f"runs:/{out['mlflow_run_id']}",
                                                       run_dir=str(setup / "runs" / "compiled"), **common),
                                              mlflow_dir=mlflow_store, progress=False, lm=schema_lm("A"))
+    # the registered version, by number and by alias, is the same program: the same predictions
+    for uri in ("models:/hcqr-bfs-test/1", "models:/hcqr-bfs-test@champion"):
+        again, _, again_id = run_evaluation(EvalSpec(method=None, program=uri, run_dir=str(setup / "runs" / uri[-8:]),
+                                                     **common), mlflow_dir=mlflow_store, progress=False, track=False,
+                                            lm=schema_lm("A"))
+        assert [r["prediction"] for r in again.rows] == [r["prediction"] for r in comp.rows]
+    with pytest.raises(HCQRError, match="cannot fetch saved program models:/hcqr-bfs-test/7"):
+        run_evaluation(EvalSpec(method=None, program="models:/hcqr-bfs-test/7", run_dir=str(setup / "runs" / "no"),
+                                **common), mlflow_dir=mlflow_store, progress=False, lm=NoCall())
+    comp_run = client.get_run(comp_id)
+    assert comp_run.info.run_name == "hcqr · medqa · openai/unused · compiled:bootstrap_fewshot"
+    assert comp_run.data.tags["program"] == "compiled:bootstrap_fewshot"
+    assert comp_run.data.tags["compile_run_id"] == out["mlflow_run_id"]
+    assert f"runs/{out['mlflow_run_id']})" in comp_run.data.tags["mlflow.note.content"]
     config = json.loads((comp_dir / "config.json").read_text())
     assert config["method"] == "hcqr" and config["saved_program"]["optimizer"] == "BootstrapFewShot"
     assert config["saved_program"]["recipe"] == "bootstrap_fewshot" and config["saved_program"]["train_count"] == 6

@@ -29,17 +29,19 @@ import re
 import time
 import types
 from contextlib import contextmanager
-from typing import Any, Iterator, TypeVar
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError, ContextWindowExceededError
 from dspy.utils.callback import BaseCallback
 from dspy.utils.usage_tracker import track_usage
 
+from hcqr_dspy import traces
 from hcqr_dspy.data import format_options
 from hcqr_dspy.lm import count_tokens
-from hcqr_dspy.retrieval.base import Retriever
-from hcqr_dspy.retrieval.fusion import FusedPassage
+from hcqr_dspy.retrieval.base import Hit, Retriever
+from hcqr_dspy.retrieval.fusion import FusedPassage, fuse
 from hcqr_dspy.signatures import restrict_letters
 
 # Replies that make one question invalid but must not stop a run: unparseable
@@ -110,20 +112,46 @@ class _LMCallCounter(BaseCallback):
         self.requests += 1
 
 
+# Who is told when a stage starts and ends (``hcqr ask`` and ``hcqr demo`` print it): a callable
+# ``observer(name, record)``, called with ``record=None`` when stage ``name`` starts and with its
+# ``stages[name]`` record when it ends. Set with :func:`observe_stages`; per thread and context.
+STAGE_OBSERVER: ContextVar[Callable[[str, dict[str, Any] | None], None] | None] = ContextVar("hcqr_stage_observer",
+                                                                                             default=None)
+
+
 @contextmanager
-def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
-    """Record wall time, LM calls and tokens of one stage into ``stages[name]``.
+def observe_stages(observer: Callable[[str, dict[str, Any] | None], None]) -> Iterator[None]:
+    """Call ``observer(name, None)`` when a program's stage starts and ``observer(name, record)`` when it
+    ends (its seconds, LM calls and tokens), for the programs run inside the block."""
+    token = STAGE_OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        STAGE_OBSERVER.reset(token)
+
+
+@contextmanager
+def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> Iterator[traces.SpanHandle]:
+    """Record wall time, LM calls and tokens of one stage into ``stages[name]``; under an MLflow trace,
+    the stage is also a span of that name (:func:`hcqr_dspy.traces.span`, with ``inputs``).
 
     ``lm_calls`` and the token counts come from DSPy's usage tracker, which
     sees only requests the model actually served; ``cached_lm_calls`` counts
     the requests DSPy's response cache answered (no cost, no tokens), so cost
     summaries of a partly cached run are not mistaken for cheap methods.
+
+    Yields:
+        The stage's span handle (``handle.output(value)`` sets the span's outputs when it is recorded).
     """
+    observer = STAGE_OBSERVER.get()
+    if observer is not None:
+        observer(name, None)
     t0 = time.perf_counter()
     counter = _LMCallCounter()
-    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), counter]), track_usage() as tracker:
+    with traces.span(name, inputs=inputs) as handle, \
+            dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), counter]), track_usage() as tracker:
         try:
-            yield
+            yield handle
         finally:
             entries = [u for lm_entries in tracker.usage_data.values() for u in lm_entries]
             stages[name] = {
@@ -133,6 +161,8 @@ def stage(stages: dict[str, dict[str, Any]], name: str) -> Iterator[None]:
                 "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
                 "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
             }
+            if observer is not None:
+                observer(name, stages[name])
 
 
 # Option texts that carry no searchable content (PubMedQA/BioASQ-style answers).
@@ -315,6 +345,33 @@ class MCQProgram(dspy.Module):
         accepted = accepted_options(type(self))
         return {k: v for k, v in self.settings().items() if k in accepted}
 
+    # -- retrieval -----------------------------------------------------
+    def retrieve(self, queries: list[str], k: int, names: list[str] | None = None) -> list[list[Hit]]:
+        """Search ``queries`` in one batched retriever call (``k`` hits each); under an MLflow trace, one
+        ``RETRIEVER`` span per query named ``retrieve <name>`` (:func:`hcqr_dspy.traces.retriever_spans`).
+
+        Args:
+            queries: The queries.
+            k: Hits per query.
+            names: A label per query for the spans (default ``q1``, ``q2`` ...).
+        """
+        start = traces.now_ns()
+        hit_lists = self.retriever.search(queries, k=k)
+        traces.retriever_spans(self.retriever, queries, hit_lists, names or [f"q{i + 1}" for i in range(len(queries))],
+                               k, start, traces.now_ns())
+        return hit_lists
+
+    def fuse(self, hit_lists: list[list[Hit]], budget: int, strategy: str = "score_sum",
+             names: list[str] | None = None) -> list[FusedPassage]:
+        """:func:`hcqr_dspy.retrieval.fusion.fuse`; under an MLflow trace, for more than one hit list, a
+        ``fusion`` span with the fused passages (:func:`hcqr_dspy.traces.fusion_span`)."""
+        start = traces.now_ns()
+        fused = fuse(hit_lists, budget=budget, strategy=strategy)
+        if len(hit_lists) > 1:
+            traces.fusion_span(self.retriever, fused, names or [f"q{i + 1}" for i in range(len(hit_lists))],
+                               strategy, budget, start, traces.now_ns())
+        return fused
+
     # -- context -------------------------------------------------------
     def context_budget(self, question: str, options: dict[str, str], other_inputs: str = "") -> int:
         """Tokens the context may use: ``max_context_tokens``, and for a local
@@ -405,8 +462,9 @@ class MCQProgram(dspy.Module):
         budget = self.context_budget(question, options, "\n".join(shown.values()))
         context, cut, partial = self.build_context([f.passage_id for f in fused], budget)
         demos = {"demos": self.answer_demos()} if self.answer.demos else {}
-        with stage(stages, "answer"):
+        with stage(stages, "answer", inputs={"question": question, "options": options, "context": context, **shown}) as span:
             out = self.answer_step(self.answer, options, question=question, context=context, **demos, **shown)
+            span.output({k: out[k] for k in ("answer", "valid", "reasoning", "error")})
         records = passage_records(self.retriever, fused, partial)
         fallbacks = dict(fallbacks or {})
         if cut["tokens_dropped"]:

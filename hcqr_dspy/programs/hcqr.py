@@ -51,7 +51,7 @@ from hcqr_dspy.programs.base import (
     stage,
     variant,
 )
-from hcqr_dspy.retrieval.fusion import STRATEGIES, fuse
+from hcqr_dspy.retrieval.fusion import STRATEGIES
 from hcqr_dspy.signatures import (
     HYPOTHESIS_STYLES,
     AnswerQuestion,
@@ -112,6 +112,10 @@ def form_hypothesis(predictor: dspy.Predict, question: str, options: dict[str, s
     if "option_review" in h.keys():
         hypothesis["option_review"] = h.option_review
     return hypothesis, None
+def query_names(roles: Sequence[str]) -> list[str]:
+    """Labels of the queries of ``roles`` as the paper numbers them: ``q1 (support)``, ``q2 (distinction)``,
+    ``q3 (key features)`` (an ablation keeps its queries' numbers)."""
+    return [f"q{QUERY_ROLES.index(role) + 1} ({role.replace('_', ' ')})" for role in roles]
 
 
 def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
@@ -203,19 +207,21 @@ class HCQR(MCQProgram):
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         opts = format_options(options)
-        with stage(stages, "hypothesis"):
+        with stage(stages, "hypothesis") as span:
             hypothesis, exc = form_hypothesis(self.hypothesis, question, options)
+            span.output(hypothesis if hypothesis is not None else {"error": f"{type(exc).__name__}: {exc}"[:500]})
         if hypothesis is None:
             return self.forward_without_hypothesis(question, options, stages, f"{type(exc).__name__}: {exc}"[:500])
         hypothesis_text = format_hypothesis(hypothesis, options)
 
         rewrite_failed = 0
-        with stage(stages, "rewrite"):
+        with stage(stages, "rewrite", inputs={"hypothesis": hypothesis_text}) as span:
             try:
                 r = self.rewrite(question=question, options=opts, hypothesis=hypothesis_text)
                 raw = [r.support_query, r.distinction_query, r.key_feature_query]
             except BAD_REPLY_ERRORS:
                 raw, rewrite_failed = [None, None, None], 1
+            span.output({"raw_queries": raw})
         rewritten = dedupe([clean_query(q) for q in raw])
         fallback = hypothesis_queries(hypothesis, options, question)
         if sum(q is not None for q in rewritten) < 2:
@@ -228,8 +234,9 @@ class HCQR(MCQProgram):
         fallbacks = {"rewrite_failed": rewrite_failed, "queries_from_hypothesis": sources.count("hypothesis")}
 
         with stage(stages, "retrieval"):
-            hit_lists = self.retriever.search(queries, k=self.k_per_query)
-            fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
+            names = query_names(self.roles)
+            fused = self.fuse(self.retrieve(queries, k=self.k_per_query, names=names), budget=self.budget,
+                              strategy=self.fusion, names=names)
         shown = {"hypothesis": hypothesis_text} if self.show_hypothesis else {}
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages, fallbacks, **shown),
@@ -246,7 +253,7 @@ class HCQR(MCQProgram):
         ``hypothesis_failed`` and ``queries_from_question`` fallbacks; ``hypothesis_error`` keeps the reply's error."""
         fallbacks = {"hypothesis_failed": 1, "queries_from_question": 1}
         with stage(stages, "retrieval"):
-            fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
+            fused = self.fuse(self.retrieve([question], k=self.budget, names=["question"]), budget=self.budget)
         # The anchoring ablation has no hypothesis to show: it answers like HCQR here.
         shown = {"hypothesis": "(no working hypothesis: its reply could not be parsed)"} if self.show_hypothesis else {}
         return dspy.Prediction(
@@ -297,8 +304,9 @@ class WorkingHypothesis(MCQProgram):
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
-        with stage(stages, "hypothesis"):
+        with stage(stages, "hypothesis") as span:
             hypothesis, exc = form_hypothesis(self.hypothesis, question, options)
+            span.output(hypothesis if hypothesis is not None else {"error": f"{type(exc).__name__}: {exc}"[:500]})
         if hypothesis is None:
             return dspy.Prediction(**bad_reply("hypothesis", exc), stages=stages, hypothesis=None, queries=[], passages=[])
         return dspy.Prediction(answer=hypothesis["working_hypothesis"], valid=True, reasoning=hypothesis["reasoning"],

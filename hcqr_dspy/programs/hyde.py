@@ -25,7 +25,6 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion, WriteHypotheticalPassage
 
 
@@ -62,7 +61,7 @@ class HyDE(MCQProgram):
         if error is not None:
             fallbacks = {"passage_failed": 1, "queries_from_question": 1}
             with stage(stages, "retrieval"):
-                fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
+                fused = self.fuse(self.retrieve([question], k=self.budget, names=["question"]), budget=self.budget)
             return dspy.Prediction(
                 **self.answer_from_passages(question, options, fused, stages, fallbacks),
                 hypothetical_passage=passage, passage_error=f"hypothetical_passage: {error}"[:500],
@@ -71,7 +70,7 @@ class HyDE(MCQProgram):
         passage = passage.strip()
 
         with stage(stages, "retrieval"):
-            fused = fuse(self.retriever.search([passage], k=self.budget), budget=self.budget)
+            fused = self.fuse(self.retrieve([passage], k=self.budget, names=["hypothetical passage"]), budget=self.budget)
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages), hypothetical_passage=passage, queries=[passage],
             query_sources=["passage"],

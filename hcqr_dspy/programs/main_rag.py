@@ -53,7 +53,6 @@ from scipy.special import logsumexp
 
 from hcqr_dspy.errors import LMCapabilityError
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion, JudgeDocumentSupport
 
 SCORING_MODES = ("auto", "logprob", "vote")
@@ -195,7 +194,7 @@ class MainRAG(MCQProgram):
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         with stage(stages, "retrieval"):
-            pool = fuse(self.retriever.search([question], k=self.pool_k), budget=self.pool_k)
+            pool = self.fuse(self.retrieve([question], k=self.pool_k, names=["question"]), budget=self.pool_k)
         with stage(stages, "judge"):
             judged = []
             for f in pool:

@@ -34,7 +34,7 @@ import dspy
 
 from hcqr_dspy.data import format_options
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, clean_query, dedupe, stage, variant
-from hcqr_dspy.retrieval.fusion import STRATEGIES, fuse
+from hcqr_dspy.retrieval.fusion import STRATEGIES
 from hcqr_dspy.signatures import AnswerQuestion, RewriteQuestion, RewriteQuestionWithOptions, ask_for_count
 
 
@@ -105,8 +105,8 @@ class QueryRewrite(MCQProgram):
         k = math.ceil(self.budget / len(queries))
 
         with stage(stages, "retrieval"):
-            hit_lists = self.retriever.search(queries, k=k)
-            fused = fuse(hit_lists, budget=self.budget, strategy=self.fusion)
+            names = [f"q{i + 1} ({source})" for i, source in enumerate(sources)]
+            fused = self.fuse(self.retrieve(queries, k=k, names=names), budget=self.budget, strategy=self.fusion, names=names)
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages, fallbacks),
             queries=queries,

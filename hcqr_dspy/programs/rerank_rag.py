@@ -35,7 +35,6 @@ import dspy
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion, RatePassageRelevance, restrict_range
 
 RELEVANCE_RANGE = (0, 10)
@@ -159,7 +158,7 @@ class RerankRAG(MCQProgram):
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         with stage(stages, "retrieval"):
-            pool = fuse(self.retriever.search([question], k=self.pool_k), budget=self.pool_k)
+            pool = self.fuse(self.retrieve([question], k=self.pool_k, names=["question"]), budget=self.pool_k)
         with stage(stages, "rerank"):
             scores, failures = self.rerank_scores(question, [self.retriever.get(f.passage_id).text for f in pool])
         order = sorted(range(len(pool)), key=lambda i: -scores[i])[: self.budget]  # stable: ties keep retrieval order

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.retrieval.fusion import fuse
 from hcqr_dspy.signatures import AnswerQuestion
 
 
@@ -26,5 +25,5 @@ class SimpleRAG(MCQProgram):
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         with stage(stages, "retrieval"):
-            fused = fuse(self.retriever.search([question], k=self.budget), budget=self.budget)
+            fused = self.fuse(self.retrieve([question], k=self.budget, names=["question"]), budget=self.budget)
         return dspy.Prediction(**self.answer_from_passages(question, options, fused, stages), queries=[question])
