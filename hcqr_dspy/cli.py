@@ -25,7 +25,8 @@ Command = Callable[[argparse.Namespace], int]
 # registry nor the retrieval package (dspy, torch, faiss: seconds of imports). tests/test_cli.py
 # checks them against hcqr_dspy.programs.PROGRAMS and hcqr_dspy.retrieval.fusion.STRATEGIES.
 METHODS = ("cot", "simple_rag", "hcqr", "hyde", "query_rewrite", "query_rewrite_options", "rerank_rag", "main_rag",
-           "hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis")
+           "hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis", "hcqr_hypothesis")
+HYPOTHESIS_STYLES = ("features_first", "options_first")
 FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")
 RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
 
@@ -253,9 +254,9 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
                    help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
     p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None,
                    help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
-    p.add_argument("--hypothesis-style", choices=["features_first", "options_first"], default=None,
-                   help="HCQR's hypothesis step: features_first (the paper's field order, default) or options_first "
-                        "(review each option, then commit)")
+    p.add_argument("--hypothesis-style", choices=HYPOTHESIS_STYLES, default=None,
+                   help="HCQR's hypothesis step: features_first (the paper's field order) or options_first "
+                        "(review each option, then commit) (default: features_first)")
     _add_search_option_args(p)
 
 

@@ -155,12 +155,14 @@ def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
 
 
 def test_parser_names_are_the_registries():
-    from hcqr_dspy.cli import FUSION_STRATEGIES, METHODS, RETRIEVER_KINDS
+    from hcqr_dspy import signatures
+    from hcqr_dspy.cli import FUSION_STRATEGIES, HYPOTHESIS_STYLES, METHODS, RETRIEVER_KINDS
     from hcqr_dspy.programs import PROGRAMS
     from hcqr_dspy.retrieval import KINDS
     from hcqr_dspy.retrieval.fusion import STRATEGIES
 
     assert METHODS == tuple(PROGRAMS) and FUSION_STRATEGIES == STRATEGIES
+    assert HYPOTHESIS_STYLES == tuple(signatures.HYPOTHESIS_STYLES)
     assert set(RETRIEVER_KINDS) == set(KINDS)
 
 
