@@ -7,7 +7,8 @@ Each argument is a run folder of ``hcqr eval`` (read through
 :class:`hcqr_dspy.run_folder.RunFolder`). Per question of the reference and
 each other run: whether the queries are equal, whether the passages the
 answer step saw are equal (ids in order; and their fused scores within
-1e-4), and whether the predictions are equal. The runs must be over the same
+1e-4), how many of them the two runs share whatever the order (the top-k
+overlap), and whether the predictions are equal. The runs must be over the same
 questions (the question fingerprints of their configs are compared).
 
 Exit status 1 when any question whose hits agree has a different answer, a
@@ -45,6 +46,7 @@ def compare(reference, other) -> dict:
             "qid": qid,
             "same_queries": a["queries"] == b["queries"],
             "same_hits": ids_a == ids_b,
+            "overlap": len(set(ids_a) & set(ids_b)), "k": len(ids_a),
             "same_scores": scores_close,
             "same_answer": a["prediction"] == b["prediction"],
             "answers": [a["prediction"], b["prediction"]],
@@ -56,7 +58,10 @@ def compare(reference, other) -> dict:
         "reference_index": reference.config.get("index", {}).get("path"), "other_index": other.config.get("index", {}).get("path"),
         "questions": len(questions), "missing": sum(1 for q in questions if q.get("missing")),
         "same_queries": sum(1 for q in questions if q.get("same_queries")),
-        "same_hits": len(agree), "same_scores": sum(1 for q in questions if q.get("same_scores")),
+        "same_hits": len(agree),
+        "overlap": sum(q["overlap"] for q in questions if not q.get("missing")),
+        "overlap_of": sum(q["k"] for q in questions if not q.get("missing")),
+        "same_scores": sum(1 for q in questions if q.get("same_scores")),
         "same_answers": sum(1 for q in questions if q.get("same_answer")),
         "same_answers_where_hits_agree": sum(1 for q in agree if q["same_answer"]),
         "per_question": questions,
@@ -83,11 +88,13 @@ def main(argv=None) -> int:
     for r in results:
         print(f"{r['other']} vs {r['reference']}: {r['questions']} questions, {r['missing']} missing; "
               f"same queries {r['same_queries']}, same hits {r['same_hits']} (scores within {SCORE_TOLERANCE}: "
-              f"{r['same_scores']}), same answers {r['same_answers']}; where the hits agree, same answers "
+              f"{r['same_scores']}), top-k overlap {r['overlap']} of {r['overlap_of']} passages, "
+              f"same answers {r['same_answers']}; where the hits agree, same answers "
               f"{r['same_answers_where_hits_agree']} of {r['same_hits']}")
         for q in r["per_question"]:
             print(f"   {q['qid']}: " + ("missing" if q.get("missing") else
-                  f"queries {'=' if q['same_queries'] else '≠'}, hits {'=' if q['same_hits'] else '≠'}, "
+                  f"queries {'=' if q['same_queries'] else '≠'}, hits {'=' if q['same_hits'] else '≠'} "
+                  f"(overlap {q['overlap']}/{q['k']}), "
                   f"answer {q['answers'][0]} / {q['answers'][1]}, answer call cached: {q['answer_lm_calls_cached']}"))
         ok = ok and not r["missing"] and r["same_answers_where_hits_agree"] == r["same_hits"]
     if args.json:

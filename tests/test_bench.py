@@ -199,6 +199,13 @@ def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path,
     lite, server = json.loads(out.read_text())
     assert (lite["same_hits"], lite["same_answers_where_hits_agree"]) == (3, 3)
     assert (server["same_hits"], server["same_answers"], server["same_answers_where_hits_agree"]) == (2, 2, 2)
+    # the top-k overlap counts shared ids whatever their order: q2's hits are swapped, not lost
+    assert (server["overlap"], server["overlap_of"], server["per_question"][2]["overlap"]) == (6, 6, 2)
+    disjoint = parity_run(tmp_path / "disjoint", ["A", "B", "C"], [["p1", "p9"], ["p8", "p7"], ["p5", "p6"]])
+    assert parity.main([str(ref), str(disjoint), "--json", str(out)]) == 0  # answers differ nowhere the hits agree
+    (result,) = json.loads(out.read_text())
+    assert [q["overlap"] for q in result["per_question"]] == [1, 0, 2] and result["overlap"] == 3
+    assert "top-k overlap 3 of 6 passages" in capsys.readouterr().out
     broken = parity_run(tmp_path / "broken", ["A", "C", "C"], hits)  # same hits, another answer
     assert parity.main([str(ref), str(broken)]) == 1
     assert "where the hits agree, same answers 2 of 3" in capsys.readouterr().out
