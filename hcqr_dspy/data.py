@@ -89,7 +89,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise DataError(f"key {key!r} appears twice in one JSON object; question ids must be unique")
+            raise DataError(f"key {key!r} appears twice in one JSON object; question ids and option letters must be unique")
         out[key] = value
     return out
 
@@ -132,10 +132,11 @@ def load_questions(source: str | Path, split: str = "test", labelled: bool = Tru
     if path.is_file() and path.suffix == ".jsonl":
         return _from_mapping(_read_jsonl(path), str(path), labelled)
     if path.is_file():
+        from hcqr_dspy.config import read_text
+
+        text = read_text(path, DataError, "question file")  # not UTF-8: the line and column are named
         try:
-            data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         except DataError as exc:
@@ -162,13 +163,10 @@ def _read_jsonl(path: Path) -> list[dict]:
     Raises:
         DataError: unreadable, not UTF-8, or a line that is not a JSON object (file and line named).
     """
+    from hcqr_dspy.config import read_text
+
     rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    lines = read_text(path, DataError, "question file").splitlines()
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -185,7 +185,7 @@ class Experiment(BaseModel):
     @field_validator("method_options")
     @classmethod
     def _accepted_options(cls, method_options: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, Any]]:
-        from hcqr_dspy.programs import check_options
+        from hcqr_dspy.programs import check_option_values, check_options
 
         if "methods" not in info.data:  # the methods are wrong: that error is the one reported
             return method_options
@@ -195,6 +195,8 @@ class Experiment(BaseModel):
                 raise ValueError(f"{method!r} is not one of the methods ({', '.join(methods)})")
             try:
                 check_options(method, options)
+                if "budget" in info.data:  # values and ranges as the constructor checks them, with the file's budget
+                    check_option_values(method, options, info.data["budget"])
             except ValueError as exc:
                 raise ValueError(f"{method}: {exc}") from None
         return method_options
@@ -219,6 +221,14 @@ class Experiment(BaseModel):
             raise ValueError("'search_options' need an 'index'")
         if self.encoder_backend not in (None, "torch") and not self.index:
             raise ValueError("'encoder_backend' needs an 'index'")
+        from hcqr_dspy.programs import check_option_values
+
+        for method in self.methods:  # a method left at its defaults must fit the budget too (rerank_rag's pool_k)
+            if method not in self.method_options:
+                try:
+                    check_option_values(method, {}, self.budget)
+                except ValueError as exc:
+                    raise ValueError(f"budget {self.budget} does not fit method {method!r}: {exc}") from None
         return self
 
 

@@ -478,13 +478,16 @@ def build_lm(
 def check_route(model: str) -> None:
     """Refuse a LiteLLM model name LiteLLM cannot route to a provider (e.g. a typo of the prefix).
 
-    Asks ``litellm.get_llm_provider`` (no network).
+    Asks ``litellm.get_llm_provider`` (no network), with LiteLLM's own "Provider List" banner
+    (printed to stdout on failure) silenced: the one line raised here is what the user sees.
 
     Raises:
         LMSpecError: naming the model and how a name looks.
     """
     import litellm
 
+    quiet = litellm.suppress_debug_info
+    litellm.suppress_debug_info = True
     try:
         litellm.get_llm_provider(model)
     except Exception:  # litellm raises its BadRequestError (or ValueError) for names it cannot route
@@ -492,6 +495,8 @@ def check_route(model: str) -> None:
             f"--lm {model!r}: LiteLLM cannot route this model name to a provider; use <provider>/<model>, "
             "e.g. openai/gpt-4o-mini, ollama_chat/llama3.1, hosted_vllm/<model> (with --api-base)"
         ) from None
+    finally:
+        litellm.suppress_debug_info = quiet
 
 
 def check_lm(lm, timeout: float = 60.0) -> None:

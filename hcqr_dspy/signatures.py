@@ -273,3 +273,10 @@ def ask_for_count(signature: type[dspy.Signature], field: str, n: int) -> type[d
     """
     desc = signature.output_fields[field].json_schema_extra.get("desc") or ""
     return signature.with_updated_fields(field, desc=f"exactly {n} {desc}")
+
+
+# The output field names of the query-writing signatures: a small model sometimes echoes one back as
+# its "query" ("support_query", "<support_query>"); clean_query treats that as unusable.
+QUERY_FIELD_NAMES: tuple[str, ...] = tuple(
+    name for sig in (RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions) for name in sig.output_fields
+)

@@ -54,6 +54,24 @@ def test_invalid_json_names_line(tmp_path):
         load_questions(path)
 
 
+@pytest.mark.parametrize("name", ["bench.json", "bench.jsonl"])
+def test_non_utf8_question_file_names_the_line(tmp_path, name):
+    row = json.dumps({"question": "Gr\u00e4fe?", "options": {"A": "a", "B": "b"}, "answer": "A"}, ensure_ascii=False)
+    text = f'{{"q1":\n{row}}}' if name.endswith(".json") else f'{{"id": "q0", "question": "ok?", "options": {{"A": "a", "B": "b"}}, "answer": "A"}}\n{row}'
+    (tmp_path / name).write_bytes(text.encode("latin-1"))
+    with pytest.raises(DataError, match=rf"{name}:2: not valid UTF-8 text \(byte 0xe4 at column \d+\)") as err:
+        load_questions(tmp_path / name)
+    assert "\n" not in str(err.value)
+
+
+def test_a_repeated_option_letter_is_named_as_an_option_not_an_id(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text('{"q1": {"question": "?", "options": {"A": "x", "A": "y"}, "answer": "A"}}', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bench\.json: key 'A' appears twice in one JSON object") as err:
+        load_questions(path)
+    assert "question ids must be unique" not in str(err.value)
+
+
 def test_select_is_deterministic_and_ordered():
     exs = [check_question(f"q{i}", {"question": "?", "options": {"A": "a", "B": "b"}, "answer": "A"}, "x") for i in range(50)]
     a = select(exs, limit=10, seed=3)

@@ -69,6 +69,15 @@ def write_exp(folder, **overrides):
         ({"judge": {"mode": "both"}}, r"judge.mode: Input should be 'context' or 'passage' \(got 'both'\)"),
         ({"name": "../escape"}, r"name: String should match pattern"),
         ({"api_key_env": "sk-live-123"}, r"api_key_env: String should match pattern"),
+        # values the constructors refuse, found by --check rather than by the run after other cells' LM calls
+        ({"method_options": {"hcqr": {"k_per_query": 0}}}, r"method_options: hcqr: k_per_query must be >= 1, got 0"),
+        ({"method_options": {"hcqr": {"fusion": "bogus"}}}, r"method_options: hcqr: unknown fusion strategy 'bogus'"),
+        ({"method_options": {"hcqr": {"hypothesis_style": "weird"}}}, r"method_options: hcqr: .*weird"),
+        ({"method_options": {"hcqr": {"roles": ["support", "support"]}}}, r"method_options: hcqr: roles must be distinct"),
+        ({"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {"rerank_rag": {"pool_k": 2}}},
+         r"method_options: rerank_rag: pool_k must be >= budget \(3\), got 2"),
+        ({"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {}, "budget": 60},
+         r"budget 60 does not fit method 'rerank_rag': pool_k must be >= budget \(60\), got 50"),
     ],
 )
 def test_bad_experiment_files_fail_before_any_lm_call(setup, overrides, message):

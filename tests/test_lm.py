@@ -157,3 +157,15 @@ def test_engine_settings_are_part_of_the_cache_key():
 
     names = {build_lm("local:smollm2-135m", n_ctx=n).model for n in (2048, 4096)}
     assert len(names) == 2 and all("n_ctx=" in n and "repeat_penalty=1.1" in n and "seed=0" in n for n in names)
+
+
+def test_an_unroutable_model_name_is_one_line_and_litellm_prints_nothing(capfd):
+    """LiteLLM prints a red "Provider List: ..." banner to stdout when it cannot route a name; the user
+    should see only hcqr's one line."""
+    from hcqr_dspy.lm import check_route
+
+    with pytest.raises(LMSpecError, match="LiteLLM cannot route this model name"):
+        check_route("openai-typo/x")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    check_route("openai/gpt-4o-mini")  # a routable name passes

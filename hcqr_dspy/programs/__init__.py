@@ -72,7 +72,7 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
     Names and annotated types are checked against the constructors of the method's class and its
     bases (:func:`hcqr_dspy.config.check_arguments`); options a variant fixes are not accepted.
-    Value ranges (``pool_k >= budget`` ...) stay with the constructors.
+    Value ranges (``pool_k >= budget`` ...) are the constructors': :func:`check_option_values` asks them.
 
     Returns:
         ``options``, as given.
@@ -89,6 +89,25 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
                          if issubclass(c, MCQProgram) and "__init__" in vars(c) and "fixed_options" not in vars(c))
     fixed = frozenset(getattr(cls, "fixed_options", {}))
     return check_arguments(constructors, options, frozenset({"self", "retriever"}) | fixed, f"{method} option(s)")
+
+
+def check_option_values(method: str, options: dict[str, Any], budget: int | None = None) -> None:
+    """Check the values of a method's options as its constructor does (ranges, choices, ``pool_k >=
+    budget`` ...) without a retriever or an LM: the program is built over a placeholder retriever and
+    dropped. A ``cross_encoder`` name is not loaded here (that happens when the run builds the program).
+
+    Args:
+        method: A registered method (names and types already checked by :func:`check_options`).
+        options: Its constructor options.
+        budget: The budget the run will use (``None``: the option's own or the default).
+
+    Raises:
+        ValueError: the constructor's one-line message (``k_per_query must be >= 1, got 0``).
+    """
+    values = {k: v for k, v in options.items() if not (k == "cross_encoder" and isinstance(v, str))}
+    if budget is not None and "budget" not in values:
+        values["budget"] = budget
+    make_program(method, object(), **values)
 
 
 def make_program(method: str, retriever=None, **options) -> MCQProgram:
@@ -115,6 +134,7 @@ __all__ = [
     "PROGRAMS",
     "accepted_options",
     "check_options",
+    "check_option_values",
     "QueryRewrite",
     "QueryRewriteOptions",
     "RerankRAG",

@@ -173,7 +173,11 @@ _LETTER_LIST_WORDS = {"and", "or", "both", "neither", "nor", "either", "option",
 
 def is_content_free(text: object) -> bool:
     """Whether ``text`` holds nothing to search for: empty, a yes/no/maybe-style answer
-    (:data:`CONTENT_FREE_OPTIONS`) or a list of option letters (``"A; B; C"``, ``"both A and C"``)."""
+    (:data:`CONTENT_FREE_OPTIONS`), a list of option letters (``"A; B; C"``, ``"both A and C"``), or
+    any mix of those words, option letters, joiners and English stopwords (``"no Yes"``, ``"yes or
+    no"``, ``"Yes, B"``, ``"None of these"``; stopwords: bm25s' STOPWORDS_EN_PLUS, as :func:`key_terms`)."""
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
     if not isinstance(text, str):
         return True
     words = re.findall(r"[A-Za-z0-9]+", text)
@@ -181,7 +185,11 @@ def is_content_free(text: object) -> bool:
         return True
     if " ".join(w.lower() for w in words) in CONTENT_FREE_OPTIONS:
         return True
-    return all((len(w) == 1 and w.isalpha()) or w.lower() in _LETTER_LIST_WORDS for w in words)
+    empty = _CONTENT_FREE_WORDS | _LETTER_LIST_WORDS | set(STOPWORDS_EN_PLUS)
+    return all((len(w) == 1 and w.isalpha()) or w.lower() in empty for w in words)
+
+
+_CONTENT_FREE_WORDS = {w for option in CONTENT_FREE_OPTIONS for w in option.split()}
 
 
 def key_terms(text: str, max_words: int = 16) -> str:
@@ -207,14 +215,18 @@ def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
     ``query 2:``, a leading option letter (``A. Fava beans``) and whitespace; keeps at most ``max_words`` words (the 1.5B
     model's "queries" were often 30-60-word copies of its reasoning). Unusable:
     empty text, content-free text (:func:`is_content_free`: letter lists such as
-    ``"A; B; C"``, a bare "yes"/"no"), a template placeholder echoed back
-    (``{support_query}``, seen with SmolLM2-135M), and a copy of one of the
-    example queries the prompts show (:data:`~hcqr_dspy.signatures.PROMPT_EXAMPLE_QUERIES`).
+    ``"A; B; C"``, a bare "yes"/"no", "no Yes"), a template placeholder or an output
+    field's name echoed back (``{support_query}``, seen with SmolLM2-135M; ``<support_query>``,
+    ``support_query``: :data:`~hcqr_dspy.signatures.QUERY_FIELD_NAMES`), and a copy of one of the
+    example queries the prompts show (:data:`~hcqr_dspy.signatures.PROMPT_EXAMPLE_QUERIES`), also
+    one that differs only in punctuation, stopwords or word order (the same :func:`key_terms`).
     """
-    from hcqr_dspy.signatures import PROMPT_EXAMPLE_QUERIES
+    from hcqr_dspy.signatures import PROMPT_EXAMPLE_QUERIES, QUERY_FIELD_NAMES
 
-    if not isinstance(text, str) or re.fullmatch(r"\s*\{[\w ]*\}\s*", text):
-        return None  # missing, or a template placeholder echoed back ("{support_query}")
+    if not isinstance(text, str) or re.fullmatch(r"\s*[{\[<][\w ]*[}\]>]\s*", text):
+        return None  # missing, or a template placeholder echoed back ("{support_query}", "<support_query>")
+    if _normalized(text.replace("_", " ")) in {_normalized(f.replace("_", " ")) for f in QUERY_FIELD_NAMES}:
+        return None  # an output field's name echoed back bare ("support_query")
     q = re.sub(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+", "", text.strip())
     q = re.sub(r"^\s*(q\d|query(\s*\d)?|support|distinction|key[ _]features?)\s*[:\-]\s*", "", q, flags=re.I)
     q = re.sub(r"^\s*(?:\(?[A-Z][.)]|option [A-Z][.:)]?)\s+(?=\S)", "", q)  # an option letter prefix: "A. Fava beans"
@@ -223,6 +235,9 @@ def clean_query(text: object, max_words: int = MAX_QUERY_WORDS) -> str | None:
         return None
     if _normalized(q) in {_normalized(e) for e in PROMPT_EXAMPLE_QUERIES}:
         return None
+    terms = set(key_terms(q, max_words=64).split())
+    if any(terms == set(key_terms(e).split()) for e in PROMPT_EXAMPLE_QUERIES):
+        return None  # the example up to punctuation, stopwords and word order ("digoxin toxicity, yellow vision and nausea")
     return " ".join(q.split()[:max_words])
 
 

@@ -216,6 +216,23 @@ def test_saved_program_holds_no_corpus_and_runs_against_another_retriever(tmp_pa
         ("Digoxin toxicity, yellow vision; nausea", None),  # the rewrite prompt's own example, copied back
         ("amoxicillin rash infectious mononucleosis", None),
         ("digoxin toxicity yellow vision", "digoxin toxicity yellow vision"),  # not the example: kept
+        # combinations of yes/no/maybe words, letters and joiners name nothing either
+        ("no Yes", None),
+        ("yes or no", None),
+        ("Yes, B", None),
+        ("maybe yes", None),
+        ("no versus yes", None),
+        ("true or false", None),
+        ("None of these", None),
+        ("no fever", "no fever"),  # a negated finding is content
+        ("vitamin A deficiency or not", "vitamin A deficiency or not"),
+        # a field name echoed back, bare or bracketed (like "{support_query}")
+        ("support_query", None),
+        ("<distinction_query>", None),
+        ("[key feature query]", None),
+        # the prompt's example up to punctuation, stopwords and word order is still a copy
+        ("Digoxin toxicity, yellow vision and nausea", None),
+        ("nausea, yellow vision: digoxin toxicity", None),
     ],
 )
 def test_clean_query(raw, expected):
@@ -237,6 +254,23 @@ def test_yes_no_options_build_queries_from_the_question_not_the_option():
     queries = hypothesis_queries(h, {"A": "yes", "B": "no", "C": "maybe"}, "Is metformin first-line therapy in type 2 diabetes?")
     assert all("metformin first-line therapy type diabetes" in q for q in queries)
     assert not any(q.lower() in ("no yes", "yes", "no") or "versus alternatives a" in q.lower() for q in queries)
+
+
+def test_content_free_rewrites_on_yes_no_questions_fall_back_and_are_counted(spy):
+    """Rewritten queries made only of option words ("no Yes", "yes or no", "Yes, B") are unusable: HCQR
+    builds its queries from the question's key terms instead and counts it, never searching "no Yes"."""
+    lm = scripted(
+        hypothesis={"discriminating_features": "no versus yes", "reasoning": "r", "working_hypothesis": "B",
+                    "confirming_evidence": "maybe yes"},
+        queries={"support_query": "no Yes", "distinction_query": "yes or no", "key_feature_query": "Yes, B"},
+        answer={"reasoning": "r", "answer": "B"},
+    )
+    question = "Does digoxin toxicity cause yellow vision in elderly patients?"
+    pred = run(HCQR(spy), lm, question=question, options={"A": "yes", "B": "no", "C": "maybe"})
+    assert pred.valid and pred.query_sources == ["hypothesis"] * 3
+    assert pred.fallbacks["queries_from_hypothesis"] == 3
+    assert pred.queries == ["digoxin toxicity cause yellow vision elderly patients"] * 3  # the key terms
+    assert not any("yes" in q.lower().split() or "versus" in q.lower() for q in pred.queries)
 
 
 def test_rewrite_that_always_fails_runs_on_hypothesis_queries_and_counts_it(spy):
