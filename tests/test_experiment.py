@@ -185,8 +185,11 @@ def test_grid_runs_cells_as_child_runs_resumes_and_compares(setup, mlflow_store)
         [mlflow.get_experiment_by_name("hcqr-dspy").experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'",
     )
-    assert len(children) == 6
-    assert {c.data.params["program.budget"] for c in children} == {"3"}
+    cells = [c for c in children if c.data.tags.get("kind") != "comparison"]
+    comparisons = [c for c in children if c.data.tags.get("kind") == "comparison"]
+    assert len(cells) == 6 and len(comparisons) == 2  # one comparison per dataset, children of the experiment too
+    assert {c.data.params["program.budget"] for c in cells} == {"3"}
+    assert {c.data.tags["dataset"] for c in comparisons} == {"d1", "d2"}
     calls = len(lm.history)
     again = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
     assert again["parent_run_id"] == out["parent_run_id"] and len(lm.history) == calls  # all resumed
