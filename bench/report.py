@@ -183,6 +183,14 @@ def render_scale(sc: dict) -> list[str]:
     for label, d in sc["datasets"].items():
         lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
                      f"on disk. Timed phases: {_phases(d)}.")
+    sweeps = [(d, name, m["recall_by_nprobe"]) for d in sc["datasets"].values() for name, m in d["types"].items()
+              if m.get("recall_by_nprobe")]
+    if sweeps:
+        lines += ["", f"recall@{RECALL_K} against Flat by `nprobe` (IVF lists visited; recall only, not timed):", "",
+                  "| passages | type | nlist | recall@15 at nprobe = 1, 2, 4 ... nlist |", "|---:|---|---:|---|"]
+        for d, name, sweep in sweeps:
+            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {max(map(int, sweep))} | "
+                         + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
     for label, d in sc["datasets"].items():
         if d.get("runtimes"):
             lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights)", "",
