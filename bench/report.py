@@ -139,7 +139,9 @@ def render_pipeline(p: dict) -> list[str]:
 
 def _phases(d: dict) -> str:
     return "; ".join(f"{p['phase']} (load average at start {', '.join(map(str, p['load_average_at_start']))}"
-                     + (f", {p['seconds']} s" if "seconds" in p else "") + ")" for p in d.get("timed_phases", []))
+                     + (f", {p['seconds']} s" if "seconds" in p else "")
+                     + ({True: ", LM study paused", False: ", LM study running"}.get(p.get("study_paused"), "")) + ")"
+                     for p in d.get("timed_phases", []))
 
 
 def render_scale(sc: dict) -> list[str]:
@@ -179,7 +181,7 @@ def render_scale(sc: dict) -> list[str]:
         b = d["bm25"]
         lines.append(f"| {d['passages']:,} {d['kind']} | BM25 | bm25s | – | {b['build_seconds']} | {b['build_passages_per_second']} | "
                      f"{b['build_peak_rss_mb']} | {b['disk_bytes_per_passage']} | (memory-mapped) | {b['load_search_added_mb']} | "
-                     f"{b['overhead_beyond_structure_mb']} | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
+                     f"– | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
     for label, d in sc["datasets"].items():
         lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
                      f"on disk. Timed phases: {_phases(d)}.")
