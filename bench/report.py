@@ -247,7 +247,8 @@ def render_milvus(m: dict) -> list[str]:
     for label, d in m["datasets"].items():
         if d.get("load_average_at_start"):
             lines.append(f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
-                         f"the start {', '.join(map(str, d['load_average_at_start']))}.")
+                         f"the start {', '.join(map(str, d['load_average_at_start']))}"
+                         + {True: ", LM study paused.", False: ", LM study running."}.get(d.get("study_paused"), "."))
         if d.get("kind") == "synthetic" and d.get("recipe"):
             lines.append(f"\nThe synthetic set is the one of the scale section (`bench/scale_data.py`: {d['recipe']}).")
     for label, d in m["datasets"].items():

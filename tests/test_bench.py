@@ -120,12 +120,16 @@ def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_
     out = tmp_path / "results.json"
     assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out),
                         "--corpus", str(tiny_corpus_file), "--work", str(tmp_path / "work")]) == 0
-    runs = json.loads(out.read_text())["milvus"]["datasets"]["300"]["runs"]
+    section = json.loads(out.read_text())["milvus"]
+    runs = section["datasets"]["300"]["runs"]
     assert set(runs) == {"faiss exact", "faiss hnsw", "milvus-lite exact", "milvus-lite hnsw"}
+    # no --pause-study: nothing was paused, and the report says the study (if any) was running
+    assert section["datasets"]["300"]["study_paused"] is False and not section.get("study_paused_seconds")
     assert runs["faiss exact"]["recall_at_15"] == 1.0 and runs["milvus-lite exact"]["recall_at_15"] == 1.0
     assert all(r["disk_bytes"] > 0 and r["search3_fuse_ms_p50"] > 0 for r in runs.values())
     report = (tmp_path / "RESULTS.md").read_text()
     assert "| 300 | synthetic | milvus-lite 3.2.2 | exact |" in report
+    assert "LM study running." in report and "was paused" not in report
     with pytest.raises(SystemExit):  # argparse refuses a bad dataset before measuring anything
         module.main(["--datasets", "real:0", "--out", str(out)])
 
