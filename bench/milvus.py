@@ -252,12 +252,14 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             data[-1]["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+            data[-1]["study_paused"] = bool(args.pause_study)
             data[-1]["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines, indexes=indexes)
         finally:
             if args.pause_study:
                 subprocess.run([args.pause_study, "cont"], check=False)
-            section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + time.perf_counter() - t0, 1)
+            if args.pause_study:  # only time the study was actually stopped counts
+                section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + time.perf_counter() - t0, 1)
             shutil.rmtree(work, ignore_errors=True)
         write_results(out, section, key="milvus")  # after each dataset: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)

@@ -139,7 +139,9 @@ def render_pipeline(p: dict) -> list[str]:
 
 def _phases(d: dict) -> str:
     return "; ".join(f"{p['phase']} (load average at start {', '.join(map(str, p['load_average_at_start']))}"
-                     + (f", {p['seconds']} s" if "seconds" in p else "") + ")" for p in d.get("timed_phases", []))
+                     + (f", {p['seconds']} s" if "seconds" in p else "")
+                     + ({True: ", LM study paused", False: ", LM study running"}.get(p.get("study_paused"), "")) + ")"
+                     for p in d.get("timed_phases", []))
 
 
 def render_scale(sc: dict) -> list[str]:
@@ -179,10 +181,18 @@ def render_scale(sc: dict) -> list[str]:
         b = d["bm25"]
         lines.append(f"| {d['passages']:,} {d['kind']} | BM25 | bm25s | – | {b['build_seconds']} | {b['build_passages_per_second']} | "
                      f"{b['build_peak_rss_mb']} | {b['disk_bytes_per_passage']} | (memory-mapped) | {b['load_search_added_mb']} | "
-                     f"{b['overhead_beyond_structure_mb']} | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
+                     f"– | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
     for label, d in sc["datasets"].items():
         lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
                      f"on disk. Timed phases: {_phases(d)}.")
+    sweeps = [(d, name, m["recall_by_nprobe"]) for d in sc["datasets"].values() for name, m in d["types"].items()
+              if m.get("recall_by_nprobe")]
+    if sweeps:
+        lines += ["", f"recall@{RECALL_K} against Flat by `nprobe` (IVF lists visited; recall only, not timed):", "",
+                  "| passages | type | nlist | recall@15 at nprobe = 1, 2, 4 ... nlist |", "|---:|---|---:|---|"]
+        for d, name, sweep in sweeps:
+            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {max(map(int, sweep))} | "
+                         + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
     for label, d in sc["datasets"].items():
         if d.get("runtimes"):
             lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights)", "",
@@ -237,7 +247,8 @@ def render_milvus(m: dict) -> list[str]:
     for label, d in m["datasets"].items():
         if d.get("load_average_at_start"):
             lines.append(f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
-                         f"the start {', '.join(map(str, d['load_average_at_start']))}.")
+                         f"the start {', '.join(map(str, d['load_average_at_start']))}"
+                         + {True: ", LM study paused.", False: ", LM study running."}.get(d.get("study_paused"), "."))
         if d.get("kind") == "synthetic" and d.get("recipe"):
             lines.append(f"\nThe synthetic set is the one of the scale section (`bench/scale_data.py`: {d['recipe']}).")
     for label, d in m["datasets"].items():

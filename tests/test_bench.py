@@ -120,12 +120,16 @@ def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_
     out = tmp_path / "results.json"
     assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out),
                         "--corpus", str(tiny_corpus_file), "--work", str(tmp_path / "work")]) == 0
-    runs = json.loads(out.read_text())["milvus"]["datasets"]["300"]["runs"]
+    section = json.loads(out.read_text())["milvus"]
+    runs = section["datasets"]["300"]["runs"]
     assert set(runs) == {"faiss exact", "faiss hnsw", "milvus-lite exact", "milvus-lite hnsw"}
+    # no --pause-study: nothing was paused, and the report says the study (if any) was running
+    assert section["datasets"]["300"]["study_paused"] is False and not section.get("study_paused_seconds")
     assert runs["faiss exact"]["recall_at_15"] == 1.0 and runs["milvus-lite exact"]["recall_at_15"] == 1.0
     assert all(r["disk_bytes"] > 0 and r["search3_fuse_ms_p50"] > 0 for r in runs.values())
     report = (tmp_path / "RESULTS.md").read_text()
     assert "| 300 | synthetic | milvus-lite 3.2.2 | exact |" in report
+    assert "LM study running." in report and "was paused" not in report
     with pytest.raises(SystemExit):  # argparse refuses a bad dataset before measuring anything
         module.main(["--datasets", "real:0", "--out", str(out)])
 
@@ -156,10 +160,10 @@ def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny
 
 
 def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_file):
-    """bench/scale.py on 3,000 synthetic passages (Flat and HNSW; the real corpus and IVF types are left to `make bench`)."""
+    """bench/scale.py on 3,000 synthetic passages (Flat, HNSW, IVF-SQ8; the real corpus and IVF-PQ are left to `make bench`)."""
     module = load_module("scale")
     out = tmp_path / "results.json"
-    assert module.main(["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--types", "Flat,HNSW", "--repeats", "3",
+    assert module.main(["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--types", "Flat,HNSW,IVF-SQ8", "--repeats", "3",
                         "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
     d = json.loads(out.read_text())["scale"]["datasets"]["3000"]
     flat, hnsw = d["types"]["Flat"], d["types"]["HNSW"]
@@ -167,7 +171,12 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     assert flat["index_file_bytes"] > 4 * 384 * 3000 and hnsw["disk_bytes_per_passage"] > flat["disk_bytes_per_passage"]
     assert flat["build_passages_per_second"] > 0 and d["bm25"]["search3_fuse_ms_p50"] > 0
     assert flat["ram_bytes_per_passage"] > 0 and flat["load_search_added_mb"] > 0
+    # recall by nprobe over 1, 2, 4 ... 256 lists; visiting every list is exhaustive over the SQ8 codes
+    sweep = d["types"]["IVF-SQ8"]["recall_by_nprobe"]
+    assert list(sweep) == ["1", "2", "4", "8", "16", "32", "64", "128", "256"] and "recall_by_nprobe" not in hnsw
+    assert sweep["16"] == d["types"]["IVF-SQ8"]["recall_at_15"] and sweep["1"] < sweep["256"] and sweep["256"] > 0.9
     report = (tmp_path / "RESULTS.md").read_text()
+    assert "| 3,000 synthetic | IVF-SQ8 | 256 | 1: " in report
     assert "| 3,000 synthetic | Flat | `Flat` |" in report and "### MedCorp extrapolation" in report
     assert "HNSW recall@15 >= 0.97" in report
     with pytest.raises(SystemExit):

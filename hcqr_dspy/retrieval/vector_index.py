@@ -212,6 +212,7 @@ class FaissIndex(VectorIndex):
         cls.check_settings(embeddings.dimension, factory, train_size, seed, **unknown)
         factory = (factory or DEFAULT_FACTORY).strip()
         index = cls.make(factory, embeddings.dimension)
+        _skip_polysemous_training(index)
         trained_on = 0
         if not index.is_trained:
             n = cls.default_train_size(index, embeddings.count) if train_size is None else min(int(train_size), embeddings.count)
@@ -290,6 +291,30 @@ def _min_training_points(index: Any) -> int:
     except RuntimeError:
         return 1
 
+
+def _skip_polysemous_training(index: Any) -> None:
+    """Turn off faiss's polysemous training of PQ codes (``IndexPQ``, ``IndexIVFPQ``), as the factory suffix ``np`` does.
+
+    faiss trains PQ codebooks and then, by default, reorders their centroids so that
+    Hamming distances between codes track real distances (polysemous codes, Douze,
+    Jegou & Perronnin, ECCV 2016; ``do_polysemous_training``). That simulated annealing
+    only serves polysemous search (``polysemous_ht``), which hcqr never uses: it searches
+    by asymmetric distance, whose results the reordering does not change. With many
+    sub-quantizers it is most of the build (``IVF256,PQ96`` over 41k 384-d vectors:
+    minutes of annealing after seconds of k-means).
+    """
+    import faiss
+
+    parts = [faiss.downcast_index(index)]
+    if isinstance(parts[0], faiss.IndexPreTransform):
+        parts.append(faiss.downcast_index(parts[0].index))
+    try:
+        parts.append(faiss.downcast_index(faiss.extract_index_ivf(index)))
+    except RuntimeError:  # not an IVF index
+        pass
+    for part in parts:
+        if hasattr(part, "do_polysemous_training"):
+            part.do_polysemous_training = False
 
 def _faiss_reason(exc: BaseException) -> str:
     """The useful clause of a faiss C++ error (after ``failed:`` or the last ``: ``), at most 200 characters."""

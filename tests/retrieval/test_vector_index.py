@@ -63,6 +63,15 @@ def test_training_sample_is_seeded(corpus, medcpt_spec, emb):
     assert not np.array_equal(faiss.serialize_index(a.index.index), faiss.serialize_index(c.index.index))
 
 
+def test_pq_builds_skip_polysemous_training(corpus, medcpt_spec, emb):
+    # faiss reorders PQ centroids for Hamming search unless told not to (factory suffix "np"); hcqr never searches
+    # that way, and the reordering took minutes of a 41k IVF256,PQ96 build: its builds equal the "np" builds
+    for factory in ("IVF4,PQ4", "OPQ4,IVF4,PQ4"):
+        ours = build(corpus, medcpt_spec, emb, factory, backend_options={"train_size": 300}).index.index
+        reference = build(corpus, medcpt_spec, emb, factory + "np", backend_options={"train_size": 300}).index.index
+        assert not faiss.downcast_index(faiss.extract_index_ivf(ours)).do_polysemous_training, factory
+        assert np.array_equal(faiss.serialize_index(ours), faiss.serialize_index(reference)), factory
+
 def test_search_options_change_what_hnsw_and_ivf_visit(corpus, medcpt_spec, emb, tmp_path):
     out = build(corpus, medcpt_spec, emb, "IVF16,Flat").save(tmp_path / "ivf")
     narrow = load_index(out, search_options={"nprobe": 1}).search(QUERIES, 20)
