@@ -561,7 +561,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from hcqr_dspy.compare import compare, track_comparison
 
-    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels)
+    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels,
+                            common=args.common)
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
@@ -788,6 +789,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
     p.add_argument("--qrels", default=None,
                    help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)")
+    p.add_argument("--common", action="store_true",
+                   help="runs still under way over the same question set: compare them on the questions every run "
+                        "has answered, saying how many (default: off, the runs must hold the same questions)")
     _add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)
 

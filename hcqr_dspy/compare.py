@@ -61,6 +61,18 @@ class Run:
                 for r in self.rows}
 
 
+def restrict(run: Run, qids: Sequence[str]) -> None:
+    """Keep only ``qids`` of a run: its rows, judgments, and the metrics and DUR recomputed from them."""
+    keep = set(qids)
+    run.rows = [r for r in run.rows if r["qid"] in keep]
+    run.metrics = summarize(run.rows)
+    if run.judgments:
+        run.judgments = [j for j in run.judgments if j.get("qid") in keep]
+        run.dur = dur_metrics(run.judgments) if run.judgments else {}
+    else:
+        run.dur = {}
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
     """Load a run folder (through :class:`~hcqr_dspy.run_folder.RunFolder`).
 
@@ -587,7 +599,7 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
 
 
 def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
-            qrels: str | Path | None = None) -> tuple[str, list[Path]]:
+            qrels: str | Path | None = None, common: bool = False) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
 
     Args:
@@ -595,6 +607,9 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         reference: Label (method) or folder of the reference run; default the first run.
         out_dir: Where to write ``comparison.md``, ``comparison.json`` and the PNGs (default ``./comparison``).
         qrels: Relevance judgments for recall@k / nDCG@10; default a ``qrels.json`` beside the dataset file.
+        common: Runs still under way over the same question set are compared on the questions every run
+            has answered (rows, metrics and judgments restricted to them; the report says how many of
+            each run's questions that is). Without it, runs must hold the same questions.
 
     Returns:
         The Markdown report and the written files.
@@ -621,7 +636,11 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     for r in runs:
         if counts[r.label] > 1:
             r.label = f"{r.label} ({r.config.get('lm', {}).get('spec', r.path.name)})"
-    qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs])
+    qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
+    answered = {r.label: len(r.rows) for r in runs}
+    if common:
+        for r in runs:
+            restrict(r, qids)
     ref = runs[0]
     if reference:
         matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)]
@@ -646,7 +665,11 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     warnings += flags
     report = "\n\n".join(
         [
-            f"# Comparison on {len(qids)} questions (reference: {ref.label})",
+            f"# Comparison on {len(qids)} questions (reference: {ref.label})"
+            + (f"\n\nRuns under way, compared on the {len(qids)} questions every run has answered of the "
+               f"{ref.folder.questions_record.get('count', '?')} selected (answered so far: "
+               + ", ".join(f"{label} {n}" for label, n in answered.items()) + ")."
+               if common and len(set(answered.values()) | {len(qids)}) > 1 else ""),
             comparison_table(ordered, ref),
             "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
             "(statsmodels) on b vs c." + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
@@ -683,6 +706,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     summary = {
         "reference": ref.label,
         "questions": len(qids),
+        "answered": answered,
         "runs": {r.label: {"path": str(r.path.resolve()), **r.metrics, **r.dur} for r in ordered},
         "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
         "warnings": warnings,

@@ -478,30 +478,37 @@ def _without_nones(value: Any) -> Any:
     return value
 
 
-def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[str, Any]]]) -> list[str]:
+def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[str, Any]]],
+                         common: bool = False) -> list[str]:
     """The shared question ids (in the first run's order) of runs that must cover the same questions.
 
-    Two runs match when they hold the same question ids and were made over the
-    same questions: the content fingerprint of their question sets (ids, text,
-    options, answer; :func:`question_fingerprint`) is equal. Runs recorded
-    before content fingerprints existed are matched by dataset and id hash.
+    Two runs match when they were made over the same questions: the content
+    fingerprint of their question sets (ids, text, options, answer;
+    :func:`question_fingerprint`) is equal. Runs recorded before content
+    fingerprints existed are matched by dataset and id hash. They must also hold
+    the same question ids, unless ``common`` is set: then runs still under way
+    (a study resumed session by session) are compared on the questions every one
+    of them has answered.
 
     Raises:
-        RunError: another question set (different ids, or the same ids over other
-            questions: datasets and fingerprints named).
+        RunError: another question set (datasets and fingerprints named); different
+            ids without ``common``; no question answered by every run with it.
     """
     first = [r["qid"] for r in rows[0]]
     q0 = folders[0].questions_record
+    shared = set(first)
     for folder, run_rows in zip(folders[1:], rows[1:]):
         ids = [r["qid"] for r in run_rows]
-        if set(ids) != set(first):
+        if set(ids) != set(first) and not common:
             only_a = sorted(set(first) - set(ids))[:5]
             only_b = sorted(set(ids) - set(first))[:5]
             raise RunError(
                 f"runs cover different questions: {folders[0].path} ({len(first)}) vs {folder.path} ({len(ids)}); "
                 f"only in the first: {only_a or '-'}; only in the second: {only_b or '-'}. "
-                "Compare runs made with the same dataset, --limit/--seed or --ids (finish interrupted runs first)."
+                "Compare runs made with the same dataset, --limit/--seed or --ids (finish interrupted runs first, "
+                "or compare runs under way on the questions all have answered with --common)."
             )
+        shared &= set(ids)
         q = folder.questions_record
         a, b = q0.get("content_sha256"), q.get("content_sha256")
         same = a == b if a and b else (folders[0].dataset == folder.dataset and q0.get("ids_sha256") == q.get("ids_sha256"))
@@ -511,4 +518,6 @@ def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[
                 f"(questions {str(a or q0.get('ids_sha256'))[:12]}), {folder.path} over {folder.dataset} "
                 f"(questions {str(b or q.get('ids_sha256'))[:12]}); a paired comparison needs the same questions"
             )
-    return first
+    if not shared:
+        raise RunError("no question has been answered by every run: " + ", ".join(str(f.path) for f in folders))
+    return [qid for qid in first if qid in shared]

@@ -84,6 +84,31 @@ def test_refuses_runs_on_different_questions(tmp_path):
         compare([a, b], out_dir=tmp_path / "out")
 
 
+def test_runs_under_way_are_compared_on_the_questions_all_have_answered(tmp_path, capsys):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False, True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True, False, True])
+    lines = (b / "predictions.jsonl").read_text().splitlines()
+    (b / "predictions.jsonl").write_text("\n".join(lines[:3]) + "\n")  # hcqr has answered q0-q2 so far
+    with pytest.raises(HCQRError, match=r"different questions.*--common"):
+        compare([a, b], out_dir=tmp_path / "out")
+    report, _ = compare([a, b], out_dir=tmp_path / "out", common=True)
+    assert report.startswith("# Comparison on 3 questions (reference: simple_rag)")
+    assert "answered so far: simple_rag 4, hcqr 3)" in report
+    assert "| simple_rag | 3 | 66.7% |" in report and "| hcqr | 3 | 66.7% |" in report
+    assert "| q3 |" not in report and "| q1 | A | B ✗ | A ✓ |" in report
+    summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert summary["questions"] == 3 and summary["answered"] == {"simple_rag": 4, "hcqr": 3}
+    assert main(["compare", str(a), str(b), "--common", "--no-mlflow", "--out", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    # another question set is still refused, and so are runs with no question in common
+    c = make_run(tmp_path / "c", "cot", [True, True, True, True], content="v2")
+    with pytest.raises(HCQRError, match="not questions"):
+        compare([a, c], out_dir=tmp_path / "out", common=True)
+    (a / "predictions.jsonl").write_text((a / "predictions.jsonl").read_text().splitlines()[3] + "\n")
+    with pytest.raises(HCQRError, match="no question has been answered by every run"):
+        compare([a, b], out_dir=tmp_path / "out", common=True)
+
+
 def test_cli_compare_errors_exit_2(tmp_path, capsys):
     a = make_run(tmp_path / "a", "cot", [True, False], qids=["x1", "x2"])
     assert main(["compare", str(a), str(tmp_path), "--no-mlflow"]) == 2
