@@ -25,6 +25,18 @@ def fresh_embeddings_cache(tmp_path_factory):
     os.environ["HCQR_QUERY_RUNTIMES"] = str(tmp_path_factory.mktemp("query-runtimes"))  # ONNX / OpenVINO exports
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_dspy_cache(tmp_path_factory):
+    """DSPy keeps LM replies in a disk cache (~/.dspy_cache) keyed without the API base, so a stub server's
+    replies from an earlier session would answer this one's requests and the stub would see none. Tests use
+    a fresh cache per session, in this process and in the processes they start (DSPY_CACHEDIR)."""
+    import dspy
+
+    folder = tmp_path_factory.mktemp("dspy-cache")
+    os.environ["DSPY_CACHEDIR"] = str(folder)
+    dspy.configure_cache(disk_cache_dir=str(folder))
+
+
 @pytest.fixture
 def tiny_corpus_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
