@@ -618,10 +618,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
               f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}")
     if out["registered"]:
+        from hcqr_dspy.serving import SERVE_TIMEOUT_S
+
         uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
         print(f"registered as {out['registered']}" + (f" (alias {args.alias})" if args.alias else "")
               + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
-              f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local -h 127.0.0.1 -p 5001")
+              f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local -h 127.0.0.1 -p 5001 "
+              f"-t {SERVE_TIMEOUT_S}\n  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
+              "with a local model on a CPU)")
     return 0
 
 

@@ -23,7 +23,7 @@ Environment variables override the config where the model is served: ``HCQR_SERV
 Serving (MLflow's scoring server; ``--env-manager local`` uses the environment hcqr-dspy is installed in)::
 
     export MLFLOW_TRACKING_URI=sqlite:///$PWD/mlruns/mlflow.db
-    mlflow models serve -m models:/hcqr-medqa/1 --env-manager local -h 127.0.0.1 -p 5001
+    mlflow models serve -m models:/hcqr-medqa/1 --env-manager local -h 127.0.0.1 -p 5001 -t 1800
     curl -s 127.0.0.1:5001/invocations -H 'Content-Type: application/json' \\
       -d '{"dataframe_records": [{"question": "A 70-year-old ...", "options": {"A": "...", "B": "..."}}]}'
 
@@ -43,6 +43,11 @@ from hcqr_dspy.errors import HCQRError
 # An index folder up to this size travels with the model as an artifact; a larger one is named by path.
 BUNDLE_INDEX_MAX_BYTES = 64 * 1024 * 1024
 MODEL_CODE = Path(__file__).with_name("served_model.py")
+# Seconds a request may take on `mlflow models serve` (its -t/--timeout), as the hints and README give it:
+# MLflow's default (60 s, MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT) is shorter than one HCQR question with a
+# local model on a CPU (three LM calls; 2 to 30 minutes measured on 2 shared cores), which it answers with
+# "Request processing time exceeded limit" (HTTP 504).
+SERVE_TIMEOUT_S = 1800
 ENV_OVERRIDES = {"lm": "HCQR_SERVE_LM", "index": "HCQR_SERVE_INDEX", "api_base": "HCQR_SERVE_API_BASE",
                  "api_key_env": "HCQR_SERVE_API_KEY_ENV"}
 

@@ -4,6 +4,7 @@ hypothesis, queries and passages. The LM is the stub OpenAI-compatible server (t
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from helpers import TINY_ROWS, alive, children, free_port, snippet, wait_until_serving, write_jsonl
 from hcqr_dspy.cli import main
+from hcqr_dspy.serving import SERVE_TIMEOUT_S
 from stub_server import OPTIONS, SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,15 +37,24 @@ def test_registered_compiled_program_is_served_over_rest(tmp_path, monkeypatch, 
                  "--train-size", "4", "--index", str(tmp_path / "idx"), "--out", str(tmp_path / "prog"),
                  "--register", "served-hcqr", "--mlflow-dir", str(store), *lm]) == 0
     out = capsys.readouterr().out
-    assert "registered as models:/served-hcqr/1" in out and "mlflow models serve -m models:/served-hcqr/1" in out
+    assert "registered as models:/served-hcqr/1" in out
+    # the server is started exactly as the hint says (on a free port): a request may take SERVE_TIMEOUT_S, not
+    # MLflow's 60 s default, which a local model on a CPU exceeds on one HCQR question (HTTP 504)
+    [hint] = [line for line in out.splitlines() if " mlflow models serve " in line]
+    store_var, mlflow_cmd, *serve_args = shlex.split(hint)
+    variable, tracking_uri = store_var.split("=", 1)
+    assert (variable, mlflow_cmd) == ("MLFLOW_TRACKING_URI", "mlflow") and tracking_uri.endswith(f"{store.name}/mlflow.db")
+    assert serve_args[:3] == ["models", "serve", "-m"] and serve_args[3] == "models:/served-hcqr/1"
+    assert serve_args[serve_args.index("-t") + 1] == str(SERVE_TIMEOUT_S) and SERVE_TIMEOUT_S >= 600
+    assert serve_args[serve_args.index("-h") + 1] == "127.0.0.1"
 
     port = free_port()
+    serve_args[serve_args.index("-p") + 1] = str(port)
     # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}",
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/served-hcqr/1",
-                               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", *serve_args],
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     tree: list[int] = []
     try:
