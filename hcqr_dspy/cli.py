@@ -240,6 +240,17 @@ def _program_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
+    """Question selection, parallelism, run folder, MLflow and LM options shared by ``eval`` and ``predict``."""
+    p.add_argument("--limit", type=_positive_int, default=None, help=f"{verb} a seeded random sample of N questions (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
+    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
+    _add_mlflow_args(p)
+    _add_lm_args(p)
+
+
 def _add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default=None, metavar="METHOD",
                    help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)")
@@ -718,14 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
     _add_program_args(p)
     p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
-    p.add_argument("--limit", type=_positive_int, default=None,
-                   help="evaluate a seeded random sample of N questions (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
-    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
-    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
-    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
-    _add_mlflow_args(p)
-    _add_lm_args(p)
+    _add_run_args(p, "evaluate")
     p.set_defaults(func=cmd_eval)
 
     p = command("predict", help="answer a file of questions, with or without gold answers (resumable, tracked)",
@@ -738,13 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="questions: a MIRAGE-format .json file ({qid: {question, options[, answer]}}) or a .jsonl file "
                         "(one {id, question, options[, answer]} per line)")
     p.add_argument("--out", required=True, help="answers file: .jsonl (one answer per line) or .json ({qid: answer})")
-    p.add_argument("--limit", type=_positive_int, default=None, help="answer a seeded random sample of N questions (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
-    p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
-    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
-    p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
-    _add_mlflow_args(p)
-    _add_lm_args(p)
+    _add_run_args(p, "answer")
     p.set_defaults(func=cmd_predict)
 
     p = command("ask", help="answer one question and show hypothesis, queries and passages")
