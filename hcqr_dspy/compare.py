@@ -66,11 +66,8 @@ def restrict(run: Run, qids: Sequence[str]) -> None:
     keep = set(qids)
     run.rows = [r for r in run.rows if r["qid"] in keep]
     run.metrics = summarize(run.rows)
-    if run.judgments:
-        run.judgments = [j for j in run.judgments if j.get("qid") in keep]
-        run.dur = dur_metrics(run.judgments) if run.judgments else {}
-    else:
-        run.dur = {}
+    run.judgments = [j for j in run.judgments if j.get("qid") in keep]
+    run.dur = dur_metrics(run.judgments) if run.judgments else {}  # judgments are the record DUR is computed from
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
