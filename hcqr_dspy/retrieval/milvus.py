@@ -678,6 +678,11 @@ class MilvusCollection:
     def open(self, identity: dict[str, str]) -> None:
         """Check an existing, finished collection and load it.
 
+        Finished means marked ``complete`` by :meth:`finish`, or, where the
+        mark was lost (Milvus 2.3.5 forgets a collection's last property change
+        across a restart, milvus-io/milvus#30144), every index built over
+        every row and the row count equal to the corpus's.
+
         Raises:
             RetrievalIndexError: missing, unfinished, another corpus/encoder, or a wrong row count.
         """
@@ -685,17 +690,47 @@ class MilvusCollection:
         if not self.client.has_collection(self.name):
             raise RetrievalIndexError(f"Milvus at {s.uri} has no collection {self.name!r}; build it with `hcqr index`")
         have = self.check_identity(identity)
-        if have.get("complete") != "true":
-            raise RetrievalIndexError(
-                f"Milvus collection {self.name!r} at {s.uri} is an unfinished build; run the same `hcqr index` again"
-            )
+        expected = int(have["corpus_count"])
+        marked = have.get("complete") == "true"
+        if not marked:
+            # The mark is the fast path, not the only witness: Milvus 2.3.5 loses a collection's last
+            # AlterCollection on restart (milvus-io/milvus#30144, fixed in #30145), so a finished build can read
+            # "complete": "false" there. What the engine holds decides: every index built over every row.
+            why = self._unbuilt_indexes(expected)
+            if why:
+                raise RetrievalIndexError(
+                    f"Milvus collection {self.name!r} at {s.uri} is an unfinished build ({why}); "
+                    "run the same `hcqr index` again"
+                )
         try:
             self.client.load_collection(self.name)
         except Exception as exc:
             raise RetrievalIndexError(
                 f"{self.engine} at {s.uri} cannot load collection {self.name!r}: {_one_line(exc)}"
             ) from None
-        self.rows = int(have["corpus_count"])
+        if not marked and (have_rows := self.count()) != expected:
+            raise RetrievalIndexError(
+                f"Milvus collection {self.name!r} at {s.uri} is an unfinished build ({have_rows} of {expected} rows); "
+                "run the same `hcqr index` again"
+            )
+        self.rows = expected
+
+    def _unbuilt_indexes(self, expected: int) -> str | None:
+        """Why the collection's indexes are not finished over ``expected`` rows, or ``None`` when they are.
+
+        Reads the engine's own state (``list_indexes``, ``describe_index``'s
+        ``indexed_rows`` and ``pending_index_rows``), not the ``complete`` mark.
+        """
+        wanted = (["vector"] if self.settings.dense else []) + (["sparse"] if self.settings.bm25 else [])
+        present = set(self.client.list_indexes(self.name))
+        for name in wanted:
+            if name not in present:
+                return f"no {name} index"
+            info = self.client.describe_index(self.name, name)
+            indexed, pending = int(info.get("indexed_rows", 0)), int(info.get("pending_index_rows", 0))
+            if indexed < expected or pending:
+                return f"{indexed} of {expected} rows in the {name} index"
+        return None
 
     def count(self) -> int:
         res = self.client.query(self.name, filter="", output_fields=["count(*)"], consistency_level="Strong")

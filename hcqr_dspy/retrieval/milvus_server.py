@@ -70,6 +70,7 @@ PORT_KEYS = (
 # Milvus's default (common.gracefulStopTimeout, 1800 s) lets a standalone query node with loaded collections wait
 # for a peer to hand its segments to, which never comes: SIGTERM then hangs. A test server has nothing to hand over.
 GRACEFUL_STOP_SECONDS = 3
+PORT_REUSE_SECONDS = 90  # a restart waits this long for its proxy port to leave TIME_WAIT (60 s on Linux)
 COMPONENTS = ("rootCoord", "proxy", "queryCoord", "queryNode", "indexNode", "dataCoord", "dataNode")
 
 # Run by the server's virtualenv python: render the config with the package's own writer, unpack the binary.
@@ -97,6 +98,25 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _wait_bindable(port: int, timeout: float) -> None:
+    """Wait until ``port`` can be bound on 127.0.0.1 without SO_REUSEADDR, as the `milvus` package's config check
+    binds it: connections the stopped server closed hold it in TIME_WAIT for up to 60 s (Linux's TCP_TIMEWAIT_LEN).
+
+    Raises:
+        MilvusServerError: still taken after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise MilvusServerError(f"port {port} of the restarted Milvus server is still taken: {exc}") from None
+        time.sleep(1.0)
 
 
 def server_python(venv: str | Path | None = None) -> Path:
@@ -146,6 +166,7 @@ class LocalMilvusServer:
         self.version: str | None = None
         self.startup_seconds: float | None = None
         self._logs: list = []
+        self._proxy_port: int | None = None
 
     @property
     def uri(self) -> str:
@@ -166,6 +187,10 @@ class LocalMilvusServer:
     def start(self) -> str:
         """Start the server and wait until it answers; return its URI.
 
+        The first start takes free ports; starting again after :meth:`stop`
+        (a restart, on the same ``data_dir`` when one was given) serves the
+        same URI, waiting up to ``PORT_REUSE_SECONDS`` for its port to be free.
+
         Raises:
             MilvusServerError: the virtualenv is missing, the config could not
                 be written, the process exited, or it did not answer within
@@ -179,6 +204,10 @@ class LocalMilvusServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = {key: _free_port() for key in PORT_KEYS}
         peer_port, self.metrics_port = _free_port(), _free_port()
+        if self._proxy_port is not None:  # a restart serves the same address, as a user's server does
+            ports["proxy_port"] = self._proxy_port
+            _wait_bindable(self._proxy_port, PORT_REUSE_SECONDS)
+        self._proxy_port = ports["proxy_port"]
         args = {"data_dir": str(self.data_dir), "ports": ports, "auth": self.auth, "components": COMPONENTS,
                 "bin_base": str(self.venv / SERVER_BIN_FOLDER), "graceful_stop_seconds": GRACEFUL_STOP_SECONDS}
         prep = subprocess.run([str(py), "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True)
@@ -198,7 +227,7 @@ class LocalMilvusServer:
             LD_LIBRARY_PATH=":".join(p for p in (str(exe.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p),
         )
         logs = Path(info["logs"])
-        self._logs = [open(logs / "milvus-stdout.log", "wb"), open(logs / "milvus-stderr.log", "wb")]
+        self._logs = [open(logs / "milvus-stdout.log", "ab"), open(logs / "milvus-stderr.log", "ab")]
         t0 = time.monotonic()
         self.process = subprocess.Popen([str(exe), "run", "standalone"], cwd=self.data_dir, env=env,
                                         stdout=self._logs[0], stderr=self._logs[1], stdin=subprocess.DEVNULL,

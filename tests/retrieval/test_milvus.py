@@ -156,6 +156,40 @@ def test_lite_resumes_an_interrupted_build(tmp_path, pathoma_vectors):
     assert agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)) >= 0.95
 
 
+def _lose_the_complete_mark(collection: MilvusCollection) -> None:
+    """What Milvus 2.3.5 does to a finished collection across a restart (milvus-io/milvus#30144)."""
+    from hcqr_dspy.retrieval.milvus import PROPERTY_PREFIX
+
+    collection.client.alter_collection_properties(collection.name, properties={PROPERTY_PREFIX + "complete": "false"})
+    assert collection.properties()["complete"] == "false"
+
+
+def test_lite_a_finished_build_that_lost_its_mark_opens_from_its_state(tmp_path, pathoma_vectors):
+    pv = pathoma_vectors
+    folder = build(pv, str(tmp_path / "milvus.db"), "pathoma").save(tmp_path / "index")
+    first = load_index(folder)
+    before = [[h.passage_id for h in q] for q in first.search(pv.texts[:3], 5)]
+    _lose_the_complete_mark(first.index.collection)
+    again = load_index(folder)  # every row indexed: finished, whatever the mark says
+    assert [[h.passage_id for h in q] for q in again.search(pv.texts[:3], 5)] == before
+    col = again.index.collection
+    col.client.release_collection(col.name)
+    col.client.drop_index(col.name, "vector")
+    with pytest.raises(RetrievalIndexError, match=r"is an unfinished build \(no vector index\)"):
+        load_index(folder)
+
+
+def test_lite_bm25_build_that_lost_its_mark_opens_from_its_state(tmp_path):
+    from helpers import TINY_ROWS
+
+    corpus = _tiny_corpus(TINY_ROWS, "tiny")
+    bm25 = MilvusRetriever(corpus, MilvusSettings(str(tmp_path / "milvus.db"), "tiny_bm25", retrieval="bm25"),
+                           show_progress=False)
+    folder = bm25.save(tmp_path / "bm25")
+    _lose_the_complete_mark(bm25.collection)
+    assert load_index(folder, corpus=corpus).search(["yellow vision digoxin"], 3)[0][0].passage_id == "p3"
+
+
 def _tiny_corpus(rows, source):
     return Corpus([Passage(*r) for r in rows], source=source)
 
@@ -330,6 +364,33 @@ def test_server_parity_with_faiss_flat(tmp_path, pathoma_vectors, milvus_server,
     assert share >= 0.95
     results = loaded.search(pv.texts[:3], 5)  # the retriever path: encode, one batched search, ids
     assert [len(h) for h in results] == [5, 5, 5]
+
+
+def test_server_restart_keeps_a_finished_index_usable(tmp_path, pathoma_vectors):
+    """A user's server restarts on its data: a finished index opens again with the same hits, although the
+    2.3.5 server forgets the collection's last property change (the complete mark, milvus-io/milvus#30144)."""
+    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+
+    pv = pathoma_vectors
+    server = LocalMilvusServer(data_dir=tmp_path / "server")
+    try:
+        try:
+            uri = server.start()
+        except MilvusServerError as exc:
+            pytest.skip(f"the Milvus server cannot start here: {exc}")
+        built = build(pv, uri, "pathoma_restart")
+        folder = built.save(tmp_path / "index")
+        first = load_index(folder)
+        before = [[h.passage_id for h in q] for q in first.search(pv.texts[:3], 5)]
+        for r in (built, first):  # clients close first, so the server's port is not left in TIME_WAIT
+            r.index.collection.close()
+        server.stop()
+        assert server.start() == uri  # a restart keeps the address the index folder records
+        reopened = load_index(folder)
+        assert reopened.index.collection.properties()["complete"] == "false"  # the engine lost the mark
+        assert [[h.passage_id for h in q] for q in reopened.search(pv.texts[:3], 5)] == before
+    finally:
+        server.stop()
 
 
 def test_server_refusals(tmp_path, milvus_server, server_token, monkeypatch):
