@@ -180,7 +180,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def _search_options(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search)) if v is not None}
+    return {k: v for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search), ("k_factor", args.k_factor))
+            if v is not None}
 
 
 def _add_search_option_args(p: argparse.ArgumentParser) -> None:
@@ -188,6 +189,9 @@ def _add_search_option_args(p: argparse.ArgumentParser) -> None:
                    help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)")
     p.add_argument("--ef-search", type=_positive_int, default=None,
                    help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)")
+    p.add_argument("--k-factor", type=_positive_int, default=None,
+                   help="dense indexes of faiss refine types (IVF...,PQ...,RFlat): candidates re-scored exactly per "
+                        "hit wanted (default: faiss's, 1)")
     _add_encoder_backend_arg(p)
 
 
@@ -679,7 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  medcpt:QUERY_DIR,ARTICLE_DIR  the same, weights from two local folders\n"
                "faiss index types (--faiss, any faiss index_factory string, inner product):\n"
                "  Flat (exact, default), HNSW32 (graph; search with --ef-search), IVF1024,PQ32 or IVF4096,SQ8\n"
-               "  (compressed inverted lists, trained on a seeded sample; search with --nprobe)")
+               "  (compressed inverted lists, trained on a seeded sample; search with --nprobe);\n"
+               "  IVF1024,PQ96,RFlat (PQ codes in RAM, full vectors memory-mapped from disk and re-scored exactly;\n"
+               "  search with --nprobe and --k-factor): a corpus whose vectors do not fit in RAM")
     p.add_argument("--corpus", required=True, help=".jsonl file, folder of .jsonl files, or hub dataset name")
     p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever kind")
     p.add_argument("--encoder", default=None, help="encoder spec (see below; default: all-MiniLM-L6-v2)")

@@ -5,7 +5,7 @@ An experiment file (YAML) looks like::
     name: paper_main
     lm: local:qwen2.5-coder-0.5b          # any --lm spec
     index: indexes/medrag-all-bm25         # one shared index (every retrieval method)
-    search_options: {nprobe: 32}           # optional: dense indexes' search-time options (nprobe, efSearch)
+    search_options: {nprobe: 32}           # optional: dense indexes' search-time options (nprobe, efSearch, k_factor)
     encoder_backend: onnx-int8             # optional: what embeds the queries (torch, onnx, onnx-int8, openvino)
     budget: 15                             # passages shown to the answer step, every method
     questions: {limit: 20, seed: 0}        # the same sample in every cell (or ids: [...])

@@ -46,7 +46,7 @@ class EvalSpec:
             method and options come from the program (``method`` may be
             ``None``; given, it must match), so ``program_options`` must be empty.
         search_options: Search-time options of a dense index (``nprobe``,
-            ``efSearch``); recorded in the config under ``index``.
+            ``efSearch``, ``k_factor``); recorded in the config under ``index``.
         encoder_backend: What embeds the queries (``torch``, ``onnx``,
             ``onnx-int8``, ``openvino``; ``None`` = torch); recorded in the
             config under ``index``.
@@ -162,7 +162,7 @@ def open_index(method: str, index: str | None, search_options: dict[str, int] | 
                encoder_backend: str | None = None) -> tuple[Any, dict[str, Any] | None]:
     """The retriever a method needs and the index record runs keep; ``(None, None)`` without retrieval.
 
-    ``search_options`` (``nprobe``, ``efSearch``) are applied to the index
+    ``search_options`` (``nprobe``, ``efSearch``, ``k_factor``) are applied to the index
     and recorded with it, and so is ``encoder_backend`` (what embeds the
     queries); a method without retrieval refuses both.
 

@@ -114,7 +114,7 @@ class Retriever(ABC):
         required_fields: Manifest fields (dotted) this kind needs to load.
         uses_encoder: Whether the kind embeds queries (``encoder=`` applies).
         search_options: Search-time options in effect (``nprobe``,
-            ``efSearch``); empty when none were given.
+            ``efSearch``, ``k_factor``); empty when none were given.
     """
 
     def __deepcopy__(self, memo):
@@ -174,7 +174,7 @@ class Retriever(ABC):
         """Rebuild the retriever from ``folder`` (manifest already verified).
 
         ``options``: ``encoder`` (a spec the caller expects, or ``None``) and
-        ``search_options`` (validated ``nprobe`` / ``efSearch``; refused by
+        ``search_options`` (validated ``nprobe`` / ``efSearch`` / ``k_factor``; refused by
         kinds they do not apply to).
         """
 

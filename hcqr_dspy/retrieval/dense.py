@@ -51,7 +51,7 @@ class DenseRetriever(Retriever):
         embeddings_dir: Root folder of embedding stores (see
             :mod:`hcqr_dspy.retrieval.embeddings` for the default).
         show_progress: Progress bars while encoding and adding.
-        search_options: Search-time options (``nprobe``, ``efSearch``).
+        search_options: Search-time options (``nprobe``, ``efSearch``, ``k_factor``).
 
     Raises:
         RetrievalIndexError: bad backend options or search options, or an
@@ -109,7 +109,7 @@ class DenseRetriever(Retriever):
         return self.encoder.spec.name
 
     def set_search_options(self, options: Mapping[str, int]) -> None:
-        """Apply search-time options (``nprobe``, ``efSearch``) to the vector index.
+        """Apply search-time options (``nprobe``, ``efSearch``, ``k_factor``) to the vector index.
 
         Raises:
             RetrievalIndexError: an unknown option, a bad value, or one the index type does not take.

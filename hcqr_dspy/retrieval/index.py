@@ -96,8 +96,9 @@ def load_index(
             (e.g. ``medcpt:/new/query,/new/article``).
         verify_files: Check each file against its manifest checksum.
         search_options: Search-time options of dense indexes: ``nprobe``
-            (IVF lists visited) and ``efSearch`` (HNSW candidates), positive
-            integers.
+            (IVF lists visited), ``efSearch`` (HNSW candidates) and
+            ``k_factor`` (refine indexes' candidates re-scored exactly per
+            hit), positive integers.
         encoder_backend: What embeds the queries of an index with an
             encoder: ``torch`` (default), ``onnx``, ``onnx-int8`` or
             ``openvino`` (exported locally from the index's query encoder;

@@ -15,9 +15,19 @@ metric — ``Flat`` (exact; the default), ``HNSW32`` (graph), ``IVF1024,PQ32``
 (inverted lists over product-quantized codes), ``IVF4096,SQ8`` ... Types
 that need training are trained on a seeded sample of the stored embeddings;
 vectors are then added chunk by chunk, so a build holds the index's own
-bytes plus one chunk. Search-time options: ``nprobe`` (IVF lists visited)
-and ``efSearch`` (HNSW candidate list), set through
-``faiss.ParameterSpace``.
+bytes plus one chunk. Search-time options: ``nprobe`` (IVF lists visited),
+``efSearch`` (HNSW candidate list) and ``k_factor`` (refine indexes: the
+base index returns ``k x k_factor`` candidates, re-scored exactly), set
+through ``faiss.ParameterSpace``.
+
+Compressed codes with exact re-ranking (faiss's ``RFlat`` suffix, e.g.
+``IVF1024,PQ96,RFlat``: ``IndexRefineFlat`` over an ``IndexIVFPQ``): the
+index file holds the PQ codes and the full float32 vectors; it is read
+memory-mapped (``faiss.IO_FLAG_MMAP_IFC``), so the vectors stay on disk and
+only the pages a search touches (the probed lists' codes, ``k x k_factor``
+vectors per query) enter memory. That is how a corpus whose vectors do not
+fit in RAM is searched with PQ-sized memory and near-exact recall (measured
+in bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -34,11 +44,14 @@ from hcqr_dspy.retrieval.registry import register_backend
 if TYPE_CHECKING:  # pragma: no cover
     from hcqr_dspy.retrieval.embeddings import EmbeddingStore
 
-SEARCH_OPTIONS = ("nprobe", "efSearch")
+SEARCH_OPTIONS = ("nprobe", "efSearch", "k_factor")
+# Our option names -> faiss.ParameterSpace's (IndexRefine's k_factor is "k_factor_rf" there).
+_FAISS_PARAMETER = {"nprobe": "nprobe", "efSearch": "efSearch", "k_factor": "k_factor_rf"}
+_REFINE_TYPES = ("IndexRefine", "IndexRefineFlat")
 
 
 def check_search_options(options: Mapping[str, Any] | None) -> dict[str, int]:
-    """Validate search-time options: names among ``nprobe``, ``efSearch``; values positive integers.
+    """Validate search-time options: names among ``nprobe``, ``efSearch``, ``k_factor``; values positive integers.
 
     Raises:
         RetrievalIndexError: an unknown name or a bad value.
@@ -245,11 +258,14 @@ class FaissIndex(VectorIndex):
         options = check_search_options(options)
         for name, value in options.items():
             try:
-                faiss.ParameterSpace().set_index_parameter(self.index, name, value)
+                if name == "k_factor" and type(faiss.downcast_index(self.index)).__name__ not in _REFINE_TYPES:
+                    raise RuntimeError("not a refine index")  # ParameterSpace would ignore it silently
+                faiss.ParameterSpace().set_index_parameter(self.index, _FAISS_PARAMETER[name], value)
             except RuntimeError:
                 raise RetrievalIndexError(
                     f"search option {name} does not apply to faiss index {self.factory!r} "
-                    "(nprobe applies to IVF indexes, efSearch to HNSW indexes)"
+                    "(nprobe applies to IVF indexes, efSearch to HNSW indexes, k_factor to refine indexes such as "
+                    "IVF1024,PQ96,RFlat)"
                 ) from None
         self.search_options.update(options)
 
@@ -262,9 +278,12 @@ class FaissIndex(VectorIndex):
         return int(self.index.d)
 
     def describe(self) -> dict[str, Any]:
+        import faiss
+
         return {"backend": "faiss", "factory": self.factory, "type": type(self.index).__name__,
                 "metric": "inner_product", "ntotal": self.ntotal, "trained_on": self.trained_on, "seed": self.seed,
-                "code_bytes_per_vector": _code_bytes(self.index)}
+                "code_bytes_per_vector": _code_bytes(self.index),
+                "memory_mapped": type(faiss.downcast_index(self.index)).__name__ in _REFINE_TYPES}
 
     def write(self, folder: Path) -> None:
         import faiss
@@ -275,9 +294,11 @@ class FaissIndex(VectorIndex):
     def read(cls, folder: Path, record: dict[str, Any]) -> "FaissIndex":
         import faiss
 
-        # faiss.read_index parses faiss's own binary format; it does not unpickle.
+        # faiss.read_index parses faiss's own binary format; it does not unpickle. A refine index is mapped, not
+        # read: its full vectors stay on disk and only what a search touches is paged in (module docstring).
+        flags = faiss.IO_FLAG_MMAP_IFC if record.get("type") in _REFINE_TYPES else 0
         try:
-            index = faiss.read_index(str(folder / FAISS_FILE))
+            index = faiss.read_index(str(folder / FAISS_FILE), flags)
         except RuntimeError as exc:
             raise RetrievalIndexError(f"{folder / FAISS_FILE} is not a readable faiss index: {_faiss_reason(exc)}") from None
         return cls(index, record.get("factory", DEFAULT_FACTORY), record.get("trained_on", 0), record.get("seed", 0))

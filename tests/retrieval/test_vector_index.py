@@ -82,10 +82,31 @@ def test_search_options_change_what_hnsw_and_ivf_visit(corpus, medcpt_spec, emb,
     assert faiss.downcast_index(r.index.index).hnsw.efSearch == 7 and r.search_options == {"efSearch": 7}
 
 
+def test_refine_indexes_rescore_exactly_from_a_memory_mapped_file(corpus, medcpt_spec, emb, tmp_path):
+    flat = build(corpus, medcpt_spec, emb, "Flat")
+    exact = flat.search(QUERIES, 10)
+    out = build(corpus, medcpt_spec, emb, "IVF4,PQ4x4,RFlat").save(tmp_path / "refine")
+    record = read_manifest(out)["vector_index"]
+    assert (record["type"], record["memory_mapped"], record["code_bytes_per_vector"]) == ("IndexRefineFlat", True, 2.0)
+    coarse = load_index(out, search_options={"nprobe": 4, "k_factor": 1})  # the PQ codes' own order
+    assert ids(coarse.search(QUERIES, 10)) != ids(exact)
+    refined = load_index(out, search_options={"nprobe": 4, "k_factor": 30})  # 300 candidates: every passage re-scored
+    assert refined.search_options == {"nprobe": 4, "k_factor": 30}
+    again = refined.search(QUERIES, 10)
+    assert ids(again) == ids(exact)
+    assert [h.score for q in again for h in q] == pytest.approx([h.score for q in exact for h in q], abs=1e-5)
+    # read through a file mapping (faiss.IO_FLAG_MMAP_IFC), not copied into memory
+    assert str((out / "faiss.index").resolve()) in open("/proc/self/maps").read()
+    plain = load_index(flat.save(tmp_path / "flat"))  # other types are read into memory as before
+    assert ids(plain.search(QUERIES, 10)) == ids(exact)
+    assert str((tmp_path / "flat" / "faiss.index").resolve()) not in open("/proc/self/maps").read()
+
+
 @pytest.mark.parametrize("factory, options, message", [
     ("Flat", {"nprobe": 4}, "search option nprobe does not apply to faiss index 'Flat'"),
     ("HNSW32", {"nprobe": 4}, "search option nprobe does not apply to faiss index 'HNSW32'"),
     ("IVF4,Flat", {"efSearch": 4}, "search option efSearch does not apply to faiss index 'IVF4,Flat'"),
+    ("IVF4,Flat", {"k_factor": 4}, "search option k_factor does not apply to faiss index 'IVF4,Flat'"),
     ("Flat", {"nprob": 4}, "unknown search option 'nprob'"),
     ("Flat", {"nprobe": 0}, "nprobe must be a positive integer"),
 ])
