@@ -161,7 +161,9 @@ def render_scale(sc: dict) -> list[str]:
             lines += [f"The {d['passages']:,} real passages were encoded once in this run at "
                       f"{d['encode_passages_per_second']} passages/s ({d['encoder']}).", ""]
     lines += ["Build = from finished embeddings to a saved index, each in its own process (nothing encoded). Bytes per "
-              "passage: the faiss file on disk; in RAM, the resident memory `faiss.read_index` adds in a fresh process. "
+              "passage: the faiss file on disk; in RAM, the resident memory the index adds in a fresh process when read by "
+              "the product's reader and searched once with every recall query (a memory-mapped refine index: the "
+              "pages those searches touched). "
               "Load + search: peak RSS of `load_index` and one 3-query search in a fresh process, above a baseline that "
               "already holds the encoder; *beyond structure* subtracts the index file's bytes (target: at most "
               f"300 MB; the passage store is memory-mapped). Latency: HCQR's retrieval step (3 queries, k=5 each, "
@@ -193,6 +195,13 @@ def render_scale(sc: dict) -> list[str]:
         for d, name, sweep in sweeps:
             lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {max(map(int, sweep))} | "
                          + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
+    ef = [(d, name, m["recall_by_efSearch"]) for d in sc["datasets"].values() for name, m in d["types"].items()
+          if m.get("recall_by_efSearch")]
+    if ef:
+        lines += ["", f"recall@{RECALL_K} against Flat by `efSearch` (HNSW candidate list; recall only, not timed):", "",
+                  "| passages | type | recall@15 at efSearch = 16, 32 ... 1024 |", "|---:|---|---|"]
+        for d, name, sweep in ef:
+            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | " + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
     for label, d in sc["datasets"].items():
         if d.get("runtimes"):
             lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights)", "",

@@ -160,10 +160,12 @@ def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny
 
 
 def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_file):
-    """bench/scale.py on 3,000 synthetic passages (Flat, HNSW, IVF-SQ8; the real corpus and IVF-PQ are left to `make bench`)."""
+    """bench/scale.py on 3,000 synthetic passages (Flat, HNSW, IVF-SQ8, IVF-PQ+refine; the real corpus and plain IVF-PQ are
+    left to `make bench`)."""
     module = load_module("scale")
     out = tmp_path / "results.json"
-    assert module.main(["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--types", "Flat,HNSW,IVF-SQ8", "--repeats", "3",
+    assert module.main(["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--types", "Flat,HNSW,IVF-SQ8,IVF-PQ+refine",
+                        "--repeats", "3",
                         "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
     d = json.loads(out.read_text())["scale"]["datasets"]["3000"]
     flat, hnsw = d["types"]["Flat"], d["types"]["HNSW"]
@@ -175,7 +177,17 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     sweep = d["types"]["IVF-SQ8"]["recall_by_nprobe"]
     assert list(sweep) == ["1", "2", "4", "8", "16", "32", "64", "128", "256"] and "recall_by_nprobe" not in hnsw
     assert sweep["16"] == d["types"]["IVF-SQ8"]["recall_at_15"] and sweep["1"] < sweep["256"] and sweep["256"] > 0.9
+    # HNSW: recall by efSearch 16 ... 1024, the measured setting among them
+    ef = hnsw["recall_by_efSearch"]
+    assert list(ef) == ["16", "32", "64", "128", "256", "512", "1024"] and ef["128"] == hnsw["recall_at_15"]
+    # PQ codes re-ranked exactly from the memory-mapped file: read without copying the vectors into memory
+    refine = d["types"]["IVF-PQ+refine"]
+    assert refine["memory_mapped"] and not flat["memory_mapped"]
+    assert refine["structure_read_mb"] < refine["index_file_bytes"] / 2**20 / 2  # Flat's read copies its whole file:
+    assert flat["structure_read_mb"] > flat["index_file_bytes"] / 2**20 * 0.8
+    assert refine["recall_by_nprobe"]["256"] > 0.9 and refine["search_options"] == {"nprobe": 64, "k_factor": 8}
     report = (tmp_path / "RESULTS.md").read_text()
+    assert "IVF-PQ with exact re-ranking: recall@15 >= 0.9" in report and "| 3,000 synthetic | HNSW | 16: " in report
     assert "| 3,000 synthetic | IVF-SQ8 | 256 | 1: " in report
     assert "| 3,000 synthetic | Flat | `Flat` |" in report and "### MedCorp extrapolation" in report
     assert "HNSW recall@15 >= 0.97" in report
