@@ -187,21 +187,10 @@ def render_scale(sc: dict) -> list[str]:
     for label, d in sc["datasets"].items():
         lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
                      f"on disk. Timed phases: {_phases(d)}.")
-    sweeps = [(d, name, m["recall_by_nprobe"]) for d in sc["datasets"].values() for name, m in d["types"].items()
-              if m.get("recall_by_nprobe")]
-    if sweeps:
-        lines += ["", f"recall@{RECALL_K} against Flat by `nprobe` (IVF lists visited; recall only, not timed):", "",
-                  "| passages | type | nlist | recall@15 at nprobe = 1, 2, 4 ... nlist |", "|---:|---|---:|---|"]
-        for d, name, sweep in sweeps:
-            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {max(map(int, sweep))} | "
-                         + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
-    ef = [(d, name, m["recall_by_efSearch"]) for d in sc["datasets"].values() for name, m in d["types"].items()
-          if m.get("recall_by_efSearch")]
-    if ef:
-        lines += ["", f"recall@{RECALL_K} against Flat by `efSearch` (HNSW candidate list; recall only, not timed):", "",
-                  "| passages | type | recall@15 at efSearch = 16, 32 ... 1024 |", "|---:|---|---|"]
-        for d, name, sweep in ef:
-            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | " + ", ".join(f"{k}: {v}" for k, v in sweep.items()) + " |")
+    lines += _sweep_table(sc, "recall_by_nprobe", "`nprobe` (IVF lists visited", "nlist | recall@15 at nprobe = 1, 2, 4 ... nlist",
+                          lambda sweep: [str(max(map(int, sweep)))])
+    lines += _sweep_table(sc, "recall_by_efSearch", "`efSearch` (HNSW candidate list",
+                          "recall@15 at efSearch = 16, 32 ... 1024", lambda sweep: [])
     for label, d in sc["datasets"].items():
         if d.get("runtimes"):
             lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights)", "",
@@ -231,6 +220,20 @@ def render_scale(sc: dict) -> list[str]:
     if sc.get("study_paused_seconds"):
         lines.append(f"\nThe background LM study was paused for the timed phases: {sc['study_paused_seconds']} s in all.")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sc["versions"].items()), ""]
+    return lines
+
+
+def _sweep_table(sc: dict, key: str, what: str, header: str, extra) -> list[str]:
+    """A recall-only sweep table (``key``: ``recall_by_nprobe`` / ``recall_by_efSearch``), one row per dataset and type;
+    ``extra(sweep)`` gives the cells between the type and the sweep."""
+    rows = [(d, name, m[key]) for d in sc["datasets"].values() for name, m in d["types"].items() if m.get(key)]
+    if not rows:
+        return []
+    lines = ["", f"recall@{RECALL_K} against Flat by {what}; recall only, not timed):", "",
+             f"| passages | type | {header} |", "|---:|---|" + "---:|" * (header.count("|")) + "---|"]
+    for d, name, sweep in rows:
+        lines.append(" | ".join([f"| {d['passages']:,} {d['kind']}", name, *extra(sweep),
+                                 ", ".join(f"{k}: {v}" for k, v in sweep.items())]) + " |")
     return lines
 
 
