@@ -255,6 +255,18 @@ def ef_sweep(index: Path, query_vectors, truth) -> dict[str, float]:
     return out
 
 
+def add_sweeps(label: str, index: Path, m: dict, query_vectors, truth) -> None:
+    """Add the recall-only sweeps that apply to a measured type ``m`` (by its search options): ``recall_by_nprobe``
+    for IVF types, ``recall_by_efSearch`` for HNSW."""
+    sweeps = {"nprobe": lambda: nprobe_sweep(index, query_vectors, truth, m["search_options"]),
+              "efSearch": lambda: ef_sweep(index, query_vectors, truth)}
+    for option, sweep in sweeps.items():
+        if option in m["search_options"]:
+            m[f"recall_by_{option}"] = sweep()
+            print(f"bench: {label} {index.name} recall@{RECALL_K} by {option}: {m[f'recall_by_{option}']}",
+                  file=sys.stderr, flush=True)
+
+
 def agreement(reference_hits, hits) -> float:
     """Mean share of top-k ids two runs have in common, per query."""
     return round(sum(len({h.passage_id for h in a} & {h.passage_id for h in b}) / max(len(a), 1)
@@ -310,14 +322,9 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
             m.update(latency(retriever, triples, repeats))
             m[f"recall_at_{RECALL_K}"] = recall(retriever, q_vectors, truth)
             print(f"bench: {label} {name}: {json.dumps(m)}", file=sys.stderr, flush=True)
-    for name, m in out["types"].items():  # recall only (untimed): what visiting more IVF lists buys
-        if "nprobe" in spec[name]["search"]:
-            m["recall_by_nprobe"] = nprobe_sweep(folder / name, q_vectors, truth, spec[name]["search"])
-            print(f"bench: {label} {name} recall@{RECALL_K} by nprobe: {m['recall_by_nprobe']}", file=sys.stderr, flush=True)
-        if "efSearch" in spec[name]["search"]:
-            m["recall_by_efSearch"] = ef_sweep(folder / name, q_vectors, truth)
-            print(f"bench: {label} {name} recall@{RECALL_K} by efSearch: {m['recall_by_efSearch']}", file=sys.stderr, flush=True)
-        out["bm25"].update({k: v for k, v in latency_bm25(folder / "BM25", triples, repeats).items()})
+    for name, m in out["types"].items():  # recall only (untimed): what visiting more IVF lists / HNSW candidates buys
+        add_sweeps(label, folder / name, m, q_vectors, truth)
+    out["bm25"].update(latency_bm25(folder / "BM25", triples, repeats))
     if runtimes and info["kind"] == "real":
         out["runtimes"] = {}
         reference = flat.search(recall_queries, RECALL_K)
@@ -391,8 +398,7 @@ def targets(section: dict) -> list[dict]:
         if "IVF-PQ+refine" in t and "Flat" in t:
             m = t["IVF-PQ+refine"]
             frac = m["ram_bytes_per_passage"] / t["Flat"]["ram_bytes_per_passage"]
-            split = (f"; of it {m['structure_anon_mb']} MB anonymous, {m['structure_file_mb']} MB mapped file pages"
-                     if "structure_anon_mb" in m else "")
+            split = f"; of it {m['structure_anon_mb']} MB anonymous, {m['structure_file_mb']} MB mapped file pages"
             rows.append({"target": f"{label}: IVF-PQ with exact re-ranking from the memory-mapped vectors: RAM "
                                    "bytes/passage <= 1/8 of Flat's", "measured": f"1/{1 / frac:.1f} (resident after the "
                                    f"recall queries{split}; disk: "
@@ -474,12 +480,7 @@ def sweep_only(out: Path, work: Path, datasets: list[str]) -> int:
             return 2
         _, truth = load_index(folder / "Flat").index.search(q_vectors, RECALL_K)
         for name, m in measured["types"].items():
-            if "nprobe" in m["search_options"]:
-                m["recall_by_nprobe"] = nprobe_sweep(folder / name, q_vectors, truth, m["search_options"])
-                print(f"bench: {d} {name} recall@{RECALL_K} by nprobe: {m['recall_by_nprobe']}", file=sys.stderr, flush=True)
-            if "efSearch" in m["search_options"]:
-                m["recall_by_efSearch"] = ef_sweep(folder / name, q_vectors, truth)
-                print(f"bench: {d} {name} recall@{RECALL_K} by efSearch: {m['recall_by_efSearch']}", file=sys.stderr, flush=True)
+            add_sweeps(d, folder / name, m, q_vectors, truth)
     section["targets"] = targets(section)
     write_results(out, section, key="scale")
     return 0
