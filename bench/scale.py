@@ -252,10 +252,11 @@ def child_capped(index: str, queries: str, truth: str, search_options: str, cgro
     from hcqr_dspy.retrieval.vector_index import FAISS_FILE, FaissIndex
 
     q, reference = np.load(queries), np.load(truth)
+    record = read_manifest(index, verify_files=False)["vector_index"]  # (verifying would read the whole file first)
     evict_from_page_cache(Path(index) / FAISS_FILE)
     Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-    structure = FaissIndex.read(Path(index), read_manifest(index)["vector_index"])
+    structure = FaissIndex.read(Path(index), record)
     structure.set_search_options(json.loads(search_options))
     times, hits = [], []
     for i in range(len(q)):
@@ -394,7 +395,7 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
     kept = {name: {"date": earlier.get("date"), **{k: v for k, v in m.items() if k not in derived}}
             for name, m in earlier.get("types", {}).items() if name not in types}
     keeps = kept or ("BM25" not in types and "bm25" in earlier) or (earlier.get("runtimes") and not runtimes)
-    out = {**info, "recall_queries": len(recall_queries), "types": {},  # earlier phases stay while their figures do
+    out = {"date": now, **info, "recall_queries": len(recall_queries), "types": {},  # earlier phases stay while their figures do
            "timed_phases": [{"date": earlier.get("date"), **p} for p in earlier.get("timed_phases", [])] if keeps else []}
     folder = work / f"indexes-{label}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -726,8 +727,7 @@ def main(argv=None) -> int:
             if real is None or real[0].folder is None or len(real[0]) < 1000:
                 real = load_real(args.corpus, work)
             corpus, store, info = synthesize(int(d), real[0], real[1], work)
-        section["datasets"][d] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                  **measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
+        section["datasets"][d] = {**measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
                                                     runtimes if d.startswith("real") else [], pause, earlier.get(d))}
         section["medcorp"] = medcorp(section["datasets"])
         section["targets"] = targets(section)
