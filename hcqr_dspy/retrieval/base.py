@@ -11,8 +11,11 @@ Indexes are folders: the corpus's passage store (``passages.arrow`` and its
 id lookup, memory-mapped at load: see :mod:`hcqr_dspy.retrieval.store`), the
 backend's files, and ``manifest.json`` holding the retriever kind, the
 corpus fingerprint, the encoder, dimension and vector-index backend of dense
-indexes, the passage count, library versions and a SHA-256 of every file.
-They are written to a temporary sibling folder and renamed into place, so a
+indexes, the passage count, library versions and the size and SHA-256 of
+every file. Loading checks every file's presence and size; it re-hashes them
+too unless they total more than ``FULL_VERIFY_MAX_BYTES`` (hashing a
+MedCorp-size index would read ~150 GB at every load), which
+``verify_files=True`` forces. They are written to a temporary sibling folder and renamed into place, so a
 crash never leaves a valid-looking half index.
 
 Index format 2 (this one) stores the passages in the index folder; format 1
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -44,6 +48,13 @@ from hcqr_dspy.retrieval.store import PASSAGES_FILE, Passage, PassageStore
 MANIFEST = "manifest.json"
 INDEX_FORMAT = "hcqr-index"
 INDEX_FORMAT_VERSION = 2
+
+
+log = logging.getLogger(__name__)
+
+# Above this many bytes of index files, a default load checks sizes, not SHA-256: hashing runs at ~0.5 GB/s here
+# (1M passages, 2.6 GB of files: most of a 4-7 s load, bench/RESULTS.md), so 1 GiB costs ~2 s.
+FULL_VERIFY_MAX_BYTES = 1 << 30
 
 
 class Hit(NamedTuple):
@@ -214,9 +225,9 @@ class Retriever(ABC):
         return path
 
     def _manifest(self, folder: Path) -> dict[str, Any]:
-        files = {
-            str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()
-        }
+        paths = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+        files = {str(p.relative_to(folder)): file_sha256(p) for p in paths}
+        sizes = {str(p.relative_to(folder)): p.stat().st_size for p in paths}
         return {
             "format": INDEX_FORMAT,
             "format_version": INDEX_FORMAT_VERSION,
@@ -233,6 +244,7 @@ class Retriever(ABC):
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy", "pyarrow"),
             "files": files,
+            "file_bytes": sizes,
         }
 
 
@@ -271,17 +283,20 @@ def _portable_source(source: str) -> str:
     return str(p.resolve()) if p.exists() else source
 
 
-def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]:
+def read_manifest(path: str | Path, verify_files: bool | None = True) -> dict[str, Any]:
     """Read and check an index folder's manifest.
 
     Args:
         path: The index folder.
-        verify_files: Recompute each file's SHA-256 against the manifest.
+        verify_files: ``True``: every file present, of its recorded size,
+            and matching its SHA-256. ``None``: the same, except that above
+            ``FULL_VERIFY_MAX_BYTES`` of files the hashes are skipped (said
+            in one log line). ``False``: the manifest alone.
 
     Raises:
         RetrievalIndexError: no folder, no or unreadable manifest, another
-            format or a newer version, a missing file or a checksum mismatch
-            (a corrupted or truncated index).
+            format or a newer version, a missing file, a size or checksum
+            mismatch (a corrupted or truncated index).
     """
     path = Path(path)
     mpath = path / MANIFEST
@@ -307,15 +322,28 @@ def read_manifest(path: str | Path, verify_files: bool = True) -> dict[str, Any]
             f"source; format {INDEX_FORMAT_VERSION} stores the passages in the index): rebuild it with `hcqr index`"
         )
     _check_fields(manifest, mpath)
-    if verify_files:
-        for name, digest in manifest.get("files", {}).items():
-            f = path / name
-            if not f.is_file():
-                raise RetrievalIndexError(f"index {path} is incomplete: {name} is missing")
-            if file_sha256(f) != digest:
-                raise RetrievalIndexError(
-                    f"index {path} is corrupted: {name} does not match its checksum in {MANIFEST}; rebuild the index"
-                )
+    if verify_files is False:
+        return manifest
+    files, sizes = manifest.get("files", {}), manifest.get("file_bytes", {})
+    total = 0
+    for name in files:
+        f = path / name
+        if not f.is_file():
+            raise RetrievalIndexError(f"index {path} is incomplete: {name} is missing")
+        size = f.stat().st_size
+        if name in sizes and size != sizes[name]:
+            raise RetrievalIndexError(f"index {path} is corrupted: {name} has {size:,} bytes, its manifest records "
+                                      f"{sizes[name]:,}; rebuild the index")
+        total += size
+    if verify_files is None and total > FULL_VERIFY_MAX_BYTES:
+        log.info("index %s: %.1f GB of files checked by size, not SHA-256 (load_index(..., verify_files=True) hashes "
+                 "them)", path, total / 1e9)
+        return manifest
+    for name, digest in files.items():
+        if file_sha256(path / name) != digest:
+            raise RetrievalIndexError(
+                f"index {path} is corrupted: {name} does not match its checksum in {MANIFEST}; rebuild the index"
+            )
     return manifest
 
 

@@ -79,7 +79,7 @@ def load_index(
     path: str | Path,
     corpus: PassageStore | str | Path | None = None,
     encoder: Any = None,
-    verify_files: bool = True,
+    verify_files: bool | None = None,
     search_options: Mapping[str, int] | None = None,
     encoder_backend: str | None = None,
 ) -> Retriever:
@@ -94,7 +94,10 @@ def load_index(
             it differs from the one the index was built with (both named);
             the same encoder read from other folders is accepted and used
             (e.g. ``medcpt:/new/query,/new/article``).
-        verify_files: Check each file against its manifest checksum.
+        verify_files: ``None`` (default): every file's presence and size,
+            and its SHA-256 unless the files total more than
+            ``base.FULL_VERIFY_MAX_BYTES`` (1 GiB); ``True``: SHA-256 always;
+            ``False``: nothing beyond the manifest (see :func:`read_manifest`).
         search_options: Search-time options of dense indexes: ``nprobe``
             (IVF lists visited), ``efSearch`` (HNSW candidates) and
             ``k_factor`` (refine indexes' candidates re-scored exactly per

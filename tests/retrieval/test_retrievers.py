@@ -1,10 +1,12 @@
 """Each retriever on a tiny corpus, with the real packaged encoder (offline)."""
 
 import json
+import logging
 
 import pytest
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
+from hcqr_dspy.retrieval import base
 from hcqr_dspy.retrieval import (
     BM25Retriever,
     DenseRetriever,
@@ -126,11 +128,35 @@ def test_refuses_another_encoder(tmp_path, dense):
 def test_corrupted_or_truncated_file_detected(tmp_path, dense):
     out = dense.save(tmp_path / "idx")
     f = out / "faiss.index"
-    f.write_bytes(f.read_bytes()[:-100])
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF  # one byte changed, same size: a small index is hashed at every load
+    f.write_bytes(bytes(data))
     with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index does not match its checksum"):
+        load_index(out, corpus=dense.corpus)
+    f.write_bytes(bytes(data[:-100]))
+    with pytest.raises(RetrievalIndexError, match=r"corrupted: faiss.index has [\d,]+ bytes, its manifest records [\d,]+"):
         load_index(out, corpus=dense.corpus)
     f.unlink()
     with pytest.raises(RetrievalIndexError, match="incomplete: faiss.index is missing"):
+        load_index(out, corpus=dense.corpus)
+
+
+def test_a_large_index_is_checked_by_size_and_hashed_when_asked(tmp_path, dense, monkeypatch, caplog):
+    """Above FULL_VERIFY_MAX_BYTES a default load checks sizes only (hashing a MedCorp-size index would read it all)
+    and says so; verify_files=True still hashes."""
+    out = dense.save(tmp_path / "idx")
+    f = out / "faiss.index"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    monkeypatch.setattr(base, "FULL_VERIFY_MAX_BYTES", 1000)  # this index's files are "large" now
+    with caplog.at_level(logging.INFO, logger="hcqr_dspy.retrieval.base"):
+        assert load_index(out, corpus=dense.corpus).search(["beta blocker"], k=2)
+    assert "GB of files checked by size, not SHA-256" in caplog.text
+    with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index does not match its checksum"):
+        load_index(out, corpus=dense.corpus, verify_files=True)
+    f.write_bytes(bytes(data[:-100]))
+    with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index has"):
         load_index(out, corpus=dense.corpus)
 
 
