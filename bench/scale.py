@@ -279,7 +279,10 @@ def capped_search(index: Path, queries_file: Path, truth_file: Path, search_opti
     if base is None:
         return {**out, "capped_ok": False, "capped_error": "not measured: no writable cgroup v1 memory controller"}
     cgroup = base / f"hcqr-bench-capped-{os.getpid()}"
-    cgroup.mkdir()
+    try:
+        cgroup.mkdir()
+    except OSError as exc:
+        return {**out, "capped_ok": False, "capped_error": f"not measured: cannot make a cgroup in {base} ({exc.strerror})"}
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(cap_bytes))
         run = subprocess.run([sys.executable, __file__, "--child", "capped", str(index), str(queries_file), str(truth_file),
@@ -296,6 +299,8 @@ def capped_search(index: Path, queries_file: Path, truth_file: Path, search_opti
                 break
             except OSError:
                 time.sleep(0.1)
+        else:
+            print(f"bench: could not remove the cgroup {cgroup}; remove it with rmdir", file=sys.stderr)
 
 
 def in_child(*args: str) -> dict:

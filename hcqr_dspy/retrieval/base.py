@@ -15,8 +15,9 @@ indexes, the passage count, library versions and the size and SHA-256 of
 every file. Loading checks every file's presence and size; it re-hashes them
 too unless they total more than ``FULL_VERIFY_MAX_BYTES`` (hashing a
 MedCorp-size index would read ~150 GB at every load), which
-``verify_files=True`` forces. They are written to a temporary sibling folder and renamed into place, so a
-crash never leaves a valid-looking half index.
+``verify_files=True`` forces. Indexes are written to a temporary sibling
+folder and renamed into place, so a crash never leaves a valid-looking half
+index.
 
 Index format 2 (this one) stores the passages in the index folder; format 1
 folders (which re-read the corpus from its source path) are refused with a
