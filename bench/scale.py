@@ -264,8 +264,7 @@ def child_capped(index: str, queries: str, truth: str, search_options: str, cgro
         _, rows = structure.search(q[i:i + 1], RECALL_K)
         times.append((time.perf_counter() - t0) * 1000)
         hits.append(rows[0])
-    recall = sum(len(set(t) & set(r[r >= 0])) / RECALL_K for t, r in zip(reference, hits)) / len(reference)
-    return {"capped_recall": round(recall, 4), "capped_query_ms_p50": round(statistics.median(times), 2),
+    return {"capped_recall": recall_of(reference, hits), "capped_query_ms_p50": round(statistics.median(times), 2),
             "capped_query_ms_p95": round(percentile(times, 95), 2),
             "capped_peak_mb": round(int(Path(cgroup, "memory.max_usage_in_bytes").read_text()) / 2**20, 1),
             "capped_limit_hits": int(Path(cgroup, "memory.failcnt").read_text()),
@@ -329,9 +328,13 @@ def latency(retriever, triples, repeats: int) -> dict:
             "encode3_ms_p50": round(statistics.median(encode), 2)}
 
 
-def recall(retriever, query_vectors, truth) -> float:
-    _, rows = retriever.index.search(query_vectors, RECALL_K)
+def recall_of(truth, rows) -> float:
+    """Mean recall@15 of hit rows (faiss row numbers, -1 = none) against Flat's rows for the same queries."""
     return round(sum(len(set(t) & set(r[r >= 0])) / RECALL_K for t, r in zip(truth, rows)) / len(truth), 4)
+
+
+def recall(retriever, query_vectors, truth) -> float:
+    return recall_of(truth, retriever.index.search(query_vectors, RECALL_K)[1])
 
 
 def nprobe_sweep(index: Path, query_vectors, truth, options: dict | None = None) -> dict[str, float]:
@@ -396,9 +399,7 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
     spec = types_for(n)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     earlier = earlier or {}
-    derived = ("overhead_beyond_structure_mb", "rss_target_met")  # computed by the report (beyond_structure_mb)
-    kept = {name: {"date": earlier.get("date"), **{k: v for k, v in m.items() if k not in derived}}
-            for name, m in earlier.get("types", {}).items() if name not in types}
+    kept = {name: {"date": earlier.get("date"), **m} for name, m in earlier.get("types", {}).items() if name not in types}
     keeps = kept or ("BM25" not in types and "bm25" in earlier) or (earlier.get("runtimes") and not runtimes)
     out = {"date": now, **info, "recall_queries": len(recall_queries), "types": {},  # earlier phases stay while their figures do
            "timed_phases": [{"date": earlier.get("date"), **p} for p in earlier.get("timed_phases", [])] if keeps else []}
@@ -430,7 +431,7 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
         out["bm25"].update(index_bytes=bm25_bytes, disk_bytes_per_passage=round(bm25_bytes / n, 1),
                            **in_child("load", str(folder / "BM25"), "bm25", "{}"))
     elif "bm25" in earlier:
-        out["bm25"] = {"date": earlier.get("date"), **{k: v for k, v in earlier["bm25"].items() if k not in derived}}
+        out["bm25"] = {"date": earlier.get("date"), **earlier["bm25"]}
     out["passage_store_bytes"] = dir_size(Path(store_folder))
     flat = load_index(folder / "Flat")
     _, truth = flat.index.search(q_vectors, RECALL_K)
@@ -648,10 +649,6 @@ def rederive(out: Path) -> int:
     if not section:
         print(f"bench: {out} has no scale section", file=sys.stderr)
         return 2
-    for d in section["datasets"].values():
-        for m in [*d["types"].values(), d.get("bm25", {})]:
-            for key in ("overhead_beyond_structure_mb", "rss_target_met"):  # derived by the report now
-                m.pop(key, None)
     section["medcorp"] = medcorp(section["datasets"])
     section["targets"] = targets(section)
     write_results(out, section, key="scale")

@@ -53,8 +53,9 @@ INDEX_FORMAT_VERSION = 2
 
 log = logging.getLogger(__name__)
 
-# Above this many bytes of index files, a default load checks sizes, not SHA-256: hashing runs at ~0.5 GB/s here
-# (1M passages, 2.6 GB of files: most of a 4-7 s load, bench/RESULTS.md), so 1 GiB costs ~2 s.
+# Above this many bytes of index files, a default load checks sizes, not SHA-256: hashing ran at 1.0 GB/s here
+# (a 1M-passage Flat index's 2.62 GB of files in 2.6 s, about half of its 5.1 s load in bench/RESULTS.md), so
+# 1 GiB costs ~1 s and MedCorp's ~150 GB would cost minutes at every load.
 FULL_VERIFY_MAX_BYTES = 1 << 30
 
 
@@ -284,15 +285,15 @@ def _portable_source(source: str) -> str:
     return str(p.resolve()) if p.exists() else source
 
 
-def read_manifest(path: str | Path, verify_files: bool | None = True) -> dict[str, Any]:
+def read_manifest(path: str | Path, verify_files: bool | None = None) -> dict[str, Any]:
     """Read and check an index folder's manifest.
 
     Args:
         path: The index folder.
         verify_files: ``True``: every file present, of its recorded size,
-            and matching its SHA-256. ``None``: the same, except that above
-            ``FULL_VERIFY_MAX_BYTES`` of files the hashes are skipped (said
-            in one log line). ``False``: the manifest alone.
+            and matching its SHA-256. ``None`` (default): the same, except
+            that above ``FULL_VERIFY_MAX_BYTES`` of files the hashes are
+            skipped (said in one warning). ``False``: the manifest alone.
 
     Raises:
         RetrievalIndexError: no folder, no or unreadable manifest, another
@@ -337,8 +338,8 @@ def read_manifest(path: str | Path, verify_files: bool | None = True) -> dict[st
                                       f"{sizes[name]:,}; rebuild the index")
         total += size
     if verify_files is None and total > FULL_VERIFY_MAX_BYTES:
-        log.info("index %s: %.1f GB of files checked by size, not SHA-256 (load_index(..., verify_files=True) hashes "
-                 "them)", path, total / 1e9)
+        log.warning("index %s: %.1f GB of files checked by size, not SHA-256 (load_index(..., verify_files=True) "
+                    "hashes them)", path, total / 1e9)
         return manifest
     for name, digest in files.items():
         if file_sha256(path / name) != digest:
