@@ -2,7 +2,7 @@
 
 Usage:
     python bench/scale.py [--datasets real,1000000] [--types Flat,HNSW,IVF-PQ,IVF-SQ8,IVF-PQ+refine,BM25] [--repeats 50]
-                          [--runtimes torch,onnx,onnx-int8,openvino] [--quick] [--out bench/results.json]
+                          [--runtimes torch,onnx,onnx-int8,openvino,openvino-bf16] [--quick] [--out bench/results.json]
 
 Datasets (``bench/scale_data.py``): ``real`` is the shared corpus, embedded
 once into the embedding store; ``N`` is N synthetic passages made from the
@@ -661,7 +661,7 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", default="real,1000000", help="comma-separated: 'real', 'real:N' (seeded slice) or N synthetic")
     ap.add_argument("--types", default="Flat,HNSW,IVF-PQ,IVF-SQ8,IVF-PQ+refine,BM25",
                     help="types to (re-)measure; a dataset measured before keeps its other types' figures")
-    ap.add_argument("--runtimes", default="torch,onnx,onnx-int8,openvino", help="query runtimes compared on the real corpus")
+    ap.add_argument("--runtimes", default="torch,onnx,onnx-int8,openvino,openvino-bf16", help="query runtimes compared on the real corpus")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="real:5000 and 50000 synthetic, 10 repeats")
     ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets and indexes (reused)")

@@ -200,8 +200,8 @@ def _add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--encoder-backend", choices=RUNTIMES, default=None,
                    help="what embeds the queries of a dense or hybrid index: torch (default; sentence-transformers), "
-                        "onnx, onnx-int8 (ONNX Runtime) or openvino, exported once from the index's own query "
-                        "encoder into the cache (passages stay PyTorch's; see bench/RESULTS.md for agreement)")
+                        "onnx, onnx-int8 (ONNX Runtime), openvino or openvino-bf16 (bf16 CPUs), exported once "
+                        "from the index's own query encoder into the cache (passages stay PyTorch's; see bench/RESULTS.md for agreement)")
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ An experiment file (YAML) looks like::
     lm: local:qwen2.5-coder-0.5b          # any --lm spec
     index: indexes/medrag-all-bm25         # one shared index (every retrieval method)
     search_options: {nprobe: 32}           # optional: dense indexes' search-time options (nprobe, efSearch, k_factor)
-    encoder_backend: onnx-int8             # optional: what embeds the queries (torch, onnx, onnx-int8, openvino)
+    encoder_backend: onnx-int8             # optional: what embeds the queries (torch, onnx, onnx-int8, openvino, openvino-bf16)
     budget: 15                             # passages shown to the answer step, every method
     questions: {limit: 20, seed: 0}        # the same sample in every cell (or ids: [...])
     datasets:
@@ -141,7 +141,7 @@ class Experiment(BaseModel):
     n_ctx: Positive = 8192
     threads: Positive = 1
     search_options: dict[str, int] = Field(default_factory=dict)
-    encoder_backend: Literal["torch", "onnx", "onnx-int8", "openvino"] | None = None
+    encoder_backend: Literal["torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] | None = None
 
     @field_validator("search_options")
     @classmethod

@@ -48,7 +48,7 @@ class EvalSpec:
         search_options: Search-time options of a dense index (``nprobe``,
             ``efSearch``, ``k_factor``); recorded in the config under ``index``.
         encoder_backend: What embeds the queries (``torch``, ``onnx``,
-            ``onnx-int8``, ``openvino``; ``None`` = torch); recorded in the
+            ``onnx-int8``, ``openvino``, ``openvino-bf16``; ``None`` = torch); recorded in the
             config under ``index``.
         labelled: The questions must have gold answers (``hcqr eval``). ``False``
             (``hcqr predict``) accepts questions without one; they are answered, not

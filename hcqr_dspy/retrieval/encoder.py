@@ -45,7 +45,7 @@ queries embedded by ONNX Runtime or OpenVINO.
 Query runtimes (``EncoderSpec.query_runtime``; ``hcqr search|ask|eval
 --encoder-backend``, ``encoder_backend:`` in experiment files,
 ``load_index(encoder_backend=...)``): ``torch`` (sentence-transformers, the
-default), ``onnx``, ``onnx-int8`` and ``openvino``, exported locally from the
+default), ``onnx``, ``onnx-int8``, ``openvino`` and ``openvino-bf16``, exported locally from the
 same weights (:mod:`hcqr_dspy.retrieval.query_runtime`). Only queries use
 them; passages are always embedded by PyTorch.
 """
@@ -118,7 +118,7 @@ class EncoderSpec:
         passage_input: ``"title\\ncontent"`` (one string) or ``"[title,
             content]"`` (a tokenizer text pair).
         query_runtime: What runs the query side: ``torch`` (default),
-            ``onnx``, ``onnx-int8`` or ``openvino`` (see
+            ``onnx``, ``onnx-int8``, ``openvino`` or ``openvino-bf16`` (see
             :mod:`hcqr_dspy.retrieval.query_runtime`). A runtime setting, not
             part of :meth:`describe`: it does not change which encoder this is.
     """

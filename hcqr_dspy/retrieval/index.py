@@ -103,8 +103,8 @@ def load_index(
             ``k_factor`` (refine indexes' candidates re-scored exactly per
             hit), positive integers.
         encoder_backend: What embeds the queries of an index with an
-            encoder: ``torch`` (default), ``onnx``, ``onnx-int8`` or
-            ``openvino`` (exported locally from the index's query encoder;
+            encoder: ``torch`` (default), ``onnx``, ``onnx-int8``,
+            ``openvino`` or ``openvino-bf16`` (exported locally from the index's query encoder;
             see :mod:`hcqr_dspy.retrieval.query_runtime`). Not a property of
             the index: one built with PyTorch is searched with any of them.
 

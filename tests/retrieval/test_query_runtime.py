@@ -64,6 +64,59 @@ def test_int8_stays_close_to_pytorch(tiny_model):
     assert not np.allclose(got, reference, atol=1e-6)  # int8 weights: close, not identical (it is not the fp32 graph)
 
 
+def _bf16_cpu() -> bool:
+    pytest.importorskip("openvino", reason="the openvino runtimes need openvino (pip install 'hcqr-dspy[openvino]')")
+    from hcqr_dspy.retrieval.query_runtime import cpu_has_bf16
+
+    return cpu_has_bf16()
+
+
+def test_openvino_compiles_one_shape_per_sequence_bucket(tiny_model):
+    pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
+    from hcqr_dspy.retrieval.query_runtime import MAX_COMPILED_SHAPES, SEQUENCE_BUCKET, preprocess_queries
+
+    encoder = load_encoder(parse_encoder(tiny_model).with_runtime("openvino"))
+    shapes = encoder.runtime._openvino.requests
+    shapes.clear()  # the encoder is shared in this process: an earlier test may have compiled shapes
+    lengths = [preprocess_queries(encoder.model, [q])["input_ids"].shape[1] for q in QUERIES]
+    bucket = lambda n: -(-n // SEQUENCE_BUCKET) * SEQUENCE_BUCKET  # noqa: E731
+    assert len({bucket(n) for n in lengths[:2]}) == 1 and lengths[0] != lengths[1]  # two lengths, one bucket
+    first = encoder.encode_queries(QUERIES[:1])
+    second = encoder.encode_queries(QUERIES[1:2])
+    assert list(shapes) == [(1, bucket(lengths[0]))]  # the second length reused the first one's compiled shape
+    encoder.encode_queries(QUERIES)
+    assert list(shapes) == [(1, bucket(lengths[0])), (3, bucket(max(lengths)))]
+    np.testing.assert_allclose(encoder.encode_queries(QUERIES)[:2], np.concatenate([first, second]), atol=2e-5)
+    for n in range(2, MAX_COMPILED_SHAPES + 3):  # more shapes than kept: the least recently used go
+        encoder.encode_queries(["fatigable ptosis"] * n)
+    assert len(shapes) == MAX_COMPILED_SHAPES and (1, bucket(lengths[0])) not in shapes
+
+
+def test_openvino_bf16_stays_close_to_pytorch(tiny_model, torch_index):
+    if not _bf16_cpu():
+        pytest.skip("this CPU has no bf16 instructions (AVX512_BF16 or AMX); openvino-bf16 is refused here")
+    reference = load_encoder(tiny_model).encode_queries(QUERIES)
+    encoder = load_encoder(parse_encoder(tiny_model).with_runtime("openvino-bf16"))
+    got = encoder.encode_queries(QUERIES)
+    cosine = (got * reference).sum(axis=1)
+    assert got.dtype == np.float32 and got.shape == reference.shape and np.all(cosine > 0.99)
+    assert np.abs(got - reference).max() > 1e-6  # bf16 products: close, not the fp32 vectors (fp32 OpenVINO: ~6e-8)
+    assert [r.get_compiled_model().get_property("INFERENCE_PRECISION_HINT").get_type_name()
+            for r in encoder.runtime._openvino.requests.values()] == ["bf16"]
+
+
+def test_openvino_bf16_is_refused_on_a_cpu_without_bf16(tiny_model, monkeypatch, tmp_path):
+    pytest.importorskip("openvino", reason="the openvino runtimes need openvino (pip install 'hcqr-dspy[openvino]')")
+    from hcqr_dspy.retrieval import query_runtime
+
+    model = load_encoder(tiny_model).model
+    spec = parse_encoder(tiny_model)
+    monkeypatch.setattr(query_runtime, "cpu_has_bf16", lambda core=None: False)  # the CPU, not the code under test
+    with pytest.raises(QueryRuntimeError, match="'openvino-bf16' needs a CPU with bf16 instructions .* use --encoder-backend openvino"):
+        query_runtime.load_query_runtime("openvino-bf16", model, spec.query.describe(), tiny_model, True, cache_root=tmp_path)
+    query_runtime.load_query_runtime("openvino", model, spec.query.describe(), tiny_model, True, cache_root=tmp_path)
+
+
 def test_the_pair_query_side_is_exported_not_the_passage_side(medcpt_spec, brute):
     got = load_encoder(parse_encoder(medcpt_spec).with_runtime("onnx")).encode_queries(QUERIES)
     np.testing.assert_allclose(got, brute.queries(QUERIES), atol=2e-5)  # MedCPT: CLS of the query model, raw
@@ -96,7 +149,7 @@ def test_the_export_is_made_once_and_reused(tiny_model, tmp_path):
 def test_bad_runtimes_are_one_line(tiny_model, tmp_path, tiny_corpus):
     from hcqr_dspy.retrieval import BM25Retriever
 
-    assert RUNTIMES == ("torch", "onnx", "onnx-int8", "openvino")
+    assert RUNTIMES == ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
     with pytest.raises(QueryRuntimeError, match="unknown encoder backend 'tensorrt'; choose one of torch, onnx"):
         parse_encoder(tiny_model).with_runtime("tensorrt")
     bm25 = BM25Retriever(tiny_corpus, show_progress=False).save(tmp_path / "bm25")
