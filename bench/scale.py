@@ -731,6 +731,10 @@ def main(argv=None) -> int:
             corpus, store, info = synthesize(int(d), real[0], real[1], work)
         section["datasets"][d] = {**measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
                                                     runtimes if d.startswith("real") else [], pause, earlier.get(d))}
+        before = list(previous.get("datasets", {}))  # a re-measured dataset keeps its place in the report
+        place = lambda label: before.index(label) if label in before else len(before)  # noqa: E731
+        section["datasets"] = dict(sorted(section["datasets"].items(), key=lambda kv: place(kv[0])))
+        section["planned"] = sorted(section["planned"], key=place)
         section["medcorp"] = medcorp(section["datasets"])
         section["targets"] = targets(section)
         section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + pause.paused_seconds, 1)
