@@ -221,6 +221,14 @@ class Experiment(BaseModel):
             raise ValueError("'search_options' need an 'index'")
         if self.encoder_backend not in (None, "torch") and not self.index:
             raise ValueError("'encoder_backend' needs an 'index'")
+        if self.index and (self.search_options or self.encoder_backend):
+            from hcqr_dspy.errors import HCQRError
+            from hcqr_dspy.retrieval.index import check_index_options
+
+            try:  # what the run would refuse when it loads the index, found before any LM call
+                check_index_options(self.index, self.search_options, self.encoder_backend)
+            except HCQRError as exc:
+                raise ValueError(str(exc)) from None
         from hcqr_dspy.programs import check_option_values
 
         for method in self.methods:  # a method left at its defaults must fit the budget too (rerank_rag's pool_k)

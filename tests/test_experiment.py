@@ -25,6 +25,17 @@ def setup(tmp_path):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def flat_index(tmp_path_factory):
+    """A dense Flat index over the tiny rows (the packaged encoder)."""
+    from hcqr_dspy.retrieval import DenseRetriever
+
+    folder = tmp_path_factory.mktemp("flat") / "flat"
+    corpus = load_corpus(write_jsonl(folder.parent / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS]))
+    DenseRetriever(corpus, show_progress=False).save(folder)
+    return folder
+
+
 def write_exp(folder, **overrides):
     spec = {
         "name": "grid", "lm": "openai/test-model", "index": "idx", "budget": 3,
@@ -78,9 +89,16 @@ def write_exp(folder, **overrides):
          r"method_options: rerank_rag: pool_k must be >= budget \(3\), got 2"),
         ({"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {}, "budget": 60},
          r"budget 60 does not fit method 'rerank_rag': pool_k must be >= budget \(60\), got 50"),
+        # what loading the index would refuse (a helper found --check passing these)
+        ({"encoder_backend": "openvino-bf16"}, r"idx is a bm25 index and embeds no queries: --encoder-backend openvino-bf16 "
+                                               r"does not apply"),
+        ({"search_options": {"nprobe": 8}}, r"idx is a bm25 index: search options \(nprobe\) apply to dense indexes"),
+        ({"index": "FLAT", "search_options": {"efSearch": 64}}, r"search option efSearch does not apply to faiss index 'Flat'"),
     ],
 )
-def test_bad_experiment_files_fail_before_any_lm_call(setup, overrides, message):
+def test_bad_experiment_files_fail_before_any_lm_call(setup, overrides, message, request):
+    if overrides.get("index") == "FLAT":
+        overrides = {**overrides, "index": str(request.getfixturevalue("flat_index"))}
     with pytest.raises(ExperimentError, match=message) as caught:
         load_experiment(write_exp(setup, **overrides))
     assert str(caught.value).startswith(str(setup / "exp.yaml")) and "\n" not in str(caught.value)
@@ -200,3 +218,10 @@ def test_a_subset_of_the_datasets_can_be_run(setup):
     assert list(exp.datasets) == ["d1"]
     with pytest.raises(ExperimentError, match=r"unknown dataset\(s\) mmlu; the file has d1, d2"):
         load_experiment(write_exp(setup), only_datasets=["mmlu"])
+
+
+def test_check_accepts_options_the_index_takes(setup, flat_index):
+    spec = load_experiment(write_exp(setup, index=str(flat_index), encoder_backend="openvino-bf16", search_options={}))
+    assert spec.encoder_backend == "openvino-bf16"
+    with pytest.raises(ExperimentError, match="does not apply to faiss index 'Flat'"):
+        load_experiment(write_exp(setup, index=str(flat_index), search_options={"nprobe": 4}))

@@ -75,6 +75,48 @@ def build_retriever(
     return HybridRetriever([dense, BM25Retriever(corpus, show_progress=show_progress)], **hybrid_opts)
 
 
+def _check_backend(path: Path, manifest: dict[str, Any], cls: type, encoder_backend: str | None) -> str | None:
+    if encoder_backend is None:
+        return None
+    from hcqr_dspy.retrieval.query_runtime import check_runtime
+
+    encoder_backend = check_runtime(encoder_backend)
+    if encoder_backend != "torch" and not cls.uses_encoder:
+        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and embeds no queries: "
+                                  f"--encoder-backend {encoder_backend} does not apply")
+    return encoder_backend
+
+
+def check_index_options(path: str | Path, search_options: Mapping[str, int] | None = None,
+                        encoder_backend: str | None = None) -> None:
+    """Refuse what :func:`load_index` would refuse for these options, from the manifest alone (nothing loaded).
+
+    For ``hcqr experiment --check``: the manifest is read without hashing
+    files; search options of a faiss index are tried on an empty index made
+    from its recorded factory string (no vectors read). Options of other
+    backends (Milvus) are checked when the index is loaded.
+
+    Raises:
+        RetrievalIndexError: not an index, an encoder backend for an index
+            that embeds no queries, or search options its type does not take.
+        QueryRuntimeError: an unknown encoder backend.
+    """
+    path = Path(path)
+    manifest = read_manifest(path, verify_files=False)
+    cls = get_retriever_class(manifest["retriever"])
+    _check_backend(path, manifest, cls, encoder_backend)
+    options = check_search_options(search_options)
+    record = manifest.get("vector_index") or {}
+    if options and record.get("backend") == "faiss":
+        from hcqr_dspy.retrieval.vector_index import FaissIndex
+
+        factory = record.get("factory", "Flat")
+        FaissIndex(FaissIndex.make(factory, manifest["dimension"]), factory).set_search_options(options)
+    elif options and not cls.uses_encoder:
+        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index: search options "
+                                  f"({', '.join(options)}) apply to dense indexes")
+
+
 def load_index(
     path: str | Path,
     corpus: PassageStore | str | Path | None = None,
@@ -130,13 +172,7 @@ def load_index(
     search_options = check_search_options(search_options)
     if encoder is not None and not cls.uses_encoder:
         raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and uses no encoder (asked for {encoder!r})")
-    if encoder_backend is not None:
-        from hcqr_dspy.retrieval.query_runtime import check_runtime
-
-        encoder_backend = check_runtime(encoder_backend)
-        if encoder_backend != "torch" and not cls.uses_encoder:
-            raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and embeds no queries: "
-                                      f"--encoder-backend {encoder_backend} does not apply")
+    encoder_backend = _check_backend(path, manifest, cls, encoder_backend)
     store = Corpus.open(path)
     if store.fingerprint != manifest["corpus"]["fingerprint"] or len(store) != manifest["corpus"]["count"]:
         raise RetrievalIndexError(f"index {path} is inconsistent: its passage store is not the corpus its manifest records; rebuild it")

@@ -28,14 +28,15 @@ sentence-transformers encoder through another inference engine:
 
 Both OpenVINO runtimes compile the model for static shapes: a batch of
 ``n`` queries whose longest has ``s`` tokens runs on a model reshaped to
-``(n, s')``, ``s'`` = ``s`` rounded up to a multiple of
-:data:`SEQUENCE_BUCKET`, the extra positions padded on the right with
-attention mask 0 (exact: masked positions change neither the attention of
-real tokens nor mask-weighted pooling). OpenVINO's CPU plugin runs static
-shapes faster than its shape-agnostic kernels (measured on the bench's
-queries, 2026-12-01: bf16 6.8 ms static against 9.6 ms dynamic per
-3-query batch); each new shape costs one compile (about 0.3-0.7 s here),
-and the last :data:`MAX_COMPILED_SHAPES` compiled shapes are kept.
+``(n, s')``, ``s'`` = :func:`sequence_bucket` of ``s``, the extra
+positions padded on the right with attention mask 0 (exact: masked
+positions change neither the attention of real tokens nor mask-weighted
+pooling). OpenVINO's CPU plugin runs static shapes faster than its
+shape-agnostic kernels (measured on the bench's queries, 2026-12-01: bf16
+6.8 ms static against 9.6 ms dynamic per 3-query batch). Each new shape
+costs one compile (about 0.3-0.7 s here) and holds its own copy of the
+weights (all-MiniLM-L6-v2: about 33 MB in bf16, 50 MB in fp32, measured
+by RSS growth); the last :data:`MAX_COMPILED_SHAPES` shapes are kept.
 
 Tokenization stays the encoder's own (``SentenceTransformer.preprocess``
 with ``task="query"``, so a query/passage pair routes to its query model),
@@ -90,8 +91,7 @@ OPENVINO_XML = "query-openvino.xml"
 RECORD_FILE = "export.json"
 ONNX_OPSET = 17
 OUTPUT_NAME = "sentence_embedding"
-SEQUENCE_BUCKET = 8  # OpenVINO: sequence lengths are padded up to a multiple of this (one compiled shape per bucket)
-MAX_COMPILED_SHAPES = 16  # OpenVINO: compiled (batch, sequence) shapes kept per runtime, least recently used dropped
+MAX_COMPILED_SHAPES = 4  # OpenVINO: compiled (batch, sequence) shapes kept per runtime, least recently used dropped
 # What each runtime needs beyond the project's base dependencies (pyproject extra "onnx" / "openvino").
 _NEEDS = {"onnx": ("onnx", "onnxruntime"), "onnx-int8": ("onnx", "onnxruntime"), "openvino": ("onnx", "openvino"),
           "openvino-bf16": ("onnx", "openvino")}
@@ -222,7 +222,8 @@ class QueryRuntime:
             self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             self._run = lambda feeds: self._session.run([OUTPUT_NAME], feeds)[0]
         else:
-            self._openvino = _StaticShapes(folder / OPENVINO_XML, _OPENVINO_PRECISION[runtime], input_names)
+            self._openvino = _StaticShapes(folder / OPENVINO_XML, _OPENVINO_PRECISION[runtime], input_names,
+                                           _max_length(model))
             self._run = self._openvino.infer
 
     def encode(self, queries: Sequence[str]) -> np.ndarray:
@@ -236,6 +237,16 @@ class QueryRuntime:
         return np.ascontiguousarray(out)
 
 
+def sequence_bucket(length: int, max_length: int | None) -> int:
+    """The padded length OpenVINO compiles for ``length`` tokens: a multiple of 8 up to 32, of 16 up to 64, of 32
+    up to 128, then of 64 (at most a quarter of padding past 32), never beyond ``max_length`` (the encoder's own
+    maximum; ``None``: ``length`` itself, unpadded)."""
+    if max_length is None:
+        return length
+    step = 8 if length <= 32 else 16 if length <= 64 else 32 if length <= 128 else 64
+    return max(length, min(-(-length // step) * step, max_length))
+
+
 def cpu_has_bf16(core: Any = None) -> bool:
     """Whether OpenVINO's CPU plugin computes in bf16 here (its ``OPTIMIZATION_CAPABILITIES`` lists ``BF16``)."""
     import openvino as ov
@@ -243,10 +254,16 @@ def cpu_has_bf16(core: Any = None) -> bool:
     return "BF16" in (core or ov.Core()).get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
+def _max_length(model: "SentenceTransformer") -> int | None:
+    """The query side's token limit, as its own tokenization truncates a very long query; ``None`` where it does not."""
+    length = preprocess_queries(model, ["word " * 4096])["input_ids"].shape[1]
+    return int(length) if length < 4096 else None
+
+
 class _StaticShapes:
     """An OpenVINO model compiled once per (batch, sequence bucket) shape, the inputs padded up to the bucket."""
 
-    def __init__(self, xml: Path, precision: str, input_names: list[str]):
+    def __init__(self, xml: Path, precision: str, input_names: list[str], max_length: int | None):
         from collections import OrderedDict
 
         import openvino as ov
@@ -259,12 +276,12 @@ class _StaticShapes:
         self.config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         self.input_names = input_names
         # Padding is exact only where an attention mask hides the padded positions; otherwise each exact shape compiles.
-        self.pads = "attention_mask" in input_names
+        self.max_length = max_length if "attention_mask" in input_names else None
         self.requests: OrderedDict[tuple[int, int], Any] = OrderedDict()
 
     def infer(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         batch, length = feeds[self.input_names[0]].shape
-        bucket = -(-length // SEQUENCE_BUCKET) * SEQUENCE_BUCKET if self.pads else length
+        bucket = sequence_bucket(length, self.max_length)
         if bucket != length:
             feeds = {name: np.pad(v, ((0, 0), (0, bucket - length))) for name, v in feeds.items()}  # zeros: mask 0
         key = (batch, bucket)
@@ -296,7 +313,9 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
 
     Raises:
         QueryRuntimeError: unknown runtime, a missing library (naming the
-            extra to install), or an export or conversion that failed (one line).
+            extra to install), an export or conversion that failed, or a
+            cached export that cannot be loaded (one line, naming the cache
+            folder to delete).
     """
     runtime = check_runtime(runtime)
     if runtime == DEFAULT_RUNTIME:
@@ -305,6 +324,8 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
     folder = Path(cache_root) if cache_root is not None else default_cache_root()
     folder = folder / export_key(query_side, weights_path)
     with _export_lock:
+        cached = folder.is_dir() and any(folder.iterdir())
+        damaged = f"; {folder} holds an earlier export that may be damaged: delete that folder to export again" if cached else ""
         try:
             folder.mkdir(parents=True, exist_ok=True)
             record = _export_onnx(model, folder, query_side, weights_path)
@@ -318,8 +339,16 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
             raise QueryRuntimeError(f"cannot write the {runtime} export into {folder}: {exc.strerror or exc}") from None
         except Exception as exc:  # exporters raise many types; one line, naming the step
             text = " ".join(str(exc).split())[:300]
-            raise QueryRuntimeError(f"exporting the query encoder to {runtime} failed ({type(exc).__name__}: {text})") from None
-    return QueryRuntime(runtime, model, folder, record["input_names"], normalize)
+            raise QueryRuntimeError(f"exporting the query encoder to {runtime} failed ({type(exc).__name__}: {text})"
+                                    f"{damaged}") from None
+        try:
+            return QueryRuntime(runtime, model, folder, record["input_names"], normalize)
+        except QueryRuntimeError:
+            raise
+        except Exception as exc:  # a truncated or foreign file in the cache: ONNX Runtime / OpenVINO parse errors
+            text = " ".join(str(exc).split())[:300]
+            raise QueryRuntimeError(f"the cached {runtime} export in {folder} cannot be loaded ({type(exc).__name__}: "
+                                    f"{text}); delete that folder to export again") from None
 
 
 def _export_onnx(model: "SentenceTransformer", folder: Path, query_side: dict[str, Any], weights_path: str | None

@@ -73,13 +73,13 @@ def _bf16_cpu() -> bool:
 
 def test_openvino_compiles_one_shape_per_sequence_bucket(tiny_model):
     pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
-    from hcqr_dspy.retrieval.query_runtime import MAX_COMPILED_SHAPES, SEQUENCE_BUCKET, preprocess_queries
+    from hcqr_dspy.retrieval.query_runtime import MAX_COMPILED_SHAPES, preprocess_queries, sequence_bucket
 
     encoder = load_encoder(parse_encoder(tiny_model).with_runtime("openvino"))
     shapes = encoder.runtime._openvino.requests
     shapes.clear()  # the encoder is shared in this process: an earlier test may have compiled shapes
     lengths = [preprocess_queries(encoder.model, [q])["input_ids"].shape[1] for q in QUERIES]
-    bucket = lambda n: -(-n // SEQUENCE_BUCKET) * SEQUENCE_BUCKET  # noqa: E731
+    bucket = lambda n: sequence_bucket(n, 600)  # noqa: E731  (the tiny BERT's max_seq_length)
     assert len({bucket(n) for n in lengths[:2]}) == 1 and lengths[0] != lengths[1]  # two lengths, one bucket
     first = encoder.encode_queries(QUERIES[:1])
     second = encoder.encode_queries(QUERIES[1:2])
@@ -90,6 +90,33 @@ def test_openvino_compiles_one_shape_per_sequence_bucket(tiny_model):
     for n in range(2, MAX_COMPILED_SHAPES + 3):  # more shapes than kept: the least recently used go
         encoder.encode_queries(["fatigable ptosis"] * n)
     assert len(shapes) == MAX_COMPILED_SHAPES and (1, bucket(lengths[0])) not in shapes
+
+
+def test_sequence_buckets_grow_with_the_query_and_stop_at_the_models_limit():
+    from hcqr_dspy.retrieval.query_runtime import sequence_bucket
+
+    assert [sequence_bucket(n, 512) for n in (1, 8, 9, 32, 33, 64, 65, 129, 500, 512)] == [8, 8, 16, 32, 48, 64, 96, 192, 512, 512]
+    assert sequence_bucket(60, 64) == 64 and sequence_bucket(63, 62) == 63  # MedCPT queries: 64 tokens at most
+    assert sequence_bucket(13, None) == 13  # no known limit: no padding
+
+
+def test_a_damaged_export_cache_is_one_line_naming_the_folder(tiny_model, tmp_path):
+    pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
+    from hcqr_dspy.retrieval.query_runtime import OPENVINO_XML, load_query_runtime
+
+    model = load_encoder(tiny_model).model
+    side = parse_encoder(tiny_model).query.describe()
+    folder = load_query_runtime("openvino", model, side, tiny_model, True, cache_root=tmp_path).folder
+    for name, runtime in ((OPENVINO_XML, "openvino-bf16"), (ONNX_FILE, "onnx")):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2])  # a truncated file, as a full disk or a killed copy leaves
+        with pytest.raises(QueryRuntimeError) as err:
+            load_query_runtime(runtime, model, side, tiny_model, True, cache_root=tmp_path)
+        assert f"the cached {runtime} export in {folder} cannot be loaded" in str(err.value)
+        assert str(err.value).endswith("delete that folder to export again") and "\n" not in str(err.value)
+    (folder / "export.json").write_text("{")
+    with pytest.raises(QueryRuntimeError, match="failed .*JSONDecodeError.* holds an earlier export that may be damaged"):
+        load_query_runtime("onnx", model, side, tiny_model, True, cache_root=tmp_path)
 
 
 def test_openvino_bf16_stays_close_to_pytorch(tiny_model, torch_index):
