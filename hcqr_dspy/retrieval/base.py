@@ -70,8 +70,9 @@ def check_queries(queries: Sequence[str]) -> list[str]:
     """Validate a batch of queries.
 
     Raises:
-        QueryError: if ``queries`` is a bare string, empty, or holds an
-            empty / non-string query (its position is named).
+        QueryError: if ``queries`` is a bare string, empty, or holds a
+            non-string query or one without a visible character (only
+            spaces, zero-width or control characters); its position is named.
     """
     if isinstance(queries, str):
         raise QueryError("queries must be a list of strings, not one string")
@@ -79,7 +80,9 @@ def check_queries(queries: Sequence[str]) -> list[str]:
     if not queries:
         raise QueryError("no queries given")
     for i, q in enumerate(queries):
-        if not isinstance(q, str) or not q.strip():
+        if not isinstance(q, str):
+            raise QueryError(f"query {i + 1} is not a string ({type(q).__name__})")
+        if not any(c.isprintable() and not c.isspace() for c in q):  # blank, or only zero-width / control characters
             raise QueryError(f"query {i + 1} is empty")
     return queries
 

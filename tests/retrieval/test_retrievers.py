@@ -74,7 +74,9 @@ def test_bad_k(retriever, k):
         retriever.search(["anemia"], k=k)
 
 
-@pytest.mark.parametrize("queries, message", [([], "no queries"), (["ok", "  "], "query 2 is empty"), ("anemia", "not one string")])
+@pytest.mark.parametrize("queries, message", [([], "no queries"), (["ok", "  "], "query 2 is empty"), ("anemia", "not one string"),
+                                             (["ok", "\u200b\u200b"], "query 2 is empty"),
+                                             (["ok", 5], r"query 2 is not a string \(int\)")])
 def test_bad_queries(retriever, queries, message):
     with pytest.raises(QueryError, match=message):
         retriever.search(queries, k=2)
