@@ -239,8 +239,8 @@ class QueryRuntime:
 
 def sequence_bucket(length: int, max_length: int | None) -> int:
     """The padded length OpenVINO compiles for ``length`` tokens: a multiple of 8 up to 32, of 16 up to 64, of 32
-    up to 128, then of 64 (at most a quarter of padding past 32), never beyond ``max_length`` (the encoder's own
-    maximum; ``None``: ``length`` itself, unpadded)."""
+    up to 128, then of 64 (past 32 tokens the padding stays under half the length), never beyond ``max_length`` (the
+    encoder's own maximum; ``None``: ``length`` itself, unpadded)."""
     if max_length is None:
         return length
     step = 8 if length <= 32 else 16 if length <= 64 else 32 if length <= 128 else 64
@@ -324,7 +324,10 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
     folder = Path(cache_root) if cache_root is not None else default_cache_root()
     folder = folder / export_key(query_side, weights_path)
     with _export_lock:
-        cached = folder.is_dir() and any(folder.iterdir())
+        try:
+            cached = folder.is_dir() and any(folder.iterdir())
+        except OSError:  # unreadable: the export below says why
+            cached = False
         damaged = f"; {folder} holds an earlier export that may be damaged: delete that folder to export again" if cached else ""
         try:
             folder.mkdir(parents=True, exist_ok=True)
