@@ -141,7 +141,19 @@ class Experiment(BaseModel):
     n_ctx: Positive = 8192
     threads: Positive = 1
     search_options: dict[str, int] = Field(default_factory=dict)
-    encoder_backend: Literal["torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] | None = None
+    encoder_backend: str | None = None
+
+    @field_validator("encoder_backend")
+    @classmethod
+    def _encoder_backend(cls, name: str | None) -> str | None:
+        from hcqr_dspy.retrieval.query_runtime import check_runtime
+
+        if name is None:
+            return None
+        try:
+            return check_runtime(name)
+        except HCQRError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("search_options")
     @classmethod

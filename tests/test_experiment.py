@@ -92,6 +92,8 @@ def write_exp(folder, **overrides):
         # what loading the index would refuse (a helper found --check passing these)
         ({"encoder_backend": "openvino-bf16"}, r"idx is a bm25 index and embeds no queries: --encoder-backend openvino-bf16 "
                                                r"does not apply"),
+        ({"encoder_backend": "tensorrt"}, r"encoder_backend: unknown encoder backend 'tensorrt'; choose one of torch, onnx, "
+                                          r"onnx-int8, openvino, openvino-bf16"),
         ({"search_options": {"nprobe": 8}}, r"idx is a bm25 index: search options \(nprobe\) apply to dense indexes"),
         ({"index": "FLAT", "search_options": {"efSearch": 64}}, r"search option efSearch does not apply to faiss index 'Flat'"),
     ],
