@@ -244,6 +244,11 @@ def _program_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+def _id_list(text: str | None) -> list[str] | None:
+    """``--ids a,b,c`` as a list (spaces around ids dropped); ``None`` when the flag is absent."""
+    return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
+
+
 def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
     """Question selection, parallelism, run folder, MLflow and LM options shared by ``eval`` and ``predict``."""
     p.add_argument("--limit", type=_positive_int, default=None, help=f"{verb} a seeded random sample of N questions (default: all)")
@@ -282,7 +287,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     spec = EvalSpec(
         method=args.method if args.program else (args.method or "hcqr"), dataset=args.dataset, index=args.index,
         lm=args.lm, limit=args.limit, seed=args.seed,
-        ids=args.ids.split(",") if args.ids else None, program_options=_program_options(args),
+        ids=_id_list(args.ids), program_options=_program_options(args),
         max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
         num_threads=args.threads, run_dir=args.run_dir, program=args.program, search_options=_search_options(args),
         encoder_backend=args.encoder_backend,
@@ -303,7 +308,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = answers_target(args.out)
     spec = EvalSpec(
         method=args.method if args.program else (args.method or "hcqr"), dataset=args.input, index=args.index,
-        lm=args.lm, limit=args.limit, seed=args.seed, ids=args.ids.split(",") if args.ids else None,
+        lm=args.lm, limit=args.limit, seed=args.seed, ids=_id_list(args.ids),
         program_options=_program_options(args), max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base,
         api_key_env=args.api_key_env, num_threads=args.threads, run_dir=args.run_dir, program=args.program,
         search_options=_search_options(args), encoder_backend=args.encoder_backend, labelled=False,
@@ -567,6 +572,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
             run_dir, judge_lm=args.judge_lm, mode=args.mode, reasoning=not args.no_reasoning, index=args.index,
             mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, num_threads=args.threads,
             max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
+            limit=args.limit, seed=args.seed, ids=_id_list(args.ids),
         )
         if metrics is not None:
             print(json.dumps({"run": str(run_dir), **metrics}))
@@ -783,6 +789,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)")
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
     p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
+    sample = p.add_mutually_exclusive_group()
+    sample.add_argument("--limit", type=_positive_int, default=None,
+                        help="judge a seeded sample of N of the run's questions, drawn as `hcqr eval --limit` draws, so "
+                             "runs over the same questions are judged on the same ones (default: all)")
+    sample.add_argument("--ids", default=None, help="judge only these comma-separated question ids (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (default 0)")
     _add_mlflow_args(p)
     p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
     p.add_argument("--api-key-env", default=None,

@@ -41,11 +41,12 @@ import random
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import dspy
 
-from hcqr_dspy.data import format_options
+from hcqr_dspy.data import format_options, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LM_UNAVAILABLE
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, format_document, key_terms, shown_documents, stage
@@ -168,6 +169,40 @@ class DURJudge(dspy.Module):
                                positive_label=positive, negative_label=negative, stages=stages)
 
 
+def judged_sample(
+    folder: RunFolder, limit: int | None = None, seed: int = 0, ids: Sequence[str] | None = None
+) -> dict[str, Any] | None:
+    """Which of a run's questions to judge, when not all: judging costs an LM call per context and control.
+
+    ``ids`` names them; else ``limit`` draws a seeded sample from the run's whole
+    question sample (:meth:`RunFolder.question_sample`, finished or not) with
+    :func:`hcqr_dspy.data.select`, the rule of ``hcqr eval --limit``: runs over
+    the same questions get the same sample however far each has got, so their
+    DUR is paired.
+
+    Returns:
+        ``None`` (judge all), or ``{"limit", "seed", "ids"}`` (``ids`` in run order).
+
+    Raises:
+        RunError: ids the run's dataset does not hold, an empty id list, or a
+            sample that cannot be rebuilt.
+    """
+    if ids is None and limit is None:
+        return None
+    if ids is not None:
+        wanted = [str(i) for i in ids]
+        if not wanted:
+            raise RunError("the list of question ids to judge is empty")
+        known = folder.load_questions()
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            raise RunError(f"{folder.path}: question id(s) {', '.join(unknown[:5])} are not in {folder.dataset}")
+        return {"limit": None, "seed": None, "ids": list(dict.fromkeys(wanted))}
+    sample = folder.question_sample()
+    chosen = select([dspy.Example(qid=q) for q in sample], limit=limit, seed=seed)
+    return {"limit": limit, "seed": seed, "ids": [e.qid for e in chosen]}
+
+
 def judge_run(
     run: str | Path | RunFolder,
     retriever: Retriever,
@@ -178,12 +213,19 @@ def judge_run(
     num_threads: int = 1,
     progress: bool = True,
     trace_tags: dict[str, str] | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Judge every question of a finished (or partial) run, with controls; write ``judgments.jsonl`` and ``dur.json``.
+    """Judge every question of a finished (or partial) run, or a sample of them, with controls; write
+    ``judgments.jsonl`` and ``dur.json``.
 
     Questions without shown passages (CoT, or nothing retrieved) are not
     judged. Judging resumes: questions already in ``judgments.jsonl`` are
-    skipped, if they were judged with the same settings.
+    skipped, if they were judged with the same settings. With a sample
+    (:func:`judged_sample`), only its questions the run has answered are
+    judged, negative controls come from the sample's own contexts, and
+    ``dur.json`` covers the sample and says so under ``sample``.
 
     Args:
         run: The run folder.
@@ -197,6 +239,7 @@ def judge_run(
         trace_tags: Record each question's judging (the judge's calls and its controls) as an MLflow trace
             named ``dur judge`` with these tags plus ``qid``; its id is kept in the judgment as
             ``judge_trace_id``. ``None``: no traces.
+        limit, seed, ids: Judge only these questions (:func:`judged_sample`); default all.
 
     Returns:
         DUR metrics (see :func:`dur_metrics`) with the judge's settings under ``judge``.
@@ -226,7 +269,12 @@ def judge_run(
         raise RunError(f"{folder.judgments_table.path} holds judgments made with other settings ({old}); "
                        f"these would be {settings}; delete it (and dur.json) to judge again")
     judge = DURJudge(mode, reasoning)
-    todo = [r for r in rows if r.get("passages")]
+    sample = judged_sample(folder, limit=limit, seed=seed, ids=ids)
+    chosen = None if sample is None else set(sample["ids"])
+    todo = [r for r in rows if r.get("passages") and (chosen is None or r["qid"] in chosen)]
+    if sample is not None and not todo:
+        raise RunError(f"{folder.path}: none of the {len(chosen)} questions chosen to judge has been answered "
+                       "with a context yet")
 
     def gold_in(qid: str, row: dict[str, Any]) -> bool:
         q = questions[qid]
@@ -279,6 +327,9 @@ def judge_run(
         judgments, _, _ = folder.judgments_table.map(todo, lambda r: r["qid"], judged, LM_UNAVAILABLE, num_threads,
                                                      progress, on_error=bug)
     metrics = {**dur_metrics(judgments), "judge": settings}
+    if sample is not None:
+        metrics["sample"] = {**sample, "n": len(sample["ids"]), "answered_with_context": len(todo),
+                             "run_answered_with_context": sum(bool(r.get("passages")) for r in rows)}
     folder.write_json(DUR_METRICS, metrics)
     return metrics
 
@@ -299,6 +350,9 @@ def judge_and_track(
     n_ctx: int | None = None,
     api_base: str | None = None,
     api_key_env: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, Any] | None:
     """Judge one run and record the result in its MLflow run: the one judging path of
     ``hcqr judge`` and of experiments.
@@ -318,6 +372,7 @@ def judge_and_track(
         track: Log to MLflow.
         num_threads, progress: See :func:`judge_run`.
         max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
+        limit, seed, ids: Judge only these questions (:func:`judged_sample`); default all.
 
     Returns:
         The DUR metrics, or ``None`` for a run without retrieval (nothing to judge; said on stderr).
@@ -345,17 +400,20 @@ def judge_and_track(
     tracked = bool(track and run_id and tracking.existing_run_id(run_id, mlflow_dir))
     if not tracked:
         return judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
-                         num_threads=num_threads, progress=progress)
+                         num_threads=num_threads, progress=progress, limit=limit, seed=seed, ids=ids)
     import mlflow
 
     trace_tags = {"kind": "dur_judge", "judged_run_id": run_id, "method": folder.method, "dataset": folder.dataset_name,
                   "run_folder": str(folder.path.resolve()), "judge_lm": spec}
     with tracking.dspy_tracing():
         metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
-                            num_threads=num_threads, progress=progress, trace_tags=trace_tags)
+                            num_threads=num_threads, progress=progress, trace_tags=trace_tags,
+                            limit=limit, seed=seed, ids=ids)
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         tracking.log_metrics(metrics)
         mlflow.log_params(tracking.flatten({"dur": metrics["judge"]}))
+        if metrics.get("sample"):  # a metric, not a param: a later judging may widen the sample
+            mlflow.log_metric("dur_sample_n", metrics["sample"]["n"])
         tracking.log_run_folder(folder)
         log_dur_feedback(folder)
     return metrics

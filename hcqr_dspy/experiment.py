@@ -17,7 +17,8 @@ An experiment file (YAML) looks like::
       hcqr: {k_per_query: 5, fusion: score_sum}
     reference: simple_rag                  # optional: the comparison's reference method
     judge: {lm: null, mode: context}       # optional: DUR judging with controls (lm null = the run's LM;
-                                           # reasoning: true, max_tokens: 512)
+                                           # reasoning: true, max_tokens: 512; limit: N, seed: 0 judges
+                                           # the same seeded N questions of every cell)
 
 The file is a pydantic model (:class:`Experiment`, read by
 :mod:`hcqr_dspy.config`): unknown keys (at any level) are refused, types are
@@ -85,6 +86,8 @@ class JudgeSpec(TypedDict, total=False):
     mode: Literal["context", "passage"]
     reasoning: bool
     max_tokens: Positive
+    limit: Positive
+    seed: Annotated[int, Field(ge=0)]
 
 
 def _method(name: str) -> str:
@@ -373,4 +376,5 @@ def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = No
                  if exp.index else None)
     for run_dir in run_dirs:
         judge_and_track(run_dir, judge_lm=spec, lm=lm, mode=exp.judge.get("mode", "context"),
-                        reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir)
+                        reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir,
+                        limit=exp.judge.get("limit"), seed=exp.judge.get("seed", 0))

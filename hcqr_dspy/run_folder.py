@@ -402,6 +402,29 @@ class RunFolder:
             raise RunError(f"run {self.path}: question(s) {', '.join(missing[:5])} are not in {self.dataset} any more")
         return by_id
 
+    def question_sample(self) -> list[str]:
+        """Ids of every question the run was asked to answer, in run order, finished or not.
+
+        Rebuilt from the dataset with the run's recorded ``limit`` and ``seed``
+        (:func:`hcqr_dspy.data.select`) and checked against the recorded
+        ``ids_sha256``, so two runs over the same sample give the same list
+        however far each has got.
+
+        Raises:
+            RunError: the dataset cannot be read, or the rebuilt sample is not the
+                recorded one (a run made with an explicit id list, or a changed file).
+        """
+        from hcqr_dspy.data import select
+
+        record = self.questions_record
+        by_id = self.load_questions()
+        sample = select(list(by_id.values()), limit=record.get("limit"), seed=record.get("seed") or 0)
+        if question_fingerprint(sample)["ids_sha256"] != record.get("ids_sha256"):
+            raise RunError(f"run {self.path}: its question sample cannot be rebuilt from {self.dataset} with limit "
+                           f"{record.get('limit')} and seed {record.get('seed')} (made with an explicit id list?); "
+                           "name the questions with --ids")
+        return [str(e.qid) for e in sample]
+
     # -- records --------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """The prediction rows (one per finished question), in file order."""

@@ -134,3 +134,65 @@ def test_a_judge_that_always_says_useful_is_flagged(run_folder, tiny_corpus, tmp
     m = judge_run(run_folder, retriever, lm, progress=False)
     assert m["dur"] == 1.0 and m["dur_negative_control"] == 1.0
     assert any("negative controls" in f for f in control_flags(m))
+
+
+def sampled_runs(tmp_path, answered: dict[str, int]):
+    """Runs over one seeded 6-of-8 question sample (as `hcqr eval --limit 6` records it), each with its first
+    ``answered[name]`` questions answered with a context."""
+    from hcqr_dspy.data import load_questions, select
+    from hcqr_dspy.run_folder import question_fingerprint
+
+    bench = {f"q{i}": {"question": f"Question {i}?", "options": {"A": f"alpha {i}", "B": f"beta {i}"}, "answer": "A"}
+             for i in range(8)}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    sample = select(load_questions(tmp_path / "bench.json"), limit=6, seed=4)
+    record = {**question_fingerprint(sample), "limit": 6, "seed": 4}
+    folders = {}
+    for name, n in answered.items():
+        folder = RunFolder.create(tmp_path / name, {"method": "hcqr", "dataset": str(tmp_path / "bench.json"),
+                                                   "questions": record})
+        for i, q in enumerate(sample[:n]):
+            folder.predictions.append({"qid": q.qid, "passages": [{"id": f"p{i + 1}", "queries": [0]}]})
+        folders[name] = folder
+    return [q.qid for q in sample], folders
+
+
+def test_a_judged_sample_is_drawn_from_the_whole_question_sample_so_runs_at_any_stage_share_it(tmp_path, tiny_corpus):
+    from hcqr_dspy.dur import judged_sample
+
+    sample, runs = sampled_runs(tmp_path, {"done": 6, "under_way": 2})
+    picked = judged_sample(runs["done"], limit=3, seed=1)
+    assert picked == judged_sample(runs["under_way"], limit=3, seed=1)  # the same 3 however far each run has got
+    assert len(picked["ids"]) == 3 and set(picked["ids"]) <= set(sample)
+    assert picked["ids"] == [q for q in sample if q in picked["ids"]]  # run order
+    assert judged_sample(runs["done"], limit=3, seed=2)["ids"] != picked["ids"]  # the seed matters
+    assert judged_sample(runs["done"]) is None  # no sample asked: judge all
+
+    lm = DummyLM([{"reasoning": "r", "label": "USEFUL"}] * 30, adapter=dspy.JSONAdapter())
+    m = judge_run(runs["done"], BM25Retriever(tiny_corpus, show_progress=False), lm, progress=False, limit=3, seed=1)
+    js = runs["done"].judgments()
+    assert [j["qid"] for j in js] == picked["ids"]  # only the sample is judged
+    assert {j["negative_from"] for j in js} <= set(picked["ids"])  # negative controls from the sample's contexts
+    assert m["dur_n"] == 3 and m["sample"]["n"] == 3 and m["sample"]["ids"] == picked["ids"]
+    assert m["sample"]["run_answered_with_context"] == 6
+    assert json.loads((runs["done"].path / "dur.json").read_text())["sample"]["limit"] == 3
+
+
+def test_a_bad_judged_sample_is_one_line(tmp_path, tiny_corpus):
+    from hcqr_dspy.dur import judged_sample
+
+    sample, runs = sampled_runs(tmp_path, {"run": 1})
+    lm = DummyLM([{"reasoning": "r", "label": "USEFUL"}] * 30, adapter=dspy.JSONAdapter())
+    retriever = BM25Retriever(tiny_corpus, show_progress=False)
+    with pytest.raises(HCQRError, match=r"question id\(s\) nope are not in"):
+        judged_sample(runs["run"], ids=[sample[0], "nope"])
+    with pytest.raises(HCQRError, match="list of question ids to judge is empty"):
+        judged_sample(runs["run"], ids=[])
+    with pytest.raises(HCQRError, match=r"none of the 2 questions chosen to judge has been answered"):
+        judge_run(runs["run"], retriever, lm, progress=False, ids=sample[1:3])
+    # a run made with an explicit id list: its sample cannot be rebuilt from limit and seed
+    config = {**runs["run"].config, "questions": {**runs["run"].questions_record, "limit": None}}
+    (runs["run"].path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HCQRError, match=r"question sample cannot be rebuilt .*name the questions with --ids"):
+        judged_sample(RunFolder(runs["run"].path), limit=2)
+    assert RunFolder(runs["run"].path).judgments() == []  # nothing judged by any refused call

@@ -78,6 +78,7 @@ def write_exp(folder, **overrides):
         ({"budget": 2.5}, r"budget: Input should be a valid integer \(got 2.5\)"),
         ({"threads": True}, r"threads: Input should be a valid integer \(got True\)"),
         ({"judge": {"mode": "both"}}, r"judge.mode: Input should be 'context' or 'passage' \(got 'both'\)"),
+        ({"judge": {"limit": 0}}, r"judge.limit: Input should be greater than or equal to 1 \(got 0\)"),
         ({"name": "../escape"}, r"name: String should match pattern"),
         ({"api_key_env": "sk-live-123"}, r"api_key_env: String should match pattern"),
         # values the constructors refuse, found by --check rather than by the run after other cells' LM calls
