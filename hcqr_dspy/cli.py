@@ -565,8 +565,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
-    from hcqr_dspy.dur import judge_and_track
+    from hcqr_dspy.dur import check_judge_index, judge_and_track, judgeable
+    from hcqr_dspy.run_folder import RunError, RunFolder
 
+    for run_dir in args.runs:  # every run checked before any LM is loaded
+        folder = RunFolder.open(run_dir)
+        if not judgeable(folder):
+            raise RunError(f"{run_dir}: no question has a retrieved context (method {folder.method}): nothing to judge")
+        check_judge_index(folder, args.index)
     for run_dir in args.runs:
         metrics = judge_and_track(
             run_dir, judge_lm=args.judge_lm, mode=args.mode, reasoning=not args.no_reasoning, index=args.index,

@@ -98,6 +98,19 @@ def run_label(config: dict[str, Any], path: Path) -> str:
     return method
 
 
+def unique_labels(runs: Sequence[Run]) -> None:
+    """Make the runs' labels unique (reports and ``comparison.json`` are keyed by them): a label shared by
+    several runs gets the LM spec, then the folder name, then a number."""
+    for extra in (lambda i, r: (r.config.get("lm") or {}).get("spec") or r.path.name, lambda i, r: r.path.name,
+                  lambda i, r: str(i + 1)):
+        counts: dict[str, int] = {}
+        for r in runs:
+            counts[r.label] = counts.get(r.label, 0) + 1
+        for i, r in enumerate(runs):
+            if counts[r.label] > 1:
+                r.label = f"{r.label} ({extra(i, r)})"
+
+
 def stage_differences(runs: Sequence[Run], reference: Run) -> str:
     """Markdown: each run's accuracy, hypothesis accuracy, DUR and invalid rate minus the reference's (points)."""
 
@@ -529,14 +542,24 @@ def evidence_table(runs: Sequence[Run], reference: Run) -> str:
     return "\n".join(lines)
 
 
-def qrels_table(runs: Sequence[Run], qrels_path: Path | None) -> tuple[str, dict[str, Any]]:
+def qrels_table(runs: Sequence[Run], qrels_path: Path | None, explicit: bool = False) -> tuple[str, dict[str, Any]]:
     """Markdown: recall@k and nDCG@10 of each retrieval run's fused contexts against relevance judgments
-    (ir-measures; :func:`hcqr_dspy.evidence.qrels_metrics`); ``("", {})`` without qrels."""
+    (ir-measures; :func:`hcqr_dspy.evidence.qrels_metrics`); ``("", {})`` without qrels.
+
+    Raises:
+        HCQRError: ``explicit`` (the user named the file) and it judges none of the compared questions.
+    """
     from hcqr_dspy.evidence import load_qrels, qrels_metrics
 
     if qrels_path is None:
         return "", {}
     qrels = load_qrels(qrels_path)
+    no_relevant = 0
+    if explicit:
+        asked = {r["qid"] for run in runs for r in run.rows}
+        if not any(q in asked and any(v > 0 for v in rel.values()) for q, rel in qrels.items()):
+            raise HCQRError(f"qrels {qrels_path} mark a relevant passage for none of the {len(asked)} compared "
+                            f"questions (e.g. {sorted(asked)[0]}); are they for another dataset?")
     lines, figures = [], {}
     for run in runs:
         if not any(r.get("passages") for r in run.rows):
@@ -547,9 +570,12 @@ def qrels_table(runs: Sequence[Run], qrels_path: Path | None) -> tuple[str, dict
             continue
         figures[run.label] = {key: v for key, v in m.items() if key != "per_query"}
         lines.append(f"| {run.label} | {m['qrels_n']} | {k} | {m[f'recall_at_{k}']:.3f} | {m['ndcg_at_10']:.3f} |")
+        no_relevant = max(no_relevant, m["qrels_no_relevant"])
     if not lines:
         return "", {}
-    return "\n".join([f"Relevance judgments: `{qrels_path}` (ir-measures).", "",
+    return "\n".join([f"Relevance judgments: `{qrels_path}` (ir-measures)."
+                      + (f" {no_relevant} question(s) listed there with no relevant passage are left out "
+                         "(trec_eval's convention)." if no_relevant else ""), "",
                       "| run | judged questions | k | recall@k | nDCG@10 |", "|---|---:|---:|---:|---:|", *lines]), figures
 
 
@@ -581,17 +607,19 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
     with_h = [(r, h) for r, h in with_h if h is not None]
     if not cots or not with_h:
         return "", {}
-    cot = cots[0]
-    lines = ["| run | n | hypothesis accuracy | CoT accuracy | b (CoT only) | c (hypothesis only) | McNemar p |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | CoT run | n | hypothesis accuracy | CoT accuracy | b (CoT only) | c (hypothesis only) | McNemar p |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     figures = {}
     for run, h in with_h:
-        t = mcnemar_exact(cot.correct, h)
-        n = len(h)
-        acc_h = sum(h.values()) / n
-        acc_c = sum(cot.correct.values()) / n
-        figures[run.label] = {"n": n, "hypothesis_accuracy": acc_h, "cot_accuracy": acc_c, **t}
-        lines.append(f"| {run.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | {t['p_value']:.3g} |")
+        for cot in cots:  # every CoT run given, each named (runs with other LMs are other baselines)
+            t = mcnemar_exact(cot.correct, h)
+            n = len(h)
+            acc_h = sum(h.values()) / n
+            acc_c = sum(cot.correct.values()) / n
+            key = run.label if len(cots) == 1 else f"{run.label} vs {cot.label}"
+            figures[key] = {"n": n, "cot_run": cot.label, "hypothesis_accuracy": acc_h, "cot_accuracy": acc_c, **t}
+            lines.append(f"| {run.label} | {cot.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | "
+                         f"{t['p_value']:.3g} |")
     return "\n".join(lines), figures
 
 
@@ -627,12 +655,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     if out.exists() and not out.is_dir():
         raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
     runs = [load_run(p) for p in run_dirs]
-    counts: dict[str, int] = {}
-    for r in runs:  # make labels unique: method, then method + lm
-        counts[r.label] = counts.get(r.label, 0) + 1
-    for r in runs:
-        if counts[r.label] > 1:
-            r.label = f"{r.label} ({r.config.get('lm', {}).get('spec', r.path.name)})"
+    unique_labels(runs)
     qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
     answered = {r.label: len(r.rows) for r in runs}
     if common:
@@ -640,7 +663,8 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
             restrict(r, qids)
     ref = runs[0]
     if reference:
-        matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)]
+        matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)
+                   or Path(reference).resolve() == r.path.resolve()]
         if not matches:
             raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
         ref = matches[0]
@@ -656,7 +680,8 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     fallbacks, warnings = fallback_table(ordered)
     invalid = invalid_table(ordered)
     evidence = evidence_table(ordered, ref)
-    qrels_md, qrels_figures = qrels_table(ordered, Path(qrels) if qrels else qrels_beside(ref.folder.dataset))
+    qrels_md, qrels_figures = qrels_table(ordered, Path(qrels) if qrels else qrels_beside(ref.folder.dataset),
+                                            explicit=bool(qrels))
     controls, flags = dur_controls_table(ordered)
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
     warnings += flags

@@ -141,32 +141,40 @@ class DURJudge(dspy.Module):
         """Judge ``documents`` (formatted as the answer step saw them) and the two controls.
 
         Returns:
-            ``label`` (or ``None`` for a bad reply), ``rationale``, ``error``,
-            ``passage_labels`` (passage mode), ``positive_label``, ``negative_label``
-            (``None`` when there is no negative control), ``stages``.
+            ``label`` (or ``None`` for a bad reply), ``rationale`` (passage mode: that of the passage
+            whose label is the context's), ``error``, ``passage_labels`` and ``passage_rationales``
+            (passage mode), ``positive_label`` / ``positive_rationale``, ``negative_label`` /
+            ``negative_rationale`` (``None`` when there is no negative control), ``stages``.
         """
         common = dict(question=question, options=format_options(options), correct_answer=correct_answer_text(options, answer))
         stages: dict = {}
-        passage_labels = None
+        passage_labels = passage_rationales = None
         with stage(stages, "judge"):
             if self.mode == "context":
                 label, rationale, error = self.label_context(common, documents)
             else:
-                passage_labels, rationale = [], None
+                passage_labels, passage_rationales = [], []
                 for doc in documents:
                     try:
-                        lab = self.judge_passage(passage=doc, **common).label
+                        pred = self.judge_passage(passage=doc, **common)
+                        lab, why = pred.label, pred.get("reasoning")
                     except BAD_REPLY_ERRORS:
-                        lab = None
+                        lab, why = None, None
                     passage_labels.append(lab if lab in LABELS else None)
-                valid = [lab for lab in passage_labels if lab]
-                label = min(valid, key=LABELS.index) if valid else None
+                    passage_rationales.append(why if lab in LABELS else None)
+                valid = [i for i, lab in enumerate(passage_labels) if lab]
+                best = min(valid, key=lambda i: LABELS.index(passage_labels[i])) if valid else None
+                label = passage_labels[best] if best is not None else None
+                rationale = passage_rationales[best] if best is not None else None
                 error = None if valid else "no valid passage judgment"
         with stage(stages, "controls"):
-            positive, _, _ = self.label_context(common, [positive_control_document(question, options, answer)])
-            negative = self.label_context(common, negative_documents)[0] if negative_documents else None
+            positive, positive_why, _ = self.label_context(common, [positive_control_document(question, options, answer)])
+            negative, negative_why, _ = (self.label_context(common, negative_documents) if negative_documents
+                                         else (None, None, None))
         return dspy.Prediction(label=label, rationale=rationale, error=error, passage_labels=passage_labels,
-                               positive_label=positive, negative_label=negative, stages=stages)
+                               passage_rationales=passage_rationales, positive_label=positive,
+                               positive_rationale=positive_why, negative_label=negative,
+                               negative_rationale=negative_why, stages=stages)
 
 
 def judged_sample(
@@ -310,9 +318,12 @@ def judge_run(
             "error": pred.error,
             "rationale": pred.rationale,
             "passage_labels": pred.passage_labels,
+            "passage_rationales": pred.passage_rationales,
             "passage_queries": [p.get("queries") or [] for p in row["passages"]],
             "positive_label": pred.positive_label,
+            "positive_rationale": pred.positive_rationale,
             "negative_label": pred.negative_label,
+            "negative_rationale": pred.negative_rationale,
             "negative_from": donor,
             "stages": pred.stages,
             "seconds": round(time.perf_counter() - t0, 4),
@@ -332,6 +343,31 @@ def judge_run(
                              "run_answered_with_context": sum(bool(r.get("passages")) for r in rows)}
     folder.write_json(DUR_METRICS, metrics)
     return metrics
+
+
+def judgeable(folder: RunFolder) -> bool:
+    """Whether any answered question of the run has a retrieved context to judge (CoT runs have none)."""
+    return any(r.get("passages") for r in folder.rows())
+
+
+def check_judge_index(folder: RunFolder, index: str | Path | None = None) -> str | Path:
+    """The index to resolve a run's passages with: ``index``, else the run's own; refused when it was
+    built from another corpus than the run's (its passage ids would name other passages, or none).
+
+    Raises:
+        RunError: no index recorded or given, or a corpus fingerprint that differs from the run's.
+    """
+    from hcqr_dspy.retrieval.base import read_manifest
+
+    path = index or folder.index_path
+    if not path:
+        raise RunError(f"{folder.path}: the run records no index; give --index")
+    want = (folder.config.get("index") or {}).get("corpus_fingerprint")
+    have = read_manifest(path, verify_files=False)["corpus"]["fingerprint"]
+    if want and have != want:
+        raise RunError(f"index {path} was built from another corpus (fingerprint {have[:12]}) than run {folder.path} "
+                       f"retrieved from ({want[:12]}); give the --index it was run with")
+    return path
 
 
 def judge_and_track(
@@ -366,7 +402,7 @@ def judge_and_track(
         index: The index to resolve passages; default the run's own.
         retriever: A loaded retriever instead of ``index``.
         mlflow_dir: MLflow store; the run's MLflow run (if any) gets the DUR metrics, the
-            judge's settings as params and the updated record files; the judge's calls are traced
+            judge's settings as tags (``dur.judge_lm`` ...) and the updated record files; the judge's calls are traced
             (one ``dur judge`` trace per question, tagged ``kind=dur_judge``, ``qid`` and the judged run),
             and each label is logged on the question's trace (:func:`log_dur_feedback`).
         track: Log to MLflow.
@@ -385,11 +421,12 @@ def judge_and_track(
     from hcqr_dspy.retrieval import load_index
 
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
-    if not folder.index_path and not index:
-        print(f"{folder.path}: no retrieval (method {folder.method}): nothing to judge", file=sys.stderr)
+    if not judgeable(folder):
+        print(f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
+              file=sys.stderr)
         return None
     if retriever is None:
-        retriever = load_index(index or folder.index_path)
+        retriever = load_index(check_judge_index(folder, index))
     spec = judge_lm or folder.lm_spec
     if lm is None:
         if not spec:
@@ -411,7 +448,8 @@ def judge_and_track(
                             limit=limit, seed=seed, ids=ids)
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         tracking.log_metrics(metrics)
-        mlflow.log_params(tracking.flatten({"dur": metrics["judge"]}))
+        # tags, not params: MLflow params never change, and a run may be judged again with other settings
+        mlflow.set_tags(tracking.flatten({"dur": metrics["judge"]}))
         if metrics.get("sample"):  # a metric, not a param: a later judging may widen the sample
             mlflow.log_metric("dur_sample_n", metrics["sample"]["n"])
         tracking.log_run_folder(folder)
@@ -424,7 +462,8 @@ JUDGE_FEEDBACK_SOURCE = "hcqr judge"
 
 
 def log_dur_feedback(folder: RunFolder) -> int:
-    """Log each DUR judgment of a run on its question's MLflow trace, once.
+    """Log each DUR judgment of a run on its question's MLflow trace, once; labels an earlier judging
+    with other settings left there are replaced.
 
     Feedback ``dur`` (the label, the judge's reasoning as rationale; an error for an invalid judgment),
     ``dur_positive_control`` and ``dur_negative_control``, source ``LLM_JUDGE`` (the judge LM), with
@@ -443,12 +482,17 @@ def log_dur_feedback(folder: RunFolder) -> int:
     for j in folder.judgments():
         trace_id = trace_ids.get(j["qid"])
         trace = mlflow.get_trace(trace_id, silent=True) if trace_id else None
-        if trace is None or any(a.name == "dur" and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE
-                                for a in trace.info.assessments):
+        if trace is None:
             continue
         source = AssessmentSource(source_type="LLM_JUDGE", source_id=str(j.get("judge_lm")))
         meta = {"source": JUDGE_FEEDBACK_SOURCE, "mode": str(j.get("mode")), "reasoning": str(j.get("reasoning")),
                 **({"judge_trace_id": j["judge_trace_id"]} if j.get("judge_trace_id") else {})}
+        ours = [a for a in trace.info.assessments if a.name in ("dur", "dur_positive_control", "dur_negative_control")
+                and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE]
+        if any(a.name == "dur" and a.metadata == meta and a.source.source_id == source.source_id for a in ours):
+            continue  # this judgment is already on the trace
+        for old in ours:  # labels of an earlier judging (other settings, or judged again): replaced
+            mlflow.delete_assessment(trace_id=trace_id, assessment_id=old.assessment_id)
         if j["valid"]:
             mlflow.log_feedback(trace_id=trace_id, name="dur", value=j["label"], rationale=j.get("rationale"),
                                 source=source, metadata=meta)

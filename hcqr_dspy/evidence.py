@@ -166,7 +166,11 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     for qid, rel in raw.items():
         if isinstance(rel, list) and all(isinstance(p, str) for p in rel):
             out[str(qid)] = {p: 1 for p in rel}
-        elif isinstance(rel, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in rel.values()):
+        elif isinstance(rel, dict):
+            bad = next(((p, v) for p, v in rel.items() if not isinstance(v, int) or isinstance(v, bool)), None)
+            if bad is not None:
+                raise HCQRError(f"qrels {path}: question {qid!r}, passage {bad[0]!r} has relevance {bad[1]!r}; "
+                                "relevance must be a whole number (0 = not relevant)")
             out[str(qid)] = {str(p): int(v) for p, v in rel.items()}
         else:
             raise HCQRError(f"qrels {path}: question {qid!r} has {type(rel).__name__}; expected a list of passage "
@@ -192,17 +196,20 @@ def fused_ranking(row: dict[str, Any]) -> dict[str, float]:
 def qrels_metrics(rows: Iterable[dict[str, Any]], qrels: dict[str, dict[str, int]], k: int = 15) -> dict[str, Any]:
     """Recall@k and nDCG@10 of the rows' fused contexts against ``qrels``, by ir-measures.
 
-    Questions absent from ``qrels`` are left out; a judged question that retrieved
-    nothing scores 0.
+    Questions absent from ``qrels``, or with no passage of relevance > 0 there,
+    are left out (trec_eval's convention: recall is undefined for them) and
+    the latter counted; a judged question that retrieved nothing scores 0.
 
     Returns:
-        ``qrels_n``, ``recall_at_{k}``, ``ndcg_at_10`` (means over judged questions) and
+        ``qrels_n``, ``recall_at_{k}``, ``ndcg_at_10`` (means over judged questions),
+        ``qrels_no_relevant`` (questions left out for having no relevant passage) and
         ``per_query``: ``{qid: {"recall": r, "ndcg": n}}``; ``{}`` when no row is judged.
     """
     import ir_measures
     from ir_measures import R, nDCG
 
-    rows = [r for r in rows if r["qid"] in qrels]
+    listed = [r for r in rows if r["qid"] in qrels]
+    rows = [r for r in listed if any(v > 0 for v in qrels[r["qid"]].values())]
     if not rows:
         return {}
     run = {r["qid"]: fused_ranking(r) or {"__none__": 0.0} for r in rows}
@@ -213,4 +220,5 @@ def qrels_metrics(rows: Iterable[dict[str, Any]], qrels: dict[str, dict[str, int
         per[m.query_id]["recall" if m.measure == R @ k else "ndcg"] = float(m.value)
     n = len(per)
     return {"qrels_n": n, f"recall_at_{k}": sum(v["recall"] for v in per.values()) / n,
-            "ndcg_at_10": sum(v["ndcg"] for v in per.values()) / n, "per_query": per}
+            "ndcg_at_10": sum(v["ndcg"] for v in per.values()) / n, "qrels_no_relevant": len(listed) - n,
+            "per_query": per}

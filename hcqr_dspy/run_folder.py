@@ -427,8 +427,18 @@ class RunFolder:
 
     # -- records --------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """The prediction rows (one per finished question), in file order."""
-        return self.predictions.read()
+        """The prediction rows (one per finished question), in file order.
+
+        Raises:
+            RunError: a question is recorded twice (an edited or concatenated file).
+        """
+        rows = self.predictions.read()
+        seen: set[str] = set()
+        for r in rows:
+            if r["qid"] in seen:
+                raise RunError(f"{self.predictions.path}: question {r['qid']!r} is recorded twice; delete one of the lines")
+            seen.add(r["qid"])
+        return rows
 
     def judgments(self) -> list[dict[str, Any]]:
         """DUR judgments, checked against the rows: malformed, repeated or foreign ones are refused.

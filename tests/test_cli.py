@@ -216,3 +216,23 @@ def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"
+
+
+def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus_before_any_lm(tmp_path, bm25_index,
+                                                                                               capsys):
+    from hcqr_dspy.run_folder import RunFolder
+
+    (tmp_path / "bench.json").write_text(json.dumps(
+        {"d1": {"question": "Yellow vision?", "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"}}))
+    base = {"dataset": str(tmp_path / "bench.json"), "lm": {"spec": "local:no-such-model"}}  # never loaded
+    cot = RunFolder.create(tmp_path / "cot", {**base, "method": "cot"})
+    cot.predictions.append({"qid": "d1", "passages": []})
+    code, err = error_of(capsys, ["judge", str(cot.path), "--index", str(bm25_index), "--no-mlflow"])
+    assert code == 2 and err == [f"hcqr: error: {cot.path}: no question has a retrieved context (method cot): nothing to judge"]
+    rag = RunFolder.create(tmp_path / "rag", {**base, "method": "simple_rag",
+                                             "index": {"path": str(bm25_index), "corpus_fingerprint": "f" * 64}})
+    rag.predictions.append({"qid": "d1", "passages": [{"id": "p3", "queries": [0]}]})
+    code, err = error_of(capsys, ["judge", str(rag.path), "--no-mlflow"])
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"hcqr: error: index {bm25_index} was built from another corpus") and "ffffffffffff" in err[0]
+    assert not (cot.path / "dur.json").exists() and not (rag.path / "dur.json").exists()

@@ -233,7 +233,7 @@ def test_compare_shows_a_method_that_ran_on_its_fallback_evidence_and_hypothesis
     evidence = report.split("## Evidence in the context (judge-free)")[1].split("##")[0]
     assert "| simple_rag | 4 | 100.0% |" in evidence and "| hcqr | 4 |" in evidence and "| cot |" not in evidence
     # the hypothesis always said B (gold A): 0/4 right; CoT answered A: 4/4, b = 4, exact p = 2 * 0.5**4
-    assert "| hcqr | 4 | 0.0% | 100.0% | 4 | 0 | 0.125 |" in report
+    assert "| hcqr | cot | 4 | 0.0% | 100.0% | 4 | 0 | 0.125 |" in report
     summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert summary["hypothesis_vs_cot"]["hcqr"]["p_value"] == pytest.approx(0.125)
     assert summary["fallbacks"]["hcqr"]["queries_from_hypothesis"] == {"questions": 4, "rate": 1.0, "total": 12}
@@ -331,3 +331,51 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     _, files = compare([a, b], out_dir=tmp_path / "out")
     png = next(f for f in files if f.name == "accuracy_vs_cost.png")
     assert Image.open(png).size[0] > 900
+
+
+def test_a_question_recorded_twice_is_refused_and_same_method_runs_keep_distinct_labels(tmp_path):
+    a = make_run(tmp_path / "cot", "cot", [True, False, True])
+    b = make_run(tmp_path / "hcqr-b15", "hcqr", [True, True, False])
+    c = make_run(tmp_path / "hcqr-b10", "hcqr", [False, True, False])
+    report, _ = compare([a, b, c], out_dir=tmp_path / "out", reference=str(a) + "/")  # a trailing slash names it too
+    summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert set(summary["runs"]) == {"cot", "hcqr (local) (hcqr-b15)", "hcqr (local) (hcqr-b10)"}
+    assert summary["runs"]["hcqr (local) (hcqr-b10)"]["accuracy"] == pytest.approx(1 / 3)
+    (b / "predictions.jsonl").write_text((b / "predictions.jsonl").read_text() + (b / "predictions.jsonl").read_text().splitlines()[-1] + "\n")
+    with pytest.raises(HCQRError, match=r"predictions.jsonl: question 'q2' is recorded twice"):
+        compare([a, b], out_dir=tmp_path / "out")
+
+
+def test_hypothesis_vs_cot_names_each_cot_run(tmp_path):
+    a = make_run(tmp_path / "cot-a", "cot", [True, True, True, True])
+    b = make_run(tmp_path / "cot-b", "cot", [False, False, False, False])
+    h = make_run(tmp_path / "hcqr", "hcqr", [True, True, True, True], hypothesis=["A", "A", "B", "B"])
+    report, _ = compare([h, a, b], out_dir=tmp_path / "out")
+    section = report.split("orking hypothesis")[1]
+    assert "| hcqr | cot (local) (cot-a) | 4 | 50.0% | 100.0% |" in section
+    assert "| hcqr | cot (local) (cot-b) | 4 | 50.0% | 0.0% |" in section
+
+
+def test_qrels_for_other_questions_or_without_a_relevant_passage(tmp_path):
+    from hcqr_dspy.evidence import load_qrels, qrels_metrics
+
+    rows = [{"qid": "q0", "passages": [{"id": "p1"}]}, {"qid": "q1", "passages": [{"id": "p2"}]}]
+    # a question whose qrels hold no relevant passage is left out, not scored 0 (trec_eval's convention)
+    m = qrels_metrics(rows, {"q0": {"p1": 1}, "q1": {"p2": 0}}, k=1)
+    assert (m["qrels_n"], m["recall_at_1"], m["qrels_no_relevant"]) == (1, 1.0, 1)
+    (tmp_path / "dec.json").write_text(json.dumps({"q0": {"p1": 1.0}}))
+    with pytest.raises(HCQRError, match=r"passage 'p1' has relevance 1.0; relevance must be a whole number"):
+        load_qrels(tmp_path / "dec.json")
+    a = make_run(tmp_path / "a", "simple_rag", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True])
+    for run in (a, b):
+        lines = [json.loads(x) for x in (run / "predictions.jsonl").read_text().splitlines()]
+        for r, rr in zip(lines, rows):
+            r["passages"] = rr["passages"]
+        (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "other.json").write_text(json.dumps({"demo-001": ["p1"]}))
+    with pytest.raises(HCQRError, match=r"qrels .*other.json mark a relevant passage for none of the 2 compared"):
+        compare([a, b], out_dir=tmp_path / "out", qrels=tmp_path / "other.json")
+    (tmp_path / "mixed.json").write_text(json.dumps({"q0": ["p1"], "q1": {"p2": 0}}))
+    report, _ = compare([a, b], out_dir=tmp_path / "out", qrels=tmp_path / "mixed.json")
+    assert "1 question(s) listed there with no relevant passage are left out" in report

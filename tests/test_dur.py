@@ -114,6 +114,8 @@ def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, ti
     assert js[1]["valid"] is False  # MAYBE is not a label
     assert (js[0]["judge_lm"], js[0]["mode"], js[0]["reasoning"]) == ("dummy", "context", True)
     assert js[0]["negative_from"] == "d2" and js[1]["negative_from"] == "d1"
+    # the controls' reasoning is kept too, so a judge that calls a negative control useful can be checked
+    assert {js[0]["positive_rationale"], js[0]["negative_rationale"]} <= {"it says so", "glycoside"}
     assert m["dur"] == 1.0 and m["dur_invalid"] == 1 and m["dur_positive_control"] == 1.0
     prompts = [h["messages"][-1]["content"] for h in lm.history]
     d1 = next(p for p in prompts if "Yellow vision" in p and "Document [1] (Title: Digoxin toxicity)" in p)
@@ -196,3 +198,15 @@ def test_a_bad_judged_sample_is_one_line(tmp_path, tiny_corpus):
     with pytest.raises(HCQRError, match=r"question sample cannot be rebuilt .*name the questions with --ids"):
         judged_sample(RunFolder(runs["run"].path), limit=2)
     assert RunFolder(runs["run"].path).judgments() == []  # nothing judged by any refused call
+
+
+def test_passage_mode_keeps_each_passage_s_reasoning_and_the_deciding_one(run_folder, tiny_corpus):
+    lm = DummyLM({"the correct answer is": {"reasoning": "stated", "label": "ENTAILED"},
+                  "Title: Digoxin toxicity": {"reasoning": "names the glycoside", "label": "ENTAILED"},
+                  "Title: Iron deficiency": {"reasoning": "unrelated", "label": "NOT_USEFUL"},
+                  "Myasthenia": {"reasoning": "ptosis", "label": "USEFUL"}}, adapter=dspy.JSONAdapter())
+    judge_run(run_folder, BM25Retriever(tiny_corpus, show_progress=False), lm, mode="passage", progress=False)
+    d1 = RunFolder(run_folder).judgments()[0]
+    assert d1["passage_labels"] == ["ENTAILED", "NOT_USEFUL"]
+    assert d1["passage_rationales"] == ["names the glycoside", "unrelated"]
+    assert (d1["label"], d1["rationale"]) == ("ENTAILED", "names the glycoside")  # the passage that decided the label

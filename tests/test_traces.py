@@ -4,6 +4,7 @@ correctness / validity / hypothesis outcome as feedback, the questions as an eva
 the run's input, the evaluation scored with mlflow.genai.evaluate; and DUR labels on the traces."""
 
 import json
+from pathlib import Path
 
 import dspy
 import mlflow
@@ -163,6 +164,17 @@ def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(t
     judge_and_track(tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(), mlflow_dir=tracked_run["store"],
                     progress=False)
     assert all([a.name for a in t.info.assessments].count("dur") == 1 for t in traces_of(run_id))
+    # judged again with other settings, as the refusal says (delete the judgments): the labels and the
+    # settings are replaced (MLflow params could not change: the settings are tags)
+    for name in ("judgments.jsonl", "dur.json"):
+        (Path(tracked_run["run_dir"]) / name).unlink()
+    judge_and_track(tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm("ENTAILED"), reasoning=False,
+                    mlflow_dir=tracked_run["store"], progress=False)
+    assert mlflow.get_run(run_id).data.tags["dur.reasoning"] == "False"
+    for trace in traces_of(run_id):
+        dur = [a for a in trace.info.assessments if a.name == "dur"]
+        assert [a.value for a in dur] == ["ENTAILED"] and dur[0].metadata["reasoning"] == "False"
+        assert [a.name for a in trace.info.assessments].count("dur_positive_control") == 1
 
 
 def test_the_dur_judge_is_an_mlflow_scorer(tracked_run):
