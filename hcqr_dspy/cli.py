@@ -566,8 +566,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_judge(args: argparse.Namespace) -> int:
     from hcqr_dspy.dur import check_judge_index, judge_and_track, judgeable
+    from hcqr_dspy.lm import parse_lm_spec
     from hcqr_dspy.run_folder import RunError, RunFolder
 
+    if args.seed is not None and args.limit is None:
+        raise HCQRError("--seed draws the --limit sample: give --limit N with it")
+    if args.judge_lm is not None:
+        parse_lm_spec(args.judge_lm, api_base=args.api_base, api_key_env=args.api_key_env, option="--judge-lm")
     for run_dir in args.runs:  # every run checked before any LM is loaded
         folder = RunFolder.open(run_dir)
         if not judgeable(folder):
@@ -578,7 +583,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
             run_dir, judge_lm=args.judge_lm, mode=args.mode, reasoning=not args.no_reasoning, index=args.index,
             mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, num_threads=args.threads,
             max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
-            limit=args.limit, seed=args.seed, ids=_id_list(args.ids),
+            limit=args.limit, seed=0 if args.seed is None else args.seed, ids=_id_list(args.ids),
         )
         if metrics is not None:
             print(json.dumps({"run": str(run_dir), **metrics}))
@@ -800,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="judge a seeded sample of N of the run's questions, drawn as `hcqr eval --limit` draws, so "
                              "runs over the same questions are judged on the same ones (default: all)")
     sample.add_argument("--ids", default=None, help="judge only these comma-separated question ids (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the --limit sample (default 0)")
     _add_mlflow_args(p)
     p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
     p.add_argument("--api-key-env", default=None,

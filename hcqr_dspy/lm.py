@@ -397,8 +397,11 @@ class LMConfig:
         return {k: str(v) for k, v in self.__dict__.items() if v is not None}
 
 
-def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | None = None) -> LMConfig:
+def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | None = None,
+                  option: str = "--lm") -> LMConfig:
     """Resolve an ``--lm`` spec without loading anything heavy.
+
+    ``option`` is the flag the spec came from (``--judge-lm``, ``--reflection-lm`` ...), named in errors.
 
     Raises:
         LMSpecError: empty spec, unknown ``local:`` name, ``gguf:`` without a
@@ -406,20 +409,20 @@ def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | Non
     """
     spec = (spec or "").strip()
     if not spec:
-        raise LMSpecError("empty --lm spec")
+        raise LMSpecError(f"empty {option} spec")
     if spec == "local" or spec.startswith("local:"):
         name = spec.partition(":")[2] or DEFAULT_LOCAL
         if name not in PACKAGED_MODELS:
-            raise LMSpecError(f"unknown packaged model {name!r} in --lm {spec!r}; choose one of {', '.join(PACKAGED_MODELS)}")
+            raise LMSpecError(f"unknown packaged model {name!r} in {option} {spec!r}; choose one of {', '.join(PACKAGED_MODELS)}")
         return LMConfig(spec, "packaged", f"llama_cpp/{name}")
     if spec.startswith("gguf:"):
         path = spec[len("gguf:"):]
         if not path:
-            raise LMSpecError("--lm gguf: needs a path, e.g. gguf:/models/model.gguf")
+            raise LMSpecError(f"{option} gguf: needs a path, e.g. gguf:/models/model.gguf")
         return LMConfig(spec, "gguf", f"llama_cpp/{Path(path).stem}", path=path)
     if "/" not in spec:
         raise LMSpecError(
-            f"unknown --lm spec {spec!r}: use local, local:<name> ({', '.join(PACKAGED_MODELS)}), gguf:<path>, "
+            f"unknown {option} spec {spec!r}: use local, local:<name> ({', '.join(PACKAGED_MODELS)}), gguf:<path>, "
             "or a LiteLLM model name with its provider prefix (openai/..., ollama_chat/..., hosted_vllm/...)"
         )
     return LMConfig(spec, "litellm", spec, api_base=api_base, api_key_env=api_key_env)

@@ -492,7 +492,8 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
         if reflection_lm is None and not reflection_spec:
             raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set reflection_lm in the recipe")
         if reflection_spec:
-            parse_lm_spec(reflection_spec, api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env)
+            parse_lm_spec(reflection_spec, api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env,
+                          option="--reflection-lm")
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
         raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")

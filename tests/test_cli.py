@@ -235,4 +235,8 @@ def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus
     code, err = error_of(capsys, ["judge", str(rag.path), "--no-mlflow"])
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"hcqr: error: index {bm25_index} was built from another corpus") and "ffffffffffff" in err[0]
+    code, err = error_of(capsys, ["judge", str(rag.path), "--index", str(bm25_index), "--seed", "3", "--no-mlflow"])
+    assert code == 2 and err == ["hcqr: error: --seed draws the --limit sample: give --limit N with it"]
+    code, err = error_of(capsys, ["judge", str(rag.path), "--index", str(bm25_index), "--judge-lm", "gpt4", "--no-mlflow"])
+    assert code == 2 and len(err) == 1 and err[0].startswith("hcqr: error: unknown --judge-lm spec 'gpt4'")
     assert not (cot.path / "dur.json").exists() and not (rag.path / "dur.json").exists()

@@ -342,6 +342,7 @@ class NoCall:
     "overrides, error, message",
     [
         ({"recipe": str(RECIPES / "gepa.yaml")}, RecipeError, "needs a reflection LM"),
+        ({"recipe": str(RECIPES / "gepa.yaml"), "reflection_lm": "gpt4"}, HCQRError, "unknown --reflection-lm spec 'gpt4'"),
         ({"method": "magic"}, HCQRError, "unknown method 'magic'"),
         ({"train_size": 2}, RecipeError, "too small for recipe 'bootstrap_fewshot'.*at least 4"),
         ({"holdout": ["HOLDOUT"]}, HCQRError, r"overlaps the training set 'medmcqa': 6 question\(s\) \(.*; 6 match by id, 6 by question text\)"),
