@@ -546,8 +546,9 @@ def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[
         a, b = q0.get("content_sha256"), q.get("content_sha256")
         same = a == b if a and b else (folders[0].dataset == folder.dataset and q0.get("ids_sha256") == q.get("ids_sha256"))
         if not same:
+            what = "share question ids but not questions" if set(ids) & set(first) else "were made over other questions"
             raise RunError(
-                f"runs share question ids but not questions: {folders[0].path} was made over {folders[0].dataset} "
+                f"runs {what}: {folders[0].path} was made over {folders[0].dataset} "
                 f"(questions {str(a or q0.get('ids_sha256'))[:12]}), {folder.path} over {folder.dataset} "
                 f"(questions {str(b or q.get('ids_sha256'))[:12]}); a paired comparison needs the same questions"
             )

@@ -175,6 +175,9 @@ def test_runs_over_different_question_files_that_share_ids_are_refused(tmp_path)
         compare([a, b], out_dir=tmp_path / "out")
     c = make_run(tmp_path / "c", "hcqr", [True, True], dataset="copy-of-medqa.json", content="medqa")
     compare([a, c], out_dir=tmp_path / "out")  # the same questions from another path: compared
+    d = make_run(tmp_path / "d", "hcqr", [True], qids=["x0"], dataset="other.json", content="other")
+    with pytest.raises(HCQRError, match=r"runs were made over other questions: .*medqa\.json.*other\.json"):
+        compare([a, d], out_dir=tmp_path / "out", common=True)  # no id in common: not "share question ids"
 
 
 def test_non_utf8_predictions_are_one_line(tmp_path, capsys):
