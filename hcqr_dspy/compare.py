@@ -413,26 +413,46 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
 
 
 def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
-    """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run."""
+    """Write :func:`dur_figure` to ``out``; ``None`` when no run was judged."""
+    fig = dur_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def dur_figure(runs: Sequence[Run]):
+    """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run, each bar named
+    with how many questions were judged, and the judge's control rates (share of positive and of negative
+    controls labelled useful) as markers on the bar; the legend gives the trust limits (:data:`hcqr_dspy.dur.CONTROL_LIMITS`).
+
+    Returns:
+        A matplotlib figure, or ``None`` when no run was judged.
+    """
     judged = [r for r in runs if r.dur.get("dur_n")]
     if not judged:
         return None
     plt = _pyplot()
 
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(judged)), 3.5))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(judged)), 3.8))
+    names = [f"{r.label}\n({r.dur['dur_n']} judged)" for r in judged]
     bottom = [0.0] * len(judged)
     for key, color in (("entailed", "#2ca02c"), ("useful", "#98df8a"), ("not_useful", "#d62728"), ("invalid", "#7f7f7f")):
         vals = []
         for r in judged:
             n, inv = r.dur["dur_n"], r.dur["dur_invalid"]
             vals.append(inv / n if key == "invalid" else r.dur.get(f"dur_{key}", 0.0) * (n - inv) / n)
-        ax.bar([r.label for r in judged], vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color)
+        ax.bar(names, vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color, width=0.6)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    for key, marker, label in (("positive", "^", f"positive controls useful (trusted ≥ {CONTROL_LIMITS['positive_min']:.0%})"),
+                               ("negative", "v", f"negative controls useful (trusted ≤ {CONTROL_LIMITS['negative_max']:.0%})")):
+        points = [(i, r.dur[f"dur_{key}_control"]) for i, r in enumerate(judged) if f"dur_{key}_control" in r.dur]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none", marker=marker, markersize=9,
+                    markerfacecolor="white", markeredgecolor="black", label=label)
     ax.set_ylabel("share of judged questions")
-    ax.set_title(f"Decision-Useful Rate labels\n{plot_context(judged)}", fontsize=10)
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Decision-Useful Rate labels and judge controls\n{plot_context(judged)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plt.xticks(rotation=20, ha="right")
-    return _save(fig, out)
+    return fig
 
 
 def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:

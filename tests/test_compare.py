@@ -313,7 +313,7 @@ def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_log
 def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_against_cost(tmp_path):
     from PIL import Image
 
-    from hcqr_dspy.compare import accuracy_vs_cost_figure, hypothesis_changes_figure, load_run
+    from hcqr_dspy.compare import accuracy_vs_cost_figure, dur_figure, hypothesis_changes_figure, load_run
 
     a = make_run(tmp_path / "a", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
     b = make_run(tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json")
@@ -330,6 +330,17 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     points = {c.get_label(): (c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in calls.containers}
     assert points == {"simple_rag": (3.0, 0.4), "hcqr": (3.0, 0.8)}
     assert [c.lines[0].get_xdata()[0] for c in tokens.containers] == [110.0, 110.0]
+    # DUR bars say how many questions were judged; the judge's control rates are markers on them
+    judged = make_run(tmp_path / "judged", "hcqr", [True] * 5, dataset="/data/medqa.json",
+                      dur={"dur_n": 4, "dur_invalid": 0, "dur_useful": 0.25, "dur_not_useful": 0.75, "dur": 0.25,
+                           "dur_positive_control": 0.75, "dur_negative_control": 0.5})
+    old = make_run(tmp_path / "old", "simple_rag", [True] * 5, dataset="/data/medqa.json",
+                   dur={"dur_n": 5, "dur_invalid": 1, "dur_useful": 0.5, "dur_not_useful": 0.5, "dur": 0.5})
+    fig = dur_figure([load_run(judged), load_run(old), load_run(a)])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["hcqr\n(4 judged)", "simple_rag\n(5 judged)"]
+    markers = {ln.get_label().split(" controls")[0]: (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
+    assert markers == {"positive": ([0], [0.75]), "negative": ([0], [0.5])}  # the run judged without controls: none
     # written whole: the title fits in the image (bbox_inches="tight"), the plot is among compare's files
     _, files = compare([a, b], out_dir=tmp_path / "out")
     png = next(f for f in files if f.name == "accuracy_vs_cost.png")
