@@ -68,8 +68,11 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 	$(MILVUS_VENV)/bin/python -c "import milvus; milvus._initialize_data_files('$(MILVUS_VENV)/server')"
 	@mkdir -p $(@D) && touch $@
 
+# pytest-xdist: one worker per core (at most 4), each test file kept on one worker (--dist loadfile), so a
+# file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. Most of the long tests
+# wait on a server or one LM thread, so two workers on 2 cores overlap them.
 test: setup-model-135m setup-milvus-server
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 demo: setup-model-1p5b
 	$(VENV)/bin/hcqr demo
