@@ -382,7 +382,8 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
     extra cost (HCQR's three LM calls against Simple RAG's one) paid back in accuracy?
 
     Left: LM calls per question (every request the method makes, served by the model or by DSPy's
-    cache). Right: tokens per question (prompt + completion, counted on calls the model served).
+    cache). Right: tokens per question (prompt + completion, counted on calls the model served). Runs are told
+    apart by colour, named in one legend under the axes.
 
     Returns:
         The matplotlib figure (two axes).
@@ -402,12 +403,14 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
             acc = run.metrics["accuracy"]
             ax.errorbar([x[i]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4, color=colors[i % len(colors)],
                         label=run.label)
-            ax.annotate(run.label, (x[i], acc), textcoords="offset points", xytext=(6, 4), fontsize=8)
         ax.set_xlabel(xlabel)
         ax.set_xlim(left=0, right=max(x) * 1.25 if max(x) > 0 else 1)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy (95% Wilson CI)")
     axes[0].set_ylim(0, 1)
+    # one legend under both axes: labels written beside the points overlapped where two runs cost the same
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(runs), 4), fontsize=8, frameon=False)
     fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
     return fig
 

@@ -330,6 +330,9 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     points = {c.get_label(): (c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in calls.containers}
     assert points == {"simple_rag": (3.0, 0.4), "hcqr": (3.0, 0.8)}
     assert [c.lines[0].get_xdata()[0] for c in tokens.containers] == [110.0, 110.0]
+    # two runs at the same cost: named once each in the figure's legend, no label written over a point
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["simple_rag", "hcqr"]
+    assert not calls.texts and not tokens.texts
     # DUR bars say how many questions were judged; the judge's control rates are markers on them
     judged = make_run(tmp_path / "judged", "hcqr", [True] * 5, dataset="/data/medqa.json",
                       dur={"dur_n": 4, "dur_invalid": 0, "dur_useful": 0.25, "dur_not_useful": 0.75, "dur": 0.25,
