@@ -70,7 +70,7 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 
 # pytest-xdist: one worker per core (at most 4), each test file kept on one worker (--dist loadfile), so a
 # file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. The longest test mostly
-# waits (a Milvus restart, for its port to leave TIME_WAIT); on 2 cores the suite took 368 s against 682 s.
+# waits (a Milvus restart, for its port to leave TIME_WAIT); on 2 cores the suite took 368-470 s against 682 s.
 test: setup-model-135m setup-milvus-server
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
