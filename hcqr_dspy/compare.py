@@ -646,6 +646,43 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), figures
 
 
+def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
+    """Markdown and figures: for each pair of runs that record working hypotheses (HCQR and its variants), on
+    the questions both answered with one, how often the two runs share the hypothesis letter, the retrieval
+    queries (in order) and the shown passages (ids, in order); ``("", {})`` with fewer than two such runs.
+
+    An ablation that changes only the answer step (``hcqr`` against ``hcqr_show_hypothesis``) differs from
+    its base by that step alone on the questions where all three agree. They need not agree even with the
+    same prompts at temperature 0: llama.cpp's output can change with the machine and with the calls made
+    before (the study in ``experiments/results/study_mmlu`` measured it), so the report says how often they do.
+    """
+    with_h = [r for r in runs if r.hypothesis_correct is not None]
+    if len(with_h) < 2:
+        return "", {}
+
+    def upstream(run: Run) -> dict[str, tuple]:
+        return {r["qid"]: (r["hypothesis"].get("working_hypothesis"), tuple(r.get("queries") or ()),
+                           tuple(p.get("id") for p in r.get("passages") or ()))
+                for r in run.rows if r.get("hypothesis")}
+
+    lines = ["| runs | n | same hypothesis letter | same queries | same passages | all three |",
+             "|---|---:|---:|---:|---:|---:|"]
+    figures = {}
+    for i, a in enumerate(with_h):
+        for b in with_h[i + 1:]:
+            ua, ub = upstream(a), upstream(b)
+            both = sorted(ua.keys() & ub.keys())
+            n = len(both)
+            same = [tuple(x == y for x, y in zip(ua[q], ub[q])) for q in both]
+            counts = {"n": n, "same_hypothesis": sum(s[0] for s in same), "same_queries": sum(s[1] for s in same),
+                      "same_passages": sum(s[2] for s in same), "same_all": sum(all(s) for s in same)}
+            figures[f"{a.label} vs {b.label}"] = counts
+            cells = " | ".join(f"{counts[k]} ({counts[k] / n:.0%})" if n else "–"
+                               for k in ("same_hypothesis", "same_queries", "same_passages", "same_all"))
+            lines.append(f"| {a.label} vs {b.label} | {n} | {cells} |")
+    return "\n".join(lines), figures
+
+
 def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
             qrels: str | Path | None = None, common: bool = False) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
@@ -707,6 +744,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
                                             explicit=bool(qrels))
     controls, flags = dur_controls_table(ordered)
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
+    agreement, agreement_figures = upstream_agreement(ordered)
     warnings += flags
     report = "\n\n".join(
         [
@@ -740,6 +778,11 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
            if h_vs_cot else [])
         + ([f"## Working hypothesis vs final answer\n\n{hyp}\n\nfixed = a wrong hypothesis turned into a right answer; "
              "broke = a right hypothesis turned into a wrong answer."] if (hyp := hypothesis_table(ordered)) else [])
+        + ([f"## Working hypotheses across runs\n\n{agreement}\n\nOn the questions both runs answered with a working "
+             "hypothesis: how often they formed the same hypothesis letter, rewrote it into the same queries and "
+             "showed the same passages. Where these differ, a difference between the runs is not only that of their "
+             "programs' answer steps (an LM can give other replies to the same prompt on another machine or after "
+             "other calls)."] if agreement else [])
         + [
             "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
@@ -758,6 +801,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
         "qrels": qrels_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
+        "upstream_agreement": agreement_figures,
     }
     js = out / "comparison.json"
     js.write_text(json.dumps(summary, indent=2) + "\n")

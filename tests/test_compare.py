@@ -396,3 +396,29 @@ def test_qrels_for_other_questions_or_without_a_relevant_passage(tmp_path):
     (tmp_path / "mixed.json").write_text(json.dumps({"q0": ["p1"], "q1": {"p2": 0}}))
     report, _ = compare([a, b], out_dir=tmp_path / "out", qrels=tmp_path / "mixed.json")
     assert "1 question(s) listed there with no relevant passage are left out" in report
+
+
+def test_runs_with_hypotheses_report_how_often_their_upstream_stages_agree(tmp_path):
+    def with_upstream(folder, queries, passages):
+        rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+        for row, q, p in zip(rows, queries, passages):
+            row["queries"], row["passages"] = q, [{"id": i, "score": 1.0} for i in p]
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return folder
+
+    base = with_upstream(make_run(tmp_path / "hcqr", "hcqr", [True] * 4, hypothesis=["A", "A", "B", "C"]),
+                         [["x", "y"], ["x"], ["z"], ["w"]], [["p1", "p2"], ["p1", "p9"], ["p3"], ["p4"]])
+    # q0 all agree; q1 same letter and queries, passages in another order; q2 other queries; q3 other letter
+    shown = with_upstream(make_run(tmp_path / "shown", "hcqr_show_hypothesis", [True] * 4, hypothesis=["A", "A", "B", "D"]),
+                          [["x", "y"], ["x"], ["z2"], ["w"]], [["p1", "p2"], ["p9", "p1"], ["p3"], ["p4"]])
+    cot = make_run(tmp_path / "cot", "cot", [True] * 4)
+    report, _ = compare([cot, base, shown], out_dir=tmp_path / "out")
+    section = report.split("## Working hypotheses across runs")[1].split("##")[0]
+    assert "| hcqr vs hcqr_show_hypothesis | 4 | 3 (75%) | 3 (75%) | 3 (75%) | 1 (25%) |" in section
+    assert "cot" not in section
+    summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert summary["upstream_agreement"] == {"hcqr vs hcqr_show_hypothesis": {
+        "n": 4, "same_hypothesis": 3, "same_queries": 3, "same_passages": 3, "same_all": 1}}
+    # one run with hypotheses: no section
+    report, _ = compare([cot, base], out_dir=tmp_path / "out2")
+    assert "across runs" not in report
