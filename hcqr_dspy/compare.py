@@ -649,12 +649,13 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
 def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
     """Markdown and figures: for each pair of runs that record working hypotheses (HCQR and its variants), on
     the questions both answered with one, how often the two runs share the hypothesis letter, the retrieval
-    queries (in order) and the shown passages (ids, in order); ``("", {})`` with fewer than two such runs.
+    queries (in order) and the shown passages (ids, in order; ``None`` / "–" where a run does not retrieve,
+    as ``hcqr_hypothesis``); ``("", {})`` with fewer than two such runs.
 
     An ablation that changes only the answer step (``hcqr`` against ``hcqr_show_hypothesis``) differs from
     its base by that step alone on the questions where all three agree. They need not agree even with the
-    same prompts at temperature 0: llama.cpp's output can change with the machine and with the calls made
-    before (the study in ``experiments/results/study_mmlu`` measured it), so the report says how often they do.
+    same prompts at temperature 0: a reply can change with the machine the LM runs on (the committed study's
+    HCQR cells, run on two machines, disagree on hypotheses), so the report says how often they do.
     """
     with_h = [r for r in runs if r.hypothesis_correct is not None]
     if len(with_h) < 2:
@@ -674,10 +675,14 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
             both = sorted(ua.keys() & ub.keys())
             n = len(both)
             same = [tuple(x == y for x, y in zip(ua[q], ub[q])) for q in both]
-            counts = {"n": n, "same_hypothesis": sum(s[0] for s in same), "same_queries": sum(s[1] for s in same),
-                      "same_passages": sum(s[2] for s in same), "same_all": sum(all(s) for s in same)}
+            # runs without retrieval (hcqr_hypothesis) have no queries to agree on
+            retrieve = all(any(u[1] for u in (ua if r is a else ub).values()) for r in (a, b))
+            counts = {"n": n, "same_hypothesis": sum(s[0] for s in same),
+                      "same_queries": sum(s[1] for s in same) if retrieve else None,
+                      "same_passages": sum(s[2] for s in same) if retrieve else None,
+                      "same_all": sum(all(s) for s in same) if retrieve else None}
             figures[f"{a.label} vs {b.label}"] = counts
-            cells = " | ".join(f"{counts[k]} ({counts[k] / n:.0%})" if n else "–"
+            cells = " | ".join(f"{counts[k]} ({counts[k] / n:.0%})" if n and counts[k] is not None else "–"
                                for k in ("same_hypothesis", "same_queries", "same_passages", "same_all"))
             lines.append(f"| {a.label} vs {b.label} | {n} | {cells} |")
     return "\n".join(lines), figures
@@ -781,8 +786,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         + ([f"## Working hypotheses across runs\n\n{agreement}\n\nOn the questions both runs answered with a working "
              "hypothesis: how often they formed the same hypothesis letter, rewrote it into the same queries and "
              "showed the same passages. Where these differ, a difference between the runs is not only that of their "
-             "programs' answer steps (an LM can give other replies to the same prompt on another machine or after "
-             "other calls)."] if agreement else [])
+             "programs' answer steps (an LM can give another reply to the same prompt, e.g. on another machine)."] if agreement else [])
         + [
             "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),

@@ -419,6 +419,10 @@ def test_runs_with_hypotheses_report_how_often_their_upstream_stages_agree(tmp_p
     summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert summary["upstream_agreement"] == {"hcqr vs hcqr_show_hypothesis": {
         "n": 4, "same_hypothesis": 3, "same_queries": 3, "same_passages": 3, "same_all": 1}}
+    # a run of the hypothesis step alone retrieves nothing: only the letters are compared
+    alone = make_run(tmp_path / "alone", "hcqr_hypothesis", [True] * 4, hypothesis=["A", "B", "B", "C"])
+    report, _ = compare([base, alone], out_dir=tmp_path / "out3")
+    assert "| hcqr vs hcqr_hypothesis | 4 | 3 (75%) | – | – | – |" in report
     # one run with hypotheses: no section
     report, _ = compare([cot, base], out_dir=tmp_path / "out2")
     assert "across runs" not in report
