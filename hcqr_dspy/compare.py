@@ -654,8 +654,9 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
 
     An ablation that changes only the answer step (``hcqr`` against ``hcqr_show_hypothesis``) differs from
     its base by that step alone on the questions where all three agree. They need not agree even with the
-    same prompts at temperature 0: a reply can change with the machine the LM runs on (the committed study's
-    HCQR cells, run on two machines, disagree on hypotheses), so the report says how often they do.
+    same prompts at temperature 0: a reply can change with the machine the LM runs on (the committed
+    study's HCQR cells, run in different sessions on different machines, disagree on hypotheses), so the
+    report says how often they do.
     """
     with_h = [r for r in runs if r.hypothesis_correct is not None]
     if len(with_h) < 2:
