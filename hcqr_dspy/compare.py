@@ -654,9 +654,8 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
 
     An ablation that changes only the answer step (``hcqr`` against ``hcqr_show_hypothesis``) differs from
     its base by that step alone on the questions where all three agree. They need not agree even with the
-    same prompts at temperature 0: a reply can change with the machine the LM runs on (the committed
-    study's HCQR cells, run in different sessions on different machines, disagree on hypotheses), so the
-    report says how often they do.
+    same prompts at temperature 0: the committed study's two HCQR cells, run in different sessions on
+    fresh machines, disagree on some hypotheses, so the report says how often they do.
     """
     with_h = [r for r in runs if r.hypothesis_correct is not None]
     if len(with_h) < 2:
@@ -667,17 +666,19 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
                            tuple(p.get("id") for p in r.get("passages") or ()))
                 for r in run.rows if r.get("hypothesis")}
 
+    ups = [upstream(r) for r in with_h]
+    # runs without retrieval (hcqr_hypothesis) have no queries to agree on
+    retrieves = [any(u[1] for u in up.values()) for up in ups]
     lines = ["| runs | n | same hypothesis letter | same queries | same passages | all three |",
              "|---|---:|---:|---:|---:|---:|"]
     figures = {}
     for i, a in enumerate(with_h):
-        for b in with_h[i + 1:]:
-            ua, ub = upstream(a), upstream(b)
+        for j in range(i + 1, len(with_h)):
+            b, ua, ub = with_h[j], ups[i], ups[j]
             both = sorted(ua.keys() & ub.keys())
             n = len(both)
             same = [tuple(x == y for x, y in zip(ua[q], ub[q])) for q in both]
-            # runs without retrieval (hcqr_hypothesis) have no queries to agree on
-            retrieve = all(any(u[1] for u in (ua if r is a else ub).values()) for r in (a, b))
+            retrieve = retrieves[i] and retrieves[j]
             counts = {"n": n, "same_hypothesis": sum(s[0] for s in same),
                       "same_queries": sum(s[1] for s in same) if retrieve else None,
                       "same_passages": sum(s[2] for s in same) if retrieve else None,
@@ -787,7 +788,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         + ([f"## Working hypotheses across runs\n\n{agreement}\n\nOn the questions both runs answered with a working "
              "hypothesis: how often they formed the same hypothesis letter, rewrote it into the same queries and "
              "showed the same passages. Where these differ, a difference between the runs is not only that of their "
-             "programs' answer steps (an LM can give another reply to the same prompt, e.g. on another machine)."] if agreement else [])
+             "programs' answer steps (an LM can give another reply to the same prompt, e.g. in another session)."] if agreement else [])
         + [
             "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
