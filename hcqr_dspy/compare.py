@@ -690,6 +690,27 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), figures
 
 
+def session_summary(run: Run) -> dict[str, Any]:
+    """How many ``hcqr eval`` sessions wrote a run's rows, and on which machines
+    (:func:`hcqr_dspy.provenance.machine_key`, oldest first); ``sessions`` is 0 for a run
+    written before sessions were recorded."""
+    from hcqr_dspy.provenance import machine_key
+
+    evals = [s for s in run.folder.sessions() if s.get("command") == "eval"]
+    return {"sessions": len(evals), "machines": list(dict.fromkeys(machine_key(s) for s in evals))}
+
+
+def provenance_line(run: Run) -> str:
+    """The Runs section's note on where a run's rows were made (``sessions.jsonl``)."""
+    summary = session_summary(run)
+    if not summary["sessions"]:
+        return "sessions not recorded (made before hcqr-dspy recorded them)"
+    machines = summary["machines"]
+    where = (f"on one machine: {machines[0]}" if len(machines) == 1
+             else f"on {len(machines)} different machines or LM stacks: " + " | ".join(machines))
+    return f"rows written in {summary['sessions']} session(s) {where}"
+
+
 def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
             qrels: str | Path | None = None, common: bool = False) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
@@ -790,7 +811,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
              "showed the same passages. Where these differ, a difference between the runs is not only that of their "
              "programs' answer steps (an LM can give another reply to the same prompt, e.g. in another session)."] if agreement else [])
         + [
-            "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`" for r in ordered),
+            "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`; {provenance_line(r)}" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
         ]
         + ([f"## Programs: instructions and demos\n\n{diff}"] if (diff := program_diff(ordered, ref)) else [])
@@ -808,6 +829,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         "qrels": qrels_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
         "upstream_agreement": agreement_figures,
+        "sessions": {r.label: session_summary(r) for r in ordered},
     }
     js = out / "comparison.json"
     js.write_text(json.dumps(summary, indent=2) + "\n")

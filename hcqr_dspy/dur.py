@@ -334,6 +334,8 @@ def judge_run(
         return ProgramError(f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
                             "fix it and run the same command again to resume", row["qid"], tb)
 
+    if {r["qid"] for r in todo} - {j["qid"] for j in done}:
+        folder.record_session("judge", lm)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         judgments, _, _ = folder.judgments_table.map(todo, lambda r: r["qid"], judged, LM_UNAVAILABLE, num_threads,
                                                      progress, on_error=bug)

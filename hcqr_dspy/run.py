@@ -274,6 +274,8 @@ def run_evaluation(
         )
         check_lm(lm)
     folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
+    if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
+        folder.record_session("eval", lm)  # only a session that has questions to answer writes rows
     if not track:
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             return evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row), folder.path, None

