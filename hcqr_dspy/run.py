@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -275,7 +276,7 @@ def run_evaluation(
         check_lm(lm)
     folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
     if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
-        folder.record_session("eval", lm)  # only a session that has questions to answer writes rows
+        note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
     if not track:
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             return evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row), folder.path, None
@@ -317,6 +318,19 @@ def run_evaluation(
 
 
 SCORED_TAG = "hcqr.scored"
+
+
+def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
+    """Say on stderr when a resumed run's earlier rows were written on another machine or LM stack
+    (:func:`hcqr_dspy.provenance.machine_key`): at temperature 0 the LM need not reply as it did there."""
+    from hcqr_dspy.provenance import machine_key
+
+    now = machine_key(session)
+    earlier = [machine_key(s) for s in folder.sessions()[:-1] if s.get("command") == "eval"]
+    other = [k for k in dict.fromkeys(earlier) if k != now]
+    if other:
+        print(f"hcqr: note: {folder.path}: earlier rows were written on another machine or LM stack ({other[-1]}); "
+              f"this session runs on {now}; `hcqr compare` reports it", file=sys.stderr)
 
 
 def program_label(config: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ def evaluate_with(bench, stub, name, api_base=None):
     return run_evaluation(spec, progress=False, track=False, lm=lm)
 
 
-def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machines(bench):
+def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machines(bench, capsys):
     first = Stub(down_after=3)
     with pytest.raises(LMUnavailableError):
         evaluate_with(bench, first, "run")
@@ -39,30 +39,35 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     assert one["machine"]["cpu"] == cpu_model() and one["machine"]["cores"] >= 1
     assert one["packages"]["dspy"] == metadata.version("dspy")
     assert one["engine"] is None  # an endpoint, not an in-process llama.cpp engine
+    capsys.readouterr()
 
     back = Stub()
     evaluate_with(bench, back, "run", api_base=first.base)  # resumed: the second session writes rows 4-6
     assert [(s["session"], s["predictions_before"]) for s in folder.sessions()] == [(1, 0), (2, 3)]
+    assert "another machine" not in capsys.readouterr().err  # resumed on the same machine: no note
     evaluate_with(bench, back, "run", api_base=first.base)  # nothing left to answer: no session recorded
     assert len(folder.sessions()) == 2
     evaluate_with(bench, back, "fresh")
-    back.stop()
-
     report, _ = compare([bench / "run", bench / "fresh"], out_dir=bench / "cmp")
     assert "rows written in 2 session(s) on one machine" in report
     assert "rows written in 1 session(s) on one machine" in report
 
-    # the second session as if it ran on another machine: compare says the rows come from two
-    lines = (bench / "run" / SESSIONS).read_text().splitlines()
-    other = json.loads(lines[1])
-    other["machine"]["cpu"] = "Another CPU"
-    (bench / "run" / SESSIONS).write_text(lines[0] + "\n" + json.dumps(other) + "\n")
+    # a run whose first rows came from another machine, resumed here: a note, and compare names both machines
+    gone = Stub(down_after=2)
+    with pytest.raises(LMUnavailableError):
+        evaluate_with(bench, gone, "other")
+    record = json.loads((bench / "other" / SESSIONS).read_text())
+    record["machine"]["cpu"] = "Another CPU"
+    (bench / "other" / SESSIONS).write_text(json.dumps(record) + "\n")
+    evaluate_with(bench, back, "other", api_base=gone.base)
+    assert "earlier rows were written on another machine or LM stack (Another CPU" in capsys.readouterr().err
+    back.stop()
     (bench / "fresh" / SESSIONS).unlink()  # a run made before sessions were recorded
-    report, _ = compare([bench / "run", bench / "fresh"], out_dir=bench / "cmp")
+    report, _ = compare([bench / "other", bench / "fresh"], out_dir=bench / "cmp")
     assert "rows written in 2 session(s) on 2 different machines or LM stacks" in report and "Another CPU" in report
     assert "sessions not recorded" in report
-    run, fresh = json.loads((bench / "cmp" / "comparison.json").read_text())["sessions"].values()  # reference first
-    assert run["sessions"] == 2 and len(run["machines"]) == 2 and "Another CPU" in run["machines"][1]
+    other, fresh = json.loads((bench / "cmp" / "comparison.json").read_text())["sessions"].values()  # reference first
+    assert other["sessions"] == 2 and len(other["machines"]) == 2 and "Another CPU" in other["machines"][0]
     assert fresh == {"sessions": 0, "machines": []}
 
 
