@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("HCQR_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 from helpers import TINY_ROWS, snippet, write_jsonl  # noqa: E402
+from stub_server import OPTIONS, SECRET  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -118,3 +119,15 @@ def milvus_server():
     print(f"\nMilvus {server.version} server on {server.uri} (ready in {server.startup_seconds:.1f} s)")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """``tmp_path`` holding ``qs.json`` (six labelled questions "Question number i?" that the stub
+    OpenAI-compatible server of ``stub_server.py`` answers), with ``STUB_KEY`` set to the stub's key."""
+    import json
+
+    monkeypatch.setenv("STUB_KEY", SECRET)
+    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
+    (tmp_path / "qs.json").write_text(json.dumps(rows))
+    return tmp_path

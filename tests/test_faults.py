@@ -21,14 +21,6 @@ def read_rows(path):
     return RunFolder(path.parent).rows()
 
 
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    monkeypatch.setenv("STUB_KEY", SECRET)
-    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
-    (tmp_path / "qs.json").write_text(json.dumps(rows))
-    return tmp_path
-
-
 def stub_lm(stub, **kw):
     return build_lm("openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", cache=False, num_retries=1, **kw)
 

@@ -11,15 +11,7 @@ from hcqr_dspy.lm import build_lm
 from hcqr_dspy.provenance import cpu_model
 from hcqr_dspy.run import EvalSpec, run_evaluation
 from hcqr_dspy.run_folder import SESSIONS, RunError, RunFolder
-from stub_server import OPTIONS, SECRET, Stub
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    monkeypatch.setenv("STUB_KEY", SECRET)
-    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
-    (tmp_path / "qs.json").write_text(json.dumps(rows))
-    return tmp_path
+from stub_server import Stub
 
 
 def evaluate_with(bench, stub, name, api_base=None):
