@@ -70,6 +70,10 @@ def restrict(run: Run, qids: Sequence[str]) -> None:
     run.dur = dur_metrics(run.judgments) if run.judgments else {}  # judgments are the record DUR is computed from
 
 
+# What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluate.prediction_row`).
+ROW_KEYS = ("prediction", "valid", "correct", "gold")
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
     """Load a run folder (through :class:`~hcqr_dspy.run_folder.RunFolder`).
 
@@ -80,6 +84,11 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     rows = folder.rows()
     if not rows:
         raise HCQRError(f"run {folder.path} has no finished question")
+    for r in rows:
+        missing = [k for k in ROW_KEYS if k not in r]
+        if missing:
+            raise HCQRError(f"{folder.predictions.path}: the row of question {r['qid']!r} lacks {', '.join(missing)} "
+                            "(not written by `hcqr eval`); repair or delete that line")
     if any(r.get("gold") is None for r in rows):
         raise HCQRError(f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
                         "a comparison needs gold answers")
@@ -111,6 +120,22 @@ def unique_labels(runs: Sequence[Run]) -> None:
                 r.label = f"{r.label} ({extra(i, r)})"
 
 
+def judged_ids(run: Run) -> frozenset[str]:
+    """The questions a run's DUR was judged on (its judgments)."""
+    return frozenset(j["qid"] for j in run.judgments)
+
+
+def dur_sample_warning(runs: Sequence[Run]) -> list[str]:
+    """A warning when judged runs were judged on different questions: their DURs are then not comparable
+    (the differences table leaves Δ DUR out for such a run); ``[]`` if all judged runs share their sample."""
+    judged = [r for r in runs if r.judgments]
+    if len({judged_ids(r) for r in judged}) <= 1:
+        return []
+    counts = ", ".join(f"{r.label} {len(r.judgments)}" for r in judged)
+    return [f"DURs were judged on different questions ({counts} judged): compare DURs only on one shared sample "
+            "(`hcqr judge RUN --limit N --seed S` draws the same questions for runs over the same question set)"]
+
+
 def stage_differences(runs: Sequence[Run], reference: Run) -> str:
     """Markdown: each run's accuracy, hypothesis accuracy, DUR and invalid rate minus the reference's (points)."""
 
@@ -131,6 +156,8 @@ def stage_differences(runs: Sequence[Run], reference: Run) -> str:
         cells = []
         for key, value in values(run).items():
             base = ref[key]
+            if key == "DUR" and judged_ids(run) != judged_ids(reference):
+                base = None  # judged on other questions: no difference to take
             cells.append("–" if value is None or base is None else f"{(value - base) * 100:+.1f}")
         lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -691,24 +718,44 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
 
 
 def session_summary(run: Run) -> dict[str, Any]:
-    """How many ``hcqr eval`` sessions wrote a run's rows, and on which machines
-    (:func:`hcqr_dspy.provenance.machine_key`, oldest first); ``sessions`` is 0 for a run
-    written before sessions were recorded."""
+    """Where a run's rows and judgments were made (``sessions.jsonl``): ``sessions`` (``hcqr eval`` sessions),
+    ``machines`` (their :func:`hcqr_dspy.provenance.machine_key`, oldest first), ``rows_before_sessions``
+    (rows written before the first recorded eval session: all of them for a run without one) and
+    ``judge_sessions`` / ``judge_machines`` likewise for ``hcqr judge``."""
     from hcqr_dspy.provenance import machine_key
 
-    evals = [s for s in run.folder.sessions() if s.get("command") == "eval"]
-    return {"sessions": len(evals), "machines": list(dict.fromkeys(machine_key(s) for s in evals))}
+    records = run.folder.sessions()
+    evals = [s for s in records if s.get("command") == "eval"]
+    judges = [s for s in records if s.get("command") == "judge"]
+    return {
+        "sessions": len(evals),
+        "machines": list(dict.fromkeys(machine_key(s) for s in evals)),
+        "rows_before_sessions": evals[0]["predictions_before"] if evals else len(run.folder.predictions.read()),
+        "judge_sessions": len(judges),
+        "judge_machines": list(dict.fromkeys(machine_key(s) for s in judges)),
+    }
 
 
 def provenance_line(run: Run) -> str:
-    """The Runs section's note on where a run's rows were made (``sessions.jsonl``)."""
+    """The Runs section's note on where a run's rows (and judgments) were made (``sessions.jsonl``)."""
     summary = session_summary(run)
-    if not summary["sessions"]:
-        return "sessions not recorded (made before hcqr-dspy recorded them)"
-    machines = summary["machines"]
-    where = (f"on one machine: {machines[0]}" if len(machines) == 1
-             else f"on {len(machines)} different machines or LM stacks: " + " | ".join(machines))
-    return f"rows written in {summary['sessions']} session(s) {where}"
+
+    def where(machines: list[str]) -> str:
+        return (f"on one machine: {machines[0]}" if len(machines) == 1
+                else f"on {len(machines)} different machines or LM stacks: " + " | ".join(machines))
+
+    parts = []
+    if summary["sessions"]:
+        parts.append(f"rows written in {summary['sessions']} session(s) {where(summary['machines'])}")
+    if summary["rows_before_sessions"]:
+        parts.append(f"{summary['rows_before_sessions']} row(s) written before sessions were recorded (machine unknown)")
+    if summary["judge_sessions"]:
+        parts.append(f"judged in {summary['judge_sessions']} session(s) {where(summary['judge_machines'])}")
+    return "; ".join(parts)
+
+
+# The figures compare() may write; one an earlier comparison left in --out and this one does not make is removed.
+PLOTS = frozenset({"accuracy.png", "accuracy_vs_cost.png", "dur.png", "hypothesis_changes.png"})
 
 
 def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
@@ -742,6 +789,8 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     out = Path(out_dir or "comparison")
     if out.exists() and not out.is_dir():
         raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
+    if (out / "config.json").exists():
+        raise HCQRError(f"--out {out} is a run folder; write the comparison to a folder of its own")
     runs = [load_run(p) for p in run_dirs]
     unique_labels(runs)
     qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
@@ -755,6 +804,9 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
                    or Path(reference).resolve() == r.path.resolve()]
         if not matches:
             raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
+        if len(matches) > 1:
+            raise HCQRError(f"reference {reference!r} matches {len(matches)} runs ({', '.join(r.label for r in matches)}); "
+                            "give the reference run's folder")
         ref = matches[0]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -762,6 +814,8 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     files = [plot_accuracy(runs, out / "accuracy.png"), plot_accuracy_vs_cost(runs, out / "accuracy_vs_cost.png")]
     files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
+    for stale in PLOTS - {f.name for f in files}:  # a plot of an earlier comparison in this folder that this one lacks
+        (out / stale).unlink(missing_ok=True)
     ordered = [ref] + [r for r in runs if r is not ref]
     from hcqr_dspy.evidence import qrels_beside
 
@@ -773,7 +827,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     controls, flags = dur_controls_table(ordered)
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
     agreement, agreement_figures = upstream_agreement(ordered)
-    warnings += flags
+    warnings += flags + dur_sample_warning(ordered)
     report = "\n\n".join(
         [
             f"# Comparison on {len(qids)} questions (reference: {ref.label})"

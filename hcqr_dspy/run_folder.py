@@ -41,6 +41,11 @@ METRICS = "metrics.json"
 JUDGMENTS = "judgments.jsonl"
 DUR_METRICS = "dur.json"
 SESSIONS = "sessions.jsonl"
+# The fields of a session record (:meth:`RunFolder.record_session`) and their JSON types.
+SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "session": int, "command": str, "started": str, "machine": dict, "packages": dict,
+    "engine": (dict, type(None)), "predictions_before": int, "judgments_before": int,
+}
 TRACEBACKS = "tracebacks"
 # Keys of config.json that may change between a run and its resumption.
 MUTABLE_KEYS = ("mlflow_run_id",)
@@ -325,6 +330,8 @@ class RunFolder:
             RunError: not a run folder, or an unreadable ``config.json``.
         """
         folder = cls(path)
+        if not folder.path.exists():
+            raise RunError(f"run folder {folder.path} does not exist")
         if not (folder.path / CONFIG).is_file():
             raise RunError(f"{folder.path} is not a run folder (no {CONFIG}; made by `hcqr eval`)")
         _ = folder.config  # read and check it now
@@ -497,9 +504,17 @@ class RunFolder:
         """The sessions that wrote this folder, oldest first (empty for folders written before sessions were recorded).
 
         Raises:
-            RunError: a line that is not a session record (file and line named).
+            RunError: a line that is not a session record, or one whose fields have the wrong types
+                (file and line named).
         """
-        return self.sessions_table.read()
+        records = self.sessions_table.read()
+        for lineno, record in enumerate(records, start=1):
+            wrong = [name for name, kinds in SESSION_FIELDS.items() if not isinstance(record.get(name), kinds)
+                     or isinstance(record.get(name), bool)]
+            if wrong:
+                raise RunError(f"{self.sessions_table.path}: session record {lineno} has missing or malformed "
+                               f"{', '.join(wrong)} (not written by hcqr-dspy); repair or delete that line")
+        return records
 
     def write_json(self, name: str, value: dict[str, Any]) -> Path:
         """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder."""

@@ -426,3 +426,59 @@ def test_runs_with_hypotheses_report_how_often_their_upstream_stages_agree(tmp_p
     # one run with hypotheses: no section
     report, _ = compare([cot, base], out_dir=tmp_path / "out2")
     assert "across runs" not in report
+
+
+def judgments_for(folder, qids):
+    """Write context-mode judgments (USEFUL, controls judged) of ``qids`` into a run folder; give its rows a passage."""
+    rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["passages"] = [{"id": "p1", "queries": [0]}]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    judged = [{"qid": q, "mode": "context", "label": "USEFUL", "valid": True, "error": None, "passage_labels": None,
+               "passage_queries": [[0]], "stages": {}, "seconds": 1.0, "positive_label": "USEFUL",
+               "negative_label": "NOT_USEFUL"} for q in qids]
+    (folder / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
+
+
+def test_durs_judged_on_different_questions_are_warned_and_not_differenced(tmp_path):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False, True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True, False, False])
+    c = make_run(tmp_path / "c", "cot", [True, True, False, False])
+    judgments_for(a, ["q0", "q1"])
+    judgments_for(b, ["q0"])  # a judge stopped after one question
+    judgments_for(c, ["q0", "q1"])
+    report, _ = compare([a, b, c], out_dir=tmp_path / "out")
+    assert "DURs were judged on different questions (simple_rag 2, hcqr 1, cot 2 judged)" in report
+    diffs = report.split("## Differences from the reference")[1].split("##")[0]
+    assert "| hcqr | +0.0 | – | – | +0.0 |" in diffs  # 100% on q0 against 100% on q0-q1: no difference taken
+    assert "| cot | +0.0 | – | +0.0 | +0.0 |" in diffs  # the same two questions: differenced
+    judgments_for(b, ["q0", "q1"])
+    report, _ = compare([a, b, c], out_dir=tmp_path / "out")
+    assert "judged on different questions" not in report
+
+
+def test_an_ambiguous_reference_a_run_folder_as_out_and_stale_plots(tmp_path):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "cot", [False, False])
+    h = make_run(tmp_path / "h", "hcqr", [True, True], hypothesis=["A", "B"])
+    with pytest.raises(HCQRError, match=r"reference 'cot' matches 2 runs .*give the reference run's folder"):
+        compare([a, b, h], reference="cot", out_dir=tmp_path / "out")
+    with pytest.raises(HCQRError, match=r"--out .*a is a run folder"):
+        compare([a, h], out_dir=a)
+    assert not (a / "comparison.md").exists()
+    compare([a, h], out_dir=tmp_path / "out")
+    assert (tmp_path / "out" / "hypothesis_changes.png").exists()
+    compare([a, b], out_dir=tmp_path / "out")  # no run with hypotheses: the earlier figure is not left behind
+    assert not (tmp_path / "out" / "hypothesis_changes.png").exists()
+    assert (tmp_path / "out" / "accuracy.png").exists()
+
+
+def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, True])
+    (b / "predictions.jsonl").write_text('{"qid": "q0"}\n' + (b / "predictions.jsonl").read_text().splitlines()[1] + "\n")
+    with pytest.raises(HCQRError, match=r"predictions.jsonl: the row of question 'q0' lacks prediction, valid, correct, "
+                                        r"gold \(not written by `hcqr eval`\)"):
+        compare([a, b], out_dir=tmp_path / "out")
+    with pytest.raises(HCQRError, match=r"run folder .*nowhere does not exist"):
+        compare([a, tmp_path / "nowhere"], out_dir=tmp_path / "out")

@@ -54,17 +54,35 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     evaluate_with(bench, back, "other", api_base=gone.base)
     assert "earlier rows were written on another machine or LM stack (Another CPU" in capsys.readouterr().err
     back.stop()
-    (bench / "fresh" / SESSIONS).unlink()  # a run made before sessions were recorded
+    (bench / "fresh" / SESSIONS).unlink()  # a run made before sessions were recorded ...
+    RunFolder(bench / "fresh").record_session("judge")  # ... and judged since
     report, _ = compare([bench / "other", bench / "fresh"], out_dir=bench / "cmp")
     assert "rows written in 2 session(s) on 2 different machines or LM stacks" in report and "Another CPU" in report
-    assert "sessions not recorded" in report
+    assert "6 row(s) written before sessions were recorded (machine unknown); judged in 1 session(s) on one machine" \
+        in report
     other, fresh = json.loads((bench / "cmp" / "comparison.json").read_text())["sessions"].values()  # reference first
     assert other["sessions"] == 2 and len(other["machines"]) == 2 and "Another CPU" in other["machines"][0]
-    assert fresh == {"sessions": 0, "machines": []}
+    assert other["rows_before_sessions"] == 0
+    assert (fresh["sessions"], fresh["machines"], fresh["rows_before_sessions"], fresh["judge_sessions"]) == (0, [], 6, 1)
+
+    # rows of a run resumed by the first recorded session are counted as of unknown machine
+    lines = (bench / "run" / SESSIONS).read_text().splitlines()
+    (bench / "run" / SESSIONS).write_text(lines[1] + "\n")  # only the session that wrote rows 4-6
+    report, _ = compare([bench / "run", bench / "fresh"], out_dir=bench / "cmp")
+    assert "rows written in 1 session(s) on one machine" in report and "3 row(s) written before sessions" in report
 
 
-def test_a_malformed_sessions_file_is_a_clear_error(bench):
-    (bench / "run").mkdir()
-    (bench / "run" / SESSIONS).write_text('{"session": 1}\n{"command": "eval"}\n')
-    with pytest.raises(RunError, match=r"sessions.jsonl:2: not a session record \(no session\)"):
-        RunFolder(bench / "run").sessions()
+@pytest.mark.parametrize("line, message", [
+    ('{"command": "eval"}', r"sessions.jsonl:2: not a session record \(no session\)"),
+    ('{"session": 2, "command": "eval", "machine": "x", "packages": [1], "engine": 5}',
+     r"sessions.jsonl: session record 2 has missing or malformed started, machine, packages, engine, predictions_before, "
+     r"judgments_before \(not written by hcqr-dspy\)"),
+    ('{"session": "two"}', r"session record 2 has missing or malformed session, command"),
+])
+def test_a_malformed_sessions_file_is_a_clear_error(bench, line, message):
+    folder = RunFolder(bench / "run")
+    folder.path.mkdir()
+    folder.record_session("eval")
+    (folder.path / SESSIONS).write_text((folder.path / SESSIONS).read_text() + line + "\n")
+    with pytest.raises(RunError, match=message):
+        folder.sessions()
