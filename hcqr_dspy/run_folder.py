@@ -298,12 +298,14 @@ class RunFolder:
         checked: this is the first write.
 
         Raises:
-            RunError: the folder is not writable, or its ``config.json`` differs in
+            RunError: the path is a file, the folder is not writable, or its ``config.json`` differs in
                 any key other than those in :data:`MUTABLE_KEYS` (the differing keys
                 are named; a key absent on one side and ``None`` on the other is no
                 difference), or is unreadable.
         """
         folder = cls(path)
+        if folder.path.exists() and not folder.path.is_dir():
+            raise RunError(f"run folder {folder.path} is a file; give --run-dir a folder")
         try:
             write_probe(folder.path)
         except OSError as exc:

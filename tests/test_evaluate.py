@@ -172,6 +172,8 @@ def test_unusable_run_folder_fails_before_any_lm_call(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(RunError, match="is not writable"):
         RunFolder.create(blocker / "run", {"method": "cot", "dataset": "d"})
+    with pytest.raises(RunError, match=r"run folder .*file is a file; give --run-dir a folder"):
+        RunFolder.create(blocker, {"method": "cot", "dataset": "d"})
 
 
 def test_corrupted_record_or_config_is_a_clear_error(tmp_path):
