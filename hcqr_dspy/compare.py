@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from hcqr_dspy.dur import CONTROL_LIMITS, control_flags, dur_metrics
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.metrics import fallback_summary, hypothesis_changes, summarize
-from hcqr_dspy.run_folder import DUR_METRICS, RunFolder, check_same_questions
+from hcqr_dspy.run_folder import CONFIG, DUR_METRICS, RunFolder, check_same_questions
 
 # A method "ran mostly on its fallback" when more than this share of its questions (or queries) took it.
 FALLBACK_WARNING = 0.5
@@ -736,9 +736,8 @@ def session_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def provenance_line(run: Run) -> str:
-    """The Runs section's note on where a run's rows (and judgments) were made (``sessions.jsonl``)."""
-    summary = session_summary(run)
+def provenance_line(summary: dict[str, Any]) -> str:
+    """The Runs section's note on where a run's rows (and judgments) were made, from its :func:`session_summary`."""
 
     def where(machines: list[str]) -> str:
         return (f"on one machine: {machines[0]}" if len(machines) == 1
@@ -754,8 +753,10 @@ def provenance_line(run: Run) -> str:
     return "; ".join(parts)
 
 
-# The figures compare() may write; one an earlier comparison left in --out and this one does not make is removed.
-PLOTS = frozenset({"accuracy.png", "accuracy_vs_cost.png", "dur.png", "hypothesis_changes.png"})
+# The figures compare() writes (a function returns None where its figure does not apply); one that an earlier
+# comparison left in --out and this one does not make is removed.
+PLOTS = {"accuracy.png": plot_accuracy, "accuracy_vs_cost.png": plot_accuracy_vs_cost, "dur.png": plot_dur,
+         "hypothesis_changes.png": plot_hypothesis_changes}
 
 
 def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
@@ -789,7 +790,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     out = Path(out_dir or "comparison")
     if out.exists() and not out.is_dir():
         raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
-    if (out / "config.json").exists():
+    if (out / CONFIG).exists():
         raise HCQRError(f"--out {out} is a run folder; write the comparison to a folder of its own")
     runs = [load_run(p) for p in run_dirs]
     unique_labels(runs)
@@ -812,10 +813,12 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    files = [plot_accuracy(runs, out / "accuracy.png"), plot_accuracy_vs_cost(runs, out / "accuracy_vs_cost.png")]
-    files += [f for f in (plot_dur(runs, out / "dur.png"), plot_hypothesis_changes(runs, out / "hypothesis_changes.png")) if f]
-    for stale in PLOTS - {f.name for f in files}:  # a plot of an earlier comparison in this folder that this one lacks
-        (out / stale).unlink(missing_ok=True)
+    files = []
+    for name, plot in PLOTS.items():
+        if (written := plot(runs, out / name)) is not None:
+            files.append(written)
+        else:  # a plot of an earlier comparison in this folder that this one lacks
+            (out / name).unlink(missing_ok=True)
     ordered = [ref] + [r for r in runs if r is not ref]
     from hcqr_dspy.evidence import qrels_beside
 
@@ -828,6 +831,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
     agreement, agreement_figures = upstream_agreement(ordered)
     warnings += flags + dur_sample_warning(ordered)
+    sessions = {r.label: session_summary(r) for r in ordered}
     report = "\n\n".join(
         [
             f"# Comparison on {len(qids)} questions (reference: {ref.label})"
@@ -865,7 +869,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
              "showed the same passages. Where these differ, a difference between the runs is not only that of their "
              "programs' answer steps (an LM can give another reply to the same prompt, e.g. in another session)."] if agreement else [])
         + [
-            "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`; {provenance_line(r)}" for r in ordered),
+            "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`; {provenance_line(sessions[r.label])}" for r in ordered),
             "## Questions answered differently\n\n" + disagreements(ordered, qids),
         ]
         + ([f"## Programs: instructions and demos\n\n{diff}"] if (diff := program_diff(ordered, ref)) else [])
@@ -883,7 +887,7 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         "qrels": qrels_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
         "upstream_agreement": agreement_figures,
-        "sessions": {r.label: session_summary(r) for r in ordered},
+        "sessions": sessions,
     }
     js = out / "comparison.json"
     js.write_text(json.dumps(summary, indent=2) + "\n")
