@@ -51,7 +51,7 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LM_UNAVAILABLE
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, format_document, key_terms, shown_documents, stage
 from hcqr_dspy.retrieval.base import Retriever
-from hcqr_dspy.run_folder import DUR_METRICS, ProgramError, RunError, RunFolder, lm_failure
+from hcqr_dspy.run_folder import DUR_METRICS, ProgramError, RunError, RunFolder, WriterLock, lm_failure
 from hcqr_dspy.signatures import JudgeContext, JudgePassage
 
 LABELS = ("ENTAILED", "USEFUL", "NOT_USEFUL")
@@ -418,8 +418,6 @@ def judge_and_track(
     Raises:
         HCQRError: not a run folder, an unusable judge LM or index, or any error of :func:`judge_run`.
     """
-    from hcqr_dspy import tracking
-    from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm
     from hcqr_dspy.retrieval import load_index
 
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
@@ -427,14 +425,46 @@ def judge_and_track(
         print(f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
               file=sys.stderr)
         return None
-    if retriever is None:
-        retriever = load_index(check_judge_index(folder, index))
+    with WriterLock(folder.path, "judge"):  # one writer: a second judge (or an eval) of the folder is refused
+        if retriever is None:
+            retriever = load_index(check_judge_index(folder, index))
+        lm, spec = _judge_lm(folder, judge_lm, lm, max_tokens, n_ctx, api_base, api_key_env)
+        return _judge_and_track(folder, retriever, lm, spec, mode, reasoning, mlflow_dir, track, num_threads, progress,
+                                limit, seed, ids)
+
+
+def _judge_lm(folder: RunFolder, judge_lm: str | None, lm: Any, max_tokens: int, n_ctx: int | None,
+              api_base: str | None, api_key_env: str | None) -> tuple[Any, str | None]:
+    """The judge's ``dspy.LM`` and spec: ``judge_lm``, or the run's own LM at the run's own endpoint (its
+    ``api_base`` and key variable, unless given), never a provider's default endpoint in its place. The endpoint
+    is said on stderr before the LM is asked anything.
+
+    Raises:
+        RunError: no judge LM given and the run records none. LMSpecError: see :func:`hcqr_dspy.lm.build_lm`,
+            :func:`hcqr_dspy.lm.check_lm`.
+    """
+    from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
+
     spec = judge_lm or folder.lm_spec
+    if judge_lm is None:  # the run's own LM, at the run's own endpoint with its key variable
+        recorded = folder.config.get("lm") or {}
+        api_base = api_base or recorded.get("api_base")
+        api_key_env = api_key_env or recorded.get("api_key_env")
     if lm is None:
         if not spec:
             raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
         lm = build_lm(spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env)
+        print(f"hcqr judge: {folder.path}: judge LM {spec} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
         check_lm(lm)
+    return lm, spec
+
+
+def _judge_and_track(folder: RunFolder, retriever: Retriever, lm: Any, spec: str | None, mode: str, reasoning: bool,
+                     mlflow_dir: str | Path | None, track: bool, num_threads: int, progress: bool, limit: int | None,
+                     seed: int, ids: Sequence[str] | None) -> dict[str, Any]:
+    """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
+    from hcqr_dspy import tracking
+
     run_id = folder.mlflow_run_id
     tracked = bool(track and run_id and tracking.existing_run_id(run_id, mlflow_dir))
     if not tracked:

@@ -25,3 +25,19 @@ class QueryError(HCQRError):
 
 class LMCapabilityError(HCQRError):
     """The LM lacks something a method requires (e.g. token log-probabilities); the run stops, nothing is marked wrong."""
+
+
+class OutageError(HCQRError):
+    """A service or resource a run depends on failed mid-run through no fault of the code: an LM endpoint or
+    retrieval backend that stayed unreachable (or kept answering outside its API's format) after retries with
+    back-off, or a full disk. Finished questions are saved and the same command resumes; never a bug."""
+
+
+class DiskFullError(OutageError):
+    """A write failed because the disk (or the user's quota) is full (``ENOSPC``, ``EDQUOT``, ``EFBIG``, or
+    SQLite's "database or disk is full"); every file that was whole before is still whole."""
+
+
+class BackendUnavailableError(OutageError):
+    """The retrieval backend (a Milvus server, ...) stopped answering mid-run and stayed unreachable after
+    retries with back-off."""

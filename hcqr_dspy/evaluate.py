@@ -29,9 +29,9 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
 )
 
-from hcqr_dspy.errors import HCQRError, LMCapabilityError
+from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError
 from hcqr_dspy.metrics import is_correct
-from hcqr_dspy.run_folder import LMUnavailableError, ProgramError, RunError, RunFolder, lm_failure, write_probe
+from hcqr_dspy.run_folder import METRICS, LMUnavailableError, ProgramError, RunError, RunFolder, lm_failure, write_probe
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
 # own retries with backoff): the run stops rather than marking every later
@@ -204,14 +204,26 @@ def evaluate(
             trace.finish(row)
         return row
 
+    def saved(row: dict[str, Any]) -> None:
+        folder.clear_traceback(row["qid"])  # a question that failed in an earlier session and succeeded now
+        if on_row:
+            on_row(row)
+
     try:
         rows, resumed, ran = folder.predictions.map(
-            examples, lambda e: e.qid, work, LM_UNAVAILABLE, num_threads, progress, on_row,
+            examples, lambda e: e.qid, work, LM_UNAVAILABLE, num_threads, progress, saved,
             on_error=lambda e, exc: program_error(folder, e.qid, exc),
         )
     except HCQRError:
         keep = {e.qid for e in examples}
-        folder.write_metrics([r for r in folder.rows() if r["qid"] in keep])
+        try:  # the summary of what is saved; on a full disk the old metrics.json stays whole and the stop says why
+            folder.write_metrics([r for r in folder.rows() if r["qid"] in keep])
+        except (OSError, HCQRError):
+            pass
         raise
-    metrics = folder.write_metrics(rows)
+    try:
+        metrics = folder.write_metrics(rows)
+    except DiskFullError as exc:
+        raise DiskFullError(f"{exc} ({len(rows)}/{len(examples)} questions are saved in {folder.predictions.path}; "
+                            f"{METRICS} was not updated)") from None
     return EvalResult(rows=rows, metrics=metrics, resumed=resumed, ran=ran)

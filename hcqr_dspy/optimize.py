@@ -46,6 +46,7 @@ package (:mod:`hcqr_dspy.resources`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -440,7 +441,38 @@ def probe_writable(folder: Path) -> None:
 
 
 def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None, reflection_lm=None) -> dict[str, Any]:
-    """Compile a program with a recipe, save it, and track the compile in MLflow.
+    """:func:`compile_and_save` as the one writer of ``spec.out``: a second compile into the same folder is
+    refused at once, naming the process that writes it (:class:`~hcqr_dspy.run_folder.WriterLock`, on
+    ``.<out>.writer.lock`` beside the folder, removed at the end). Folders made for the lock are removed again
+    when the compile fails.
+
+    Raises:
+        RunError: another process compiles into ``spec.out``. See :func:`compile_and_save`.
+    """
+    from hcqr_dspy.run_folder import WriterLock
+
+    out = Path(spec.out)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HCQRError(f"--out {out} is not writable: {exc.strerror or exc}; choose another --out") from None
+    ok = False
+    try:
+        with WriterLock(out, "compile", lock_file=out.parent / f".{out.name}.writer.lock"):
+            result = compile_and_save(spec, mlflow_dir, track, lm, reflection_lm)
+        ok = True
+        return result
+    finally:
+        if not ok:
+            for folder in made:  # deepest first; only the empty ones
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
+                     reflection_lm=None) -> dict[str, Any]:
+    """Compile a program with a recipe, save it, and track the compile in MLflow (call :func:`run_compile`).
 
     Every input is checked before the first LM call: the recipe, the method,
     the LM specs (GEPA's reflection LM included), the train file and its size,

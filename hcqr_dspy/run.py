@@ -3,6 +3,7 @@ track in MLflow. Shared by ``hcqr eval``, ``hcqr demo`` and experiments."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -268,18 +269,37 @@ def run_evaluation(
     from hcqr_dspy import tracking
 
     config, questions, program_module = resolve(spec, mlflow_dir)
-    if lm is None:
-        lm = build_lm(
-            spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
-            api_base=spec.api_base, api_key_env=spec.api_key_env,
-        )
-        check_lm(lm)
-    folder = RunFolder.create(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), config)
-    if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
-        note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
-    if not track:
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-            return evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row), folder.path, None
+    # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
+    folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
+    try:
+        if lm is None:
+            lm = build_lm(
+                spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
+                api_base=spec.api_base, api_key_env=spec.api_key_env,
+            )
+            check_lm(lm)
+        if track:  # a store that cannot be used is refused before the run folder is written
+            tracking.open_store(mlflow_dir)
+        folder.start(config)
+        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
+            note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
+        if not track:
+            with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+                result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
+            return result, folder.path, None
+        with tracking.store_outages(mlflow_dir):
+            return _tracked_evaluation(spec, config, questions, program_module, lm, folder, mlflow_dir, progress,
+                                       on_row)
+    finally:
+        folder.release()
+
+
+def _tracked_evaluation(spec: EvalSpec, config: dict[str, Any], questions: list[dspy.Example], program_module: Any,
+                        lm: Any, folder: RunFolder, mlflow_dir: str | Path | None, progress: bool,
+                        on_row: Any) -> tuple[EvalResult, Path, str | None]:
+    """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces and scores."""
+    from hcqr_dspy import tracking
+
     old_id = tracking.existing_run_id(folder.mlflow_run_id, mlflow_dir)
     labelled = all(q.answer is not None for q in questions)
     dname = dataset_name(spec.dataset)
@@ -306,8 +326,13 @@ def run_evaluation(
             try:
                 result = evaluate(program=program_module, examples=questions, folder=folder, method=spec.method,
                                   num_threads=spec.num_threads, progress=progress, on_row=on_row, trace_tags=trace_tags)
-            finally:
-                tracking.log_run_folder(folder)
+            except BaseException:
+                # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
+                # replaced by this logging's failure; the next run logs them again
+                with contextlib.suppress(Exception):
+                    tracking.log_run_folder(folder)
+                raise
+            tracking.log_run_folder(folder)
         tracking.log_metrics(result.metrics)
         if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
             from hcqr_dspy.scorers import score_run

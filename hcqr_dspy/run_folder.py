@@ -24,6 +24,8 @@ partial last line left by a killed writer is dropped and its item redone.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -33,7 +35,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.errors import DiskFullError, HCQRError, OutageError
 
 CONFIG = "config.json"
 PREDICTIONS = "predictions.jsonl"
@@ -47,6 +49,8 @@ SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "engine": (dict, type(None)), "predictions_before": int, "judgments_before": int,
 }
 TRACEBACKS = "tracebacks"
+# The writer lock of a folder (hidden: never logged as a record file).
+WRITER_LOCK = ".writer.lock"
 # Keys of config.json that may change between a run and its resumption.
 MUTABLE_KEYS = ("mlflow_run_id",)
 
@@ -55,8 +59,41 @@ class RunError(HCQRError):
     """A run folder cannot be used: another configuration, not writable, unreadable or foreign records."""
 
 
-class LMUnavailableError(HCQRError):
+class LMUnavailableError(OutageError):
     """The LM stopped answering (or cannot be used) mid-run; finished questions are saved."""
+
+
+# errno values of a write that failed for lack of space: ENOSPC (device full), EDQUOT (quota), EFBIG (a file-size
+# limit, RLIMIT_FSIZE). SQLite reports the same as "database or disk is full" (sqlite3 result code SQLITE_FULL).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full(exc: BaseException | None) -> BaseException | None:
+    """The exception in ``exc``'s chain (itself, its ``__cause__``/``__context__``, an ``orig`` that SQLAlchemy
+    wraps) that says the disk is full, or ``None``."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError):
+            return exc
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        if "database or disk is full" in str(exc) or "No space left on device" in str(exc):
+            return exc
+        orig = getattr(exc, "orig", None)
+        exc = orig if isinstance(orig, BaseException) else (exc.__cause__ or exc.__context__)
+    return None
+
+
+def disk_full_error(exc: BaseException, saved: str = "") -> DiskFullError:
+    """The one-line stop of a run whose disk filled: what failed, what is saved, what to do."""
+    cause = disk_full(exc) or exc
+    if isinstance(cause, OSError) and cause.strerror:
+        what = f"{cause.strerror}: {cause.filename}" if cause.filename else cause.strerror
+    else:
+        what = (str(cause).splitlines() or ["disk full"])[0][:200]
+    return DiskFullError(f"the disk is full ({what}); {saved + '; ' if saved else ''}"
+                         "free space and run the same command again to resume")
 
 
 class ProgramError(HCQRError):
@@ -73,6 +110,108 @@ class ProgramError(HCQRError):
         self.traceback_file = traceback_file
 
 
+class WriterLock:
+    """One writer per folder, across processes: an exclusive ``fcntl.flock`` on ``<folder>/.writer.lock``.
+
+    The lock file names its holder (pid, host, command, start time) so that a refused process can say who
+    writes the folder, and is removed when the lock is released. The kernel drops a ``flock`` when its
+    process dies, so a lock file left by a killed process is taken over at once (its stale label is
+    overwritten). A process that locked a file another one removed meanwhile (released) locks again, so two
+    writers never hold two files. Within one process the lock is re-entrant (an experiment evaluates, then
+    judges, the same folder): it is released when the last holder releases it. POSIX only (``fcntl``); on a
+    network file system ``flock`` is only as good as the server's locking.
+
+    Args:
+        folder: The folder written (it must exist).
+        command: What writes it (``eval``, ``judge``, ``compile``), for the refusal message.
+        lock_file: The lock file (default ``<folder>/.writer.lock``).
+    """
+
+    _held: dict[str, list] = {}  # resolved lock file -> [open lock file, holders in this process]
+    _guard = threading.Lock()
+
+    def __init__(self, folder: str | Path, command: str, lock_file: str | Path | None = None):
+        self.folder = Path(folder)
+        self.command = command
+        self.file = Path(lock_file) if lock_file else self.folder / WRITER_LOCK
+        self.key = str(self.file.resolve())
+
+    def acquire(self) -> "WriterLock":
+        """Take the lock, or refuse.
+
+        Raises:
+            RunError: another live process holds it (its pid, host, command and start named), or the lock file
+                cannot be created.
+        """
+        import fcntl
+        import socket
+        from datetime import datetime, timezone
+
+        with self._guard:
+            if self.key in self._held:
+                self._held[self.key][1] += 1
+                return self
+            while True:
+                try:
+                    fh = open(self.file, "a+", encoding="utf-8")
+                except OSError as exc:
+                    raise RunError(f"cannot lock {self.folder}: {exc.strerror or exc}") from None
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    fh.seek(0)
+                    holder = _holder(fh.read())
+                    fh.close()
+                    raise RunError(f"{self.folder} is being written by another process ({holder}); wait for it to "
+                                   "finish or stop it, or use another folder") from None
+                try:
+                    if os.stat(self.file).st_ino == os.fstat(fh.fileno()).st_ino:
+                        break
+                except FileNotFoundError:
+                    pass
+                fh.close()  # the holder released and removed this file between our open and our lock: again
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(json.dumps(info) + "\n")
+                fh.flush()
+            except OSError:
+                pass  # the lock holds without its label (a full disk); a refused process then says "holder unknown"
+            self._held[self.key] = [fh, 1]
+        return self
+
+    def release(self) -> None:
+        """Give the lock up: the last holder in this process removes the lock file, then closes it (which drops
+        the ``flock``)."""
+        with self._guard:
+            held = self._held.get(self.key)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] == 0:
+                del self._held[self.key]
+                with contextlib.suppress(OSError):
+                    self.file.unlink()
+                held[0].close()
+
+    def __enter__(self) -> "WriterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _holder(text: str) -> str:
+    """``pid 123 on host h, `hcqr eval` since 2026-...`` from a lock file's label (``unknown`` if unreadable)."""
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on host {info['host']}, `hcqr {info['command']}` since {info['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
 def write_probe(folder: Path) -> None:
     """Create ``folder`` if needed, then write and delete a probe file in it.
 
@@ -83,6 +222,27 @@ def write_probe(folder: Path) -> None:
     probe = folder / f".write-test-{os.getpid()}"
     probe.write_text("ok")
     probe.unlink()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced and renamed over it:
+    a reader sees the old file or the new one, never half of one.
+
+    Raises:
+        DiskFullError: the disk is full (the temporary file is removed). OSError: another write failure.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if disk_full(exc):
+            raise disk_full_error(exc) from None
+        raise
 
 
 def read_json_object(file: Path, what: str = "file") -> dict[str, Any]:
@@ -174,17 +334,32 @@ class JsonlTable:
             self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one record as one line, flushed and fsynced (thread-safe).
+        """Append one record as one line, flushed and fsynced (thread-safe). A write that fails part-way
+        (disk full) is cut back to the last whole line, so the file stays whole.
 
         Raises:
             OSError: the write failed (disk full, folder removed ...).
         """
-        line = json.dumps(row, ensure_ascii=False) + "\n"
+        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
         with self._lock:
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                start = os.fstat(fd).st_size
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                except OSError as exc:
+                    try:
+                        os.ftruncate(fd, start)
+                    except OSError:
+                        pass  # a partial last line is dropped by read() and cut by drop_partial_tail()
+                    if exc.filename is None:
+                        exc.filename = str(self.path)
+                    raise
+            finally:
+                os.close(fd)
 
     def map(
         self,
@@ -235,7 +410,7 @@ class JsonlTable:
                 self.append(row)
             except OSError as exc:  # disk full, folder removed: stop, never drop rows silently
                 stop.set()
-                failure.append((item, RunError(f"cannot write {self.path}: {exc.strerror or exc}")))
+                failure.append((item, exc if disk_full(exc) else RunError(f"cannot write {self.path}: {exc.strerror or exc}")))
                 return None
             if on_row:
                 on_row(row)
@@ -250,6 +425,10 @@ class JsonlTable:
         if failure:
             item, exc = failure[0]
             saved = f"{len(rows)}/{len(items)} {self.what}s are saved in {self.path}"
+            if disk_full(exc):
+                raise disk_full_error(exc, saved) from None
+            if isinstance(exc, OutageError):  # a retrieval backend that stayed down after its retries ...
+                raise type(exc)(f"{exc}; {saved}; run the same command again to resume") from None
             if isinstance(exc, RunError):
                 raise RunError(f"{exc}; {saved}; fix it and run again to resume")
             if isinstance(exc, stop_errors):
@@ -285,31 +464,72 @@ class RunFolder:
         self.predictions = JsonlTable(self.path / PREDICTIONS, "question")
         self.judgments_table = JsonlTable(self.path / JUDGMENTS, "judgment")
         self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
+        self.writer: WriterLock | None = None
+        self._made: list[Path] = []  # folders claim() created, removed by release() until start()
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
 
     # -- creating and opening -------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, config: dict[str, Any]) -> "RunFolder":
-        """Start a run folder with ``config``, or reopen one holding the same configuration (resume).
-
-        Call only after every input (LM, index, questions, program) has been
-        checked: this is the first write.
+    def create(cls, path: str | Path, config: dict[str, Any], command: str = "eval") -> "RunFolder":
+        """:meth:`claim` the folder for ``command`` and :meth:`start` it with ``config`` (released again if that
+        fails); hold it until :meth:`release`.
 
         Raises:
-            RunError: the path is a file, the folder is not writable, or its ``config.json`` differs in
-                any key other than those in :data:`MUTABLE_KEYS` (the differing keys
-                are named; a key absent on one side and ``None`` on the other is no
-                difference), or is unreadable.
+            RunError: see :meth:`claim` and :meth:`start`.
+        """
+        folder = cls.claim(path, command)
+        try:
+            folder.start(config)
+        except BaseException:
+            folder.release()
+            raise
+        return folder
+
+    @classmethod
+    def claim(cls, path: str | Path, command: str = "eval") -> "RunFolder":
+        """Become the folder's one writer before anything is written or any LM is asked: the folder is
+        created if needed and its :class:`WriterLock` taken for ``command``. Until :meth:`start`,
+        :meth:`release` removes again the folders this call created (a refused command leaves nothing).
+
+        Raises:
+            RunError: another live process writes the folder (its pid, host and command named), the path is
+                a file, or the folder is not writable.
         """
         folder = cls(path)
         if folder.path.exists() and not folder.path.is_dir():
             raise RunError(f"run folder {folder.path} is a file; give --run-dir a folder")
+        made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]
         try:
             write_probe(folder.path)
         except OSError as exc:
+            _remove_empty(made)
             raise RunError(f"run folder {folder.path} is not writable: {exc.strerror or exc}") from None
+        try:
+            folder.writer = WriterLock(folder.path, command).acquire()
+        except RunError:
+            _remove_empty(made)
+            raise
+        folder._made = made
+        return folder
+
+    def start(self, config: dict[str, Any]) -> None:
+        """Write ``config`` into a claimed folder, or check it against the one there (resume).
+
+        Call only after every input (LM, index, questions, program) has been checked: this is the first
+        write of the run.
+
+        Raises:
+            RunError: its ``config.json`` differs in any key other than those in :data:`MUTABLE_KEYS` (the
+                differing keys are named; a key absent on one side and ``None`` on the other is no
+                difference), or is unreadable.
+        """
+        self._start(config)
+        self._made = []
+
+    def _start(self, config: dict[str, Any]) -> None:
+        folder = self
         cpath = folder.path / CONFIG
         if cpath.exists():
             old = read_json_object(cpath, "run configuration")
@@ -322,7 +542,15 @@ class RunFolder:
                 )
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         folder._write_config(config)
-        return folder
+
+    def release(self) -> None:
+        """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); a folder claimed
+        but never started is removed again if this process created it."""
+        if self.writer is not None:
+            self.writer.release()
+            self.writer = None
+        _remove_empty(self._made)
+        self._made = []
 
     @classmethod
     def open(cls, path: str | Path) -> "RunFolder":
@@ -340,7 +568,7 @@ class RunFolder:
         return folder
 
     def _write_config(self, config: dict[str, Any]) -> None:
-        (self.path / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
         self.__dict__.pop("config", None)
 
     # -- configuration -------------------------------------------------------
@@ -519,9 +747,14 @@ class RunFolder:
         return records
 
     def write_json(self, name: str, value: dict[str, Any]) -> Path:
-        """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder."""
+        """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder atomically (a temporary
+        file renamed over it), so a failed write (disk full) leaves the previous version whole.
+
+        Raises:
+            DiskFullError: the disk is full. OSError: another write failure.
+        """
         path = self.path / name
-        path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(value, indent=2) + "\n")
         return path
 
     def read_json(self, name: str) -> dict[str, Any]:
@@ -544,18 +777,38 @@ class RunFolder:
     def save_traceback(self, qid: str, exc: BaseException) -> Path | None:
         """Write ``exc``'s traceback to ``tracebacks/<qid>.txt``; ``None`` if that cannot be written."""
         folder = self.path / TRACEBACKS
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(qid)) or "question"
         try:
             folder.mkdir(exist_ok=True)
-            path = folder / f"{safe}.txt"
+            path = folder / f"{_safe_name(qid)}.txt"
             path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
             return path
         except OSError:
             return None
 
+    def clear_traceback(self, qid: str) -> None:
+        """Remove ``tracebacks/<qid>.txt`` (the question has a row now), and the folder once it is empty."""
+        folder = self.path / TRACEBACKS
+        path = folder / f"{_safe_name(qid)}.txt"
+        if path.is_file():
+            path.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+
     def files(self) -> list[Path]:
         """The folder's record files (for artifact logging): top-level files, not hidden ones."""
         return sorted(f for f in self.path.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _safe_name(qid: str) -> str:
+    """A question id as a file name: characters other than letters, digits, ``-_.`` become ``_``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(qid)) or "question"
 
 
 def _without_nones(value: Any) -> Any:

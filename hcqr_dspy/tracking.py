@@ -147,6 +147,55 @@ def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str |
         return None
 
 
+def open_store(path: str | Path | None = None) -> str:
+    """:func:`configure` the store, refusing one that cannot be used with one line, before a command writes
+    anything else: a folder that cannot be created, a full disk, a file that is not an MLflow database. A
+    database file this call created and could not fill (a full disk leaves it at 0 bytes) is removed.
+
+    Returns:
+        The experiment id.
+
+    Raises:
+        HCQRError: the store cannot be used (:class:`~hcqr_dspy.errors.DiskFullError` for a full disk).
+    """
+    from hcqr_dspy.run_folder import disk_full, disk_full_error
+
+    db = store_dir(path) / "mlflow.db"
+    existed = db.exists()
+    try:
+        return configure(path)
+    except HCQRError:
+        raise
+    except Exception as exc:  # SQLAlchemy / MlflowException: the store cannot be opened or written
+        if not existed and db.exists() and os.path.getsize(db) == 0:
+            db.unlink()
+        if disk_full(exc):
+            raise disk_full_error(exc, f"the MLflow store {store_dir(path)} could not be written") from None
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise HCQRError(f"the MLflow store {tracking_uri(path)} cannot be used: {type(exc).__name__}: {first}") from None
+
+
+@contextmanager
+def store_outages(path: str | Path | None = None) -> Iterator[None]:
+    """Turn a full disk met while tracking (SQLAlchemy's "database or disk is full", an artifact copy's
+    ``ENOSPC``) into the one-line :class:`~hcqr_dspy.errors.DiskFullError`; a stop that already said so
+    (it names what is saved) is kept as it is. Other errors pass unchanged."""
+    from hcqr_dspy.errors import DiskFullError
+    from hcqr_dspy.run_folder import disk_full, disk_full_error
+
+    try:
+        yield
+    except Exception as exc:
+        said = exc
+        while said is not None and not isinstance(said, DiskFullError):
+            said = said.__context__
+        if said is not None:
+            raise said from None
+        if not isinstance(exc, HCQRError) and disk_full(exc):
+            raise disk_full_error(exc, f"rows written so far are saved; the MLflow store is {store_dir(path)}") from None
+        raise
+
+
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config -> MLflow params (``a.b`` keys, values as strings, 6000 chars max)."""
     out: dict[str, str] = {}
@@ -347,6 +396,34 @@ def questions_dataset(questions, name: str, experiment_id: str):
     dataset = find()
     if dataset is not None and dataset.has_records():
         return dataset
+    with store_lock(".datasets.lock"):  # two processes filling one new dataset break its unique records
+        dataset = find()
+        if dataset is not None and dataset.has_records():
+            return dataset
+        return _fill_dataset(dataset, questions, name, experiment_id, find)
+
+
+@contextmanager
+def store_lock(name: str) -> Iterator[None]:
+    """An exclusive ``fcntl.flock`` on ``<store>/<name>`` while the block runs, for the active SQLite store
+    (MLflow's SQLAlchemy store does not serialize some multi-statement writes between processes); no lock
+    for a tracking server, which serializes them itself."""
+    import fcntl
+
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(Path(uri[len("sqlite:///"):]).parent / name, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _fill_dataset(dataset, questions, name: str, experiment_id: str, find):
+    from mlflow.genai import datasets
+
     if dataset is None:
         try:
             dataset = datasets.create_dataset(name=name, experiment_id=experiment_id, tags={"source": "hcqr-dspy"})

@@ -1,6 +1,7 @@
 """Evaluation: rows written as they go, invalid answers counted, resume after an LM outage, a kill or a bug."""
 
 import json
+import os
 
 import dspy
 import pytest
@@ -8,6 +9,7 @@ from dspy.utils import DummyLM
 from dspy.utils.exceptions import LMTransportError
 
 from hcqr_dspy.data import check_question
+from hcqr_dspy.errors import DiskFullError
 from hcqr_dspy.evaluate import LMUnavailableError, ProgramError, RunError, evaluate
 from hcqr_dspy.programs import CoT
 from hcqr_dspy.run_folder import PREDICTIONS, RunFolder
@@ -101,17 +103,22 @@ def test_disk_full_mid_run_stops_and_says_so(tmp_path, monkeypatch):
 
     real_fsync, calls = ev.os.fsync, []
 
-    def fsync(fd):
-        calls.append(fd)
-        if len(calls) > 1:
-            raise OSError(28, "No space left on device")
+    def fsync(fd):  # the second row's write fails as on a full disk
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(PREDICTIONS):
+            calls.append(fd)
+            if len(calls) > 1:
+                raise OSError(28, "No space left on device")
         real_fsync(fd)
 
     monkeypatch.setattr(ev.os, "fsync", fsync)
     program = CountingCoT()
-    with pytest.raises(RunError, match=r"cannot write .*No space left on device; 1/4 questions are saved"):
+    with pytest.raises(DiskFullError, match=r"^the disk is full \(No space left on device: .*predictions.jsonl\); 1/4 questions are saved "
+                       r".*free space and run the same command again to resume$"):
         run(program, questions(4), tmp_path, lm_answering(lambda i: "A"))
     assert len(program.calls) == 2  # stopped at the failed write
+    # the row whose write failed was cut back: the file holds whole lines only, the one saved row
+    assert [r["qid"] for r in RunFolder(tmp_path).rows()] == ["q0"]
+    assert (tmp_path / PREDICTIONS).read_bytes().endswith(b"\n")
 
 
 def test_killed_run_partial_line_is_redone(tmp_path):
@@ -156,6 +163,7 @@ def test_a_bug_stops_the_run_with_one_line_and_a_saved_traceback_then_resumes_on
     result = run(fixed, qs, tmp_path, lm_answering(lambda i: "A"))
     assert fixed.calls == [f"Question number {i}?" for i in (1, 2, 3)]
     assert [r["valid"] for r in result.rows] == [True] * 4 and result.resumed == 1
+    assert not (tmp_path / "tracebacks").exists()  # the question succeeded: its stale traceback is gone
 
 
 def test_run_folder_with_other_config_is_refused(tmp_path):
