@@ -411,7 +411,10 @@ def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | Non
     if not spec:
         raise LMSpecError(f"empty {option} spec")
     if spec == "local" or spec.startswith("local:"):
-        name = spec.partition(":")[2] or DEFAULT_LOCAL
+        name = DEFAULT_LOCAL if spec == "local" else spec.partition(":")[2].strip()
+        if not name:
+            raise LMSpecError(f"{option} {spec!r} names no model: use local (the default, {DEFAULT_LOCAL}) or "
+                              f"local:<name> ({', '.join(PACKAGED_MODELS)})")
         if name not in PACKAGED_MODELS:
             raise LMSpecError(f"unknown packaged model {name!r} in {option} {spec!r}; choose one of {', '.join(PACKAGED_MODELS)}")
         return LMConfig(spec, "packaged", f"llama_cpp/{name}")
@@ -425,7 +428,64 @@ def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | Non
             f"unknown {option} spec {spec!r}: use local, local:<name> ({', '.join(PACKAGED_MODELS)}), gguf:<path>, "
             "or a LiteLLM model name with its provider prefix (openai/..., ollama_chat/..., hosted_vllm/...)"
         )
+    provider, _, model = spec.partition("/")
+    if not provider.strip() or not model.strip() or any(c.isspace() for c in spec):
+        raise LMSpecError(
+            f"{option} {spec!r} is not <provider>/<model>: name both, without spaces, "
+            "e.g. openai/gpt-4o-mini, ollama_chat/llama3.1, hosted_vllm/Qwen/Qwen3-4B-Instruct-2507"
+        )
     return LMConfig(spec, "litellm", spec, api_base=api_base, api_key_env=api_key_env)
+
+
+def describe_endpoint(cfg: LMConfig) -> str:
+    """Where calls of an LM go, for messages: ``in-process llama.cpp (<file>)``, the API base with the key's
+    variable, or the provider's default endpoint (LiteLLM's ``get_llm_provider``) when none was named."""
+    if cfg.kind != "litellm":
+        return f"in-process llama.cpp ({cfg.path or cfg.model.split('/', 1)[1]})"
+    key = f" (key from ${cfg.api_key_env})" if cfg.api_key_env else " (no key variable)"
+    if cfg.api_base:
+        return cfg.api_base + key
+    import litellm
+
+    try:
+        _, provider, _, base = litellm.get_llm_provider(cfg.model)
+    except Exception:  # an unroutable name is refused by check_route before any call
+        provider, base = cfg.model.split("/", 1)[0], None
+    return f"{provider}'s default endpoint{f' {base}' if base else ''}{key}"
+
+
+# The request fields DSPy leaves out of its response-cache key (``dspy.clients.execution.IGNORED_CACHE_KEYS``:
+# api_key, api_base, base_url) that say where a request is sent: without them, two servers serving one model
+# name (two vLLM deployments of different checkpoints) would share cached replies.
+ENDPOINT_KEYS = ("api_base", "base_url")
+_endpoint_cache_classes: dict[type, type] = {}
+
+
+def key_cache_by_endpoint() -> None:
+    """Make DSPy's response cache (``dspy.cache``) key each reply by its endpoint too.
+
+    DSPy hashes a request without ``api_key``, ``api_base`` and ``base_url``; this keeps the API key out
+    but puts the endpoint in, by overriding ``Cache.cache_key`` as DSPy's cache guide does for custom keys
+    ("Use and Customize DSPy Cache"). The cache object is kept (its memory and disk stores, whatever
+    ``dspy.configure_cache`` set): its class becomes a subclass of its own class. Requests without an
+    endpoint (in-process llama.cpp, a provider's default endpoint) keep the keys they had; a reply cached
+    under an endpoint by an older version, keyed without it, is never served for it again.
+    """
+    import dspy
+
+    cache = dspy.cache
+    base = type(cache)
+    if getattr(base, "keys_endpoint", False):
+        return
+    if base not in _endpoint_cache_classes:
+        def cache_key(self, request, ignored_args_for_cache_key=None):
+            ignored = [a for a in (ignored_args_for_cache_key or []) if a not in ENDPOINT_KEYS]
+            return base.cache_key(self, request, ignored)
+
+        _endpoint_cache_classes[base] = type(f"EndpointKeyed{base.__name__}", (base,),
+                                             {"keys_endpoint": True, "cache_key": cache_key,
+                                              "__doc__": key_cache_by_endpoint.__doc__})
+    cache.__class__ = _endpoint_cache_classes[base]
 
 
 def build_lm(
@@ -473,6 +533,8 @@ def build_lm(
             if not key:
                 raise LMSpecError(f"environment variable {cfg.api_key_env} (the API key for {cfg.model}) is not set")
             kwargs["api_key"] = key
+        if cache:
+            key_cache_by_endpoint()
         lm = dspy.LM(cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache, num_retries=num_retries, **kwargs)
     lm.hcqr_config = cfg
     return lm

@@ -30,6 +30,10 @@ def test_parse_specs(spec, kind, model):
         ("local:gpt5", "unknown packaged model 'gpt5'.*smollm2-135m"),
         ("gguf:", "needs a path"),
         ("gpt-4o", "unknown --lm spec 'gpt-4o'"),
+        ("local:", r"--lm 'local:' names no model: use local"),
+        ("openai/", r"--lm 'openai/' is not <provider>/<model>: name both"),
+        ("/gpt-4o", r"--lm '/gpt-4o' is not <provider>/<model>"),
+        ("openai/gpt 4o", r"is not <provider>/<model>: name both, without spaces"),
     ],
 )
 def test_bad_specs(spec, message):
