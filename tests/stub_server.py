@@ -7,6 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SECRET = "sk-test-7f3a9c2e51d84b6f"  # a key value that must never be written anywhere
 OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
+# What a gateway in front of an LM server sends instead of the API's JSON (nginx's error page, as a proxy whose
+# upstream is down, or whose login page answers, would send it).
+HTML_PAGE = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+             "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 
 
 class Stub:
@@ -14,13 +18,23 @@ class Stub:
 
     ``mode`` switches behaviour while it runs: ``ok``, ``slow`` (sleeps past the client's
     timeout), ``huge`` (a 1 MB reply), ``empty`` (an empty reply), ``auth`` (HTTP 401, the key is
-    refused). In ``ok`` mode a prompt asking for HCQR's hypothesis or queries (its output field
-    names) gets fields of that shape. ``down_after`` requests, it closes its socket: later
-    connections are refused. Every request's headers and body are kept in ``seen``.
+    refused), ``html`` (HTTP 200 with a ``text/html`` page, as a proxy's login or error page),
+    ``html502`` (HTTP 502 with a ``text/html`` page, as a reverse proxy whose upstream is down),
+    ``truncated`` (HTTP 200, ``application/json``, the first half of a good reply's JSON, its
+    ``Content-Length`` matching what is sent). In ``ok`` mode a prompt asking for HCQR's hypothesis
+    or queries (its output field names) gets fields of that shape. ``down_after`` requests, it
+    closes its socket: later connections are refused. ``switch_after`` requests answered in
+    ``ok`` mode, it turns to mode ``switch_to`` (set ``mode`` back to ``"ok"`` to recover). ``delay``
+    seconds pass before each reply; ``shift`` moves every answer letter along by that many (a server of
+    another checkpoint under the same model name); ``reasoning`` is the answer step's reasoning text. Every
+    request's headers and body are kept in ``seen``.
     """
 
-    def __init__(self, down_after=None):
+    def __init__(self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r"):
         self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
+        self.delay, self.shift = delay, shift  # seconds before each reply; letters shifted (another checkpoint)
+        self.reasoning = reasoning  # the answer step's reasoning text
+        self.switch_after, self.switch_to = switch_after, switch_to
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,11 +45,14 @@ class Stub:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
                 stub.seen.append((dict(self.headers), body))
                 stub.count += 1
+                if stub.switch_after is not None and stub.count == stub.switch_after + 1:
+                    stub.mode = stub.switch_to
                 if stub.mode == "slow":
                     time.sleep(3)
+                time.sleep(stub.delay)
                 prompt = json.loads(body)["messages"][-1]["content"]
                 n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
-                letter = "ABC"[(n * 2) % 3]
+                letter = "ABC"[(n * 2 + stub.shift) % 3]
                 if "`support_query`" in prompt:
                     ok = {"support_query": "digoxin toxicity nausea", "distinction_query": "digoxin versus hypokalemia",
                           "key_feature_query": "yellow vision elderly"}
@@ -43,8 +60,17 @@ class Stub:
                     ok = {"discriminating_features": "yellow vision", "reasoning": "r", "working_hypothesis": letter,
                           "confirming_evidence": "low potassium"}
                 else:
-                    ok = {"reasoning": "r", "answer": letter}
-                content = {"ok": json.dumps(ok), "slow": "{}", "huge": "x" * 1_000_000, "empty": "", "auth": ""}[stub.mode]
+                    ok = {"reasoning": stub.reasoning, "answer": letter}
+                content = {"ok": json.dumps(ok), "truncated": json.dumps(ok), "slow": "{}", "huge": "x" * 1_000_000,
+                           "empty": ""}.get(stub.mode, "")
+                if stub.mode in ("html", "html502"):
+                    page = HTML_PAGE.encode()
+                    self.send_response(200 if stub.mode == "html" else 502)
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
                 if stub.mode == "auth":
                     error = json.dumps({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
                                                   "code": "invalid_api_key"}}).encode()
@@ -59,6 +85,8 @@ class Stub:
                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }).encode()
+                if stub.mode == "truncated":
+                    payload = payload[: len(payload) // 2]
                 if stub.down_after is not None and stub.count >= stub.down_after:
                     # Close the listening socket before this reply goes out, so the client's next
                     # connection is refused for certain (stopping from another thread raced with it).
