@@ -27,13 +27,33 @@ Serving (MLflow's scoring server; ``--env-manager local`` uses the environment h
     curl -s 127.0.0.1:5001/invocations -H 'Content-Type: application/json' \\
       -d '{"dataframe_records": [{"question": "A 70-year-old ...", "options": {"A": "...", "B": "..."}}]}'
 
-Each answer is ``{qid, answer, answer_text, valid, error, hypothesis, queries, passages}`` (passages:
-id, title, score and the queries that found them: :func:`hcqr_dspy.evaluate.answer_record`), as
-``hcqr predict`` writes them.
+A request is a batch of records ``{question, options[, qid]}`` (``dataframe_records``; in process,
+``pyfunc.predict`` also takes a DataFrame, a list of such dicts or one dict). ``options`` is an object of
+letter -> text (``{"A": "...", "B": "..."}``, at least two, labelled A, B, C ...); a list of texts is refused.
+A record without a ``qid`` (missing, null, empty) gets its row number, from 0. Every record is checked before
+the LM is asked anything, and each is answered or rejected on its own; ``predictions`` holds one record per
+request record, in request order:
+
+* answered: ``{qid, answer, answer_text, valid, error, hypothesis, queries, passages, rejected: null}``
+  (passages: id, title, score and the queries that found them: :func:`hcqr_dspy.evaluate.answer_record`), as
+  ``hcqr predict`` writes them; ``valid``/``error`` are about the LM's reply;
+* rejected (malformed, the LM not asked): ``{qid, answer: null, answer_text: null, valid: false, error: null,
+  hypothesis: null, queries: [], passages: [], rejected: "<field>: <reason>"}``, where the field is
+  ``record``, ``question``, ``options`` or ``options.<letter>``.
+
+When no record of a request can be answered (a single malformed record, all of them, none at all), the whole
+request is refused with HTTP 400 and the JSON body ``{"error_code": "INVALID_PARAMETER_VALUE", "message":
+"no record of the request can be answered: record <row> (qid '<qid>'): <field>: <reason>; ...", "rejected":
+[{"row", "qid", "field", "reason"}, ...]}`` (plus MLflow's ``sqlstate`` and ``error_class``): no stack trace,
+no server path (:func:`request_rejected`). In process, ``pyfunc.predict`` raises that exception.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -91,27 +111,165 @@ class ProgramModel:
                            api_key_env=config.get("api_key_env"))
 
     def predict(self, context, model_input, params=None) -> list[dict[str, Any]]:
-        """Answer questions: ``model_input`` is a DataFrame (``dataframe_records``) or a list of
-        ``{question, options[, qid]}``; one answer record per question (:func:`answer_record`).
+        """Answer a batch of questions: ``model_input`` is a DataFrame (``dataframe_records``), a list of
+        ``{question, options[, qid]}`` or one such dict; one record per question, answered or rejected (the
+        module docstring gives both shapes). Every record is checked before the LM is asked anything.
 
         Raises:
-            HCQRError: a malformed question (one line naming it).
+            MlflowException: (HTTP 400, :func:`request_rejected`) no record of the request can be answered.
         """
         import dspy
 
-        from hcqr_dspy.data import check_question
         from hcqr_dspy.evaluate import answer_record
 
-        records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
+        checked = [check_record(row, record) for row, record in enumerate(request_records(model_input))]
+        if not any(ex is not None for _, ex, _ in checked):
+            faults = [(row, qid, *fault) for row, (qid, _, fault) in enumerate(checked)]
+            raise request_rejected(faults or [(None, None, "request", "holds no records")])
         out = []
-        for i, record in enumerate(records):
-            qid = str(record.get("qid") or i)
-            ex = check_question(qid, {k: v for k, v in record.items() if k != "answer"}, "request", labelled=False)
+        for qid, ex, fault in checked:
+            if ex is None:
+                rejected = answer_record(qid, {}, None, False, None, None, None, None)
+                out.append({**rejected, "rejected": ": ".join(fault)})
+                continue
             with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
                 pred = self.program(question=ex.question, options=ex.options)
-            out.append(answer_record(qid, ex.options, pred.get("answer"), bool(pred.get("valid")), pred.get("error"),
-                                     pred.get("hypothesis"), pred.get("queries"), pred.get("passages")))
+            out.append({**answer_record(qid, ex.options, pred.get("answer"), bool(pred.get("valid")), pred.get("error"),
+                                        pred.get("hypothesis"), pred.get("queries"), pred.get("passages")),
+                        "rejected": None})
         return out
+
+
+# -- checking a request's records --------------------------------------------------------------------------------
+OPTIONS_SHAPE = 'an object of letter -> text such as {"A": "...", "B": "..."}'
+# Faults listed in a 400's message (all of them are in its "rejected" list).
+MESSAGE_FAULTS = 10
+
+
+def _absent(value: Any) -> bool:
+    """None, NaN (pandas' missing value in ``dataframe_records`` beside records that have the field) or pd.NA."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return "true/false"
+    if isinstance(value, numbers.Number):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":
+        return "a list"
+    return "text" if isinstance(value, str) else type(value).__name__
+
+
+def request_records(model_input: Any) -> list[Any]:
+    """The records of a request: the rows of a DataFrame, the items of a list (or array), or one dict.
+
+    Raises:
+        MlflowException: (HTTP 400) anything else.
+    """
+    if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):
+        return model_input.to_dict(orient="records")
+    if isinstance(model_input, dict):
+        return [model_input]
+    if hasattr(model_input, "tolist"):
+        model_input = model_input.tolist()
+    if isinstance(model_input, (list, tuple)):
+        return list(model_input)
+    raise request_rejected([(None, None, "request", f"must be records {{question, options[, qid]}}, not "
+                                                    f"{_kind(model_input)}")])
+
+
+def record_qid(row: int, record: Any) -> str:
+    """A record's ``qid`` as text; its row number (from 0) when it has none (missing, null, NaN, empty)."""
+    qid = record.get("qid") if isinstance(record, dict) else None
+    if _absent(qid) or not str(qid).strip():
+        return str(row)
+    if isinstance(qid, float) and qid.is_integer():  # pandas makes integer ids floats beside a record without one
+        qid = int(qid)
+    return str(qid).strip()
+
+
+def record_fault(record: Any) -> tuple[str, str] | None:
+    """Why a record cannot be answered, as ``(field, reason)``, or ``None`` when it can. The field is ``record``,
+    ``question``, ``options`` or ``options.<letter>``."""
+    from hcqr_dspy.data import LETTERS
+
+    if not isinstance(record, dict):
+        return "record", f"must be an object {{question, options[, qid]}}, not {_kind(record)}"
+    question, options = record.get("question"), record.get("options")
+    if _absent(question):
+        return "question", "missing"
+    if not isinstance(question, str) or not question.strip():
+        return "question", "empty" if isinstance(question, str) else f"must be text, not {_kind(question)}"
+    if _absent(options):
+        return "options", f"missing; give {OPTIONS_SHAPE}"
+    if not isinstance(options, dict):
+        return "options", f"must be {OPTIONS_SHAPE}, not {_kind(options)}"
+    if len(options) < 2:
+        return "options", f"at least two are needed, got {len(options)}"
+    if len(options) > len(LETTERS):
+        return "options", f"at most {len(LETTERS)} are allowed (A to Z), got {len(options)}"
+    labels = sorted(str(k).strip().upper() for k in options)
+    if labels != list(LETTERS[: len(labels)]):
+        return "options", (f"labels must be the letters {', '.join(LETTERS[: len(labels)])}, "
+                           f"got {', '.join(map(str, options))}")
+    for key, text in options.items():
+        if not isinstance(text, str):
+            return f"options.{key}", f"must be text, not {_kind(text)}"
+        if not text.strip():
+            return f"options.{key}", "empty"
+    return None
+
+
+def check_record(row: int, record: Any):
+    """``(qid, example, None)`` for a record that can be answered (the example from
+    :func:`hcqr_dspy.data.check_question`, as ``hcqr predict`` builds it), else ``(qid, None, (field, reason))``."""
+    from hcqr_dspy.data import DataError, check_question
+
+    qid, fault = record_qid(row, record), record_fault(record)
+    if fault:
+        return qid, None, fault
+    try:
+        ex = check_question(qid, {"question": record["question"], "options": record["options"]}, f"record {row}",
+                            labelled=False)
+    except DataError as exc:  # a rule of check_question that record_fault does not know
+        return qid, None, ("record", str(exc))
+    return qid, ex, None
+
+
+@functools.cache
+def _rejected_class():
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    class RequestRejected(MlflowException, HCQRError):
+        """A request none of whose records can be answered: HTTP 400 on MLflow's scoring server."""
+
+        def __init__(self, message: str, rejected: list[dict[str, Any]]):
+            super().__init__(message, error_code=INVALID_PARAMETER_VALUE, rejected=rejected)
+            self.reason = message
+
+        def serialize_as_json(self) -> str:
+            # The scoring server prefixes .message with a dump of the request's DataFrame; the body keeps ours.
+            body = json.loads(super().serialize_as_json())
+            return json.dumps({**body, "message": self.reason})
+
+    return RequestRejected
+
+
+def request_rejected(faults: list[tuple[int | None, str | None, str, str]]) -> Exception:
+    """The error of a request none of whose records can be answered, from its ``(row, qid, field, reason)`` faults
+    (row and qid ``None`` for the request as a whole): an ``MlflowException`` (and :class:`HCQRError`) with
+    error code ``INVALID_PARAMETER_VALUE``, which MLflow's scoring server answers with HTTP 400 and the body
+    ``{error_code, message, rejected: [{row, qid, field, reason}], sqlstate, error_class}``."""
+    said = [f"{field}: {reason}" if row is None else f"record {row} (qid {qid!r}): {field}: {reason}"
+            for row, qid, field, reason in faults]
+    more = f"; and {len(said) - MESSAGE_FAULTS} more (see 'rejected')" if len(said) > MESSAGE_FAULTS else ""
+    message = "no record of the request can be answered: " + "; ".join(said[:MESSAGE_FAULTS]) + more
+    rejected = [{"row": row, "qid": qid, "field": field, "reason": reason} for row, qid, field, reason in faults]
+    return _rejected_class()(message, rejected)
 
 
 def python_model():

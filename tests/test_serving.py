@@ -1,7 +1,11 @@
 """A compiled program registered by `hcqr compile --register` and served by MLflow's real scoring server
 (`mlflow models serve --env-manager local` on 127.0.0.1): a question posted over REST gets HCQR's answer,
-hypothesis, queries and passages. The LM is the stub OpenAI-compatible server (tests/stub_server.py)."""
+hypothesis, queries and passages; a malformed record is rejected on its own, and a request none of whose records
+can be answered is an HTTP 400 naming each record and field. The LM is the stub OpenAI-compatible server
+(tests/stub_server.py). One server serves every test of this module."""
 
+import contextlib
+import io
 import json
 import os
 import shlex
@@ -9,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,73 +25,188 @@ from hcqr_dspy.serving import SERVE_TIMEOUT_S
 from stub_server import OPTIONS, SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
-def test_registered_compiled_program_is_served_over_rest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("STUB_KEY", SECRET)
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Compile HCQR with the stub LM, register it, and serve it exactly as the compile hint says (on a free port).
+    Yields ``{"url", "stub", "out" (the compile's stdout), "store", "tracking_uri", "tmp"}``; stops the server's
+    whole process group afterwards and checks that none of its processes is left."""
+    tmp = tmp_path_factory.mktemp("serving")
     stub = Stub()
-    store = tmp_path / "mlruns"
-    write_jsonl(tmp_path / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS])
-    assert main(["index", "--corpus", str(tmp_path / "corpus.jsonl"), "--retriever", "bm25", "--out", str(tmp_path / "idx")]) == 0
-    train = {f"{i:04d}": {"question": f"Question number {i}? A patient on digoxin sees yellow halos.", "options": OPTIONS,
-                          "answer": "ABC"[(i * 2) % 3]} for i in range(4)}
-    (tmp_path / "train.json").write_text(json.dumps(train))
-    lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
-    assert main(["compile", "--recipe", "bootstrap_fewshot", "--program", "hcqr", "--train", str(tmp_path / "train.json"),
-                 "--train-size", "4", "--index", str(tmp_path / "idx"), "--out", str(tmp_path / "prog"),
-                 "--register", "served-hcqr", "--mlflow-dir", str(store), *lm]) == 0
-    out = capsys.readouterr().out
+    store = tmp / "mlruns"
+    tree: list[int] = []
+    server = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STUB_KEY", SECRET)
+        try:
+            write_jsonl(tmp / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS])
+            assert main(["index", "--corpus", str(tmp / "corpus.jsonl"), "--retriever", "bm25",
+                         "--out", str(tmp / "idx")]) == 0
+            train = {f"{i:04d}": {"question": f"Question number {i}? A patient on digoxin sees yellow halos.",
+                                  "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]} for i in range(4)}
+            (tmp / "train.json").write_text(json.dumps(train))
+            lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                assert main(["compile", "--recipe", "bootstrap_fewshot", "--program", "hcqr", "--train",
+                             str(tmp / "train.json"), "--train-size", "4", "--index", str(tmp / "idx"), "--out",
+                             str(tmp / "prog"), "--register", "served-hcqr", "--mlflow-dir", str(store), *lm]) == 0
+            out = printed.getvalue()
+            [hint] = [line for line in out.splitlines() if " mlflow models serve " in line]
+            store_var, _, *serve_args = shlex.split(hint)
+            tracking_uri = store_var.split("=", 1)[1]
+            port = free_port()
+            serve_args[serve_args.index("-p") + 1] = str(port)
+            # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
+            env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
+                   "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            server = subprocess.Popen([sys.executable, "-m", "mlflow", *serve_args], env=env, start_new_session=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
+            tree = [server.pid, *children(server.pid)]
+            yield {"url": f"http://127.0.0.1:{port}/invocations", "stub": stub, "out": out, "store": store,
+                   "tracking_uri": tracking_uri, "tmp": tmp}
+        finally:
+            if server is not None:
+                if server.poll() is None:
+                    os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait(timeout=30)
+            deadline = time.monotonic() + 10
+            while any(alive(p) for p in tree) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for p in tree:
+                if alive(p):
+                    os.kill(p, signal.SIGKILL)
+            stub.stop()
+    assert [p for p in tree if alive(p)] == []
+
+
+def post(url: str, records) -> tuple[int, dict]:
+    """POST ``{"dataframe_records": records}``: the HTTP status and the JSON body."""
+    request = urllib.request.Request(url, data=json.dumps({"dataframe_records": records}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_registered_compiled_program_is_served_over_rest(served):
+    out, store, stub = served["out"], served["store"], served["stub"]
     assert "registered as models:/served-hcqr/1" in out
-    # the server is started exactly as the hint says (on a free port): a request may take SERVE_TIMEOUT_S, not
-    # MLflow's 60 s default, which a local model on a CPU exceeds on one HCQR question (HTTP 504)
+    # the server is started exactly as the hint says: a request may take SERVE_TIMEOUT_S, not MLflow's 60 s
+    # default, which a local model on a CPU exceeds on one HCQR question (HTTP 504)
     [hint] = [line for line in out.splitlines() if " mlflow models serve " in line]
     store_var, mlflow_cmd, *serve_args = shlex.split(hint)
     variable, tracking_uri = store_var.split("=", 1)
-    assert (variable, mlflow_cmd) == ("MLFLOW_TRACKING_URI", "mlflow") and tracking_uri.endswith(f"{store.name}/mlflow.db")
+    assert (variable, mlflow_cmd) == ("MLFLOW_TRACKING_URI", "mlflow")
+    assert tracking_uri.endswith(f"{store.name}/mlflow.db")
     assert serve_args[:3] == ["models", "serve", "-m"] and serve_args[3] == "models:/served-hcqr/1"
     assert serve_args[serve_args.index("-t") + 1] == str(SERVE_TIMEOUT_S) and SERVE_TIMEOUT_S >= 600
     assert serve_args[serve_args.index("-h") + 1] == "127.0.0.1"
 
-    port = free_port()
-    serve_args[serve_args.index("-p") + 1] = str(port)
-    # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", *serve_args],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    tree: list[int] = []
+    seen = len(stub.seen)
+    status, body = post(served["url"], [{"question": "Question number 7? Yellow halos after a new drug.",
+                                         "options": OPTIONS}])
+    assert status == 200
+    [answer] = body["predictions"]
+    # the stub answers question 7 with "ABC"[14 % 3] = "C", through the hypothesis, rewrite and answer steps
+    assert answer["answer"] == "C" and answer["answer_text"] == OPTIONS["C"] and answer["valid"] is True
+    assert answer["qid"] == "0" and answer["rejected"] is None
+    assert answer["hypothesis"]["working_hypothesis"] == "C"
+    assert answer["queries"] == ["digoxin toxicity nausea", "digoxin versus hypokalemia", "yellow vision elderly"]
+    assert answer["passages"] and {"id", "title", "score", "found_by"} <= set(answer["passages"][0])
+    assert len(stub.seen) - seen == 3  # hypothesis, rewrite, answer: the served program called the LM itself
+    # the compiled demos reached the served prompts (the answer step shows bootstrapped examples)
+    assert "Question number 0?" in stub.seen[-1][1] or "Question number 1?" in stub.seen[-1][1]
+
+
+def assert_clean_400(status: int, body: dict, served, *named: str) -> str:
+    """A 400 whose JSON body names ``named`` and holds no stack trace and no path of the server; its message."""
+    assert status == 400, body
+    text = json.dumps(body)
+    assert body["error_code"] == "INVALID_PARAMETER_VALUE" and "stack_trace" not in body and "Traceback" not in text
+    for path in (str(REPO), str(served["tmp"]), "site-packages", sys.prefix, "/tmp/"):
+        assert path not in text, (path, text)
+    message = body["message"]
+    assert message.startswith("no record of the request can be answered: ") and "Failed to predict" not in message
+    for part in named:
+        assert part in message, (part, message)
+    return message
+
+
+def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
+    url, stub = served["url"], served["stub"]
+    good = {"question": "Question number 8? Yellow halos.", "options": OPTIONS}
+    seen = len(stub.seen)
+    cases = [
+        ({"question": "Q?"}, "record 0 (qid '0'): options: missing; give an object of letter -> text"),
+        ({"question": "Q?", "options": {"A": "alpha"}}, "options: at least two are needed, got 1"),
+        ({"question": "   ", "options": OPTIONS}, "record 0 (qid '0'): question: empty"),
+        ({"qid": "q-num", "question": "Q?", "options": {"A": 1, "B": 2}},
+         "record 0 (qid 'q-num'): options.A: must be text, not a number"),
+        ({"question": "Q?", "options": ["alpha", "beta"]},
+         'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, not a list'),
+    ]
+    for record, said in cases:
+        status, body = post(url, [record])
+        message = assert_clean_400(status, body, served, said)
+        assert "\n" not in message
+        [rejected] = body["rejected"]
+        assert rejected["row"] == 0 and rejected["field"] == message.split(": ")[2]
+    # several bad records and no good one: one 400 naming each record (row and qid) and its field
+    status, body = post(url, [{"qid": "a", "question": "", "options": OPTIONS}, {"question": "Q?", "options": []}])
+    assert_clean_400(status, body, served, "record 0 (qid 'a'): question: empty", "record 1 (qid '1'): options: ")
+    assert [(r["row"], r["qid"], r["field"]) for r in body["rejected"]] == [(0, "a", "question"), (1, "1", "options")]
+    assert len(stub.seen) == seen  # nothing of a refused request reached the LM
+
+    # one bad record among good ones: the good ones are answered, the bad one rejected, in request order; a record
+    # without a qid (NaN in pandas beside records that have one) gets its row number, and integer qids stay integers
+    # (pandas makes them floats beside a missing one)
+    status, body = post(url, [{**good, "qid": 5}, {"qid": 6, "question": "Q?", "options": ["alpha", "beta"]},
+                              {"question": "Question number 9? Yellow halos.", "options": OPTIONS}])
+    assert status == 200, body
+    first, bad, last = body["predictions"]
+    assert (first["qid"], first["answer"], first["valid"], first["rejected"]) == ("5", "B", True, None)
+    assert (last["qid"], last["answer"], last["valid"], last["rejected"]) == ("2", "A", True, None)
+    assert bad == {"qid": "6", "answer": None, "answer_text": None, "valid": False, "error": None,
+                   "hypothesis": None, "queries": [], "passages": [],
+                   "rejected": 'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, '
+                               "not a list"}
+    assert len(stub.seen) - seen == 6  # three LM calls for each good record, none for the bad one
+
+
+def test_registered_program_predicts_in_process(served, monkeypatch):
+    """``mlflow.pyfunc.load_model(...).predict`` takes a DataFrame, a list of records or one record; a request that
+    cannot be answered raises the same one-line error the server answers with HTTP 400."""
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from hcqr_dspy.errors import HCQRError
+
+    monkeypatch.setenv("STUB_KEY", SECRET)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(served["tracking_uri"])
     try:
-        wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
-        tree = [server.pid, *children(server.pid)]
-        seen = len(stub.seen)
-        body = json.dumps({"dataframe_records": [{"question": "Question number 7? Yellow halos after a new drug.",
-                                                  "options": OPTIONS}]}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            [answer] = json.loads(reply.read())["predictions"]
-        # the stub answers question 7 with "ABC"[14 % 3] = "C", through the hypothesis, rewrite and answer steps
-        assert answer["answer"] == "C" and answer["answer_text"] == OPTIONS["C"] and answer["valid"] is True
-        assert answer["hypothesis"]["working_hypothesis"] == "C"
-        assert answer["queries"] == ["digoxin toxicity nausea", "digoxin versus hypokalemia", "yellow vision elderly"]
-        assert answer["passages"] and {"id", "title", "score", "found_by"} <= set(answer["passages"][0])
-        assert len(stub.seen) - seen == 3  # hypothesis, rewrite, answer: the served program called the LM itself
-        # the compiled demos reached the served prompts (the answer step shows bootstrapped examples)
-        assert "Question number 0?" in stub.seen[-1][1] or "Question number 1?" in stub.seen[-1][1]
+        model = mlflow.pyfunc.load_model("models:/served-hcqr/1")
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for p in tree:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
-        stub.stop()
-    assert [p for p in tree if alive(p)] == []
+        mlflow.set_tracking_uri(previous)
+    question = {"question": "Question number 10? Yellow halos.", "options": OPTIONS}  # "ABC"[20 % 3] = "C"
+    for given in (pd.DataFrame([question, {**question, "qid": "q2"}]), [question, {**question, "qid": "q2"}]):
+        assert [(a["qid"], a["answer"], a["rejected"]) for a in model.predict(given)] == [("0", "C", None),
+                                                                                         ("q2", "C", None)]
+    [answer] = model.predict({**question, "qid": "one"})
+    assert (answer["qid"], answer["answer"], answer["answer_text"]) == ("one", "C", OPTIONS["C"])
+    with pytest.raises(MlflowException) as refused:
+        model.predict([{"question": "Q?", "options": ["alpha", "beta"]}])
+    assert isinstance(refused.value, HCQRError) and refused.value.get_http_status_code() == 400
+    assert str(refused.value) == ("no record of the request can be answered: record 0 (qid '0'): options: must be an "
+                                  'object of letter -> text such as {"A": "...", "B": "..."}, not a list')
