@@ -30,11 +30,13 @@ from dspy.utils.exceptions import (
 )
 
 from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError
+from hcqr_dspy.lm_replies import LMReplyFormatError, call_retrying_bad_replies
 from hcqr_dspy.metrics import is_correct
 from hcqr_dspy.run_folder import METRICS, LMUnavailableError, ProgramError, RunError, RunFolder, lm_failure, write_probe
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
-# own retries with backoff): the run stops rather than marking every later
+# own retries with backoff, or ours for replies that are not the API's format,
+# hcqr_dspy.lm_replies): the run stops rather than marking every later
 # question invalid, and those questions are redone on resume.
 LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
     LMConfigurationError,
@@ -47,6 +49,7 @@ LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
     LMUnsupportedModelError,
     ConnectionError,
     LMCapabilityError,
+    LMReplyFormatError,
 )
 
 __all__ = [
@@ -187,9 +190,14 @@ def evaluate(
     retriever = getattr(program, "retriever", None)
 
     def answer(example: dspy.Example) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        pred = program(question=example.question, options=example.options)
-        row = prediction_row(example, pred, method, time.perf_counter() - t0)
+        def attempt() -> tuple[dspy.Prediction, float]:
+            t0 = time.perf_counter()
+            return program(question=example.question, options=example.options), time.perf_counter() - t0
+
+        # a reply that is not the API's format (a gateway's HTML page, a cut JSON body) is retried with back-off
+        # like a refused connection; ``seconds`` is the answering try's
+        pred, seconds = call_retrying_bad_replies(attempt)
+        row = prediction_row(example, pred, method, seconds)
         if retriever is not None and row["passages"] and example.answer is not None:
             row["evidence"] = question_evidence(example.options, example.answer, shown_documents(retriever, row["passages"]))
         return row

@@ -24,17 +24,19 @@ class Stub:
     ``Content-Length`` matching what is sent). In ``ok`` mode a prompt asking for HCQR's hypothesis
     or queries (its output field names) gets fields of that shape. ``down_after`` requests, it
     closes its socket: later connections are refused. ``switch_after`` requests answered in
-    ``ok`` mode, it turns to mode ``switch_to`` (set ``mode`` back to ``"ok"`` to recover). ``delay``
+    ``ok`` mode, it turns to mode ``switch_to`` (set ``mode`` back to ``"ok"`` to recover, or give
+    ``switch_for``: the number of requests answered in ``switch_to`` before it is ``ok`` again). ``delay``
     seconds pass before each reply; ``shift`` moves every answer letter along by that many (a server of
     another checkpoint under the same model name); ``reasoning`` is the answer step's reasoning text. Every
     request's headers and body are kept in ``seen``.
     """
 
-    def __init__(self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r"):
+    def __init__(self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r",
+                 switch_for=None):
         self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
         self.delay, self.shift = delay, shift  # seconds before each reply; letters shifted (another checkpoint)
         self.reasoning = reasoning  # the answer step's reasoning text
-        self.switch_after, self.switch_to = switch_after, switch_to
+        self.switch_after, self.switch_to, self.switch_for = switch_after, switch_to, switch_for
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,6 +49,8 @@ class Stub:
                 stub.count += 1
                 if stub.switch_after is not None and stub.count == stub.switch_after + 1:
                     stub.mode = stub.switch_to
+                if stub.switch_for and stub.count == stub.switch_after + stub.switch_for + 1:
+                    stub.mode = "ok"
                 if stub.mode == "slow":
                     time.sleep(3)
                 time.sleep(stub.delay)

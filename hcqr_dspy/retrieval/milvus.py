@@ -48,6 +48,12 @@ every insert (BM25 functions and sparse vectors arrived in Milvus 2.5 and
 2.4, per the Milvus release notes). This module asks the engine its version
 and refuses BM25 below 2.5 before creating anything.
 
+A server that stops answering mid-run (stopped, restarting, hung, reloading
+its collections) is searched again with back-off for :data:`RETRY_SECONDS`
+(``$HCQR_MILVUS_RETRY_SECONDS``), each try bounded by :data:`SEARCH_TIMEOUT`
+(``$HCQR_MILVUS_SEARCH_TIMEOUT``); then the search fails with
+:class:`MilvusOutageError`, an outage that stops a run in one line, resumable.
+
 Index types (``index_type``, Milvus names): ``FLAT`` (exact), ``IVF_FLAT``
 (``nlist``; searched with ``nprobe``), ``HNSW`` (``M``, ``efConstruction``;
 searched with ``ef``, raised to at least ``k``) and ``DISKANN``
@@ -65,6 +71,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -75,15 +82,25 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from hcqr_dspy.errors import HCQRError, RetrievalIndexError
+from hcqr_dspy.errors import BackendUnavailableError, HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever, library_versions
 from hcqr_dspy.retrieval.registry import register, register_backend
 from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options
 
-# pymilvus logs every failed RPC, and Milvus Lite a database it cannot open, with a full traceback at ERROR;
-# each such failure is raised here as one line instead.
-logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
+# pymilvus logs every failed RPC with a full traceback at ERROR and a failed reconnect with its traceback at WARNING,
+# and Milvus Lite a database it cannot open; each such failure is raised here as one line instead. pymilvus's import
+# configures its loggers (pymilvus/settings.py, logging.config.dictConfig), which resets the level of any
+# "pymilvus.*" logger made before it: :func:`_quiet_pymilvus` sets theirs after the import.
+PYMILVUS_NOISY_LOGGERS = ("pymilvus.decorators", "pymilvus.client.connection_manager")
 logging.getLogger("milvus_lite.server_manager").setLevel(logging.CRITICAL)
+
+
+def _quiet_pymilvus() -> None:
+    import pymilvus  # noqa: F401 - its import configures the loggers set below
+
+    for name in PYMILVUS_NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
 
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
 INDEX_TYPES = ("FLAT", "IVF_FLAT", "HNSW", "DISKANN")
@@ -112,6 +129,92 @@ INSERT_BATCH_BYTES = 16 << 20  # rows per insert call sized to ~16 MB of payload
 
 class MilvusUnavailableError(RetrievalIndexError):
     """A Milvus server or Milvus Lite database cannot be reached or opened."""
+
+
+class MilvusOutageError(MilvusUnavailableError, BackendUnavailableError):
+    """A search failed on Milvus's side mid-run: the server stayed unreachable, hung or not ready through
+    :func:`retry_settings`' window of retries, or refused the request. An outage: a run stops with one line and
+    the same command resumes."""
+
+
+# -- a server that stops answering mid-run -------------------------------------------------------------------
+RETRY_SECONDS = 300.0
+"""Seconds a search keeps retrying a Milvus server that stopped answering before it fails (a run then stops as an
+outage): long enough for a standalone server to restart on its data (Milvus 2.3.5 answers again only once its previous
+etcd session has expired, then says "collection not loaded" while it reloads the collection). A search fails at most
+this plus :data:`SEARCH_TIMEOUT` seconds after it began."""
+
+SEARCH_TIMEOUT = 60.0
+"""Seconds one search try may take (pymilvus's per-call ``timeout``, which also bounds pymilvus's own retries of a
+dropped connection) before it is abandoned and tried again: a hung server (a stopped process, a route that drops
+packets) answers nothing, ever. A search of a loaded collection takes milliseconds to seconds."""
+
+RETRY_FIRST_DELAY = 0.5
+"""Seconds before the second try; each later wait doubles, up to :data:`RETRY_MAX_DELAY`, so a short hiccup costs
+little and a long outage is asked about every few seconds, not hammered."""
+
+RETRY_MAX_DELAY = 10.0
+"""The longest wait between two tries, in seconds: a server back after a restart is used within this much."""
+
+RETRY_SECONDS_ENV = "HCQR_MILVUS_RETRY_SECONDS"
+SEARCH_TIMEOUT_ENV = "HCQR_MILVUS_SEARCH_TIMEOUT"
+
+# gRPC status codes of a server that is not answering now (pymilvus raises them as grpc.RpcError): down or
+# restarting (UNAVAILABLE), hung (DEADLINE_EXCEEDED: the try's timeout passed), shedding load.
+TRANSIENT_GRPC_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"})
+# Codes of a MilvusException that say "not now" (Milvus's pkg/util/merr/errors.go): 1 service not ready,
+# 2 service unavailable (also pymilvus's own "Fail connecting to server", pymilvus.client.types.Status.CONNECT_FAILED,
+# raised when its reconnect finds the server down), 4 too many requests, 8 rate limit, 101 collection not loaded (what
+# a restarted server says while it reloads), 103 collection not fully loaded, 106 collection on
+# recovering, 401 replica not available, 503 channel not available, 601 segment not loaded, 905 node not available.
+TRANSIENT_MILVUS_CODES = frozenset({1, 2, 4, 8, 101, 103, 106, 401, 503, 601, 905})
+
+
+def retry_settings() -> tuple[float, float]:
+    """``(retry window, search timeout)`` in seconds: :data:`RETRY_SECONDS` and :data:`SEARCH_TIMEOUT`, or the
+    values of ``$HCQR_MILVUS_RETRY_SECONDS`` (0: no retry) and ``$HCQR_MILVUS_SEARCH_TIMEOUT``.
+
+    Raises:
+        HCQRError: a value that is not a finite number, a negative window or a timeout that is not positive.
+    """
+    return _env_seconds(RETRY_SECONDS_ENV, RETRY_SECONDS, zero=True), _env_seconds(SEARCH_TIMEOUT_ENV, SEARCH_TIMEOUT)
+
+
+def _env_seconds(name: str, default: float, zero: bool = False) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise HCQRError(f"${name} must be a number of seconds, {'0 or more' if zero else 'more than 0'}; got {raw!r}")
+    return value
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed Milvus call may succeed if tried again: a gRPC status in :data:`TRANSIENT_GRPC_CODES`, or a
+    ``MilvusException`` (not pymilvus's check of our own arguments, ``ParamError``) whose code is in
+    :data:`TRANSIENT_MILVUS_CODES` or that the server marked retriable."""
+    import grpc
+    from pymilvus.exceptions import MilvusException, ParamError
+
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return getattr(exc.code(), "name", None) in TRANSIENT_GRPC_CODES
+    if isinstance(exc, MilvusException) and not isinstance(exc, ParamError):
+        if isinstance(exc.code, grpc.StatusCode):  # pymilvus's own retries ran out ("Retry timeout: ...")
+            return exc.code.name in TRANSIENT_GRPC_CODES
+        return bool(getattr(exc, "retriable", False)) or exc.code in TRANSIENT_MILVUS_CODES
+    return False
+
+
+def _failure(exc: BaseException) -> str:
+    """One line for a failed Milvus call: a gRPC error's status and details, else :func:`_one_line`."""
+    if callable(getattr(exc, "details", None)) and callable(getattr(exc, "code", None)):
+        code = getattr(exc.code(), "name", exc.code())
+        return " ".join(f"gRPC {code}: {exc.details() or ''}".split())[:400]
+    return _one_line(exc)
 
 
 class MilvusCapabilityError(RetrievalIndexError):
@@ -216,6 +319,7 @@ def connect(target: MilvusTarget, timeout: float = 20.0, create: bool = False) -
             raise MilvusUnavailableError(f"Milvus Lite database {db} does not exist")
     from pymilvus import MilvusClient
 
+    _quiet_pymilvus()
     try:
         client = MilvusClient(uri=target.uri, token=token, timeout=timeout)
         version = client.get_server_version()
@@ -449,6 +553,7 @@ class MilvusCollection:
         self.version = version
         self.name = settings.collection
         self.rows = 0
+        self.retry_seconds, self.search_timeout = retry_settings()
 
     @classmethod
     def connect(cls, settings: MilvusSettings, create: bool = False) -> "MilvusCollection":
@@ -763,12 +868,39 @@ class MilvusCollection:
         return {"metric_type": METRIC, "params": params}
 
     def _call(self, what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            raise MilvusUnavailableError(
-                f"Milvus {what} in collection {self.name!r} at {self.settings.uri} failed: {_one_line(exc)}"
-            ) from None
+        """``fn(*args, **kwargs)`` with ``timeout=search_timeout``, tried again while Milvus is not answering.
+
+        A failure that may pass (:func:`transient`: the server down, hung, restarting, reloading or shedding load)
+        is tried again after :data:`RETRY_FIRST_DELAY` seconds, the wait doubling up to :data:`RETRY_MAX_DELAY`,
+        while the next try starts within ``retry_seconds`` of the first. pymilvus retries a dropped connection
+        itself (``retry_on_rpc_failure``, within the ``timeout``), but not a server it cannot reconnect to: its
+        connection manager then raises "Fail connecting to server" at once.
+
+        Raises:
+            MilvusOutageError: Milvus still failed when the window closed, or refused the request (one line:
+                what, collection, URI, tries and the last failure). Anything else (pymilvus's ``ParamError`` for
+                our own arguments, an error of this code) propagates unchanged: a bug.
+        """
+        import grpc
+        from pymilvus.exceptions import MilvusException, ParamError
+
+        start, delay, tries = time.monotonic(), RETRY_FIRST_DELAY, 0
+        while True:
+            tries += 1
+            try:
+                return fn(*args, timeout=self.search_timeout, **kwargs)
+            except ParamError:
+                raise
+            except (MilvusException, grpc.RpcError) as exc:
+                elapsed = time.monotonic() - start
+                if not transient(exc) or elapsed + delay > self.retry_seconds:
+                    again = f" ({tries} tries over {elapsed:.0f} s)" if tries > 1 else ""
+                    raise MilvusOutageError(
+                        f"Milvus {what} in collection {self.name!r} at {self.settings.uri} failed{again}: "
+                        f"{_failure(exc)}"
+                    ) from None
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_DELAY)
 
     def search_dense(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """One ``search`` call for all query vectors: ``(row, inner product)`` lists, best first."""

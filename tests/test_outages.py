@@ -1,0 +1,265 @@
+"""Transient failures a long study meets, made for real: an LM gateway that turns to HTML or cuts its JSON short
+mid-run (the stub OpenAI-compatible server of stub_server.py), and a real Milvus 2.3.5 standalone server process on
+127.0.0.1 that is stopped (SIGTERM) or frozen (SIGSTOP) mid-evaluation. Each is retried with back-off; one that
+outlasts the retries stops the run as an outage in one line, resumable, never as a bug; one that passes within them
+lets the run go on. The retry windows are made short through their settings (``num_retries``,
+``$HCQR_MILVUS_RETRY_SECONDS``, ``$HCQR_MILVUS_SEARCH_TIMEOUT``), nothing is mocked."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from hcqr_dspy.errors import BackendUnavailableError
+from hcqr_dspy.lm import build_lm
+from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.run_folder import LMUnavailableError, RunFolder
+from stub_server import Stub
+
+SAVED_AND_RESUME = r"; (\d+)/6 questions are saved in \S+predictions\.jsonl; run the same command again to resume$"
+
+
+def stub_lm(stub: Stub, retries: int = 1):
+    """The stub's LM, built as `hcqr eval` builds one; ``retries``: DSPy's ``num_retries``, which sets ours too."""
+    return build_lm("openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", cache=False, num_retries=retries)
+
+
+def run_eval(bench, stub: Stub, name: str, method: str = "cot", index=None, on_row=None):
+    spec = EvalSpec(method=method, dataset=str(bench / "qs.json"), index=index and str(index), lm="openai/stub-model",
+                    api_base=stub.base, api_key_env="STUB_KEY", run_dir=str(bench / name))
+    result, _, _ = run_evaluation(spec, progress=False, track=False, lm=stub_lm(stub), on_row=on_row)
+    return result
+
+
+def untimed(rows: list[dict]) -> list:
+    """Rows without what differs between two runs of the same questions: durations and trace ids."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "seconds" not in k and k != "trace_id"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(rows)
+
+
+def assert_one_line_outage(message: str, saved: int, capfd) -> None:
+    assert "\n" not in message and "this is a bug" not in message, message
+    found = re.search(SAVED_AND_RESUME, message)
+    assert found and int(found.group(1)) == saved, message
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[-3000:]  # no library traceback logged on the way
+
+
+class Records(logging.Handler):
+    """Keeps every log record it is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def pymilvus_log():
+    """What pymilvus logs, as its own console handler gets it: records of its "pymilvus.*" loggers that pass their
+    levels reach the "pymilvus" logger's handlers (its import configures them, pymilvus/settings.py), where capfd,
+    which sees only streams opened during the test, cannot look."""
+    import pymilvus  # noqa: F401
+
+    handler, logger = Records(), logging.getLogger("pymilvus")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def no_library_traceback(records: list[logging.LogRecord]) -> bool:
+    return not [r for r in records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+def no_tracebacks_saved(run_dir) -> bool:
+    folder = run_dir / "tracebacks"
+    return not folder.exists() or not any(folder.iterdir())
+
+
+# -- an LM gateway that stops speaking the API -------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["html", "html502", "truncated"])
+def test_a_gateway_turning_to_html_or_cut_json_mid_run_is_retried_then_an_lm_outage_that_resumes(bench, mode, capfd):
+    """HTML behind HTTP 200, HTML behind HTTP 502, a JSON body cut in half: after three good replies the fourth
+    question's tries (the first and one retry, ``num_retries=1``) all get it; the run stops with one line, and once the
+    gateway answers again the same command finishes with the rows of an uninterrupted run."""
+    stub = Stub(switch_after=3, switch_to=mode)
+    try:
+        with pytest.raises(LMUnavailableError) as stop:
+            run_eval(bench, stub, "run")
+        message = str(stop.value)
+        assert message.startswith("the LM stopped answering"), message
+        assert_one_line_outage(message, 3, capfd)
+        assert stub.count == 3 + 2  # the fourth question was tried, then tried again after its back-off
+        assert [r["qid"] for r in RunFolder.open(bench / "run").rows()] == ["q0", "q1", "q2"]
+        assert no_tracebacks_saved(bench / "run")
+        stub.mode = "ok"
+        resumed = run_eval(bench, stub, "run")
+        assert (resumed.resumed, resumed.ran) == (3, 3)
+        fresh = run_eval(bench, stub, "fresh")
+        assert untimed(resumed.rows) == untimed(fresh.rows)
+    finally:
+        stub.stop()
+
+
+@pytest.mark.parametrize("mode", ["html", "truncated"])
+def test_a_gateway_that_answers_html_once_is_retried_and_the_run_goes_on(bench, mode):
+    stub = Stub(switch_after=3, switch_to=mode, switch_for=1)  # one bad reply, then good ones again
+    try:
+        result = run_eval(bench, stub, "run")
+        assert (result.ran, stub.count) == (6, 7)
+        fresh = run_eval(bench, stub, "fresh")
+        assert untimed(result.rows) == untimed(fresh.rows)
+    finally:
+        stub.stop()
+
+
+# -- a Milvus server that goes away --------------------------------------------------------------------------------
+class Milvus:
+    """This file's own Milvus server (stopping it touches no other test file) and a dense index of the tiny corpus
+    on it, built by `hcqr index --backend milvus`."""
+
+    def __init__(self, server, index):
+        self.server, self.index = server, index
+
+    def ensure_up(self) -> None:
+        """Start the server again if a test stopped it (on its data: the index's collection is still there)."""
+        if self.server.process is None:
+            self.server.start()
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.server.process.pid, sig)  # the server leads its own process group
+
+
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory):
+    from helpers import TINY_ROWS, snippet, write_jsonl
+
+    from hcqr_dspy.cli import main
+    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+
+    folder = tmp_path_factory.mktemp("milvus-outages")
+    server = LocalMilvusServer(data_dir=folder / "server")
+    try:
+        try:
+            uri = server.start()
+        except MilvusServerError as exc:
+            pytest.skip(f"the Milvus server cannot start here: {exc}")
+        corpus = write_jsonl(folder / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
+        assert main(["index", "--corpus", str(corpus), "--backend", "milvus", "--milvus-uri", uri,
+                     "--collection", "tiny", "--out", str(folder / "index")]) == 0
+        yield Milvus(server, folder / "index")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def milvus_up(milvus):
+    milvus.ensure_up()
+    return milvus
+
+
+def after_rows(n: int, action):
+    """An ``on_row`` that runs ``action`` once ``n`` rows are written (in the run's thread, before the next
+    question starts)."""
+    written = []
+
+    def on_row(row):
+        written.append(row["qid"])
+        if len(written) == n:
+            action()
+    return on_row
+
+
+def test_a_milvus_server_that_stops_answering_mid_eval_is_an_outage_and_the_run_resumes(bench, milvus_up, monkeypatch,
+                                                                                        capfd, pymilvus_log):
+    """The server process is frozen (SIGSTOP) after two questions, for longer than the retry window: every search try
+    times out, the run stops with one line; thawed (SIGCONT), the same command finishes with the rows of an
+    uninterrupted run."""
+    m = milvus_up
+    stub = Stub()
+    try:
+        fresh = run_eval(bench, stub, "fresh", "simple_rag", m.index)
+        monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "3")
+        monkeypatch.setenv("HCQR_MILVUS_SEARCH_TIMEOUT", "0.5")
+        capfd.readouterr()
+        try:
+            freeze = after_rows(2, lambda: m.signal(signal.SIGSTOP))
+            with pytest.raises(BackendUnavailableError) as stop:
+                run_eval(bench, stub, "run", "simple_rag", m.index, on_row=freeze)
+        finally:
+            m.signal(signal.SIGCONT)
+        message = str(stop.value)
+        assert message.startswith(f"Milvus search in collection 'tiny' at {m.server.uri} failed (")
+        assert re.search(r"\((\d+) tries over \d+ s\): gRPC DEADLINE_EXCEEDED", message), message
+        assert int(re.search(r"\((\d+) tries", message).group(1)) >= 2  # retried before it gave up
+        assert_one_line_outage(message, 2, capfd)
+        assert no_library_traceback(pymilvus_log) and no_tracebacks_saved(bench / "run")
+        resumed = run_eval(bench, stub, "run", "simple_rag", m.index)
+        assert (resumed.resumed, resumed.ran) == (2, 4)
+        assert untimed(resumed.rows) == untimed(fresh.rows) and all(r["passages"] for r in resumed.rows)
+    finally:
+        stub.stop()
+
+
+def test_a_milvus_server_back_within_the_retry_window_lets_the_run_go_on(bench, milvus_up, monkeypatch):
+    """Frozen for 2 s after two questions, with search tries of 0.5 s and a 30 s window: the third question's search
+    is tried again until the server answers, and the run ends with every row, as an uninterrupted one."""
+    m = milvus_up
+    stub = Stub()
+    try:
+        fresh = run_eval(bench, stub, "fresh", "simple_rag", m.index)
+        monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "30")
+        monkeypatch.setenv("HCQR_MILVUS_SEARCH_TIMEOUT", "0.5")
+        thaw = threading.Timer(2.0, m.signal, (signal.SIGCONT,))
+
+        def freeze():
+            m.signal(signal.SIGSTOP)
+            thaw.start()
+        t0 = time.monotonic()
+        try:
+            result = run_eval(bench, stub, "run", "simple_rag", m.index, on_row=after_rows(2, freeze))
+        finally:
+            if thaw.ident is not None:  # it was started: the server is thawed before anything else runs
+                thaw.join()
+        assert time.monotonic() - t0 >= 2.0  # it waited for the server, then went on
+        assert (result.ran, len(result.rows)) == (6, 6)
+        assert untimed(result.rows) == untimed(fresh.rows)
+    finally:
+        stub.stop()
+
+
+def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(bench, milvus_up, monkeypatch, capfd,
+                                                                                pymilvus_log):
+    """The server process is stopped for good (SIGTERM, its whole process group) after two questions: the third
+    question's search finds nothing listening, is tried again for the 2 s window, and the run stops with one line.
+    (Its resumption is the frozen server's above, the same run-folder logic: a server restarted on its data answers
+    only once its old etcd session has expired, so this test leaves the server down for the fixture to stop.)"""
+    m = milvus_up
+    stub = Stub()
+    monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "2")
+    capfd.readouterr()
+    try:
+        with pytest.raises(BackendUnavailableError) as stop:
+            run_eval(bench, stub, "run", "simple_rag", m.index, on_row=after_rows(2, m.server.stop))
+        message = str(stop.value)
+        assert message.startswith("Milvus search in collection 'tiny' at ")
+        found = re.search(r"\((\d+) tries over (\d+) s\): .*Fail connecting to server", message)
+        assert found and int(found.group(1)) >= 2 and int(found.group(2)) >= 1, message
+        assert_one_line_outage(message, 2, capfd)
+        assert no_library_traceback(pymilvus_log) and no_tracebacks_saved(bench / "run")
+        assert [r["qid"] for r in RunFolder.open(bench / "run").rows()] == ["q0", "q1"]
+    finally:
+        stub.stop()
