@@ -49,6 +49,7 @@ import dspy
 from hcqr_dspy.data import format_options, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.lm_replies import call_retrying_bad_replies
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, format_document, key_terms, shown_documents, stage
 from hcqr_dspy.retrieval.base import Retriever
 from hcqr_dspy.run_folder import DUR_METRICS, ProgramError, RunError, RunFolder, WriterLock, lm_failure
@@ -306,10 +307,13 @@ def judge_run(
     def work(row: dict[str, Any]) -> dict[str, Any]:
         q = questions[row["qid"]]
         donor = donors.get(row["qid"])
+        def attempt():
+            return judge(question=q.question, options=q.options, answer=q.answer,
+                         documents=shown_documents(retriever, row["passages"]),
+                         negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None)
+
         t0 = time.perf_counter()
-        pred = judge(question=q.question, options=q.options, answer=q.answer,
-                     documents=shown_documents(retriever, row["passages"]),
-                     negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None)
+        pred = call_retrying_bad_replies(attempt)  # a gateway's HTML page is an outage, retried, as in eval
         return {
             "qid": row["qid"],
             **settings,

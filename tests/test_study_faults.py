@@ -271,3 +271,22 @@ def test_a_refused_mlflow_dir_leaves_no_run_folder(bench, capsys):
     assert code == 2 and len(err) == 1 and "MLflow" in err[0]
     assert not run_dir.exists()  # no config.json, no sessions.jsonl
     stub.stop()
+
+
+def test_a_judge_whose_gateway_turns_to_html_stops_as_an_outage_and_resumes(bench, capsys):
+    stub = Stub()
+    retrieving_bench(bench)
+    run_dir = bench / "run"
+    code, _, err = cli(capsys, rag_argv(bench, run_dir, stub, "--limit", "2"))
+    assert code == 0, err
+    # after the judge's LM check, a proxy's page instead of the API's JSON for every request
+    stub.switch_after, stub.switch_to = stub.count + 1, "html"
+    code, _, err = cli(capsys, ["judge", str(run_dir), "--no-mlflow"])
+    assert code == 2 and "Traceback" not in "\n".join(err), err
+    assert "the LM stopped answering" in err[-1] and "LMReplyFormatError" in err[-1] and "0/2 judgments" in err[-1]
+    assert "this is a bug" not in err[-1] and not (run_dir / "tracebacks").exists()
+    stub.mode = "ok"
+    code, _, err = cli(capsys, ["judge", str(run_dir), "--no-mlflow"])
+    assert code == 0, err
+    assert len(RunFolder.open(run_dir).judgments()) == 2
+    stub.stop()
