@@ -56,6 +56,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+# The local Milvus server (tests/support/milvus_server.py) is test support, shared with the tests: put tests/ last on
+# the path so that `from support.milvus_server import ...` finds it and nothing of tests/ shadows a bench module.
+sys.path.append(str(REPO / "tests"))
 from report import RECALL_K, read_results, shown_path, write_results  # noqa: E402
 from scale_data import DEFAULT_CORPUS, DEFAULT_WORK, load_real, real_queries, synthesize  # noqa: E402
 
@@ -121,7 +124,7 @@ def recall(index, queries, truth) -> float:
 def build_one(engine: str, kind: str, corpus, store, work: Path, label: str) -> tuple[object, dict, object]:
     """Build one index from the embedding store; return (index, figures, server or None)."""
     from hcqr_dspy.retrieval import FaissIndex, MilvusIndex
-    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer
+    from support.milvus_server import LocalMilvusServer
 
     server = None
     t0 = time.perf_counter()

@@ -49,7 +49,7 @@ import dspy
 from hcqr_dspy.data import format_options, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LM_UNAVAILABLE
-from hcqr_dspy.lm_replies import call_retrying_bad_replies
+from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, format_document, key_terms, shown_documents, stage
 from hcqr_dspy.retrieval.base import Retriever
 from hcqr_dspy.run_folder import DUR_METRICS, ProgramError, RunError, RunFolder, WriterLock, lm_failure

@@ -41,3 +41,27 @@ class DiskFullError(OutageError):
 class BackendUnavailableError(OutageError):
     """The retrieval backend (a Milvus server, ...) stopped answering mid-run and stayed unreachable after
     retries with back-off."""
+
+
+class LMSpecError(HCQRError):
+    """An ``--lm`` spec cannot be resolved (unknown name, missing package, bad checksum)."""
+
+
+class LMReplyFormatError(Exception):
+    """The LM endpoint kept replying with a body that is not its API's format (HTML, truncated JSON) after
+    retries with back-off. Not an :class:`~hcqr_dspy.errors.HCQRError`: it is raised inside a run, where
+    :data:`hcqr_dspy.evaluate.LM_UNAVAILABLE` stops the run with it as an LM outage."""
+
+
+class MilvusUnavailableError(RetrievalIndexError):
+    """A Milvus server or Milvus Lite database cannot be reached or opened."""
+
+
+class MilvusCapabilityError(RetrievalIndexError):
+    """The Milvus engine lacks what was asked (an index type, the BM25 function)."""
+
+
+class MilvusOutageError(MilvusUnavailableError, BackendUnavailableError):
+    """A search failed on Milvus's side mid-run: the server stayed unreachable, hung or not ready through
+    :func:`~hcqr_dspy.retrieval.milvus.retries.retry_settings`' window of retries, or refused the request. An
+    outage: a run stops with one line and the same command resumes."""

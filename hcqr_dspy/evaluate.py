@@ -30,7 +30,7 @@ from dspy.utils.exceptions import (
 )
 
 from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError
-from hcqr_dspy.lm_replies import LMReplyFormatError, call_retrying_bad_replies
+from hcqr_dspy.lm import LMReplyFormatError, call_retrying_bad_replies
 from hcqr_dspy.metrics import is_correct
 from hcqr_dspy.run_folder import METRICS, LMUnavailableError, ProgramError, RunError, RunFolder, lm_failure, write_probe
 

@@ -108,7 +108,7 @@ def milvus_server():
     Started once per session on free ports with a temporary data folder; stopped (its whole process group)
     at the end. Skips, saying why, when it cannot start (no .venv-milvus: `make setup-milvus-server`).
     """
-    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.milvus_server import LocalMilvusServer, MilvusServerError
 
     server = LocalMilvusServer(auth=True)
     try:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.compare import compare, mcnemar_exact
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.reporting import compare, mcnemar_exact
 
 
 def test_mcnemar_hand_checked():
@@ -284,7 +284,7 @@ def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_log
     import mlflow
 
     from hcqr_dspy import tracking
-    from hcqr_dspy.compare import track_comparison
+    from hcqr_dspy.tracking_comparison import track_comparison
 
     ids = {}
     for method in ("simple_rag", "hcqr"):
@@ -313,7 +313,7 @@ def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_log
 def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_against_cost(tmp_path):
     from PIL import Image
 
-    from hcqr_dspy.compare import accuracy_vs_cost_figure, dur_figure, hypothesis_changes_figure, load_run
+    from hcqr_dspy.reporting import accuracy_vs_cost_figure, dur_figure, hypothesis_changes_figure, load_run
 
     a = make_run(tmp_path / "a", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
     b = make_run(tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json")

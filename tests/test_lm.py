@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from hcqr_dspy import lm as lm_mod
+from hcqr_dspy.lm import packaged as lm_mod
 from hcqr_dspy.lm import LMSpecError, PackagedModel, build_lm, packaged_model_path, parse_lm_spec
 
 

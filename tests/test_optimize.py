@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
-from hcqr_dspy.compare import compare
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluate import LMUnavailableError
 from hcqr_dspy.lm import build_lm
@@ -29,6 +28,7 @@ from hcqr_dspy.optimize import (
 )
 from hcqr_dspy.program_io import ProgramFormatError, load_program, save_program
 from hcqr_dspy.programs import HCQR, CoT
+from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
 from hcqr_dspy.run import EvalSpec, run_evaluation
 

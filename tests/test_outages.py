@@ -148,7 +148,7 @@ def milvus(tmp_path_factory):
     from helpers import TINY_ROWS, snippet, write_jsonl
 
     from hcqr_dspy.cli import main
-    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.milvus_server import LocalMilvusServer, MilvusServerError
 
     folder = tmp_path_factory.mktemp("milvus-outages")
     server = LocalMilvusServer(data_dir=folder / "server")

@@ -5,10 +5,10 @@ from importlib import metadata
 
 import pytest
 
-from hcqr_dspy.compare import compare
 from hcqr_dspy.evaluate import LMUnavailableError
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.provenance import cpu_model
+from hcqr_dspy.reporting import compare
 from hcqr_dspy.run import EvalSpec, run_evaluation
 from hcqr_dspy.run_folder import SESSIONS, RunError, RunFolder
 from stub_server import Stub

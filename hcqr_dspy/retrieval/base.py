@@ -30,7 +30,6 @@ the class from the manifest's ``retriever`` field.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Sequence
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
+from hcqr_dspy.files import file_sha256
 from hcqr_dspy.retrieval.registry import get_retriever_class
 from hcqr_dspy.retrieval.store import PASSAGES_FILE, Passage, PassageStore
 
@@ -96,15 +96,6 @@ def check_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise QueryError(f"k must be a positive integer, got {k!r}")
     return k
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def library_versions(*names: str) -> dict[str, str]:

@@ -17,16 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hcqr_dspy.errors import HCQRError, RetrievalIndexError
+from hcqr_dspy.errors import HCQRError, MilvusCapabilityError, MilvusUnavailableError, RetrievalIndexError
 from hcqr_dspy.retrieval import Corpus, DenseRetriever, Passage, load_index
 from hcqr_dspy.retrieval.milvus import (
-    MilvusCapabilityError,
     MilvusCollection,
     MilvusIndex,
     MilvusRetriever,
     MilvusSettings,
     MilvusTarget,
-    MilvusUnavailableError,
     collection_identity,
     connect,
 )
@@ -369,7 +367,7 @@ def test_server_parity_with_faiss_flat(tmp_path, pathoma_vectors, milvus_server,
 def test_server_restart_keeps_a_finished_index_usable(tmp_path, pathoma_vectors):
     """A user's server restarts on its data: a finished index opens again with the same hits, although the
     2.3.5 server forgets the collection's last property change (the complete mark, milvus-io/milvus#30144)."""
-    from hcqr_dspy.retrieval.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.milvus_server import LocalMilvusServer, MilvusServerError
 
     pv = pathoma_vectors
     server = LocalMilvusServer(data_dir=tmp_path / "server")

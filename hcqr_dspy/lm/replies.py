@@ -6,12 +6,13 @@ connection cut mid-reply leaves a JSON body short. Neither is a bad answer of th
 it is the endpoint failing for a while, as a refused connection is.
 
 DSPy retries a refused connection (``LMTransportError``), a timeout and an HTTP 5xx itself, ``num_retries``
-times with doubling waits (``dspy.utils.exceptions.is_retryable_lm_error``, ``dspy/clients/execution.py``).
+times with doubling waits (``dspy.utils.exceptions.is_retryable_lm_error``, ``dspy.clients.execution``).
 It does not retry a body that cannot be decoded: its native lm15 engine raises ``ProviderError`` ("the reply
-(HTTP 200, text/html, ...) is not JSON", ``dspy/_vendor/lm15/providers/base.py``, ``HttpResponse.json``) and
+(HTTP 200, text/html, ...) is not JSON", ``dspy._vendor.lm15.providers.base.HttpResponse.json``) and
 LiteLLM's ``hosted_vllm`` route an ``APIError`` ("Unable to get json response"); DSPy turns both into
 ``LMProviderError``, whose chain holds the ``json.JSONDecodeError``. :func:`call_retrying_bad_replies` retries
-such a call with the same count and waits as DSPy does, then raises :class:`LMReplyFormatError`, which
+such a call with the same count and waits as DSPy does, then raises
+:class:`~hcqr_dspy.errors.LMReplyFormatError`, which
 :data:`hcqr_dspy.evaluate.LM_UNAVAILABLE` turns into :class:`~hcqr_dspy.run_folder.LMUnavailableError`.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import time
 from typing import Callable, TypeVar
+
+from hcqr_dspy.errors import LMReplyFormatError
 
 T = TypeVar("T")
 
@@ -32,12 +35,6 @@ MAX_DELAY = 60.0
 
 DEFAULT_RETRIES = 3
 """Retries when the LM in use records none (DSPy's default ``num_retries``)."""
-
-
-class LMReplyFormatError(Exception):
-    """The LM endpoint kept replying with a body that is not its API's format (HTML, truncated JSON) after
-    retries with back-off. Not an :class:`~hcqr_dspy.errors.HCQRError`: it is raised inside a run, where
-    :data:`hcqr_dspy.evaluate.LM_UNAVAILABLE` stops the run with it as an LM outage."""
 
 
 def bad_reply(exc: BaseException) -> BaseException | None:

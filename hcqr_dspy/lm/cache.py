@@ -1,0 +1,36 @@
+"""DSPy's response cache keyed by endpoint too, so two servers of one model name never share replies."""
+
+from __future__ import annotations
+
+# The request fields DSPy leaves out of its response-cache key (``dspy.clients.execution.IGNORED_CACHE_KEYS``:
+# api_key, api_base, base_url) that say where a request is sent: without them, two servers serving one model
+# name (two vLLM deployments of different checkpoints) would share cached replies.
+ENDPOINT_KEYS = ("api_base", "base_url")
+_endpoint_cache_classes: dict[type, type] = {}
+
+
+def key_cache_by_endpoint() -> None:
+    """Make DSPy's response cache (``dspy.cache``) key each reply by its endpoint too.
+
+    DSPy hashes a request without ``api_key``, ``api_base`` and ``base_url``; this keeps the API key out
+    but puts the endpoint in, by overriding ``Cache.cache_key`` as DSPy's cache guide does for custom keys
+    ("Use and Customize DSPy Cache"). The cache object is kept (its memory and disk stores, whatever
+    ``dspy.configure_cache`` set): its class becomes a subclass of its own class. Requests without an
+    endpoint (in-process llama.cpp, a provider's default endpoint) keep the keys they had; a reply cached
+    under an endpoint by an older version, keyed without it, is never served for it again.
+    """
+    import dspy
+
+    cache = dspy.cache
+    base = type(cache)
+    if getattr(base, "keys_endpoint", False):
+        return
+    if base not in _endpoint_cache_classes:
+        def cache_key(self, request, ignored_args_for_cache_key=None):
+            ignored = [a for a in (ignored_args_for_cache_key or []) if a not in ENDPOINT_KEYS]
+            return base.cache_key(self, request, ignored)
+
+        _endpoint_cache_classes[base] = type(f"EndpointKeyed{base.__name__}", (base,),
+                                             {"keys_endpoint": True, "cache_key": cache_key,
+                                              "__doc__": key_cache_by_endpoint.__doc__})
+    cache.__class__ = _endpoint_cache_classes[base]

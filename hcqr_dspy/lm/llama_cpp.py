@@ -1,0 +1,223 @@
+"""The in-process llama.cpp engine for DSPy, and one shared engine per GGUF file and context window.
+
+Local models run through llama-cpp-python as a DSPy 3.4 custom engine (``dspy.LM(..., engine=...)``) that
+declares response-schema support, so DSPy's ``JSONAdapter`` schema becomes llama.cpp grammar-constrained
+decoding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import LMSpecError
+
+DEFAULT_N_CTX = 8192
+# llama.cpp's repetition penalty; 1.1 stops most temperature-0 loops in free-text
+# reasoning fields (measured in this project's probe).
+DEFAULT_REPEAT_PENALTY = 1.1
+
+
+def default_threads() -> int:
+    """llama.cpp threads: ``$HCQR_N_THREADS`` if set (a positive integer), else every core.
+
+    Raises:
+        LMSpecError: ``HCQR_N_THREADS`` is not a positive integer.
+    """
+    raw = os.environ.get("HCQR_N_THREADS")
+    if raw is None:
+        return os.cpu_count() or 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise LMSpecError(f"HCQR_N_THREADS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+class LlamaCppEngine:
+    """A DSPy 3.4 custom engine running a GGUF model in-process with llama.cpp.
+
+    It implements ``complete(Request) -> Response`` (``dspy.clients.engines.base``)
+    and declares ``supports_response_schema`` so that ``dspy.JSONAdapter``
+    sends a JSON schema, which is passed to llama-cpp-python as
+    ``response_format={"type": "json_object", "schema": ...}`` (grammar-
+    constrained decoding). The model is not thread-safe: calls are serialized
+    by a lock. Prompts longer than ``n_ctx - max_tokens`` tokens are refused
+    with ``dspy.lm15.ContextLengthError`` rather than truncated blindly
+    (programs budget their context in tokens first).
+
+    Token log-probabilities: a request with ``logprobs`` set (DSPy:
+    ``config={"logprobs": True, "top_logprobs": n}``) is answered with
+    ``Response.logprobs`` (chosen token and its top-``n`` alternatives per
+    step). llama-cpp-python computes them only for a model built with
+    ``logits_all=True``, which reserves an ``n_ctx x vocabulary`` float32
+    array (about 5 GB of address space at 8,192 x 151,936 for Qwen2.5; pages
+    are committed only for evaluated tokens, 0.6 MB each) and computes the
+    output layer for every prompt token (slower prompts). So that second
+    instance is made on the first such request and used only for them. The log-probabilities are the model's raw
+    distribution, before the JSON-schema grammar restricts sampling.
+
+    Args:
+        model_path: GGUF file.
+        n_ctx: Context window in tokens (8192 holds 15 passages of 1,000 chars).
+        n_threads: CPU threads (default: ``$HCQR_N_THREADS`` or all cores; llama.cpp
+            slows down sharply when another process competes for its cores, so
+            lower it when sharing the machine).
+        repeat_penalty: llama.cpp repetition penalty.
+        seed: Sampling seed.
+    """
+
+    supports_response_schema = True
+    supported_params = frozenset(
+        {"response_format", "temperature", "max_tokens", "top_p", "top_k", "stop", "seed", "logprobs", "top_logprobs"}
+    )
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
+        seed: int = 0,
+    ):
+        if importlib.util.find_spec("llama_cpp") is None:  # fail early, with the setup hint
+            raise LMSpecError(
+                "local GGUF models need llama-cpp-python; run `make setup-llm` (it builds and caches the wheel)"
+            )
+        path = Path(model_path)
+        if not path.is_file():
+            raise LMSpecError(f"GGUF file {path} not found")
+        self.model_path = path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or default_threads()
+        self.seed = seed
+        self.repeat_penalty = repeat_penalty
+        self.llm = self._load(logits_all=False)
+        self._llm_logprobs = None
+        self._lock = threading.Lock()
+
+    def _load(self, logits_all: bool):
+        from llama_cpp import Llama
+
+        try:
+            return Llama(
+                model_path=str(self.model_path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                seed=self.seed,
+                logits_all=logits_all,
+                verbose=False,
+            )
+        except Exception as exc:
+            raise LMSpecError(f"llama.cpp cannot load {self.model_path}: {exc}") from None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this model's tokenizer."""
+        return len(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def complete(self, request):
+        from dspy.clients.engines.base import validate_request
+        from dspy.lm15 import ContextLengthError, Message, Response, TextPart, Usage
+
+        validate_request(request)
+        messages = []
+        if request.system is not None:
+            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+            messages.append({"role": "system", "content": system})
+        messages.extend({"role": m.role, "content": m.text or ""} for m in request.messages)
+        cfg = request.config
+        max_tokens = cfg.max_tokens or 512
+        prompt_tokens = sum(self.count_tokens(m["content"]) + 8 for m in messages)
+        if prompt_tokens + max_tokens > self.n_ctx:
+            raise ContextLengthError(
+                f"prompt of about {prompt_tokens} tokens + {max_tokens} output tokens exceeds n_ctx={self.n_ctx}"
+            )
+        kwargs: dict[str, Any] = {
+            "temperature": 0.0 if cfg.temperature is None else cfg.temperature,
+            "max_tokens": max_tokens,
+            "repeat_penalty": self.repeat_penalty,
+        }
+        for key in ("top_p", "top_k", "seed"):
+            if getattr(cfg, key) is not None:
+                kwargs[key] = getattr(cfg, key)
+        if cfg.stop:
+            kwargs["stop"] = list(cfg.stop)
+        rf = cfg.response_format
+        if rf:
+            if rf.get("type") == "json_schema" and isinstance(rf.get("schema"), dict):
+                kwargs["response_format"] = {"type": "json_object", "schema": rf["schema"]}
+            else:
+                kwargs["response_format"] = {"type": "json_object"}
+        want_logprobs = cfg.logprobs is not None
+        if want_logprobs:
+            kwargs["logprobs"] = True
+            kwargs["top_logprobs"] = cfg.logprobs
+        with self._lock:
+            llm = self.llm
+            if want_logprobs:
+                if self._llm_logprobs is None:
+                    self._llm_logprobs = self._load(logits_all=True)
+                llm = self._llm_logprobs
+            out = llm.create_chat_completion(messages=messages, **kwargs)
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Response(
+            id=out.get("id"),
+            model=self.model_path.name,
+            message=Message.assistant([TextPart(choice["message"].get("content") or "")]),
+            finish_reason=finish,
+            logprobs=token_logprobs(choice.get("logprobs")) if want_logprobs else None,
+            usage=Usage(
+                input_tokens=usage.get("prompt_tokens"),
+                output_tokens=usage.get("completion_tokens"),
+                total_tokens=usage.get("total_tokens"),
+            ),
+        )
+
+    def stream(self, request):
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+def token_logprobs(payload: dict | None) -> tuple:
+    """llama-cpp-python's OpenAI-style chat ``logprobs`` as ``dspy.lm15.TokenLogprob`` tuples.
+
+    Args:
+        payload: ``choices[0]["logprobs"]`` of ``create_chat_completion``:
+            ``{"content": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}, ...]}, ...]}``.
+
+    Returns:
+        One ``TokenLogprob`` per generated token (natural-log probabilities),
+        its ``top`` alternatives in the order llama.cpp ranked them; ``()``
+        when there is none.
+    """
+    from dspy.lm15 import TokenLogprob, TopLogprob
+
+    entries = (payload or {}).get("content") or []
+    return tuple(
+        TokenLogprob(
+            token=e["token"],
+            logprob=float(e["logprob"]),
+            top=tuple(TopLogprob(token=t["token"], logprob=float(t["logprob"])) for t in e.get("top_logprobs") or []),
+        )
+        for e in entries
+    )
+
+
+_engines: dict[tuple, LlamaCppEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(path: Path, n_ctx: int) -> LlamaCppEngine:
+    """The one :class:`LlamaCppEngine` of a GGUF file and context window, loaded on first use and shared after."""
+    key = (str(path.resolve()), n_ctx)
+    with _engines_lock:
+        if key not in _engines:
+            _engines[key] = LlamaCppEngine(path, n_ctx=n_ctx)
+        return _engines[key]

@@ -1,0 +1,185 @@
+"""The comparison's figures (matplotlib, Agg backend): accuracy, accuracy against cost, DUR labels and
+hypothesis changes, and :data:`PLOTS`, the file name -> plot function table :func:`~hcqr_dspy.reporting.compare`
+writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from hcqr_dspy.dur import CONTROL_LIMITS
+from hcqr_dspy.metrics import hypothesis_changes
+from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.stats import wilson_interval
+
+
+def _pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_context(runs: Sequence[Run]) -> str:
+    """The line every plot's title ends with: dataset, LM and question count (``medqa · LM local · n=20``);
+    several datasets or LMs are listed."""
+    datasets = sorted({r.folder.dataset_name for r in runs})
+    lms = sorted({r.folder.lm_spec or "?" for r in runs})
+    return f"{', '.join(datasets)} · LM {', '.join(lms)} · n={runs[0].metrics['n']}"
+
+
+def _save(fig, out: Path) -> Path:
+    """Write a figure with everything drawn around the axes (titles, legends, rotated labels) inside it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out, dpi=120, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    return out
+
+
+def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
+    """Bar chart of accuracy with 95% Wilson intervals (:func:`hcqr_dspy.reporting.stats.wilson_interval`)."""
+    plt = _pyplot()
+
+    labels = [r.label for r in runs]
+    acc = [r.metrics["accuracy"] for r in runs]
+    lo, hi = zip(*(wilson_interval(r) for r in runs))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.8))
+    ax.bar(labels, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]], capsize=4,
+           color="#4C72B0")
+    ax.set_ylabel("accuracy (95% Wilson CI)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Accuracy\n{plot_context(runs)}", fontsize=10)
+    plt.xticks(rotation=20, ha="right")
+    return _save(fig, out)
+
+
+def plot_accuracy_vs_cost(runs: Sequence[Run], out: Path) -> Path:
+    """Write :func:`accuracy_vs_cost_figure` to ``out``."""
+    return _save(accuracy_vs_cost_figure(runs), out)
+
+
+def accuracy_vs_cost_figure(runs: Sequence[Run]):
+    """Accuracy (with its 95% Wilson interval) against cost per question, one point per run: is a method's
+    extra cost (HCQR's three LM calls against Simple RAG's one) paid back in accuracy?
+
+    Left: LM calls per question (every request the method makes, served by the model or by DSPy's
+    cache). Right: tokens per question (prompt + completion, counted on calls the model served). Runs are told
+    apart by colour, named in one legend under the axes.
+
+    Returns:
+        The matplotlib figure (two axes).
+    """
+    plt = _pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
+    xs = {
+        "LM calls per question": [r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0)
+                                  for r in runs],
+        "tokens per question (prompt + completion)": [
+            r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"] for r in runs],
+    }
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (xlabel, x) in zip(axes, xs.items()):
+        for i, run in enumerate(runs):
+            lo, hi = wilson_interval(run)
+            acc = run.metrics["accuracy"]
+            ax.errorbar([x[i]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4, color=colors[i % len(colors)],
+                        label=run.label)
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(left=0, right=max(x) * 1.25 if max(x) > 0 else 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (95% Wilson CI)")
+    axes[0].set_ylim(0, 1)
+    # one legend under both axes: labels written beside the points overlapped where two runs cost the same
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(runs), 4), fontsize=8, frameon=False)
+    fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
+    return fig
+
+
+def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
+    """Write :func:`dur_figure` to ``out``; ``None`` when no run was judged."""
+    fig = dur_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def dur_figure(runs: Sequence[Run]):
+    """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run, each bar named
+    with how many questions were judged, and the judge's control rates (share of positive and of negative
+    controls labelled useful) as markers on the bar; the legend gives the trust limits
+    (:data:`hcqr_dspy.dur.CONTROL_LIMITS`).
+
+    Returns:
+        A matplotlib figure, or ``None`` when no run was judged.
+    """
+    judged = [r for r in runs if r.dur.get("dur_n")]
+    if not judged:
+        return None
+    plt = _pyplot()
+
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(judged)), 3.8))
+    names = [f"{r.label}\n({r.dur['dur_n']} judged)" for r in judged]
+    bottom = [0.0] * len(judged)
+    for key, color in (("entailed", "#2ca02c"), ("useful", "#98df8a"), ("not_useful", "#d62728"),
+                       ("invalid", "#7f7f7f")):
+        vals = []
+        for r in judged:
+            n, inv = r.dur["dur_n"], r.dur["dur_invalid"]
+            vals.append(inv / n if key == "invalid" else r.dur.get(f"dur_{key}", 0.0) * (n - inv) / n)
+        ax.bar(names, vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color, width=0.6)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for key, marker, label in (
+            ("positive", "^", f"positive controls useful (trusted ≥ {CONTROL_LIMITS['positive_min']:.0%})"),
+            ("negative", "v", f"negative controls useful (trusted ≤ {CONTROL_LIMITS['negative_max']:.0%})")):
+        points = [(i, r.dur[f"dur_{key}_control"]) for i, r in enumerate(judged) if f"dur_{key}_control" in r.dur]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none", marker=marker, markersize=9,
+                    markerfacecolor="white", markeredgecolor="black", label=label)
+    ax.set_ylabel("share of judged questions")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Decision-Useful Rate labels and judge controls\n{plot_context(judged)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    plt.xticks(rotation=20, ha="right")
+    return fig
+
+
+def plot_hypothesis_changes(runs: Sequence[Run], out: Path) -> Path | None:
+    """Write :func:`hypothesis_changes_figure` to ``out``; ``None`` when no run has hypotheses."""
+    fig = hypothesis_changes_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def hypothesis_changes_figure(runs: Sequence[Run]):
+    """Stacked bars: how HCQR answers relate to their working hypothesis (kept, fixed, broke ...), in
+    questions (whole numbers on the axis); ``None`` when no run has hypotheses."""
+    with_h = [(r, hypothesis_changes(r.rows)) for r in runs]
+    with_h = [(r, c) for r, c in with_h if c["with_hypothesis"]]
+    if not with_h:
+        return None
+    plt = _pyplot()
+
+    keys = ("kept_right", "fixed", "kept_wrong", "broke", "changed_wrong_to_wrong", "invalid_answer")
+    colors = ("#2ca02c", "#98df8a", "#ff9896", "#d62728", "#ffbb78", "#7f7f7f")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(with_h)), 3.8))
+    bottom = [0] * len(with_h)
+    for key, color in zip(keys, colors):
+        vals = [c[key] for _, c in with_h]
+        ax.bar([r.label for r, _ in with_h], vals, bottom=bottom, label=key.replace("_", " "), color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("questions")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # question counts: whole numbers only
+    ax.set_title(f"Final answer vs working hypothesis\n{plot_context([r for r, _ in with_h])}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+# The figures compare() writes (a function returns None where its figure does not apply); one that an earlier
+# comparison left in --out and this one does not make is removed.
+PLOTS = {"accuracy.png": plot_accuracy, "accuracy_vs_cost.png": plot_accuracy_vs_cost, "dur.png": plot_dur,
+         "hypothesis_changes.png": plot_hypothesis_changes}

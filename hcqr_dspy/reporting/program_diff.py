@@ -1,0 +1,68 @@
+"""The report's program section: how each saved (compiled) program's instructions and demos differ
+from the reference run's program, per predictor."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.program_io import STATE_FILE, fresh_state
+from hcqr_dspy.reporting.runs import Run
+
+
+def program_state(run: Run) -> dict[str, Any] | None:
+    """The run's program state (instructions, demos per predictor): a saved program's ``program.json``,
+    else the zero-shot program rebuilt from the method and its recorded options; ``None`` if unavailable."""
+    saved = run.config.get("saved_program")
+    if saved:
+        path = Path(saved.get("folder") or "") / STATE_FILE
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+    try:
+        return fresh_state(run.config.get("method"), run.config.get("program") or {})
+    except HCQRError:
+        return None
+
+
+def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
+    """Markdown: how each saved program's instructions and demos differ from the reference's, per predictor.
+
+    ``None`` when no run ran a saved program (then there is nothing to diff).
+    """
+    if not any(r.config.get("saved_program") for r in runs):
+        return None
+    ref_state = program_state(reference)
+    parts = []
+    for run in runs:
+        if run is reference or not run.config.get("saved_program"):
+            continue
+        state = program_state(run)
+        saved = run.config["saved_program"]
+        parts.append(f"### {run.label} vs {reference.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
+                     f"{saved.get('recipe')}, compiled on {saved.get('train_count')} {saved.get('train_dataset')} "
+                     "questions")
+        if state is None or ref_state is None:
+            parts.append("(program state unavailable)")
+            continue
+        for name in sorted(k for k in state if k != "metadata"):
+            mine, theirs = state.get(name) or {}, ref_state.get(name) or {}
+            a = (theirs.get("signature") or {}).get("instructions", "")
+            b = (mine.get("signature") or {}).get("instructions", "")
+            demos_a, demos_b = theirs.get("demos") or [], mine.get("demos") or []
+            lines = [f"**{name}**: {len(demos_a)} -> {len(demos_b)} demos; instructions "
+                     + ("unchanged" if a == b else "changed")]
+            if a != b:
+                diff = difflib.unified_diff(a.splitlines(), b.splitlines(), reference.label, run.label, lineterm="")
+                lines.append("```diff\n" + "\n".join(diff) + "\n```")
+            for i, demo in enumerate(demos_b, start=1):
+                q = " ".join(str(demo.get("question", "")).split())[:100]
+                extra = ", ".join(f"{k}={str(v)[:40]!r}" for k, v in demo.items()
+                                  if k not in ("question", "options", "augmented"))
+                lines.append(f"- demo {i}: {q} ... ({extra})")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts)

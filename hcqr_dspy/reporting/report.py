@@ -1,0 +1,209 @@
+"""The comparison report: :func:`compare` loads runs over the same questions, assembles the report's
+sections, and writes ``comparison.md``, ``comparison.json`` and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from hcqr_dspy.dur import CONTROL_LIMITS
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evidence import qrels_beside
+from hcqr_dspy.metrics import fallback_summary
+from hcqr_dspy.reporting.diagnostics import dur_controls_table, dur_sample_warning, fallback_table, invalid_table
+from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
+from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
+from hcqr_dspy.reporting.plots import PLOTS
+from hcqr_dspy.reporting.program_diff import program_diff
+from hcqr_dspy.reporting.provenance import provenance_line, session_summary
+from hcqr_dspy.reporting.runs import Run, load_run, restrict, unique_labels
+from hcqr_dspy.reporting.stats import mcnemar_exact
+from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
+from hcqr_dspy.run_folder import CONFIG, check_same_questions
+
+# The notes under the report's tables.
+MCNEMAR_NOTE = ("b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
+                "(statsmodels) on b vs c.")
+FALLBACKS_NOTE = ("A fallback is what a method did instead of its own path (e.g. HCQR queries built from the "
+                  "hypothesis fields because the rewrite gave fewer than two usable queries, or the question itself "
+                  "when the hypothesis reply could not be parsed); a run that took one mostly is flagged above.")
+EVIDENCE_NOTE = ("gold coverage = share of questions whose shown context has a passage holding every stemmed content "
+                 "word of the gold option; distractor coverage = mean share of distractors so mentioned; margin = the "
+                 "difference. Paired tests against the reference: exact McNemar on gold mentions, Wilcoxon signed-rank "
+                 "on per-question margins.")
+HYPOTHESIS_VS_COT_NOTE = ("b = questions CoT answered right and the hypothesis got wrong; c = the reverse; exact "
+                          "McNemar test. A hypothesis reply that could not be parsed counts wrong.")
+HYPOTHESIS_NOTE = ("fixed = a wrong hypothesis turned into a right answer; broke = a right hypothesis turned into a "
+                   "wrong answer.")
+AGREEMENT_NOTE = ("On the questions both runs answered with a working hypothesis: how often they formed the same "
+                  "hypothesis letter, rewrote it into the same queries and showed the same passages. Where these "
+                  "differ, a difference between the runs is not only that of their programs' answer steps (an LM can "
+                  "give another reply to the same prompt, e.g. in another session).")
+
+
+def _controls_note() -> str:
+    """The note under the DUR judge controls table, with the trust limits of :data:`hcqr_dspy.dur.CONTROL_LIMITS`."""
+    return ("Positive control: a context stating the gold answer and why; negative control: another question's "
+            f"context. A trustworthy judge calls at least {CONTROL_LIMITS['positive_min']:.0%} of positive and at "
+            f"most {CONTROL_LIMITS['negative_max']:.0%} of negative controls useful.")
+
+
+def _section(title: str, body: str | None, note: str = "") -> list[str]:
+    """The report section ``## title`` with its body and the note under it; none when the body is empty."""
+    if not body:
+        return []
+    return [f"## {title}\n\n{body}" + (f"\n\n{note}" if note else "")]
+
+
+def _checked_out(run_dirs: Sequence[str | Path], out_dir: str | Path | None) -> Path:
+    """The ``--out`` folder, after checking there are two distinct runs and that ``out_dir`` can hold the report.
+
+    Raises:
+        HCQRError: fewer than two runs, the same folder twice, or an ``out_dir`` that is a file or a run folder.
+    """
+    if len(run_dirs) < 2:
+        raise HCQRError("compare needs at least two run folders")
+    seen: dict[Path, str] = {}
+    for p in run_dirs:
+        real = Path(p).resolve()
+        if real in seen:
+            raise HCQRError(f"run folder {p} is given twice (also as {seen[real]}); compare distinct runs")
+        seen[real] = str(p)
+    out = Path(out_dir or "comparison")
+    if out.exists() and not out.is_dir():
+        raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
+    if (out / CONFIG).exists():
+        raise HCQRError(f"--out {out} is a run folder; write the comparison to a folder of its own")
+    return out
+
+
+def _reference(runs: Sequence[Run], reference: str | None) -> Run:
+    """The run ``reference`` names (its label, method, folder or folder name); the first run when ``None``.
+
+    Raises:
+        HCQRError: it names no run, or several.
+    """
+    if not reference:
+        return runs[0]
+    matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)
+               or Path(reference).resolve() == r.path.resolve()]
+    if not matches:
+        raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
+    if len(matches) > 1:
+        raise HCQRError(f"reference {reference!r} matches {len(matches)} runs ({', '.join(r.label for r in matches)}); "
+                        "give the reference run's folder")
+    return matches[0]
+
+
+def _write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
+    """Write the :data:`~hcqr_dspy.reporting.plots.PLOTS` that apply to ``out``, removing those an earlier
+    comparison in this folder left and this one lacks; returns the written files."""
+    files = []
+    for name, plot in PLOTS.items():
+        if (written := plot(runs, out / name)) is not None:
+            files.append(written)
+        else:  # a plot of an earlier comparison in this folder that this one lacks
+            (out / name).unlink(missing_ok=True)
+    return files
+
+
+def _heading(ref: Run, qids: Sequence[str], answered: dict[str, int], common: bool) -> str:
+    """The report's title, and with ``common`` on runs under way how many questions each has answered."""
+    head = f"# Comparison on {len(qids)} questions (reference: {ref.label})"
+    if common and len(set(answered.values()) | {len(qids)}) > 1:
+        head += (f"\n\nRuns under way, compared on the {len(qids)} questions every run has answered of the "
+                 f"{ref.folder.questions_record.get('count', '?')} selected (answered so far: "
+                 + ", ".join(f"{label} {n}" for label, n in answered.items()) + ").")
+    return head
+
+
+def _report(ordered: Sequence[Run], qids: Sequence[str], answered: dict[str, int], common: bool,
+            qrels_path: Path | None, explicit: bool) -> tuple[str, dict[str, Any]]:
+    """The Markdown report and the ``comparison.json`` summary of runs ``ordered`` reference first."""
+    ref = ordered[0]
+    fallbacks, warnings = fallback_table(ordered)
+    invalid = invalid_table(ordered)
+    evidence = evidence_table(ordered, ref)
+    qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
+    controls, flags = dur_controls_table(ordered)
+    h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
+    agreement, agreement_figures = upstream_agreement(ordered)
+    warnings += flags + dur_sample_warning(ordered)
+    sessions = {r.label: session_summary(r) for r in ordered}
+    sections = [
+        _heading(ref, qids, answered, common),
+        comparison_table(ordered, ref),
+        MCNEMAR_NOTE + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
+        "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
+        *_section("Warnings", "\n".join(f"- **{w}**" for w in warnings)),
+        *_section("Invalid answers by stage and cause", invalid),
+        *_section("Fallbacks", fallbacks, FALLBACKS_NOTE),
+        *_section("DUR judge controls", controls, _controls_note()),
+        *_section("Evidence in the context (judge-free)", evidence, EVIDENCE_NOTE),
+        *_section("Retrieval against relevance judgments", qrels_md),
+        *_section("Working hypothesis vs CoT", h_vs_cot, HYPOTHESIS_VS_COT_NOTE),
+        *_section("Working hypothesis vs final answer", hypothesis_table(ordered), HYPOTHESIS_NOTE),
+        *_section("Working hypotheses across runs", agreement, AGREEMENT_NOTE),
+        "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`; {provenance_line(sessions[r.label])}" for r in ordered),
+        "## Questions answered differently\n\n" + disagreements(ordered, qids),
+        *_section("Programs: instructions and demos", program_diff(ordered, ref)),
+    ]
+    summary = {
+        "reference": ref.label,
+        "questions": len(qids),
+        "answered": answered,
+        "runs": {r.label: {"path": str(r.path.resolve()), **r.metrics, **r.dur} for r in ordered},
+        "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
+        "warnings": warnings,
+        "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
+        "qrels": qrels_figures,
+        "hypothesis_vs_cot": h_vs_cot_figures,
+        "upstream_agreement": agreement_figures,
+        "sessions": sessions,
+    }
+    return "\n\n".join(sections) + "\n", summary
+
+
+def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
+            qrels: str | Path | None = None, common: bool = False) -> tuple[str, list[Path]]:
+    """Compare runs: Markdown report and plots.
+
+    Args:
+        run_dirs: Two or more run folders over the same questions.
+        reference: Label (method) or folder of the reference run; default the first run.
+        out_dir: Where to write ``comparison.md``, ``comparison.json`` and the PNGs (default ``./comparison``).
+        qrels: Relevance judgments for recall@k / nDCG@10; default a ``qrels.json`` beside the dataset file.
+        common: Runs still under way over the same question set are compared on the questions every run
+            has answered (rows, metrics and judgments restricted to them; the report says how many of
+            each run's questions that is). Without it, runs must hold the same questions.
+
+    Returns:
+        The Markdown report and the written files.
+
+    Raises:
+        HCQRError: fewer than two runs, the same folder twice, unknown reference, different
+            question sets, or an ``out_dir`` that is a file or cannot be created.
+    """
+    out = _checked_out(run_dirs, out_dir)
+    runs = [load_run(p) for p in run_dirs]
+    unique_labels(runs)
+    qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
+    answered = {r.label: len(r.rows) for r in runs}
+    if common:
+        for r in runs:
+            restrict(r, qids)
+    ref = _reference(runs, reference)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+    files = _write_plots(runs, out)
+    ordered = [ref] + [r for r in runs if r is not ref]
+    report, summary = _report(ordered, qids, answered, common,
+                              Path(qrels) if qrels else qrels_beside(ref.folder.dataset), explicit=bool(qrels))
+    md = out / "comparison.md"
+    md.write_text(report, encoding="utf-8")
+    js = out / "comparison.json"
+    js.write_text(json.dumps(summary, indent=2) + "\n")
+    return report, [md, js, *files]

@@ -1,0 +1,113 @@
+"""Run folders loaded for a comparison: :class:`Run`, their labels, and restricting them to shared questions.
+
+Every run is a run folder written by ``hcqr eval`` (``config.json``, ``predictions.jsonl``, ``metrics.json``,
+and ``dur.json`` / ``judgments.jsonl`` once judged by ``hcqr judge``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from hcqr_dspy.dur import dur_metrics
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.metrics import summarize
+from hcqr_dspy.run_folder import DUR_METRICS, RunFolder
+
+# What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluate.prediction_row`).
+ROW_KEYS = ("prediction", "valid", "correct", "gold")
+
+
+@dataclass
+class Run:
+    """A run folder, loaded: its configuration, rows, metrics and DUR judgments."""
+
+    folder: RunFolder
+    label: str
+    rows: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    dur: dict[str, Any] = field(default_factory=dict)
+    judgments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.folder.path
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.folder.config
+
+    @property
+    def correct(self) -> dict[str, bool]:
+        return {r["qid"]: bool(r["correct"]) for r in self.rows}
+
+    @property
+    def hypothesis_correct(self) -> dict[str, bool] | None:
+        """Per question, whether the working hypothesis was right (a hypothesis that could not be parsed
+        counts wrong, as an invalid answer does); ``None`` for runs without hypotheses."""
+        if not any("hypothesis" in r and (r.get("hypothesis") or (r.get("fallbacks") or {}).get("hypothesis_failed"))
+                   for r in self.rows):
+            return None
+        return {r["qid"]: bool(r.get("hypothesis")) and r["hypothesis"].get("working_hypothesis") == r["gold"]
+                for r in self.rows}
+
+
+def restrict(run: Run, qids: Sequence[str]) -> None:
+    """Keep only ``qids`` of a run: its rows, judgments, and the metrics and DUR recomputed from them."""
+    keep = set(qids)
+    run.rows = [r for r in run.rows if r["qid"] in keep]
+    run.metrics = summarize(run.rows)
+    run.judgments = [j for j in run.judgments if j.get("qid") in keep]
+    run.dur = dur_metrics(run.judgments) if run.judgments else {}  # judgments are the record DUR is computed from
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    """Load a run folder (through :class:`~hcqr_dspy.run_folder.RunFolder`).
+
+    Raises:
+        HCQRError: not a run folder, no finished question, unreadable records or judgments.
+    """
+    folder = RunFolder.open(path)
+    rows = folder.rows()
+    if not rows:
+        raise HCQRError(f"run {folder.path} has no finished question")
+    for r in rows:
+        missing = [k for k in ROW_KEYS if k not in r]
+        if missing:
+            raise HCQRError(f"{folder.predictions.path}: the row of question {r['qid']!r} lacks {', '.join(missing)} "
+                            "(not written by `hcqr eval`); repair or delete that line")
+    if any(r.get("gold") is None for r in rows):
+        raise HCQRError(f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
+                        "a comparison needs gold answers")
+    judgments = folder.judgments()
+    # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
+    dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
+    return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments)
+
+
+def run_label(config: dict[str, Any], path: Path) -> str:
+    """The method, and for a saved (compiled) program ``method+recipe`` (``hcqr+bootstrap_fewshot``)."""
+    method = config.get("method", path.name)
+    saved = config.get("saved_program")
+    if saved:
+        return f"{method}+{saved.get('recipe') or 'saved'}"
+    return method
+
+
+def unique_labels(runs: Sequence[Run]) -> None:
+    """Make the runs' labels unique (reports and ``comparison.json`` are keyed by them): a label shared by
+    several runs gets the LM spec, then the folder name, then a number."""
+    for extra in (lambda i, r: (r.config.get("lm") or {}).get("spec") or r.path.name, lambda i, r: r.path.name,
+                  lambda i, r: str(i + 1)):
+        counts: dict[str, int] = {}
+        for r in runs:
+            counts[r.label] = counts.get(r.label, 0) + 1
+        for i, r in enumerate(runs):
+            if counts[r.label] > 1:
+                r.label = f"{r.label} ({extra(i, r)})"
+
+
+def judged_ids(run: Run) -> frozenset[str]:
+    """The questions a run's DUR was judged on (its judgments)."""
+    return frozenset(j["qid"] for j in run.judgments)
