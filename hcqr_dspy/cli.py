@@ -605,11 +605,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from hcqr_dspy.compare import metrics_table
-    from hcqr_dspy.experiment import load_experiment, run_experiment
+    from hcqr_dspy.experiment import ExperimentError, load_experiment, run_experiment
 
     only = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets is not None else None
-    exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only,
-                          encoder_backend=args.encoder_backend)
+    try:
+        exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only,
+                              encoder_backend=args.encoder_backend)
+    except ExperimentError as exc:
+        if not args.check:
+            raise  # a run stops on one line: the first problem and how many more
+        for problem in exc.problems:  # --check: every problem, one line each
+            print(f"hcqr: error: {problem}", file=sys.stderr)
+        return 2
     if args.check:
         print(f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s), lm {exp.lm})")
         return 0
@@ -662,11 +669,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from hcqr_dspy.tracking import configure, key_metrics_url, serve_ui, store_dir
+    from hcqr_dspy.tracking import check_port, configure, key_metrics_url, serve_ui, store_dir
 
     folder = store_dir(args.mlflow_dir)
     if not (folder / "mlflow.db").exists():
         raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
+    check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
     experiment_id = configure(args.mlflow_dir)
     print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
           f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}", file=sys.stderr)
@@ -833,7 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
-    p.add_argument("--check", action="store_true", help="validate the file and stop (no LM call)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the file and stop (no LM call); every problem is printed, one line each")
     _add_encoder_backend_arg(p)
     p.set_defaults(func=cmd_experiment)
 

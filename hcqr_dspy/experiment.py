@@ -54,7 +54,8 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from typing_extensions import TypedDict
 
 from hcqr_dspy.errors import HCQRError
@@ -64,7 +65,17 @@ Text = Annotated[str, Field(min_length=1)]
 
 
 class ExperimentError(HCQRError):
-    """An experiment file is malformed (unknown key, method or dataset ...)."""
+    """An experiment file is malformed (unknown key, method or dataset ...).
+
+    Args:
+        message: One line: the first problem, and how many more there are.
+        problems: Every problem found, one line each (``hcqr experiment --check`` prints them all);
+            default: ``[message]``.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
 
 
 class QuestionSample(TypedDict, total=False):
@@ -271,13 +282,14 @@ def load_experiment(
         encoder_backend: Override ``encoder_backend`` (what embeds the queries).
 
     Raises:
-        ExperimentError: one line naming the file, the line and the field: an unreadable or
-            non-UTF-8 file, invalid YAML, unknown keys (the allowed ones listed), values of the
-            wrong type or out of range, unknown methods, options or LM spec, dataset files that
-            are missing or do not load, a missing index; unknown ``only_datasets``; no such file or
-            name (the folders searched and the experiments there are listed).
+        ExperimentError: one line naming the file, the line and the field (its ``problems``: every
+            problem found, one line each): an unreadable or non-UTF-8 file, invalid YAML, unknown keys
+            (the allowed ones listed), values of the wrong type or out of range, unknown methods,
+            options or LM spec, dataset files that are missing or do not load, a missing index;
+            unknown ``only_datasets``; no such file or name (the folders searched and the
+            experiments there are listed).
     """
-    from hcqr_dspy.config import read_yaml, validate
+    from hcqr_dspy.config import describe, read_yaml, validate
     from hcqr_dspy.resources import find
 
     file, shipped = find("experiment", path, ExperimentError)
@@ -290,13 +302,35 @@ def load_experiment(
             overrides["questions"] = {**raw.get("questions", {}), "limit": limit}
         raw = {**raw, **overrides}
     base = Path("experiments").resolve() if shipped else file.parent
-    exp = validate(Experiment, raw, file, ExperimentError, node, context={"base": base})
+    if not isinstance(raw, dict):
+        validate(Experiment, raw, file, ExperimentError, node)  # raises: the file is not a mapping of keys
+    named = raw.get("datasets") if isinstance(raw.get("datasets"), dict) else {}
+    bad = [d for d in only_datasets or [] if d not in named]
+    unknown = (f"{file}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(named)}"
+               if only_datasets is not None and (bad or not only_datasets) else None)
+    try:
+        exp = Experiment.model_validate(raw, context={"base": base})
+    except ValidationError as exc:
+        problems = problem_lines(exc, file, node) + ([unknown] if unknown else [])
+        raise ExperimentError(describe(exc, file, Experiment, node), problems=problems) from None
+    if unknown:
+        raise ExperimentError(unknown)
     if only_datasets is not None:
-        bad = [d for d in only_datasets if d not in exp.datasets]
-        if bad or not only_datasets:
-            raise ExperimentError(f"{file}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(exp.datasets)}")
         exp.datasets = {d: exp.datasets[d] for d in only_datasets}
     return exp
+
+
+def problem_lines(exc: ValidationError, file: str | Path, node: Any = None) -> list[str]:
+    """Every problem of a pydantic ``ValidationError`` over an experiment file, one line each, as
+    :func:`hcqr_dspy.config.describe` words its first: ``<file>:<line>: <field>: <what is wrong and allowed>``."""
+    from hcqr_dspy.config import _problem, line_of
+
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        line = line_of(node, loc) if node is not None else None
+        lines.append(f"{f'{file}:{line}' if line else file}: {_problem(error, Experiment, loc)}")
+    return lines
 
 
 def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", mlflow_dir: str | Path | None = None,

@@ -94,7 +94,10 @@ def fallback_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     Each row's ``fallbacks`` maps a fallback to how many units it affected in
     that question (queries, passages, or 1): ``hypothesis_failed`` and
     ``queries_from_question`` (HCQR, HyDE), ``rewrite_failed`` and
-    ``queries_from_hypothesis`` (HCQR), ``passage_failed`` (HyDE),
+    ``queries_from_hypothesis`` (HCQR), ``queries_collapsed`` (HCQR: queries
+    that repeated another, so the distinct ones were searched deeper to top
+    the context up) and ``budget_unfilled`` (HCQR: passages the top-up still
+    fell short of, the index having too few matches), ``passage_failed`` (HyDE),
     ``rerank_parse_failures`` (Rerank-RAG), ``judge_vote_scored`` and
     ``judge_failures`` (MAIN-RAG), ``context_cut`` and ``passages_dropped``
     (any method whose context the token budget cut).

@@ -307,12 +307,21 @@ def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int 
     MLflow's server-side job runner (online scoring, judges run from the UI) is turned off
     (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``): it starts seven more worker processes.
 
+    The port is checked first (:func:`check_port`). A server that exits without being stopped is a
+    failure: MLflow's server exits 0 when uvicorn cannot bind its port (taken between the check and
+    the bind), and otherwise it stops only when told to.
+
     Returns:
-        The server's exit code (0 when it was stopped by a signal).
+        0 when it was stopped by a signal.
+
+    Raises:
+        HCQRError: the port cannot be bound (:func:`check_port`), or the server stopped by itself
+            (its exit code, and whether another program holds the port now).
     """
     import signal
     import subprocess
 
+    check_port(host, port)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(ui_command(path, host, port, workers), env=env, start_new_session=True,
                             preexec_fn=_die_with_parent)
@@ -326,12 +335,48 @@ def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int 
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        code = 0
+        return 0
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
         stop_process_group(proc)
-    return code if not stopped else 0
+    if stopped:
+        return 0
+    try:
+        check_port(host, port)
+        why = "its log is above"
+    except HCQRError as exc:
+        why = str(exc)
+    raise HCQRError(f"the MLflow server for {host}:{port} stopped by itself (exit code {code}): {why}")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse to serve on ``host:port`` when this machine cannot bind it: another program listens there, the
+    host is not one of this machine's addresses, or the port needs privileges. The socket is bound as
+    uvicorn binds it (IPv6 when ``host`` holds a ``:``, ``SO_REUSEADDR`` set, so a port left in TIME_WAIT is
+    free) and closed at once.
+
+    Raises:
+        HCQRError: one line naming the host and port and what to do.
+    """
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except socket.gaierror as exc:
+        raise HCQRError(f"cannot serve on {host}:{port}: {host!r} is not a known host name ({exc.strerror}); "
+                        "give --host an address of this machine") from None
+    except OverflowError:
+        raise HCQRError(f"cannot serve on {host}:{port}: a port is 1 to 65535") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise HCQRError(f"port {port} on {host} is already in use by another program; stop it or choose another "
+                            "--port") from None
+        raise HCQRError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def ui_command(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> list[str]:

@@ -228,3 +228,28 @@ def test_check_accepts_options_the_index_takes(setup, flat_index):
     assert spec.encoder_backend == "openvino-bf16"
     with pytest.raises(ExperimentError, match="does not apply to faiss index 'Flat'"):
         load_experiment(write_exp(setup, index=str(flat_index), search_options={"nprobe": 4}))
+
+
+def test_check_lists_every_problem_one_line_each(setup, capsys):
+    from hcqr_dspy.cli import main
+
+    exp = setup / "exp.yaml"
+    exp.write_text(GRID.format(budget=0, limit="zero", d1="nope.json").replace("[cot, simple_rag]", "[cot, magic]")
+                   + "metods: [cot]\n")
+    assert main(["experiment", str(exp), "--check", "--datasets", "d9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = [
+        r"exp.yaml:7: datasets.d1: file .*nope.json not found",
+        r"exp.yaml:8: methods.1: unknown method 'magic'; allowed: cot, ",
+        r"exp.yaml:4: budget: Input should be greater than or equal to 1 \(got 0\)",
+        r"exp.yaml:5: questions.limit: Input should be a valid integer \(got 'zero'\)",
+        r"exp.yaml:9: metods: unknown key; allowed: api_base, ",
+        r"exp.yaml: unknown dataset\(s\) d9; the file has d1",
+    ]
+    assert len(err) == len(expected), err
+    for line, pattern in zip(err, expected):
+        assert line.startswith(f"hcqr: error: {exp}") and re.search(pattern, line), (line, pattern)
+    # a run (no --check) stops on one line: the first problem and how many more
+    assert main(["experiment", str(exp)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert re.search(r"exp.yaml:7: datasets.d1: file .*nope.json not found \(and 4 more problems\)$", line), line

@@ -19,6 +19,13 @@ every fallback is counted in the prediction's ``fallbacks``
 (``hypothesis_failed``, ``queries_from_question``, ``rewrite_failed``,
 ``queries_from_hypothesis``, and the answer step's ``context_cut``).
 
+Queries that collapse to fewer distinct ones (a fallback that builds the
+same text for several roles, e.g. the option's text when the hypothesis
+fields name nothing) are not searched twice: each distinct query is searched
+deeper, so the context is topped up to what distinct queries would have
+brought (:meth:`HCQR.retrieve_and_fuse`); counted as ``queries_collapsed``,
+and as ``budget_unfilled`` when the index still had too few passages.
+
 Ablations are options of :class:`HCQR`, not copies: ``roles`` keeps a subset
 of the three queries (the rewrite step is unchanged and still writes all
 three, so the only difference from full HCQR is which queries reach the
@@ -51,7 +58,7 @@ from hcqr_dspy.programs.base import (
     stage,
     variant,
 )
-from hcqr_dspy.retrieval.fusion import STRATEGIES
+from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage
 from hcqr_dspy.signatures import (
     HYPOTHESIS_STYLES,
     AnswerQuestion,
@@ -139,7 +146,8 @@ class HCQR(MCQProgram):
             ``ceil(budget / len(roles))``, so the candidates always cover the
             budget: 5 for the paper's 15 passages and three queries, 8 when
             one query is dropped (16 candidates, fused down to 15). An integer
-            is used as given, whatever the roles.
+            is used as given, whatever the roles. Queries that collapse to fewer
+            distinct ones are searched deeper (:meth:`retrieve_and_fuse`).
         fusion: ``"score_sum"`` (reference), ``"rrf"`` or ``"round_robin"``.
         roles: The queries sent to the retriever, a non-empty subset of
             ``("support", "distinction", "key_features")`` (kept in that
@@ -234,9 +242,11 @@ class HCQR(MCQProgram):
         fallbacks = {"rewrite_failed": rewrite_failed, "queries_from_hypothesis": sources.count("hypothesis")}
 
         with stage(stages, "retrieval"):
-            names = query_names(self.roles)
-            fused = self.fuse(self.retrieve(queries, k=self.k_per_query, names=names), budget=self.budget,
-                              strategy=self.fusion, names=names)
+            fused, top_up = self.retrieve_and_fuse(queries, query_names(self.roles))
+        if top_up is not None:
+            fallbacks["queries_collapsed"] = len(queries) - top_up["distinct_queries"]
+            if top_up["passages"] < top_up["target"]:
+                fallbacks["budget_unfilled"] = top_up["target"] - top_up["passages"]
         shown = {"hypothesis": hypothesis_text} if self.show_hypothesis else {}
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages, fallbacks, **shown),
@@ -245,7 +255,55 @@ class HCQR(MCQProgram):
             query_sources=sources,
             query_roles=list(self.roles),
             raw_queries=raw,
+            top_up=top_up,
         )
+
+    def retrieve_and_fuse(self, queries: list[str],
+                          names: list[str]) -> tuple[list[FusedPassage], dict[str, int] | None]:
+        """Search the queries (``k_per_query`` hits each, one batched call) and fuse them into ``budget`` passages.
+
+        Queries that repeat another (ignoring case, as :func:`~hcqr_dspy.programs.base.dedupe`) are
+        searched once, and deeper: each of the ``m`` distinct queries asks for ``ceil(k_per_query x n / m)``
+        hits (``n`` queries; 15 for one distinct query of HCQR's three), so the context is topped up to
+        ``target = min(budget, k_per_query x n)`` passages, what ``n`` distinct queries would have
+        brought. If overlapping hit lists still leave fewer than ``target`` fused passages while a list
+        came back full (the index may hold more), the distinct queries are searched once more with
+        ``target`` hits each, which fills the target whenever one query's matches can. Distinct queries
+        with overlapping hits are fused as they are (the reference behaviour: at most ``budget``).
+
+        Args:
+            queries: One query per kept role.
+            names: Their labels (:func:`query_names`); a collapsed query's spans are named by all its roles.
+
+        Returns:
+            The fused passages (``queries`` / ``ranks`` name role positions: a passage found by a
+            collapsed query lists every role that shared it, at the same rank) and ``None`` when the
+            queries were distinct, else the top-up record: ``distinct_queries``, ``k_per_query`` (hits
+            asked per distinct query in the last search), ``searches`` (1 or 2), ``target`` and
+            ``passages`` (fused; fewer than ``target`` when the index had too few matches).
+        """
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.lower(), []).append(i)
+        if len(groups) == len(queries):
+            hit_lists = self.retrieve(queries, k=self.k_per_query, names=names)
+            return self.fuse(hit_lists, budget=self.budget, strategy=self.fusion, names=names), None
+        positions = list(groups.values())
+        distinct = [queries[p[0]] for p in positions]
+        labels = [" = ".join(names[i] for i in p) for p in positions]
+        target = min(self.budget, self.k_per_query * len(queries))
+        k = math.ceil(self.k_per_query * len(queries) / len(distinct))
+        searches = 0
+        while True:
+            hit_lists = self.retrieve(distinct, k=k, names=labels)
+            searches += 1
+            fused = self.fuse(hit_lists, budget=self.budget, strategy=self.fusion, names=labels)
+            if len(fused) >= target or k >= target or all(len(hits) < k for hits in hit_lists):
+                break
+            k = target
+        fused = [_as_roles(f, positions) for f in fused]
+        return fused, {"distinct_queries": len(distinct), "k_per_query": k, "searches": searches, "target": target,
+                       "passages": len(fused)}
 
     def forward_without_hypothesis(self, question: str, options: dict[str, str], stages: dict, error: str) -> dspy.Prediction:
         """The hypothesis reply could not be parsed: retrieve with the question itself (top ``budget``,
@@ -264,7 +322,15 @@ class HCQR(MCQProgram):
             query_sources=["question"],
             query_roles=[],
             raw_queries=[],
+            top_up=None,
         )
+
+
+def _as_roles(passage: FusedPassage, positions: list[list[int]]) -> FusedPassage:
+    """A passage fused from distinct queries, its provenance restated per role: distinct query ``j`` stands for
+    the roles at ``positions[j]``, each credited with the rank ``j`` found it at."""
+    pairs = sorted((role, rank) for j, rank in zip(passage.queries, passage.ranks) for role in positions[j])
+    return FusedPassage(passage.passage_id, passage.score, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
 
 
 def check_style(style: str) -> str:

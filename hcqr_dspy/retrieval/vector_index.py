@@ -10,9 +10,11 @@ and the hit list. Backends register with
 :func:`hcqr_dspy.retrieval.registry.register_backend`.
 
 faiss backend (Johnson, Douze & Jégou 2019, "Billion-scale similarity
-search with GPUs"): any ``faiss.index_factory`` string with the inner-product
-metric — ``Flat`` (exact; the default), ``HNSW32`` (graph), ``IVF1024,PQ32``
-(inverted lists over product-quantized codes), ``IVF4096,SQ8`` ... Types
+search with GPUs"): ``faiss.index_factory`` strings of the forms
+:mod:`hcqr_dspy.retrieval.faiss_factory` checks (faiss aborts the process on
+some bad numbers), inner-product metric — ``Flat`` (exact; the default),
+``HNSW32`` (graph), ``IVF1024,PQ32`` (inverted lists over product-quantized
+codes), ``IVF4096,SQ8`` ... Types
 that need training are trained on a seeded sample of the stored embeddings;
 vectors are then added chunk by chunk, so a build holds the index's own
 bytes plus one chunk. Search-time options: ``nprobe`` (IVF lists visited),
@@ -152,7 +154,7 @@ MAX_TRAIN = 500_000
 
 @register_backend("faiss")
 class FaissIndex(VectorIndex):
-    """A faiss index (any ``index_factory`` string, inner-product metric).
+    """A faiss index (an ``index_factory`` string of the supported forms, inner-product metric).
 
     Args:
         index: The ``faiss.Index``.
@@ -181,7 +183,7 @@ class FaissIndex(VectorIndex):
             raise RetrievalIndexError(f"--faiss needs a faiss index_factory string (Flat, HNSW32, IVF1024,PQ32 ...), got {factory!r}")
         try:
             return faiss.index_factory(int(dimension), factory.strip(), faiss.METRIC_INNER_PRODUCT)
-        except RuntimeError as exc:
+        except (RuntimeError, MemoryError) as exc:  # MemoryError: std::bad_alloc
             raise RetrievalIndexError(
                 f"--faiss {factory!r} is not a faiss index_factory string usable with {dimension}-d vectors "
                 f"({_faiss_reason(exc)}); "
@@ -203,11 +205,21 @@ class FaissIndex(VectorIndex):
     @classmethod
     def check_settings(cls, dimension: int, factory: str = DEFAULT_FACTORY, train_size: int | None = None,
                        seed: int = 0, **unknown: Any) -> None:
+        """Refuse bad build settings before anything is read or encoded: unknown options, a bad ``train_size``,
+        and a factory string that is not one of the forms hcqr builds with its numbers in range
+        (:func:`~hcqr_dspy.retrieval.faiss_factory.check_factory`: faiss itself aborts the process on some,
+        e.g. ``HNSW0``) or that faiss does not accept for ``dimension``-d vectors.
+
+        Raises:
+            RetrievalIndexError: one line.
+        """
+        from hcqr_dspy.retrieval.faiss_factory import check_factory
+
         if unknown:
             raise RetrievalIndexError(f"unknown faiss build option(s) {', '.join(sorted(unknown))}; known: factory, train_size, seed")
         if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1):
             raise RetrievalIndexError(f"train_size must be a positive integer, got {train_size!r}")
-        cls.make(factory or DEFAULT_FACTORY, dimension)
+        cls.make(check_factory(factory or DEFAULT_FACTORY, dimension), dimension)
 
     @classmethod
     def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, corpus: Any = None,

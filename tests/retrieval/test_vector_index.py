@@ -123,7 +123,8 @@ def test_bm25_refuses_search_options(tiny_corpus, tmp_path):
 
 
 @pytest.mark.parametrize("factory, message", [
-    ("Blah", r"--faiss 'Blah' is not a faiss index_factory string usable with 16-d vectors \(could not parse index string Blah\)"),
+    ("Blah", r"--faiss 'Blah' is not a faiss index_factory string usable with 16-d vectors \(not one of the supported "
+             r"forms\); supported: Flat, SQ<t>, "),
     ("IVF4,PQ5", r"usable with 16-d vectors \(.*multiple of the number of subquantizers"),
     ("IVF1024,Flat", r"needs at least 1024 training vectors but the corpus has 300 passages"),
 ])
@@ -172,3 +173,76 @@ def test_eval_and_experiments_apply_and_record_search_options(medcpt_spec, synth
     exp.write_text(exp.read_text().replace("nprobe: 2", "nprobes: 2"))
     with pytest.raises(ExperimentError, match="unknown search option 'nprobes'"):
         load_experiment(exp)
+
+
+# Factory strings faiss accepts and then aborts or crashes on while building (exit 134, 139, 136), and
+# malformed ones: each is refused in one line before the corpus is read, leaving the output's folder empty.
+BAD_FACTORIES = [
+    ("HNSW0", r"\(HNSW0: HNSW's M \(neighbours per node\) must be 2 to 512, got 0\)"),
+    ("HNSW1", r"\(HNSW1: HNSW's M \(neighbours per node\) must be 2 to 512, got 1\)"),
+    ("IVF4_HNSW0,Flat", r"\(IVF4_HNSW0: HNSW's M \(neighbours per node\) must be 2 to 512, got 0\)"),
+    ("IVF0,Flat", r"\(IVF0: IVF's lists must be 1 to 1,048,576, got 0\)"),
+    ("IVF4,PQ0", r"\(PQ0: PQ's sub-quantizers must be 1 to 16, got 0\)"),
+    ("IVF4,PQ5", r"\(PQ5: the dimension \(16\) must be a multiple of the number of subquantizers \(5\)\)"),
+    ("PQ4x0", r"\(PQ4x0: PQ's bits per code must be 1 to 24, got 0\)"),
+    ("OPQ4_0,PQ4", r"\(OPQ4_0: OPQ's output dimension must be 1 to 16, got 0\)"),
+    ("IVF4,SQ0", r"\(SQ0: IVF stores Flat, SQ<t> \(t: 4, 6, 8, fp16, bf16\) or PQ<m>\[x<bits>\]\[np\] codes\)"),
+    ("IVF1e3,Flat", r"\(not one of the supported forms\)"),
+    ("HNSW-1", r"\(not one of the supported forms\)"),
+    ("PCA8,Flat", r"\(not one of the supported forms\)"),
+]
+# Builds every factory string given in one child process, so that a string faiss aborts on fails this test
+# (the child's exit status) instead of killing the test session.
+BUILD_EACH = """
+import sys
+from hcqr_dspy.cli import main
+corpus, encoder, emb, root = sys.argv[1:5]
+for i, factory in enumerate(sys.argv[5:]):
+    print(main(["index", "--corpus", corpus, "--encoder", encoder, "--faiss", factory, "--embeddings", emb,
+                "--out", f"{root}/{i}/idx"]), flush=True)
+"""
+
+
+def test_factories_faiss_would_abort_on_are_refused_in_one_line_leaving_nothing(medcpt_spec, synthetic_corpus_file,
+                                                                                 tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    factories = [f for f, _ in BAD_FACTORIES]
+    done = subprocess.run([sys.executable, "-c", BUILD_EACH, str(synthetic_corpus_file), medcpt_spec,
+                           str(tmp_path / "emb"), str(tmp_path / "out"), *factories],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.split() == ["2"] * len(factories)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("hcqr: error: ")]
+    assert len(errors) == len(factories), done.stderr[-3000:]
+    for (factory, reason), line in zip(BAD_FACTORIES, errors):
+        assert line.startswith(f"hcqr: error: --faiss {factory!r} is not a faiss index_factory string usable with "
+                               "16-d vectors ("), line
+        assert re.search(reason, line) and line.endswith("IVF1024,PQ96,RFlat"), (factory, line)
+    assert [list((tmp_path / "out" / str(i)).iterdir()) for i in range(len(factories))] == [[]] * len(factories)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW", "HNSW32", "IVF1024,PQ32", "IVF4096,SQ8", "IVF1024,PQ96,RFlat",
+                                     "IVF256,PQ128x4np", "IVF65536_HNSW32,SQfp16", "OPQ96_384,IVF1024,PQ96",
+                                     "HNSW32,PQ48x8,RFlat", "PQ384x1", "SQbf16"])
+def test_documented_factories_are_accepted(factory):
+    from hcqr_dspy.retrieval.faiss_factory import check_factory
+
+    assert check_factory(f" {factory} ", 384) == factory
+
+
+def test_the_smallest_graph_and_a_rotated_refined_pq_still_build(medcpt_spec, synthetic_corpus_file, tmp_path, capsys):
+    from hcqr_dspy.cli import main
+
+    for i, factory in enumerate(["HNSW2", "OPQ4_8,IVF4,PQ2x4np,RFlat"]):
+        out = tmp_path / str(i)
+        assert main(["index", "--corpus", str(synthetic_corpus_file), "--encoder", medcpt_spec, "--faiss", factory,
+                     "--embeddings", str(tmp_path / "emb"), "--out", str(out)]) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss"] == factory
+        assert len(load_index(out).search(QUERIES, 5)[0]) == 5
