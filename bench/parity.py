@@ -70,7 +70,8 @@ def compare(reference, other) -> dict:
 
 def main(argv=None) -> int:
     from hcqr_dspy.errors import HCQRError
-    from hcqr_dspy.run_folder import RunFolder, check_same_questions
+    from hcqr_dspy.evaluation.run_folder import RunFolder
+    from hcqr_dspy.evaluation.same_questions import check_same_questions
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reference", help="the reference run folder (e.g. faiss Flat)")

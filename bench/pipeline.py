@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     from hcqr_dspy.lm import build_lm
     from hcqr_dspy.retrieval import build_retriever, load_corpus
     from hcqr_dspy.retrieval.base import library_versions
-    from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
 
     with tempfile.TemporaryDirectory() as tmp:
         dspy.configure_cache(disk_cache_dir=str(Path(tmp) / "dspy-cache"))  # cold: nothing answered from earlier runs

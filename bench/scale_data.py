@@ -61,7 +61,7 @@ def load_real(corpus_path: str | Path, work: Path, n: int | None = None):
         the encoding rate (passages/s).
     """
     from hcqr_dspy.retrieval import EmbeddingStore, PassageStore, load_corpus, load_encoder
-    from hcqr_dspy.retrieval.store import Passage
+    from hcqr_dspy.retrieval.store_format import Passage
 
     corpus = load_corpus(corpus_path, duplicate_ids="rename", store=work / "real-store")
     if n is not None and n < len(corpus):
@@ -89,7 +89,7 @@ def synthesize(n: int, real_corpus, real_store, work: Path, show_progress: bool 
     from tqdm.auto import tqdm
 
     from hcqr_dspy.retrieval import EmbeddingStore, PassageStore, load_encoder
-    from hcqr_dspy.retrieval.store import Passage
+    from hcqr_dspy.retrieval.store_format import Passage
 
     folder = work / f"synthetic-{n}"
     record_path = folder / "synthetic.json"

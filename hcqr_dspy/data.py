@@ -23,13 +23,9 @@ from typing import Iterable, Sequence
 
 import dspy
 
-from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.errors import DataError
 
 LETTERS = string.ascii_uppercase
-
-
-class DataError(HCQRError):
-    """A benchmark file or question row is malformed."""
 
 
 def check_question(qid: str, row: object, where: str, labelled: bool = True) -> dspy.Example:

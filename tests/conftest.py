@@ -60,7 +60,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def mlflow_store(tmp_path_factory):
     """One SQLite MLflow store per test session (creating one takes seconds)."""
-    from hcqr_dspy import tracking
+    from hcqr_dspy.tracking import store as tracking
 
     folder = tmp_path_factory.mktemp("mlflow")
     tracking.configure(folder)

@@ -134,8 +134,8 @@ def test_index_out_under_a_file_fails_before_building(tmp_path, tiny_corpus_file
 
 
 def test_ui_binds_to_localhost_unless_told_otherwise(tmp_path):
-    from hcqr_dspy.cli import build_parser
-    from hcqr_dspy.tracking import ui_command
+    from hcqr_dspy.cli.main import build_parser
+    from hcqr_dspy.tracking.ui import ui_command
 
     args = build_parser().parse_args(["ui"])
     cmd = ui_command(tmp_path, host=args.host)
@@ -155,8 +155,8 @@ def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
 
 
 def test_parser_names_are_the_registries():
-    from hcqr_dspy import signatures
-    from hcqr_dspy.cli import FUSION_STRATEGIES, HYPOTHESIS_STYLES, METHODS, RETRIEVER_KINDS
+    from hcqr_dspy.programs import signatures
+    from hcqr_dspy.cli.common import FUSION_STRATEGIES, HYPOTHESIS_STYLES, METHODS, RETRIEVER_KINDS
     from hcqr_dspy.programs import PROGRAMS
     from hcqr_dspy.retrieval import KINDS
     from hcqr_dspy.retrieval.fusion import STRATEGIES
@@ -183,7 +183,8 @@ def test_help_and_version_import_nothing_heavy():
 
 
 def test_every_option_says_its_default():
-    from hcqr_dspy.cli import HelpFormatter, build_parser
+    from hcqr_dspy.cli.common import HelpFormatter
+    from hcqr_dspy.cli.main import build_parser
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
@@ -201,7 +202,7 @@ def test_every_option_says_its_default():
 def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     import argparse
 
-    from hcqr_dspy.cli import _ui_hint
+    from hcqr_dspy.cli.common import _ui_hint
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("HCQR_MLFLOW_DIR", raising=False)
@@ -210,7 +211,7 @@ def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     assert _ui_hint(argparse.Namespace(mlflow_dir="mlruns")) == "`hcqr ui`"
     other = tmp_path / "elsewhere"
     assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
-    from hcqr_dspy import tracking
+    from hcqr_dspy.tracking import store as tracking
 
     tracking.configure(other)  # MLflow now sets MLFLOW_TRACKING_URI to that store itself: still named by folder
     assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
@@ -220,7 +221,7 @@ def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
 
 def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus_before_any_lm(tmp_path, bm25_index,
                                                                                                capsys):
-    from hcqr_dspy.run_folder import RunFolder
+    from hcqr_dspy.evaluation.run_folder import RunFolder
 
     (tmp_path / "bench.json").write_text(json.dumps(
         {"d1": {"question": "Yellow vision?", "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"}}))

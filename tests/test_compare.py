@@ -209,7 +209,8 @@ def tiny_bench(tmp_path, tiny_corpus_file):
 
 
 def run_method(tmp_path, dataset, index, method, lm):
-    from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
 
     spec = EvalSpec(method=method, dataset=str(dataset), index=str(index), lm="dummy/x", run_dir=str(tmp_path / method))
     return run_evaluation(spec, progress=False, track=False, lm=lm)[1]
@@ -243,7 +244,7 @@ def test_compare_shows_a_method_that_ran_on_its_fallback_evidence_and_hypothesis
 
 
 def test_question_evidence_on_constructed_contexts():
-    from hcqr_dspy.evidence import evidence_summary, paired_evidence_tests, question_evidence
+    from hcqr_dspy.evaluation.evidence import evidence_summary, paired_evidence_tests, question_evidence
 
     options = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "yes"}
     both = ["Digoxin toxicities cause yellow vision.", "In Graves' disease, exophthalmos."]
@@ -262,7 +263,7 @@ def test_question_evidence_on_constructed_contexts():
 
 
 def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
-    from hcqr_dspy.evidence import load_qrels, qrels_metrics
+    from hcqr_dspy.evaluation.evidence import load_qrels, qrels_metrics
 
     (tmp_path / "qrels.json").write_text(json.dumps({"q1": ["p1", "p2"], "q2": {"p9": 1}}))
     qrels = load_qrels(tmp_path / "qrels.json")
@@ -283,8 +284,8 @@ def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
 def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_logs_its_figures(tmp_path, mlflow_store):
     import mlflow
 
-    from hcqr_dspy import tracking
-    from hcqr_dspy.tracking_comparison import track_comparison
+    from hcqr_dspy.tracking import runs as tracking
+    from hcqr_dspy.tracking.comparison import track_comparison
 
     ids = {}
     for method in ("simple_rag", "hcqr"):
@@ -374,7 +375,7 @@ def test_hypothesis_vs_cot_names_each_cot_run(tmp_path):
 
 
 def test_qrels_for_other_questions_or_without_a_relevant_passage(tmp_path):
-    from hcqr_dspy.evidence import load_qrels, qrels_metrics
+    from hcqr_dspy.evaluation.evidence import load_qrels, qrels_metrics
 
     rows = [{"qid": "q0", "passages": [{"id": "p1"}]}, {"qid": "q1", "passages": [{"id": "p2"}]}]
     # a question whose qrels hold no relevant passage is left out, not scored 0 (trec_eval's convention)

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from hcqr_dspy.data import DataError, check_question, format_options, load_questions, select
+from hcqr_dspy.data import check_question, format_options, load_questions, select
+from hcqr_dspy.errors import DataError
 
 
 def write(tmp_path, data, name="bench.json"):

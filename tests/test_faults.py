@@ -10,10 +10,11 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from hcqr_dspy.evaluate import LMUnavailableError, RunError
+from hcqr_dspy.errors import LMUnavailableError, RunError
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.run import EvalSpec, run_evaluation
-from hcqr_dspy.run_folder import PREDICTIONS, RunFolder
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
+from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
 from stub_server import OPTIONS, SECRET, Stub
 
 
@@ -79,7 +80,7 @@ def test_huge_or_empty_replies_are_invalid_answers_not_crashes(bench, mlflow_sto
 
 
 def test_full_or_read_only_run_folder_fails_before_any_lm_call(bench, mlflow_store, monkeypatch):
-    import hcqr_dspy.run_folder as ev
+    import hcqr_dspy.evaluation.records as ev
 
     stub = Stub()
     real = Path.write_text
@@ -111,7 +112,8 @@ def _evaluate_in_process(args):
 
     os.environ["STUB_KEY"] = SECRET
     from hcqr_dspy.lm import build_lm
-    from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
 
     s = EvalSpec(method="cot", dataset=f"{bench}/qs.json", lm="openai/stub-model", api_base=base,
                  api_key_env="STUB_KEY", run_dir=f"{bench}/{name}")
@@ -129,7 +131,7 @@ def test_concurrent_evaluations_share_one_mlflow_store(bench, tmp_path_factory):
     with ctx.Pool(3) as pool:
         out = pool.map(_evaluate_in_process, [(str(bench), stub.base, f"p{i}", str(store)) for i in range(3)])
     assert [n for n, _ in out] == [6, 6, 6] and len({run_id for _, run_id in out}) == 3
-    from hcqr_dspy import tracking
+    from hcqr_dspy.tracking import store as tracking
 
     tracking.configure(store)
     for _, run_id in out:
@@ -139,8 +141,8 @@ def test_concurrent_evaluations_share_one_mlflow_store(bench, tmp_path_factory):
 
 
 def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, mlflow_store, capfd, caplog):
-    from hcqr_dspy.optimize import load_recipe
-    from hcqr_dspy.program_io import save_program
+    from hcqr_dspy.optimize.recipes import load_recipe
+    from hcqr_dspy.optimize.saved import save_program
     from hcqr_dspy.programs import CoT
 
     import uuid
@@ -172,7 +174,7 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
     params, artifacts and logged model must not hold the key."""
     import uuid
 
-    from hcqr_dspy.optimize import CompileSpec, run_compile
+    from hcqr_dspy.workflows.compile import CompileSpec, run_compile
 
     nonce = uuid.uuid4().hex
     rows = {f"{i:04d}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]}
@@ -194,8 +196,8 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
 def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     """`hcqr ask --program` and `hcqr eval --program` through the CLI, against the stub endpoint."""
     from hcqr_dspy.cli import main
-    from hcqr_dspy.optimize import load_recipe
-    from hcqr_dspy.program_io import save_program
+    from hcqr_dspy.optimize.recipes import load_recipe
+    from hcqr_dspy.optimize.saved import save_program
     from hcqr_dspy.programs import CoT
 
     import uuid

@@ -12,25 +12,19 @@ from pydantic import ValidationError
 
 from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.errors import LMUnavailableError
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.optimize import (
-    CompileSpec,
-    RecipeError,
-    build_optimizer,
-    optimizer_scores,
-    compile_program,
-    diagnose,
-    load_recipe,
-    make_metric,
-    run_compile,
-    split_train,
-)
-from hcqr_dspy.program_io import ProgramFormatError, load_program, save_program
+from hcqr_dspy.errors import ProgramFormatError, RecipeError
+from hcqr_dspy.optimize.compile import build_optimizer, compile_program, optimizer_scores, split_train
+from hcqr_dspy.optimize.feedback import diagnose, make_metric
+from hcqr_dspy.optimize.recipes import load_recipe
+from hcqr_dspy.optimize.saved import load_program, save_program
+from hcqr_dspy.workflows.compile import CompileSpec, run_compile
 from hcqr_dspy.programs import HCQR, CoT
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
-from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
 
 RECIPES = Path(__file__).resolve().parents[1] / "optimizers"
 OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease"}

@@ -18,8 +18,10 @@ import pytest
 
 from hcqr_dspy.errors import BackendUnavailableError
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.run import EvalSpec, run_evaluation
-from hcqr_dspy.run_folder import LMUnavailableError, RunFolder
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
+from hcqr_dspy.errors import LMUnavailableError
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from stub_server import Stub
 
 SAVED_AND_RESUME = r"; (\d+)/6 questions are saved in \S+predictions\.jsonl; run the same command again to resume$"

@@ -24,8 +24,8 @@ SOURCES = ["hcqr_dspy", "data", "optimizers", "experiments", "pyproject.toml", "
 PROBE = """
 import json, hcqr_dspy
 from hcqr_dspy.data import load_questions
-from hcqr_dspy.experiment import load_experiment
-from hcqr_dspy.optimize import load_recipe
+from hcqr_dspy.workflows.experiment_file import load_experiment
+from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.retrieval import load_corpus
 demo = shipped_dir("demo")

@@ -9,13 +9,14 @@ import pytest
 
 from helpers import TINY_ROWS, snippet, write_jsonl
 from hcqr_dspy.cli import main
-from hcqr_dspy.data import DataError, load_questions
+from hcqr_dspy.data import load_questions
+from hcqr_dspy.errors import DataError
 from stub_server import OPTIONS, SECRET, Stub
 
 
 @pytest.fixture
 def world(tmp_path, monkeypatch, capsys):
-    from hcqr_dspy.program_io import save_program
+    from hcqr_dspy.optimize.saved import save_program
     from hcqr_dspy.programs import HCQR
     from hcqr_dspy.retrieval import load_index
 

@@ -5,12 +5,14 @@ from importlib import metadata
 
 import pytest
 
-from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.errors import LMUnavailableError
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.provenance import cpu_model
+from hcqr_dspy.evaluation.provenance import cpu_model
 from hcqr_dspy.reporting import compare
-from hcqr_dspy.run import EvalSpec, run_evaluation
-from hcqr_dspy.run_folder import SESSIONS, RunError, RunFolder
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
+from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.run_folder import SESSIONS, RunFolder
 from stub_server import Stub
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from helpers import TINY_ROWS, alive, children, free_port, snippet, wait_until_serving, write_jsonl
 from hcqr_dspy.cli import main
-from hcqr_dspy.serving import SERVE_TIMEOUT_S
+from hcqr_dspy.tracking.serving import SERVE_TIMEOUT_S
 from stub_server import OPTIONS, SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]

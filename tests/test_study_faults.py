@@ -16,7 +16,8 @@ import pytest
 
 from helpers import TINY_ROWS, snippet, write_jsonl
 from hcqr_dspy.cli import main
-from hcqr_dspy.run_folder import METRICS, PREDICTIONS, WRITER_LOCK, RunFolder
+from hcqr_dspy.evaluation.lock import WRITER_LOCK
+from hcqr_dspy.evaluation.run_folder import METRICS, PREDICTIONS, RunFolder
 from stub_server import SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ def test_a_live_writer_refuses_judge_and_compile_on_its_folder(bench, capsys):
     assert code == 0, err
     prog = bench / "prog"
     prog.mkdir()
-    holder_code = ("import sys, time; from hcqr_dspy.run_folder import WriterLock; "
+    holder_code = ("import sys, time; from hcqr_dspy.evaluation.lock import WriterLock; "
                    "a = WriterLock(sys.argv[1], 'eval').acquire(); "
                    "b = WriterLock(sys.argv[2], 'compile', lock_file=sys.argv[3]).acquire(); "
                    "print('held', flush=True); time.sleep(60)")

@@ -12,7 +12,8 @@ import pytest
 from dspy.utils import DummyLM
 
 from hcqr_dspy.retrieval import BM25Retriever
-from hcqr_dspy.run import EvalSpec, run_evaluation
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
 
 HYPOTHESIS = {"discriminating_features": "yellow vision", "reasoning": "glycoside", "working_hypothesis": "A",
               "confirming_evidence": "hypokalemia worsens it"}
@@ -143,7 +144,7 @@ def judge_lm(label="USEFUL"):
 
 
 def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(tracked_run):
-    from hcqr_dspy.dur import judge_and_track
+    from hcqr_dspy.workflows.judge import judge_and_track
 
     run_id = tracked_run["run_id"]
     metrics = judge_and_track(tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(),
@@ -178,7 +179,7 @@ def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(t
 
 
 def test_the_dur_judge_is_an_mlflow_scorer(tracked_run):
-    from hcqr_dspy.scorers import dur_scorer
+    from hcqr_dspy.tracking.scorers import dur_scorer
 
     traces = traces_of(tracked_run["run_id"])
     with mlflow.start_run(run_name="dur scorer") as run:

@@ -7,10 +7,11 @@ import mlflow
 import pytest
 from dspy.utils import DummyLM
 
-from hcqr_dspy.evaluate import LMUnavailableError
+from hcqr_dspy.errors import LMUnavailableError
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.run import EvalSpec, run_evaluation
-from hcqr_dspy.tracking import flatten
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.specs import EvalSpec
+from hcqr_dspy.tracking.runs import flatten
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from helpers import alive, children
-from hcqr_dspy import tracking
+from hcqr_dspy.tracking import ui as tracking
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.signatures import AnswerQuestionNoContext
+from hcqr_dspy.programs.signatures import AnswerQuestionNoContext
 
 
 class CoT(MCQProgram):
     """Chain-of-thought answering without retrieval.
 
-    Example:
+    Examples:
         >>> CoT()(question="...", options={"A": "...", "B": "..."}).answer
     """
 

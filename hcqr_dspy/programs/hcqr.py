@@ -6,7 +6,7 @@
                     -> fuse(budget=15, score sum)              -> context
 (question, options, context) -> AnswerQuestion -> answer letter
 
-Defaults follow the HCQR reference setup (../shared/DESIGN.md): 5 passages per
+Defaults follow the HCQR reference setup: 5 passages per
 query, budget 15, duplicates' scores summed. The hypothesis is never shown to
 the answer step, so the answer may overturn it. If fewer than two of the
 rewritten queries are usable, all three are built from the hypothesis fields
@@ -30,10 +30,10 @@ Ablations are options of :class:`HCQR`, not copies: ``roles`` keeps a subset
 of the three queries (the rewrite step is unchanged and still writes all
 three, so the only difference from full HCQR is which queries reach the
 retriever), and ``show_hypothesis`` shows the hypothesis to the answer step
-(:class:`~hcqr_dspy.signatures.AnswerQuestionWithHypothesis`), the anchoring
+(:class:`~hcqr_dspy.programs.signatures.AnswerQuestionWithHypothesis`), the anchoring
 control. The registered variants ``hcqr_no_support``,
 ``hcqr_no_distinction``, ``hcqr_no_key_features`` and
-``hcqr_show_hypothesis`` fix those options (:func:`~hcqr_dspy.programs.base.variant`).
+``hcqr_show_hypothesis`` fix those options (:func:`~hcqr_dspy.programs.variants.variant`).
 
 Note: retrieval here sees the options (through the hypothesis), which breaks
 MIRAGE's rule that retrieval must not see them; this is HCQR's design.
@@ -47,25 +47,18 @@ from typing import Any, Sequence
 import dspy
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.programs.base import (
-    BAD_REPLY_ERRORS,
-    MCQProgram,
-    bad_reply,
-    clean_query,
-    dedupe,
-    is_content_free,
-    key_terms,
-    stage,
-    variant,
-)
-from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage
-from hcqr_dspy.signatures import (
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.queries import clean_query, dedupe, is_content_free, key_terms
+from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
+from hcqr_dspy.programs.signatures import (
     HYPOTHESIS_STYLES,
     AnswerQuestion,
     AnswerQuestionWithHypothesis,
     RewriteQueries,
     restrict_letters,
 )
+from hcqr_dspy.programs.variants import variant
+from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage
 
 QUERY_ROLES = ("support", "distinction", "key_features")
 
@@ -76,10 +69,10 @@ def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], ques
 
     The hypothesised option's text names what to search for; when it carries
     no content (``"yes"``, ``"no"``, ``"maybe"``, a list of letters:
-    :func:`~hcqr_dspy.programs.base.is_content_free`), the question's key terms
-    (:func:`~hcqr_dspy.programs.base.key_terms`) stand in for it; content-free
+    :func:`~hcqr_dspy.programs.queries.is_content_free`), the question's key terms
+    (:func:`~hcqr_dspy.programs.queries.key_terms`) stand in for it; content-free
     features or evidence (a letter list, a bare "yes") are left out. A role whose
-    built text is unusable (:func:`~hcqr_dspy.programs.base.clean_query`) falls
+    built text is unusable (:func:`~hcqr_dspy.programs.queries.clean_query`) falls
     back to the subject, then to the question's key terms.
     """
     guess = options.get(hypothesis.get("working_hypothesis") or "", "")
@@ -163,7 +156,7 @@ class HCQR(MCQProgram):
             no-anchoring rule; ``True`` is the anchoring ablation.
         max_context_tokens: Token budget of the answer step's context.
 
-    Example:
+    Examples:
         >>> program = HCQR(load_index("indexes/demo"))
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.answer, pred.hypothesis["working_hypothesis"], pred.queries
@@ -262,7 +255,7 @@ class HCQR(MCQProgram):
                           names: list[str]) -> tuple[list[FusedPassage], dict[str, int] | None]:
         """Search the queries (``k_per_query`` hits each, one batched call) and fuse them into ``budget`` passages.
 
-        Queries that repeat another (ignoring case, as :func:`~hcqr_dspy.programs.base.dedupe`) are
+        Queries that repeat another (ignoring case, as :func:`~hcqr_dspy.programs.queries.dedupe`) are
         searched once, and deeper: each of the ``m`` distinct queries asks for ``ceil(k_per_query x n / m)``
         hits (``n`` queries; 15 for one distinct query of HCQR's three), so the context is topped up to
         ``target = min(budget, k_per_query x n)`` passages, what ``n`` distinct queries would have
@@ -334,7 +327,7 @@ def _as_roles(passage: FusedPassage, positions: list[list[int]]) -> FusedPassage
 
 
 def check_style(style: str) -> str:
-    """A known hypothesis style (:data:`~hcqr_dspy.signatures.HYPOTHESIS_STYLES`).
+    """A known hypothesis style (:data:`~hcqr_dspy.programs.signatures.HYPOTHESIS_STYLES`).
 
     Raises:
         ValueError: another style (the known ones are named).
@@ -348,7 +341,7 @@ class WorkingHypothesis(MCQProgram):
     """HCQR's working hypothesis alone, as the answer: no retrieval, no rewrite (``hcqr_hypothesis``).
 
     It measures the hypothesis step on its own terms, e.g. against CoT with the
-    same paired test (issue: is the hypothesis weaker than plain chain of
+    same paired test (is the hypothesis weaker than plain chain of
     thought?). It sends exactly the prompt HCQR's hypothesis step sends
     (:func:`form_hypothesis`), so DSPy's cache shares the replies both ways.
     A reply that cannot be parsed makes the question invalid (stage ``hypothesis``).

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import dspy
 
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.signatures import AnswerQuestion, WriteHypotheticalPassage
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.signatures import AnswerQuestion, WriteHypotheticalPassage
 
 
 class HyDE(MCQProgram):
@@ -37,7 +38,7 @@ class HyDE(MCQProgram):
             (15, as Simple RAG and HCQR).
         max_context_tokens: Token budget of the answer step's context.
 
-    Example:
+    Examples:
         >>> program = HyDE(load_index("indexes/demo"))
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.hypothetical_passage, pred.queries == [pred.hypothetical_passage], pred.answer

@@ -52,8 +52,9 @@ import numpy as np
 from scipy.special import logsumexp
 
 from hcqr_dspy.errors import LMCapabilityError
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.signatures import AnswerQuestion, JudgeDocumentSupport
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.signatures import AnswerQuestion, JudgeDocumentSupport
 
 SCORING_MODES = ("auto", "logprob", "vote")
 SCORE_TOLERANCE = 1e-9
@@ -136,7 +137,7 @@ class MainRAG(MCQProgram):
     Raises:
         ValueError: ``pool_k < 1``, an unknown ``scoring``.
 
-    Example:
+    Examples:
         >>> program = MainRAG(load_index("indexes/demo"), n_std=0.5)
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.judge_scoring, pred.judge_threshold, [p["judge_score"] for p in pred.passages]

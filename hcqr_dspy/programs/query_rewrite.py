@@ -16,7 +16,7 @@ passages = 15. Two registered methods, one class:
   hypothesis: the paper's control for "just exposing the options" (it breaks
   MIRAGE's rule, like HCQR).
 
-Queries are cleaned like HCQR's (:func:`~hcqr_dspy.programs.base.clean_query`:
+Queries are cleaned like HCQR's (:func:`~hcqr_dspy.programs.queries.clean_query`:
 labels, list markers and quotes stripped, at most 32 words, too-short and
 repeated ones dropped) and at most ``n_queries`` are kept. Each of the ``m``
 usable queries retrieves ``ceil(budget / m)`` passages, so the candidates
@@ -33,9 +33,12 @@ import math
 import dspy
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, clean_query, dedupe, stage, variant
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.queries import clean_query, dedupe
+from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.signatures import AnswerQuestion, RewriteQuestion, RewriteQuestionWithOptions, ask_for_count
+from hcqr_dspy.programs.variants import variant
 from hcqr_dspy.retrieval.fusion import STRATEGIES
-from hcqr_dspy.signatures import AnswerQuestion, RewriteQuestion, RewriteQuestionWithOptions, ask_for_count
 
 
 class QueryRewrite(MCQProgram):
@@ -51,7 +54,7 @@ class QueryRewrite(MCQProgram):
             (``query_rewrite_options``); never a hypothesis.
         max_context_tokens: Token budget of the answer step's context.
 
-    Example:
+    Examples:
         >>> program = QueryRewrite(load_index("indexes/demo"), show_options=True)
         >>> program.method
         'query_rewrite_options'

@@ -12,16 +12,15 @@ Two rerankers:
   package), loaded once at construction, or an already-built object with a
   ``predict(pairs) -> scores`` method; it scores the (question, passage text)
   pairs in one call;
-* otherwise the LM (:class:`~hcqr_dspy.signatures.RatePassageRelevance`): a
+* otherwise the LM (:class:`~hcqr_dspy.programs.signatures.RatePassageRelevance`): a
   0-10 usefulness score per passage, narrowed to ``Literal[0..10]``; a reply
   that cannot be parsed or is out of range scores 0 and is counted in
   ``rerank_parse_failures``.
 
 Cost: the LM reranker makes ``pool_k`` LM calls per question (50 by default),
-each a prompt of the question plus one passage (about 400-700 tokens). With the
-1.5B local model on 2 CPU cores (about 90 prompt tok/s) that is roughly 5-8 s
-a call, several minutes per question, against about 50 s for Simple RAG:
-lower ``pool_k`` (e.g. 20) or use a cross-encoder for large runs.
+each a prompt of the question plus one passage (about 400-700 tokens), on top of
+the one answer call Simple RAG makes: lower ``pool_k`` (e.g. 20) or use a
+cross-encoder for large runs.
 
 Ties keep retrieval order (a stable sort on the rerank score). Neither the
 retriever nor the reranker sees the options (MIRAGE's rule holds).
@@ -34,8 +33,9 @@ from typing import Any, Protocol, Sequence
 import dspy
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.programs.base import BAD_REPLY_ERRORS, MCQProgram, stage
-from hcqr_dspy.signatures import AnswerQuestion, RatePassageRelevance, restrict_range
+from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.signatures import AnswerQuestion, RatePassageRelevance, restrict_range
 
 RELEVANCE_RANGE = (0, 10)
 
@@ -86,7 +86,7 @@ class RerankRAG(MCQProgram):
             here. An object with ``predict(pairs) -> scores``: used as is.
         max_context_tokens: Token budget of the answer step's context.
 
-    Example:
+    Examples:
         >>> program = RerankRAG(load_index("indexes/demo"), pool_k=20)   # LM reranker
         >>> program = RerankRAG(retriever, cross_encoder="cross-encoder/ms-marco-MiniLM-L-6-v2")
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})

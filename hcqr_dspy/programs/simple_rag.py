@@ -5,7 +5,7 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.signatures import AnswerQuestion
+from hcqr_dspy.programs.signatures import AnswerQuestion
 
 
 class SimpleRAG(MCQProgram):

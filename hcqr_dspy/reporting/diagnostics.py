@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hcqr_dspy.dur import control_flags
-from hcqr_dspy.metrics import fallback_summary
+from hcqr_dspy.judge.controls import control_flags
+from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.reporting.runs import Run, judged_ids
 from hcqr_dspy.reporting.tables import dur_cell
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evidence import load_qrels, paired_evidence_tests, qrels_metrics
+from hcqr_dspy.evaluation.evidence import load_qrels, paired_evidence_tests, qrels_metrics
 from hcqr_dspy.reporting.runs import Run
 
 

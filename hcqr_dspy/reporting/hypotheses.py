@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hcqr_dspy.metrics import hypothesis_changes
+from hcqr_dspy.evaluation.metrics import hypothesis_changes
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import mcnemar_exact
 

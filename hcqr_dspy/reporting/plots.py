@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from hcqr_dspy.dur import CONTROL_LIMITS
-from hcqr_dspy.metrics import hypothesis_changes
+from hcqr_dspy.judge.controls import CONTROL_LIMITS
+from hcqr_dspy.evaluation.metrics import hypothesis_changes
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import wilson_interval
 

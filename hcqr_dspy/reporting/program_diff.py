@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.program_io import STATE_FILE, fresh_state
+from hcqr_dspy.optimize.saved import STATE_FILE, fresh_state
 from hcqr_dspy.reporting.runs import Run
 
 

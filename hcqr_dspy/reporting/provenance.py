@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hcqr_dspy.provenance import machine_key
+from hcqr_dspy.evaluation.provenance import machine_key
 from hcqr_dspy.reporting.runs import Run
 
 

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from hcqr_dspy.dur import CONTROL_LIMITS
+from hcqr_dspy.judge.controls import CONTROL_LIMITS
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evidence import qrels_beside
-from hcqr_dspy.metrics import fallback_summary
+from hcqr_dspy.evaluation.evidence import qrels_beside
+from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.reporting.diagnostics import dur_controls_table, dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
 from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
@@ -20,7 +20,8 @@ from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.runs import Run, load_run, restrict, unique_labels
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
-from hcqr_dspy.run_folder import CONFIG, check_same_questions
+from hcqr_dspy.evaluation.run_folder import CONFIG
+from hcqr_dspy.evaluation.same_questions import check_same_questions
 
 # The notes under the report's tables.
 MCNEMAR_NOTE = ("b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hcqr_dspy.dur import dur_metrics
+from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.metrics import summarize
-from hcqr_dspy.run_folder import DUR_METRICS, RunFolder
+from hcqr_dspy.evaluation.metrics import summarize
+from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
 
 # What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluate.prediction_row`).
 ROW_KEYS = ("prediction", "valid", "correct", "gold")

@@ -44,7 +44,8 @@ from typing import Any, ClassVar, NamedTuple, Sequence
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.retrieval.registry import get_retriever_class
-from hcqr_dspy.retrieval.store import PASSAGES_FILE, Passage, PassageStore
+from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.store_format import PASSAGES_FILE, Passage
 
 MANIFEST = "manifest.json"
 INDEX_FORMAT = "hcqr-index"

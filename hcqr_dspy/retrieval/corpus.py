@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from hcqr_dspy.errors import CorpusError
-from hcqr_dspy.retrieval.store import DUPLICATE_POLICIES, Passage, PassageStore
+from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.store_format import DUPLICATE_POLICIES, Passage
 
 __all__ = ["Corpus", "Passage", "load_corpus", "DUPLICATE_POLICIES"]
 

@@ -22,7 +22,8 @@ from typing import Any, Mapping
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
-from hcqr_dspy.retrieval.encoder import Encoder, EncoderSpec, load_encoder, parse_encoder
+from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
+from hcqr_dspy.retrieval.encoder_spec import EncoderSpec, parse_encoder
 from hcqr_dspy.retrieval.registry import get_backend_class, register
 from hcqr_dspy.retrieval.store import PassageStore
 from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options

@@ -16,7 +16,7 @@ from hcqr_dspy.programs import (
     SimpleRAG,
     make_program,
 )
-from hcqr_dspy.programs.hcqr import clean_query
+from hcqr_dspy.programs.queries import clean_query
 
 # Marker strings that appear only in the hypothesis; they must never reach the answer prompt.
 HYPOTHESIS = {
@@ -166,7 +166,7 @@ OTHER_ROWS = [
 
 
 def test_saved_program_holds_no_corpus_and_runs_against_another_retriever(tmp_path, tiny_corpus):
-    from hcqr_dspy.program_io import load_program, save_program
+    from hcqr_dspy.optimize.saved import load_program, save_program
     from hcqr_dspy.retrieval import Corpus, Passage
 
     first = SpyRetriever(tiny_corpus)
@@ -241,7 +241,7 @@ def test_clean_query(raw, expected):
 
 def test_every_prompt_example_query_is_in_a_prompt():
     """clean_query refuses copies of the prompts' example queries: the list must follow the prompts."""
-    from hcqr_dspy.signatures import PROMPT_EXAMPLE_QUERIES, RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions
+    from hcqr_dspy.programs.signatures import PROMPT_EXAMPLE_QUERIES, RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions
 
     prompts = " ".join(s.instructions for s in (RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions))
     assert all(f'"{q}"' in prompts for q in PROMPT_EXAMPLE_QUERIES)

@@ -4,8 +4,8 @@ import dspy
 from dspy.utils import DummyLM
 from programs.program_helpers import ANSWER, PoolRetriever, SpyRetriever, run
 
-from hcqr_dspy.evaluate import prediction_row
-from hcqr_dspy.metrics import summarize
+from hcqr_dspy.evaluation.rows import prediction_row
+from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.programs import HCQR
 from hcqr_dspy.retrieval import Corpus, Passage
 

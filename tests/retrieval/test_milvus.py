@@ -413,7 +413,8 @@ def test_server_token_is_never_written(tmp_path, tiny_corpus_file, milvus_server
     from test_faults import OPTIONS, Stub
 
     from hcqr_dspy.cli import main
-    from hcqr_dspy.run import EvalSpec, run_evaluation
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
 
     user, password = f"u{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
     from pymilvus import MilvusClient

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from hcqr_dspy.errors import HCQRError, RetrievalIndexError
+from hcqr_dspy.errors import HCQRError, QueryRuntimeError, RetrievalIndexError
 from hcqr_dspy.retrieval import DenseRetriever, load_encoder, load_index, parse_encoder, read_manifest
-from hcqr_dspy.retrieval.query_runtime import ONNX_FILE, RUNTIMES, QueryRuntimeError
+from hcqr_dspy.retrieval.query_export import ONNX_FILE
+from hcqr_dspy.retrieval.query_runtime import RUNTIMES
 
 pytest.importorskip("onnxruntime", reason="the onnx runtimes need onnxruntime (pip install 'hcqr-dspy[onnx]')")
 pytest.importorskip("onnx", reason="the onnx export needs onnx (pip install 'hcqr-dspy[onnx]')")
@@ -73,7 +74,8 @@ def _bf16_cpu() -> bool:
 
 def test_openvino_compiles_one_shape_per_sequence_bucket(tiny_model):
     pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
-    from hcqr_dspy.retrieval.query_runtime import MAX_COMPILED_SHAPES, preprocess_queries, sequence_bucket
+    from hcqr_dspy.retrieval.query_export import preprocess_queries
+    from hcqr_dspy.retrieval.query_runtime import MAX_COMPILED_SHAPES, sequence_bucket
 
     encoder = load_encoder(parse_encoder(tiny_model).with_runtime("openvino"))
     shapes = encoder.runtime._openvino.requests
@@ -102,7 +104,8 @@ def test_sequence_buckets_grow_with_the_query_and_stop_at_the_models_limit():
 
 def test_a_damaged_export_cache_is_one_line_naming_the_folder(tiny_model, tmp_path):
     pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
-    from hcqr_dspy.retrieval.query_runtime import OPENVINO_XML, load_query_runtime
+    from hcqr_dspy.retrieval.query_export import OPENVINO_XML
+    from hcqr_dspy.retrieval.query_runtime import load_query_runtime
 
     model = load_encoder(tiny_model).model
     side = parse_encoder(tiny_model).query.describe()

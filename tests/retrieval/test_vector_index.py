@@ -153,8 +153,9 @@ def test_cli_index_faiss_and_search_ef_search(medcpt_spec, synthetic_corpus_file
 
 
 def test_eval_and_experiments_apply_and_record_search_options(medcpt_spec, synthetic_corpus_file, tmp_path):
-    from hcqr_dspy.experiment import ExperimentError, load_experiment
-    from hcqr_dspy.run import EvalSpec, resolve
+    from hcqr_dspy.errors import ExperimentError
+    from hcqr_dspy.workflows.experiment_file import load_experiment
+    from hcqr_dspy.workflows.specs import EvalSpec, resolve
 
     index = build_retriever(load_corpus(synthetic_corpus_file), "dense", encoder=medcpt_spec, faiss="IVF4,Flat",
                             embeddings_dir=tmp_path / "e", show_progress=False).save(tmp_path / "idx")

@@ -20,7 +20,8 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever, library_versions
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
-from hcqr_dspy.retrieval.encoder import Encoder, load_encoder, parse_encoder
+from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
+from hcqr_dspy.retrieval.encoder_spec import parse_encoder
 from hcqr_dspy.retrieval.milvus.collection import MilvusCollection
 from hcqr_dspy.retrieval.milvus.identity import collection_identity
 from hcqr_dspy.retrieval.milvus.settings import MilvusSettings

@@ -1,0 +1,67 @@
+"""The ``hcqr`` command line: the parser of every subcommand, and :func:`main`.
+
+Every subcommand prints a one-line ``hcqr: error: ...`` message and exits with
+code 2 on bad input (:class:`hcqr_dspy.errors.HCQRError`), never a traceback.
+Each subcommand is one module of :mod:`hcqr_dspy.cli` (its parser and ``cmd_<name>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from hcqr_dspy import __version__
+from hcqr_dspy.cli import ask, compare, demo, evaluate, experiment, index, judge, ui
+from hcqr_dspy.cli import compile as compile_command
+from hcqr_dspy.cli.common import HelpFormatter
+from hcqr_dspy.errors import HCQRError
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def _versions() -> str:
+    """``hcqr-dspy X (dspy Y, mlflow Z, python W)``, read from installed package metadata (no import)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "missing"
+
+    return (f"hcqr-dspy {__version__} (dspy {version('dspy')}, mlflow {version('mlflow')}, "
+            f"python {sys.version.split()[0]})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hcqr`` parser: every subcommand, in the order ``hcqr --help`` lists them."""
+    parser = argparse.ArgumentParser(
+        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_versions())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+
+    # in the order `hcqr --help` lists them
+    for module in (index, evaluate, ask, demo, judge, compare, experiment, compile_command, ui):
+        module.add_parsers(command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``hcqr`` command; its exit code (2 and one ``hcqr: error:`` line on bad input, 130 on Ctrl-C)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except HCQRError as exc:
+        print(f"hcqr: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hcqr: interrupted", file=sys.stderr)
+        return 130

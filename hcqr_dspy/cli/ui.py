@@ -1,0 +1,34 @@
+"""``hcqr ui``: the MLflow UI for the tracking store (127.0.0.1 by default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from hcqr_dspy.cli.common import _positive_int
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.tracking.experiment_page import key_metrics_url
+from hcqr_dspy.tracking.store import configure, store_dir
+from hcqr_dspy.tracking.ui import check_port, serve_ui
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    folder = store_dir(args.mlflow_dir)
+    if not (folder / "mlflow.db").exists():
+        raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
+    check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
+    experiment_id = configure(args.mlflow_dir)
+    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
+          f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}", file=sys.stderr)
+    return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
+
+
+def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add ``ui`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
+    p = command("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_positive_int, default=5000, help="port to serve on")
+    p.add_argument("--workers", type=_positive_int, default=1, help="MLflow server worker processes")
+    p.set_defaults(func=cmd_ui)

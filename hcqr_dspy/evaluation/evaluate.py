@@ -1,0 +1,162 @@
+"""Run a program over questions: parallel where the LM allows, one JSONL row per
+question written as it finishes, resumable (records:
+:class:`hcqr_dspy.evaluation.run_folder.RunFolder`).
+
+Only a bad LM reply makes a question *invalid*: unparseable output, a letter
+outside the options, a prompt over the model's window. Programs turn those into
+rows themselves (``valid=False``, ``error`` naming the stage). Anything else a
+program raises is a bug: the run stops at that question with one line naming
+it and the exception, the traceback goes to ``tracebacks/<qid>.txt`` in the run
+folder, nothing is saved for that question, and the same command resumes once
+the bug is fixed. When the LM stays unreachable after DSPy's retries, the run
+stops cleanly too (:class:`~hcqr_dspy.errors.LMUnavailableError`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import dspy
+from dspy.utils.exceptions import (
+    LMAuthError,
+    LMBillingError,
+    LMConfigurationError,
+    LMRateLimitError,
+    LMServerError,
+    LMTimeoutError,
+    LMTransportError,
+    LMUnsupportedModelError,
+)
+
+from hcqr_dspy import tracing
+from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError, LMReplyFormatError, ProgramError
+from hcqr_dspy.evaluation.evidence import question_evidence
+from hcqr_dspy.evaluation.loop import run_resumable
+from hcqr_dspy.evaluation.outages import lm_failure
+from hcqr_dspy.evaluation.rows import prediction_row
+from hcqr_dspy.evaluation.run_folder import METRICS, RunFolder
+from hcqr_dspy.lm import call_retrying_bad_replies
+from hcqr_dspy.programs.context import shown_documents
+
+# Errors that mean "the LM is not answering or cannot be used" (after DSPy's
+# own retries with backoff, or ours for replies that are not the API's format,
+# hcqr_dspy.lm.replies): the run stops rather than marking every later
+# question invalid, and those questions are redone on resume.
+LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    LMConfigurationError,
+    LMTransportError,
+    LMTimeoutError,
+    LMServerError,
+    LMRateLimitError,
+    LMAuthError,
+    LMBillingError,
+    LMUnsupportedModelError,
+    ConnectionError,
+    LMCapabilityError,
+    LMReplyFormatError,
+)
+
+
+
+def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramError:
+    """The one-line stop of a run whose program raised ``exc`` on question ``qid`` (traceback saved)."""
+    tb = folder.save_traceback(qid, exc)
+    where = f"traceback in {tb}" if tb else "its traceback could not be written"
+    return ProgramError(
+        f"question {qid!r} raised {lm_failure(exc)} ({where}); this is a bug, not a bad LM reply, so nothing was "
+        "saved for it and the run stopped; fix it and run the same command again to resume",
+        qid, tb,
+    )
+
+
+@dataclass
+class EvalResult:
+    """Outcome of :func:`evaluate`: all rows (old and new), metrics, and how many were run now."""
+
+    rows: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    resumed: int
+    ran: int
+
+
+def evaluate(
+    program: dspy.Module,
+    examples: Sequence[dspy.Example],
+    folder: RunFolder,
+    method: str,
+    num_threads: int = 1,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    trace_tags: dict[str, str] | None = None,
+) -> EvalResult:
+    """Run ``program`` over ``examples``, writing ``predictions.jsonl`` as it goes.
+
+    Args:
+        program: A method's module (``forward(question, options)``).
+        examples: Questions (``dspy.Example`` with ``qid``).
+        folder: Run folder made by :meth:`RunFolder.create`.
+        method: Method name written in each row.
+        num_threads: Questions in flight at once (DSPy's ``ParallelExecutor``);
+            local llama.cpp models serialize calls, so 1 suits them.
+        progress: Show a progress bar.
+        on_row: Called with each new row after it is written.
+        trace_tags: Record each question as an MLflow trace (:func:`hcqr_dspy.tracing.question`) with
+            these tags plus ``qid``; the row keeps the trace's id as ``trace_id``. ``None``: no traces.
+
+    Returns:
+        :class:`EvalResult` over every question of ``examples``.
+
+    Raises:
+        LMUnavailableError: the LM stopped answering; finished rows are kept.
+        ProgramError: the program raised something other than a bad LM reply (a bug).
+        RunError: a row could not be written (disk full ...); finished rows are kept.
+    """
+    retriever = getattr(program, "retriever", None)
+
+    def answer(example: dspy.Example) -> dict[str, Any]:
+        def attempt() -> tuple[dspy.Prediction, float]:
+            t0 = time.perf_counter()
+            return program(question=example.question, options=example.options), time.perf_counter() - t0
+
+        # a reply that is not the API's format (a gateway's HTML page, a cut JSON body) is retried with back-off
+        # like a refused connection; ``seconds`` is the answering try's
+        pred, seconds = call_retrying_bad_replies(attempt)
+        row = prediction_row(example, pred, method, seconds)
+        if retriever is not None and row["passages"] and example.answer is not None:
+            shown = shown_documents(retriever, row["passages"])
+            row["evidence"] = question_evidence(example.options, example.answer, shown)
+        return row
+
+    def work(example: dspy.Example) -> dict[str, Any]:
+        if trace_tags is None:
+            return answer(example)
+        with tracing.question(method, example.question, example.options, {**trace_tags, "qid": example.qid}) as trace:
+            row = answer(example)
+            trace.finish(row)
+        return row
+
+    def saved(row: dict[str, Any]) -> None:
+        folder.clear_traceback(row["qid"])  # a question that failed in an earlier session and succeeded now
+        if on_row:
+            on_row(row)
+
+    try:
+        rows, resumed, ran = run_resumable(
+            folder.predictions, examples, lambda e: e.qid, work, LM_UNAVAILABLE, num_threads, progress, saved,
+            on_error=lambda e, exc: program_error(folder, e.qid, exc),
+        )
+    except HCQRError:
+        keep = {e.qid for e in examples}
+        try:  # the summary of what is saved; on a full disk the old metrics.json stays whole and the stop says why
+            folder.write_metrics([r for r in folder.rows() if r["qid"] in keep])
+        except (OSError, HCQRError):
+            pass
+        raise
+    try:
+        metrics = folder.write_metrics(rows)
+    except DiskFullError as exc:
+        raise DiskFullError(f"{exc} ({len(rows)}/{len(examples)} questions are saved in {folder.predictions.path}; "
+                            f"{METRICS} was not updated)") from None
+    return EvalResult(rows=rows, metrics=metrics, resumed=resumed, ran=ran)

@@ -1,0 +1,29 @@
+"""What identifies a question set (:func:`question_fingerprint`): recorded in a run's ``config.json`` so that runs
+over the same questions can be recognised, and a resumed or reloaded run checked against its questions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Sequence
+
+
+def question_fingerprint(examples: Sequence[Any]) -> dict[str, Any]:
+    """What identifies a question set: its ids and its content.
+
+    Returns:
+        ``count``; ``ids_sha256`` (SHA-256 of the ids, one per line, in order);
+        ``content_sha256`` (SHA-256 of each question's id, text, options and
+        answer as canonical JSON, one per line, in order): two runs over files
+        that reuse ids for other questions differ here.
+    """
+    ids = [str(e.qid) for e in examples]
+    content = "\n".join(
+        json.dumps([str(e.qid), e.question, dict(e.options), e.answer], sort_keys=True, ensure_ascii=False)
+        for e in examples
+    )
+    return {
+        "count": len(ids),
+        "ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+        "content_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
+    }

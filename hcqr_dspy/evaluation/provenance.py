@@ -1,0 +1,120 @@
+"""Where a run's records were made: the machine, library versions and LM engine of each session.
+
+A run folder is written by one or more sessions (``hcqr eval`` started,
+stopped, resumed later, possibly on another machine; ``hcqr judge`` likewise).
+At temperature 0 an LM need not give the same reply on another machine or
+build, so rows from different sessions are not guaranteed to be what one
+session would have written. Each session therefore appends one record to the
+folder's ``sessions.jsonl`` (:meth:`hcqr_dspy.evaluation.run_folder.RunFolder.record_session`)
+and ``hcqr compare`` says from how many machines a run's rows came.
+
+Nothing here changes a run's configuration (``config.json``): a run may be
+resumed on another machine, and that is recorded, not refused.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+from hcqr_dspy.lm import LlamaCppEngine
+
+# Distributions whose versions can change a run's replies or retrieval (names as pip knows them).
+PACKAGES = ("hcqr-dspy", "dspy", "litellm", "llama_cpp_python", "torch", "sentence-transformers", "transformers",
+            "faiss-cpu", "bm25s", "pymilvus", "numpy")
+# The fields of a session record in ``sessions.jsonl`` (:func:`session_record` and its place in the folder) and
+# their JSON types.
+SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "session": int, "command": str, "started": str, "machine": dict, "packages": dict,
+    "engine": (dict, type(None)), "predictions_before": int, "judgments_before": int,
+}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`); ``"unknown"`` if neither
+    says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (:func:`importlib.metadata.version`); ``None`` if not installed."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def engine_record(lm: Any) -> dict[str, Any] | None:
+    """The in-process llama.cpp engine behind ``lm``: its threads and llama.cpp's ``llama_print_system_info``
+    (the CPU features the build uses); ``None`` for an LM served elsewhere (an API endpoint, DummyLM)."""
+    engine = getattr(lm, "engine", None)
+    if not isinstance(engine, LlamaCppEngine):
+        return None
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    return {
+        "n_threads": engine.n_threads,
+        "n_ctx": engine.n_ctx,
+        "system_info": (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip(" |"),
+    }
+
+
+def session_record(command: str, lm: Any = None) -> dict[str, Any]:
+    """One session's record (without its place in the folder, which the folder adds).
+
+    Args:
+        command: What wrote the records (``"eval"``, ``"judge"``).
+        lm: The session's ``dspy.LM`` (its llama.cpp engine, if any, is described).
+
+    Returns:
+        ``{"command", "started" (UTC, ISO 8601), "machine": {"cpu", "cores", "arch", "os", "python"},
+        "packages": {name: version}, "engine": {...} or None}``.
+    """
+    return {
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "arch": platform.machine(),
+            "os": platform.platform(),
+            "python": sys.version.split()[0],
+        },
+        "packages": package_versions(),
+        "engine": engine_record(lm),
+    }
+
+
+def malformed_fields(record: dict[str, Any]) -> list[str]:
+    """The fields of :data:`SESSION_FIELDS` that a session record lacks or holds with another JSON type."""
+    return [name for name, kinds in SESSION_FIELDS.items() if not isinstance(record.get(name), kinds)
+            or isinstance(record.get(name), bool)]
+
+
+def machine_key(record: dict[str, Any]) -> str:
+    """What tells two sessions' machines apart for a report: CPU model and cores, the llama.cpp build's CPU
+    features and threads, and the versions of the LM stack (``dspy``, ``litellm``, ``llama_cpp_python``)."""
+    machine = record.get("machine") or {}
+    engine = record.get("engine") or {}
+    packages = record.get("packages") or {}
+    parts = [f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores)"]
+    if engine:
+        parts.append(f"llama.cpp {packages.get('llama_cpp_python', '?')}, {engine.get('n_threads', '?')} threads, "
+                     f"[{engine.get('system_info', '?')}]")
+    parts.append(f"dspy {packages.get('dspy', '?')}, litellm {packages.get('litellm', '?')}")
+    return "; ".join(parts)

@@ -1,0 +1,397 @@
+"""A run folder: every record of one evaluation, and the only code that reads or writes them.
+
+Layout (one folder per evaluation)::
+
+    config.json         the resolved configuration (method, program options, dataset and question
+                        fingerprints, index, LM); written once, after every input was checked
+    predictions.jsonl   one row per finished question, appended as it finishes (whole lines only)
+    metrics.json        summary of the rows (:func:`hcqr_dspy.evaluation.metrics.summarize`)
+    judgments.jsonl     DUR judge labels, one per judged question (``hcqr judge``)
+    sessions.jsonl      one record per ``hcqr eval`` / ``hcqr judge`` session that wrote here: machine,
+                        library versions, LM engine, and how many records existed before it
+                        (:mod:`hcqr_dspy.evaluation.provenance`)
+    dur.json            summary of the judgments (:func:`hcqr_dspy.judge.metrics.dur_metrics`)
+    tracebacks/<qid>.txt
+                        the traceback of a question whose program raised an error that is not a
+                        bad LM reply (the run stopped there; nothing was saved for that question)
+    .writer.lock        held while a process writes the folder (:class:`~hcqr_dspy.evaluation.lock.WriterLock`)
+
+:class:`RunFolder` creates, reopens (resume) and reads these, and appends records; the evaluation, the
+judge, the reports, tracking and the CLI go through it. Each ``.jsonl`` file is a
+:class:`~hcqr_dspy.evaluation.records.JsonlTable` (append-only, resumable: rows are keyed by ``qid``, a
+partial last line left by a killed writer is dropped and its item redone), filled by
+:func:`~hcqr_dspy.evaluation.loop.run_resumable`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import HCQRError, RunError
+from hcqr_dspy.evaluation.fingerprints import question_fingerprint
+from hcqr_dspy.evaluation.lock import WriterLock
+from hcqr_dspy.evaluation.metrics import summarize
+from hcqr_dspy.evaluation.provenance import malformed_fields, session_record
+from hcqr_dspy.evaluation.records import (
+    JsonlTable,
+    atomic_write_text,
+    read_json_object,
+    remove_empty_folders,
+    write_probe,
+)
+from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
+
+CONFIG = "config.json"
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+JUDGMENTS = "judgments.jsonl"
+DUR_METRICS = "dur.json"
+SESSIONS = "sessions.jsonl"
+# Keys of config.json that may change between a run and its resumption.
+MUTABLE_KEYS = ("mlflow_run_id",)
+
+
+class RunFolder:
+    """One evaluation's folder (see the module docstring for its files).
+
+    Use :meth:`create` to start or resume a run with a configuration, and
+    :meth:`open` to read a finished or partial one.
+
+    Example:
+        >>> folder = RunFolder.open("runs/medqa/hcqr-local-n100-s0-1a2b3c4d")
+        >>> folder.method, folder.dataset_name, len(folder.rows())
+        ('hcqr', 'medqa', 100)
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.predictions = JsonlTable(self.path / PREDICTIONS, "question")
+        self.judgments_table = JsonlTable(self.path / JUDGMENTS, "judgment")
+        self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
+        self.writer: WriterLock | None = None
+        self._made: list[Path] = []  # folders claim() created, removed by release() until start()
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # -- creating and opening -------------------------------------------------
+    @classmethod
+    def create(cls, path: str | Path, config: dict[str, Any], command: str = "eval") -> "RunFolder":
+        """:meth:`claim` the folder for ``command`` and :meth:`start` it with ``config`` (released again if that
+        fails); hold it until :meth:`release`.
+
+        Raises:
+            RunError: see :meth:`claim` and :meth:`start`.
+        """
+        folder = cls.claim(path, command)
+        try:
+            folder.start(config)
+        except BaseException:
+            folder.release()
+            raise
+        return folder
+
+    @classmethod
+    def claim(cls, path: str | Path, command: str = "eval") -> "RunFolder":
+        """Become the folder's one writer before anything is written or any LM is asked: the folder is
+        created if needed and its :class:`WriterLock` taken for ``command``. Until :meth:`start`,
+        :meth:`release` removes again the folders this call created (a refused command leaves nothing).
+
+        Raises:
+            RunError: another live process writes the folder (its pid, host and command named), the path is
+                a file, or the folder is not writable.
+        """
+        folder = cls(path)
+        if folder.path.exists() and not folder.path.is_dir():
+            raise RunError(f"run folder {folder.path} is a file; give --run-dir a folder")
+        made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]
+        try:
+            write_probe(folder.path)
+        except OSError as exc:
+            remove_empty_folders(made)
+            raise RunError(f"run folder {folder.path} is not writable: {exc.strerror or exc}") from None
+        try:
+            folder.writer = WriterLock(folder.path, command).acquire()
+        except RunError:
+            remove_empty_folders(made)
+            raise
+        folder._made = made
+        return folder
+
+    def start(self, config: dict[str, Any]) -> None:
+        """Write ``config`` into a claimed folder, or check it against the one there (resume).
+
+        Call only after every input (LM, index, questions, program) has been checked: this is the first
+        write of the run.
+
+        Raises:
+            RunError: its ``config.json`` differs in any key other than those in :data:`MUTABLE_KEYS` (the
+                differing keys are named; a key absent on one side and ``None`` on the other is no
+                difference), or is unreadable.
+        """
+        cpath = self.path / CONFIG
+        if cpath.exists():
+            old = read_json_object(cpath, "run configuration")
+            keys = sorted(k for k in set(old) | set(config)
+                          if k not in MUTABLE_KEYS and _without_nones(old.get(k)) != _without_nones(config.get(k)))
+            if keys:
+                raise RunError(
+                    f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
+                    "use another --run-dir or remove it"
+                )
+            config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
+        self._write_config(config)
+        self._made = []
+
+    def release(self) -> None:
+        """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); a folder claimed
+        but never started is removed again if this process created it."""
+        if self.writer is not None:
+            self.writer.release()
+            self.writer = None
+        remove_empty_folders(self._made)
+        self._made = []
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunFolder":
+        """An existing run folder (it needs ``config.json``).
+
+        Raises:
+            RunError: not a run folder, or an unreadable ``config.json``.
+        """
+        folder = cls(path)
+        if not folder.path.exists():
+            raise RunError(f"run folder {folder.path} does not exist")
+        if not (folder.path / CONFIG).is_file():
+            raise RunError(f"{folder.path} is not a run folder (no {CONFIG}; made by `hcqr eval`)")
+        _ = folder.config  # read and check it now
+        return folder
+
+    def _write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.__dict__.pop("config", None)
+
+    # -- configuration -------------------------------------------------------
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The run's configuration.
+
+        Raises:
+            RunError: unreadable, or lacking ``method`` or ``dataset``.
+        """
+        config = read_json_object(self.path / CONFIG, "run configuration")
+        missing = [k for k in ("method", "dataset") if not config.get(k)]
+        if missing:
+            raise RunError(f"{self.path / CONFIG} lacks {', '.join(missing)}: not written by `hcqr eval`")
+        return config
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]
+
+    @property
+    def dataset(self) -> str:
+        """The dataset file (absolute path) or hub name the run read its questions from."""
+        return self.config["dataset"]
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset's name: the file stem (``medqa``) or the hub name."""
+        return Path(self.dataset).stem if Path(self.dataset).suffix else self.dataset
+
+    @property
+    def questions_record(self) -> dict[str, Any]:
+        """``count``, ``limit``, ``seed``, ``ids_sha256``, (runs since 0.2) ``content_sha256``, and
+        ``labelled: false`` for questions read without gold answers (``hcqr predict``)."""
+        return self.config.get("questions") or {}
+
+    @property
+    def lm_spec(self) -> str | None:
+        return (self.config.get("lm") or {}).get("spec")
+
+    @property
+    def index_path(self) -> str | None:
+        """The index folder the run retrieved from; ``None`` for methods without retrieval."""
+        return (self.config.get("index") or {}).get("path")
+
+    @property
+    def saved_program(self) -> dict[str, Any] | None:
+        return self.config.get("saved_program")
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        return self.config.get("mlflow_run_id")
+
+    def set_mlflow_run_id(self, run_id: str | None) -> None:
+        """Record the MLflow run that tracks this folder (kept when the run resumes)."""
+        if run_id != self.mlflow_run_id:
+            self._write_config({**self.config, "mlflow_run_id": run_id})
+
+    def load_questions(self) -> dict[str, Any]:
+        """The run's questions (from its dataset), by id.
+
+        Raises:
+            RunError: the dataset cannot be read any more, or its questions are not
+                the ones the run was made with (content fingerprint differs).
+        """
+        from hcqr_dspy.data import load_questions  # imports dspy: only a run's questions reloaded pay for it
+
+        try:
+            questions = load_questions(self.dataset, labelled=self.questions_record.get("labelled", True))
+        except HCQRError as exc:
+            raise RunError(f"run {self.path}: its dataset cannot be read ({exc})") from None
+        by_id = {q.qid: q for q in questions}
+        rows = self.rows()
+        missing = [r["qid"] for r in rows if r["qid"] not in by_id]
+        if missing:
+            raise RunError(f"run {self.path}: question(s) {', '.join(missing[:5])} are not in {self.dataset} any more")
+        return by_id
+
+    def question_sample(self) -> list[str]:
+        """Ids of every question the run was asked to answer, in run order, finished or not.
+
+        Rebuilt from the dataset with the run's recorded ``limit`` and ``seed``
+        (:func:`hcqr_dspy.data.select`) and checked against the recorded
+        ``ids_sha256``, so two runs over the same sample give the same list
+        however far each has got.
+
+        Raises:
+            RunError: the dataset cannot be read, or the rebuilt sample is not the
+                recorded one (a run made with an explicit id list, or a changed file).
+        """
+        from hcqr_dspy.data import select  # imports dspy: only a run's questions reloaded pay for it
+
+        record = self.questions_record
+        by_id = self.load_questions()
+        sample = select(list(by_id.values()), limit=record.get("limit"), seed=record.get("seed") or 0)
+        if question_fingerprint(sample)["ids_sha256"] != record.get("ids_sha256"):
+            raise RunError(f"run {self.path}: its question sample cannot be rebuilt from {self.dataset} with limit "
+                           f"{record.get('limit')} and seed {record.get('seed')} (made with an explicit id list?); "
+                           "name the questions with --ids")
+        return [str(e.qid) for e in sample]
+
+    # -- records --------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """The prediction rows (one per finished question), in file order.
+
+        Raises:
+            RunError: a question is recorded twice (an edited or concatenated file).
+        """
+        rows = self.predictions.read()
+        seen: set[str] = set()
+        for r in rows:
+            if r["qid"] in seen:
+                raise RunError(f"{self.predictions.path}: question {r['qid']!r} is recorded twice; "
+                               "delete one of the lines")
+            seen.add(r["qid"])
+        return rows
+
+    def judgments(self) -> list[dict[str, Any]]:
+        """DUR judgments, checked against the rows: malformed, repeated or foreign ones are refused.
+
+        Raises:
+            RunError: a judgment lacks ``valid``/``label``/``passage_queries``, a question is judged
+                twice, or judgments name questions this run does not hold.
+        """
+        judgments = self.judgments_table.read()
+        file = self.judgments_table.path
+        seen: set[str] = set()
+        for j in judgments:
+            if (not isinstance(j.get("valid"), bool) or "label" not in j
+                    or not isinstance(j.get("passage_queries"), list)):
+                raise RunError(f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
+                               "(not written by `hcqr judge`); repair or delete that line")
+            if j["qid"] in seen:
+                raise RunError(f"{file}: question {j['qid']!r} is judged twice; delete one of the lines")
+            seen.add(j["qid"])
+        foreign = sorted(seen - {r["qid"] for r in self.rows()})
+        if foreign:
+            raise RunError(f"{file} judges {len(foreign)} question(s) this run does not hold "
+                           f"({', '.join(foreign[:5])}); was it copied from another run?")
+        return judgments
+
+    def record_session(self, command: str, lm: Any = None) -> dict[str, Any]:
+        """Append this session's record to ``sessions.jsonl``
+        (:func:`~hcqr_dspy.evaluation.provenance.session_record`),
+        numbered after the existing ones, with how many predictions and judgments the folder held before it.
+
+        Returns:
+            The record written.
+
+        Raises:
+            RunError: ``sessions.jsonl`` is malformed, or cannot be written.
+        """
+        previous = self.sessions()
+        record = {"session": len(previous) + 1, **session_record(command, lm),
+                  "predictions_before": len(self.predictions.read()),
+                  "judgments_before": len(self.judgments_table.read())}
+        self.sessions_table.drop_partial_tail()
+        try:
+            self.sessions_table.append(record)
+        except OSError as exc:
+            raise RunError(f"cannot write {self.sessions_table.path}: {exc.strerror or exc}") from None
+        return record
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The sessions that wrote this folder, oldest first (empty for folders written before sessions were recorded).
+
+        Raises:
+            RunError: a line that is not a session record, or one whose fields have the wrong types
+                (file and line named).
+        """
+        records = self.sessions_table.read()
+        for lineno, record in enumerate(records, start=1):
+            wrong = malformed_fields(record)
+            if wrong:
+                raise RunError(f"{self.sessions_table.path}: session record {lineno} has missing or malformed "
+                               f"{', '.join(wrong)} (not written by hcqr-dspy); repair or delete that line")
+        return records
+
+    def write_json(self, name: str, value: dict[str, Any]) -> Path:
+        """Write a summary file (``metrics.json``, ``dur.json`` ...) of this folder atomically (a temporary
+        file renamed over it), so a failed write (disk full) leaves the previous version whole.
+
+        Raises:
+            DiskFullError: the disk is full. OSError: another write failure.
+        """
+        path = self.path / name
+        atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+        return path
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        """A summary file of this folder, ``{}`` when absent.
+
+        Raises:
+            RunError: present but unreadable.
+        """
+        path = self.path / name
+        return read_json_object(path) if path.is_file() else {}
+
+    def write_metrics(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Summarize ``rows`` (default: all saved rows) into ``metrics.json``."""
+        metrics = summarize(self.rows() if rows is None else rows)
+        self.write_json(METRICS, metrics)
+        return metrics
+
+    def save_traceback(self, qid: str, exc: BaseException) -> Path | None:
+        """Write ``exc``'s traceback to ``tracebacks/<qid>.txt`` (:mod:`~hcqr_dspy.evaluation.tracebacks`)."""
+        return save_traceback(self.path, qid, exc)
+
+    def clear_traceback(self, qid: str) -> None:
+        """Remove the question's traceback file, the question having a row now."""
+        clear_traceback(self.path, qid)
+
+    def files(self) -> list[Path]:
+        """The folder's record files (for artifact logging): top-level files, not hidden ones."""
+        return sorted(f for f in self.path.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+def _without_nones(value: Any) -> Any:
+    """``value`` with ``None``-valued keys dropped at every depth: a setting a newer version records
+    with its default ``None`` matches a configuration written before that setting existed."""
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    return value

@@ -1,0 +1,208 @@
+"""MLflow traces of questions: what a reviewer opens in the Traces tab.
+
+A tracked evaluation (``hcqr eval``, ``hcqr predict``, experiments) records one
+trace per question. Its root span is named after the method (``hcqr``) and
+holds the question and options as inputs and the answer, validity, hypothesis,
+queries and the shown passages as outputs. Below it, besides the spans
+``mlflow.dspy.autolog()`` records for DSPy modules and LM calls, every method
+stage is a named span (:func:`hcqr_dspy.programs.base.stage`): ``hypothesis``,
+``rewrite``, ``retrieval``, ``answer`` ... Inside ``retrieval`` there is one
+``RETRIEVER`` span per query (``retrieve q1 (support)``: the query as input,
+the hits as documents in MLflow's retriever-span format,
+:class:`mlflow.entities.Document` with the passage id, its title, text, score
+and rank) and, for methods that fuse, a ``fusion`` span (``RERANKER``: the
+fused passages as documents, each with the queries that found it). The
+``answer`` span's inputs hold the context exactly as the answer step saw it.
+
+The trace is tagged ``qid``, ``method``, ``dataset``, ``run_folder``, ``lm``
+and ``program`` (``zero-shot`` or ``compiled:<recipe>``), and the gold answer
+is logged on it as the expectation ``answer`` (:class:`~mlflow.entities.Expectation`,
+source ``HUMAN``: the benchmark's label). Correctness, validity and the
+hypothesis outcome are logged as feedback by the scorers of
+:mod:`hcqr_dspy.tracking.scorers` when the run is scored, and the DUR judge's labels by
+``hcqr judge``.
+
+Nothing here records anything unless a trace is active: an untracked run
+(``--no-mlflow``, ``hcqr ask``) never imports MLflow through this module.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+# The trace tags of a question (the evaluation sets them; tests and filters read them).
+QUESTION_TAGS = ("qid", "method", "dataset", "run_folder", "lm", "program")
+# Characters of a passage's text kept in a span's documents (the UI shows them; the store keeps every span).
+DOCUMENT_CHARS = 2000
+
+
+def active() -> bool:
+    """Whether a trace is being recorded in this thread (MLflow imported and a span open)."""
+    mlflow = sys.modules.get("mlflow")
+    return mlflow is not None and mlflow.get_current_active_span() is not None
+
+
+class SpanHandle:
+    """What a ``with`` block gets from :func:`span`: set the span's outputs when there is a span."""
+
+    def __init__(self, span: Any = None):
+        self.span = span
+
+    def output(self, value: Any) -> None:
+        if self.span is not None:
+            self.span.set_outputs(value)
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.span.trace_id if self.span is not None else None
+
+
+@contextmanager
+def span(name: str, span_type: str = "CHAIN", inputs: Any = None,
+         attributes: dict[str, Any] | None = None) -> Iterator[SpanHandle]:
+    """A child span of the active one, or nothing when no trace is active.
+
+    Args:
+        name: Span name (``hypothesis``, ``answer`` ...).
+        span_type: An :class:`mlflow.entities.SpanType` value.
+        inputs: The span's inputs.
+        attributes: Span attributes.
+
+    Yields:
+        A :class:`SpanHandle` (its ``span`` is ``None`` when nothing is recorded).
+    """
+    if not active():
+        yield SpanHandle()
+        return
+    import mlflow
+
+    with mlflow.start_span(name=name, span_type=span_type, attributes=attributes) as s:
+        if inputs is not None:
+            s.set_inputs(inputs)
+        yield SpanHandle(s)
+
+
+def document(passage: Any, score: float | None, **metadata: Any) -> dict[str, Any]:
+    """One passage in MLflow's retriever-span document format
+    (:meth:`mlflow.entities.Document.to_dict`: ``page_content``, ``metadata``, ``id``).
+
+    ``metadata`` holds ``doc_uri`` (the passage id, which the MLflow UI shows as the document's
+    name), ``title``, ``score`` and what the caller adds (``rank``, ``found_by`` ...).
+    """
+    from mlflow.entities import Document
+
+    text = passage.content if len(passage.content) <= DOCUMENT_CHARS else passage.content[:DOCUMENT_CHARS] + " ..."
+    meta = {"doc_uri": passage.id, "title": passage.title,
+            **({"score": round(float(score), 6)} if score is not None else {}), **metadata}
+    return Document(page_content=text, metadata=meta, id=passage.id).to_dict()
+
+
+def retriever_spans(retriever: Any, queries: Sequence[str], hit_lists: Sequence[Sequence[Any]], names: Sequence[str],
+                    k: int, start_ns: int, end_ns: int) -> None:
+    """Record one ``RETRIEVER`` span per query of one batched search under the active span.
+
+    The queries were searched in one call, so each span carries that call's start and end time.
+
+    Args:
+        retriever: Resolves hit ids to passages.
+        queries: The queries, in search order.
+        hit_lists: One hit list per query (:class:`hcqr_dspy.retrieval.base.Hit`).
+        names: A label per query (``q1 (support)``, ``question`` ...).
+        k: Hits asked per query.
+        start_ns, end_ns: When the batched search started and ended (``time.time_ns()``).
+    """
+    if not active():
+        return
+    import mlflow
+
+    parent = mlflow.get_current_active_span()
+    for query, hits, name in zip(queries, hit_lists, names):
+        s = mlflow.start_span_no_context(name=f"retrieve {name}", span_type="RETRIEVER", parent_span=parent,
+                                         inputs={"query": query, "k": k}, start_time_ns=start_ns)
+        docs = [document(retriever.get(h.passage_id), h.score, rank=rank) for rank, h in enumerate(hits, start=1)]
+        s.end(outputs=docs, end_time_ns=end_ns)
+
+
+def fusion_span(retriever: Any, fused: Sequence[Any], names: Sequence[str], strategy: str, budget: int,
+                start_ns: int, end_ns: int) -> None:
+    """Record the ``fusion`` span (``RERANKER``) of a multi-query method: the fused passages as documents,
+    each with its fused score and the queries (by label) and ranks that found it."""
+    if not active():
+        return
+    import mlflow
+
+    parent = mlflow.get_current_active_span()
+    s = mlflow.start_span_no_context(name="fusion", span_type="RERANKER", parent_span=parent,
+                                     inputs={"strategy": strategy, "budget": budget, "queries": list(names)},
+                                     start_time_ns=start_ns)
+    docs = [document(retriever.get(f.passage_id), f.score, found_by=[names[q] for q in f.queries], ranks=list(f.ranks))
+            for f in fused]
+    s.end(outputs=docs, end_time_ns=end_ns)
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+class QuestionTrace:
+    """The trace of one question, open while its program runs (see :func:`question`)."""
+
+    def __init__(self, root: Any, tags: dict[str, str]):
+        self.root = root
+        self.tags = tags
+
+    @property
+    def trace_id(self) -> str:
+        return self.root.trace_id
+
+    def finish(self, row: dict[str, Any]) -> None:
+        """Set the root span's outputs from the question's run record, log the gold answer as the
+        expectation ``answer`` (when the question has one), and note the trace id in the row."""
+        import mlflow
+        from mlflow.entities import AssessmentSource
+
+        self.root.set_outputs(root_outputs(row))
+        if row.get("gold") is not None:
+            source = AssessmentSource(source_type="HUMAN", source_id=f"benchmark:{self.tags.get('dataset', 'gold')}")
+            mlflow.log_expectation(trace_id=self.trace_id, name="answer", value=row["gold"], source=source)
+        row["trace_id"] = self.trace_id
+
+
+def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
+    """The root span's outputs: answer first (the Traces tab shows it as the response)."""
+    h = row.get("hypothesis") or None
+    return {
+        "answer": row.get("prediction"),
+        "valid": row.get("valid"),
+        **({"error": row["error"]} if row.get("error") else {}),
+        **({"hypothesis": h} if "hypothesis" in row else {}),
+        **({"queries": row["queries"]} if row.get("queries") else {}),
+        **({"passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
+                          "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in row["passages"]]}
+           if row.get("passages") else {}),
+        "lm_calls": row.get("lm_calls"),
+    }
+
+
+@contextmanager
+def question(name: str, question_text: str, options: dict[str, str], tags: dict[str, str]) -> Iterator[QuestionTrace]:
+    """Open the root span of one question's trace and tag the trace.
+
+    Args:
+        name: The root span's name (the method).
+        question_text, options: The root span's inputs.
+        tags: Trace tags (:data:`QUESTION_TAGS`); values are made strings.
+
+    Yields:
+        A :class:`QuestionTrace`; call :meth:`QuestionTrace.finish` with the question's row before the block ends.
+    """
+    import mlflow
+
+    with mlflow.start_span(name=name, span_type="CHAIN") as root:
+        root.set_inputs({"question": question_text, "options": options})
+        tags = {k: str(v) for k, v in tags.items() if v is not None}
+        mlflow.update_current_trace(tags=tags)
+        yield QuestionTrace(root, tags)

@@ -1,0 +1,81 @@
+"""A comparison written by :func:`hcqr_dspy.reporting.compare`, recorded as an MLflow run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hcqr_dspy.evaluation.records import read_json_object
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.tracking.runs import mlflow_run, run_link
+
+
+def _metric_label(label: str) -> str:
+    """A run label as part of an MLflow metric name (letters, digits, ``_ - . / :`` and spaces)."""
+    return re.sub(r"[^\w.\- /:]", "_", label)
+
+
+def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) -> str:
+    """Record a comparison written by :func:`hcqr_dspy.reporting.compare` as an MLflow run (a child run when
+    one is active).
+
+    The run is named after what it compares (``compare hcqr vs simple_rag · medqa · local``) and tagged
+    ``kind=comparison``, ``reference``, ``runs`` (the compared MLflow run ids, comma-separated) and
+    ``run.<label>`` (each one's id); its description links each compared run. Metrics, per compared run
+    label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
+    (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
+    (LM calls per question). The report, the JSON summary and the plots are its artifacts.
+
+    Args:
+        out_dir: The folder :func:`hcqr_dspy.reporting.compare` wrote (``comparison.json`` and the files beside it).
+        mlflow_dir: MLflow store folder.
+
+    Returns:
+        The comparison run's id.
+
+    Raises:
+        HCQRError: ``out_dir`` holds no readable ``comparison.json``.
+    """
+    import mlflow
+
+    out = Path(out_dir)
+    summary = read_json_object(out / "comparison.json", "comparison summary")
+    labels = list(summary["runs"])
+    ref = summary["reference"]
+    folders = {label: RunFolder(info["path"]) for label, info in summary["runs"].items()}
+    first = folders[ref].config if (folders[ref].path / "config.json").is_file() else {}
+    dataset = Path(first.get("dataset", "")).stem or "?"
+    lm = (first.get("lm") or {}).get("spec") or "?"
+    run_ids = {label: (f.config.get("mlflow_run_id") if (f.path / "config.json").is_file() else None)
+               for label, f in folders.items()}
+    name = f"compare {' vs '.join(labels)} · {dataset} · {lm}"
+    tags = {"kind": "comparison", "reference": ref, "dataset": dataset,
+            "runs": ",".join(r for r in run_ids.values() if r),
+            **{f"run.{_metric_label(label)}": rid for label, rid in run_ids.items() if rid}}
+    with mlflow_run(name, {"reference": ref, "questions": summary["questions"]}, tags=tags,
+                    store=mlflow_dir, traces=False) as run:
+        metrics: dict[str, float] = {}
+        ref_acc = summary["runs"][ref].get("accuracy")
+        for label, info in summary["runs"].items():
+            key = _metric_label(label)
+            metrics[f"accuracy.{key}"] = info["accuracy"]
+            metrics[f"lm_calls.{key}"] = info["mean_lm_calls"]
+            if info.get("dur") is not None:
+                metrics[f"dur.{key}"] = info["dur"]
+            if label != ref:
+                metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
+                metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
+        mlflow.log_metrics(metrics)
+        lines = [f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).", "",
+                 "| run | accuracy | Δ vs reference | McNemar p | MLflow run |", "|---|---:|---:|---:|---|"]
+        for label in labels:
+            info = summary["runs"][label]
+            delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"
+            p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
+            link = run_link(run_ids[label]) if run_ids[label] else None
+            lines.append(f"| {label} | {info['accuracy']:.1%} | {delta} | {p} | {link or '–'} |")
+        mlflow.set_tag("mlflow.note.content", "\n".join(lines))
+        for f in sorted(out.iterdir()):
+            if f.is_file() and f.suffix in (".md", ".json", ".png"):
+                mlflow.log_artifact(str(f), artifact_path="comparison")
+        return run.info.run_id

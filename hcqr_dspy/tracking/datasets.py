@@ -1,0 +1,56 @@
+"""A question set as an MLflow evaluation dataset (``mlflow.genai.datasets``): the input of an evaluation run."""
+
+from __future__ import annotations
+
+from hcqr_dspy.tracking.store import store_lock
+
+
+def questions_dataset(questions, name: str, experiment_id: str):
+    """The MLflow evaluation dataset of a question set (``mlflow.genai.datasets``), created on first use.
+
+    One record per question: inputs ``question`` and ``options``, the expectation ``answer`` (the gold
+    letter, when the question has one) and the tag ``qid``. The same question set reuses its dataset.
+
+    Args:
+        questions: The questions (``dspy.Example`` with ``qid``, ``question``, ``options``, ``answer``).
+        name: The dataset's name: the benchmark's name and the question set's content fingerprint
+            (``medqa-1a2b3c4d5e6f``), so that another sample is another dataset.
+        experiment_id: The experiment it belongs to.
+
+    Returns:
+        The ``mlflow.genai.datasets.EvaluationDataset``.
+    """
+    from mlflow.genai import datasets
+
+    def find():
+        found = datasets.search_datasets(experiment_ids=[experiment_id], filter_string=f"name = '{name}'",
+                                         max_results=1)
+        return found[0] if found else None
+
+    dataset = find()
+    if dataset is not None and dataset.has_records():
+        return dataset
+    with store_lock(".datasets.lock"):  # two processes filling one new dataset break its unique records
+        dataset = find()
+        if dataset is not None and dataset.has_records():
+            return dataset
+        return _fill_dataset(dataset, questions, name, experiment_id, find)
+
+
+def _fill_dataset(dataset, questions, name: str, experiment_id: str, find):
+    from mlflow.genai import datasets
+
+    if dataset is None:
+        try:
+            dataset = datasets.create_dataset(name=name, experiment_id=experiment_id, tags={"source": "hcqr-dspy"})
+        except Exception:  # another process created it first (unique name): use that one
+            dataset = find()
+            if dataset is None:
+                raise
+    dataset.merge_records([
+        {"inputs": {"question": q.question, "options": dict(q.options)},
+         **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
+         "tags": {"qid": str(q.qid)}}
+        for q in questions
+    ])
+    return dataset

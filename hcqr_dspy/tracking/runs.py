@@ -1,0 +1,149 @@
+"""MLflow runs: one per evaluation (started, or resumed by id), its params, metrics and run-folder artifacts,
+DSPy traces recorded while it runs, and its description."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.tracking.experiment_page import EXPERIMENT
+from hcqr_dspy.tracking.store import configure
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> MLflow params (``a.b`` keys, values as strings, 6000 chars max)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
+
+@contextmanager
+def mlflow_run(
+    run_name: str,
+    params: dict[str, Any],
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    store: str | Path | None = None,
+    experiment: str = EXPERIMENT,
+    traces: bool = True,
+) -> Iterator[Any]:
+    """Start (or resume, given ``run_id``) an MLflow run with params and tags.
+
+    Started while another run is active (an experiment's parent run), it is
+    a nested child run.
+
+    Args:
+        run_name: Display name.
+        params: Configuration, flattened into params (logged once; a resumed
+            run keeps its params).
+        tags: Extra tags (method, dataset ...).
+        run_id: Resume this run instead of starting a new one.
+        store: Tracking folder (see :func:`store_dir`).
+        experiment: MLflow experiment name.
+        traces: Record DSPy traces with ``mlflow.dspy.autolog()``.
+
+    Yields:
+        The active ``mlflow.ActiveRun``.
+    """
+    import mlflow
+
+    experiment_id = configure(store, experiment)
+    nested = mlflow.active_run() is not None  # a cell of an experiment: child of its parent run
+    with dspy_tracing(traces):
+        if run_id:
+            run = mlflow.start_run(run_id=run_id, nested=nested)
+        else:
+            run = mlflow.start_run(run_name=run_name, experiment_id=experiment_id, tags=tags or {}, nested=nested)
+            mlflow.log_params(flatten(params))
+        with run:
+            yield run
+
+
+@contextmanager
+def dspy_tracing(enabled: bool = True) -> Iterator[None]:
+    """Record DSPy module and LM calls as MLflow spans (``mlflow.dspy.autolog(log_traces=True)``) inside the
+    block; at its end autologging is turned off and the traces, exported in the background, are written."""
+    if not enabled:
+        yield
+        return
+    import mlflow
+    import mlflow.dspy
+
+    mlflow.dspy.autolog(log_traces=True, silent=True)
+    try:
+        yield
+    finally:
+        mlflow.dspy.autolog(disable=True, silent=True)
+        mlflow.flush_trace_async_logging()
+
+
+def log_metrics(metrics: dict[str, float]) -> None:
+    """Log numeric metrics to the active run."""
+    import mlflow
+
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+
+
+def log_run_folder(folder) -> None:
+    """Log a run folder's record files (:meth:`hcqr_dspy.evaluation.run_folder.RunFolder.files`) as artifacts
+    of the active run (under ``run/``).
+
+    Args:
+        folder: A :class:`~hcqr_dspy.evaluation.run_folder.RunFolder` or its path.
+    """
+    import mlflow
+
+    folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
+    for f in folder.files():
+        mlflow.log_artifact(str(f), artifact_path="run")
+
+
+def run_link(run_id: str) -> str | None:
+    """A Markdown link to a run of this store for MLflow's UI (``#/experiments/<id>/runs/<id>``); ``None`` if absent."""
+    import mlflow
+
+    try:
+        run = mlflow.get_run(run_id)
+    except Exception:  # MlflowException: not in this store
+        return None
+    return f"[{run.info.run_name or run_id}](#/experiments/{run.info.experiment_id}/runs/{run_id})"
+
+
+def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") -> None:
+    """Set an evaluation run's description (MLflow's ``mlflow.note.content``, Markdown) and, for a saved
+    (compiled) program, the tag ``compile_run_id`` linking the run that compiled it.
+
+    Args:
+        run_id: The run.
+        config: The run folder's configuration (its ``config.json``).
+        kind: ``evaluation`` (gold answers) or ``prediction`` (unlabelled questions).
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    q = config.get("questions") or {}
+    lines = [f"**{config['method']}** on {q.get('count')} questions of `{config['dataset']}` "
+             f"({'scored against gold answers' if kind == 'evaluation' else 'no gold answers: predictions only'}), "
+             f"LM `{(config.get('lm') or {}).get('spec')}`."]
+    saved = config.get("saved_program")
+    if saved:
+        compile_id = saved.get("compile_run_id")
+        link = run_link(compile_id) if compile_id else None
+        lines.append(f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
+                     f"{saved.get('train_count')} {saved.get('train_dataset')} questions, "
+                     f"from `{saved.get('source')}`; "
+                     + (f"compile run {link}." if link
+                        else f"compile run `{compile_id}` (not in this store)." if compile_id
+                        else "no compile run recorded."))
+        if compile_id:
+            client.set_tag(run_id, "compile_run_id", compile_id)
+    else:
+        lines.append("Program: zero-shot (the method's own instructions, no demos).")
+    client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))

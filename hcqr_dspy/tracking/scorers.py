@@ -1,0 +1,191 @@
+"""MLflow scorers of a question's trace, and scoring a run's traces with ``mlflow.genai.evaluate``.
+
+A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracing`);
+when every question of the run is answered, :func:`score_run` passes those
+traces to ``mlflow.genai.evaluate`` inside the run's MLflow run. MLflow then
+logs each scorer's value as feedback on the question's trace, the scorers'
+means as run metrics (``correct/mean`` ...), marks the run as an evaluation
+run (it is listed under *Evaluation runs*, and its per-question results appear
+in MLflow's evaluation view) and logs the run's questions (the MLflow
+evaluation dataset made by :func:`hcqr_dspy.tracking.datasets.questions_dataset`) as
+its input.
+
+Scorers (``mlflow.genai.scorers.scorer``, source ``CODE``), read from the
+trace's root span outputs (:func:`hcqr_dspy.tracing.root_outputs`) and its
+``answer`` expectation (the gold letter):
+
+* ``correct`` — the valid answer equals the gold letter (an invalid answer is
+  wrong: :func:`hcqr_dspy.evaluation.metrics.is_correct`);
+* ``valid`` — the reply was one of the option letters (the rationale keeps the
+  error of an invalid one);
+* ``hypothesis`` — for HCQR runs, how the answer relates to the working
+  hypothesis: ``kept_right``, ``kept_wrong``, ``fixed``, ``broke``,
+  ``changed_wrong_to_wrong`` or ``invalid_answer``
+  (:func:`hcqr_dspy.evaluation.metrics.hypothesis_outcome`).
+
+The DUR judge is a scorer too (:func:`dur_scorer`): it labels the context the
+trace's ``answer`` span received. ``hcqr judge`` labels runs through
+:func:`hcqr_dspy.workflows.judge.judge_and_track` (with its negative controls, which need
+the other questions of the run) and logs each label on the question's trace.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any, Sequence
+
+import dspy
+import mlflow
+from mlflow.entities import AssessmentSource, Feedback
+from mlflow.genai.scorers import Scorer, scorer
+
+from hcqr_dspy.evaluation.metrics import hypothesis_outcome, is_correct
+from hcqr_dspy.judge.judge import DURJudge
+
+CODE = AssessmentSource(source_type="CODE", source_id="hcqr-dspy")
+
+
+def _gold(expectations: dict[str, Any] | None) -> str | None:
+    return (expectations or {}).get("answer")
+
+
+@scorer(name="correct", description="The valid answer letter equals the gold letter (invalid = wrong).")
+def correct(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedback | None:
+    gold = _gold(expectations)
+    if gold is None:
+        return None  # an unlabelled question: nothing to score
+    answer = outputs.get("answer")
+    value = is_correct(answer, bool(outputs.get("valid")), gold)
+    return Feedback(name="correct", value=value, source=CODE,
+                    rationale=f"answered {answer or 'nothing valid'}, gold {gold}")
+
+
+@scorer(name="valid", description="The reply was one of the question's option letters.")
+def valid(outputs: dict[str, Any]) -> Feedback:
+    ok = bool(outputs.get("valid"))
+    return Feedback(name="valid", value=ok, source=CODE, rationale=None if ok else outputs.get("error"))
+
+
+@scorer(name="hypothesis", description="HCQR: how the final answer relates to the working hypothesis (kept_right, "
+                                       "kept_wrong, fixed, broke, changed_wrong_to_wrong, invalid_answer).")
+def hypothesis(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedback | None:
+    h = (outputs.get("hypothesis") or {}).get("working_hypothesis")
+    outcome = hypothesis_outcome(h, outputs.get("answer"), bool(outputs.get("valid")), _gold(expectations))
+    if outcome is None:
+        return None
+    return Feedback(name="hypothesis", value=outcome, source=CODE,
+                    rationale=f"hypothesis {h}, answer {outputs.get('answer') or 'invalid'}, "
+                              f"gold {_gold(expectations)}")
+
+
+def run_scorers(labelled: bool = True) -> list[Scorer]:
+    """The scorers of a run: ``correct``, ``valid`` and ``hypothesis``; ``valid`` alone without gold answers."""
+    return [correct, valid, hypothesis] if labelled else [valid]
+
+
+def answer_context(trace: Any) -> str | None:
+    """The context the trace's answer step received (its ``answer`` span's ``context`` input), or ``None``."""
+    spans = trace.search_spans(name="answer") if trace is not None else []
+    for span in spans:
+        context = (span.inputs or {}).get("context") if isinstance(span.inputs, dict) else None
+        if context:
+            return context
+    return None
+
+
+def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> Scorer:
+    """The DUR judge as an MLflow scorer (``dur``).
+
+    It labels the context of a question's trace (:func:`answer_context`) against the gold answer
+    (the trace's ``answer`` expectation) with :class:`hcqr_dspy.judge.judge.DURJudge` in context mode, and
+    also its positive control. The negative control needs another question's context, so it is only
+    in ``hcqr judge`` (:func:`hcqr_dspy.judge.judging.judge_run`).
+
+    Args:
+        lm: The judge's ``dspy.LM``.
+        judge_lm: The judge's name in the feedback's source (default: the LM's model name).
+        reasoning: The judge reasons before it labels (``dspy.ChainOfThought``).
+
+    Returns:
+        A scorer giving the feedback ``dur`` (``ENTAILED``, ``USEFUL`` or ``NOT_USEFUL``, the judge's
+        reasoning as rationale; an error feedback for an invalid judge reply) and
+        ``dur_positive_control``; nothing for a question without gold answer or context.
+
+    Example:
+        >>> traces = mlflow.search_traces(run_id=run_id, return_type="list")
+        >>> mlflow.genai.evaluate(data=traces, scorers=[dur_scorer(build_lm("local"))])
+    """
+    judge = DURJudge("context", reasoning)
+    source = AssessmentSource(source_type="LLM_JUDGE", source_id=judge_lm or getattr(lm, "model", str(lm)))
+
+    @scorer(name="dur", description="Decision-Useful Rate judge: ENTAILED / USEFUL / NOT_USEFUL for the context "
+                                    "the answer step saw, given the gold answer (HCQR paper).")
+    def dur(inputs: dict[str, Any], expectations: dict[str, Any], trace: Any) -> list[Feedback] | None:
+        gold = _gold(expectations)
+        context = answer_context(trace)
+        if gold is None or not context:
+            return None
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            pred = judge(question=inputs["question"], options=inputs["options"], answer=gold, documents=[context])
+        if pred.label is None:
+            from mlflow.entities.assessment_error import AssessmentError
+
+            label = Feedback(name="dur", source=source, error=AssessmentError(error_code="INVALID_JUDGMENT",
+                                                                               error_message=str(pred.error)))
+        else:
+            label = Feedback(name="dur", value=pred.label, rationale=pred.rationale, source=source)
+        return [label, Feedback(name="dur_positive_control", value=pred.positive_label, source=source)]
+
+    return dur
+
+
+def score_run(rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: bool = True,
+              scorers: Sequence[Scorer] | None = None) -> dict[str, float]:
+    """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
+
+    Args:
+        rows: The run's rows; those with a ``trace_id`` whose trace is in the store are scored.
+        dataset: The run's MLflow evaluation dataset (:func:`hcqr_dspy.tracking.datasets.questions_dataset`):
+            recorded as the evaluation's dataset instead of an anonymous table of traces.
+        labelled: The questions have gold answers (else only ``valid`` is scored).
+        scorers: Scorers to use instead of :func:`run_scorers`.
+
+    Returns:
+        MLflow's aggregated scorer metrics (``correct/mean`` ...); ``{}`` when no trace was found.
+    """
+    import pandas as pd
+
+    mlflow.flush_trace_async_logging()  # traces are written in the background: every one must be in the store now
+    ids = [r["trace_id"] for r in rows if r.get("trace_id")]
+    found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids) if t is not None]
+    if len(found) < len(ids):
+        print(f"hcqr: note: {len(ids) - len(found)} of {len(ids)} question traces are not in this MLflow store; "
+              "they are not scored", file=sys.stderr)
+    if not found:
+        return {}
+    data = pd.DataFrame({"trace": found})
+    if dataset is not None:
+        _name_as(data, dataset)
+    # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
+    # warnings, e.g. failed scorer calls, still reach stderr through logging)
+    chatter = io.StringIO()
+    with redirect_stdout(chatter), redirect_stderr(chatter):
+        result = mlflow.genai.evaluate(data=data, scorers=list(scorers or run_scorers(labelled)))
+    metrics = {k: float(v) for k, v in result.metrics.items()}
+    print(f"scored {len(found)} question traces with mlflow.genai.evaluate: "
+          + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())), file=sys.stderr)
+    return metrics
+
+
+def _name_as(data: Any, dataset: Any) -> None:
+    """Make ``mlflow.genai.evaluate`` record ``dataset`` (an MLflow evaluation dataset) as the evaluation's
+    dataset for the table ``data``: the identity ``EvaluationDataset.to_df()`` attaches, over ``data``'s records."""
+    from mlflow.genai.datasets.evaluation_dataset import compute_records_sha256
+    from mlflow.utils.mlflow_tags import MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY
+
+    identity = dict(dataset.to_df().attrs.get(MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY) or {})
+    if identity:
+        identity["records_sha256"] = compute_records_sha256(data)
+        data.attrs[MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY] = identity

@@ -1,0 +1,323 @@
+"""A saved program as an MLflow pyfunc model: the Model Registry and ``mlflow models serve``.
+
+The model is logged *from code* (``mlflow.pyfunc.log_model(python_model=<file>)``): its code is the
+file :mod:`hcqr_dspy.tracking.served_model`, which builds :class:`ProgramModel`; nothing is pickled. Its
+artifacts are the saved-program folder (``program.json`` and ``meta.json``, :mod:`hcqr_dspy.optimize.saved`,
+the only format of a program) and, when the index is small (at most :data:`BUNDLE_INDEX_MAX_BYTES`),
+the index folder itself. Its ``model_config`` says what the program needs to run:
+
+=============  ===================================================================================
+method         the saved program's method (informative; the program folder decides)
+index          the index folder (an absolute path), or ``"bundled"`` when it is an artifact; ``None``
+               for methods without retrieval
+lm             the LM spec to answer with (:func:`hcqr_dspy.lm.build_lm`)
+api_base       its API base (LiteLLM models), or ``None``
+api_key_env    the *name* of the variable holding its API key (never the key), or ``None``
+max_tokens     output tokens per LM call
+n_ctx          context window of local models
+=============  ===================================================================================
+
+Environment variables override the config where the model is served: ``HCQR_SERVE_LM``,
+``HCQR_SERVE_INDEX``, ``HCQR_SERVE_API_BASE``, ``HCQR_SERVE_API_KEY_ENV``.
+
+Serving (MLflow's scoring server; ``--env-manager local`` uses the environment hcqr-dspy is installed in)::
+
+    export MLFLOW_TRACKING_URI=sqlite:///$PWD/mlruns/mlflow.db
+    mlflow models serve -m models:/hcqr-medqa/1 --env-manager local -h 127.0.0.1 -p 5001 -t 1800
+    curl -s 127.0.0.1:5001/invocations -H 'Content-Type: application/json' \\
+      -d '{"dataframe_records": [{"question": "A 70-year-old ...", "options": {"A": "...", "B": "..."}}]}'
+
+A request is a batch of records ``{question, options[, qid]}`` (``dataframe_records``; in process,
+``pyfunc.predict`` also takes a DataFrame, a list of such dicts or one dict). ``options`` is an object of
+letter -> text (``{"A": "...", "B": "..."}``, at least two, labelled A, B, C ...); a list of texts is refused.
+A record without a ``qid`` (missing, null, empty) gets its row number, from 0. Every record is checked before
+the LM is asked anything, and each is answered or rejected on its own; ``predictions`` holds one record per
+request record, in request order:
+
+* answered: ``{qid, answer, answer_text, valid, error, hypothesis, queries, passages, rejected: null}``
+  (passages: id, title, score and the queries that found them: :func:`hcqr_dspy.evaluation.rows.answer_record`), as
+  ``hcqr predict`` writes them; ``valid``/``error`` are about the LM's reply;
+* rejected (malformed, the LM not asked): ``{qid, answer: null, answer_text: null, valid: false, error: null,
+  hypothesis: null, queries: [], passages: [], rejected: "<field>: <reason>"}``, where the field is
+  ``record``, ``question``, ``options`` or ``options.<letter>``.
+
+When no record of a request can be answered (a single malformed record, all of them, none at all), the whole
+request is refused with HTTP 400 and the JSON body ``{"error_code": "INVALID_PARAMETER_VALUE", "message":
+"no record of the request can be answered: record <row> (qid '<qid>'): <field>: <reason>; ...", "rejected":
+[{"row", "qid", "field", "reason"}, ...]}`` (plus MLflow's ``sqlstate`` and ``error_class``): no stack trace,
+no server path (:func:`request_rejected`). In process, ``pyfunc.predict`` raises that exception.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from hcqr_dspy import __version__
+from hcqr_dspy.data import LETTERS, check_question
+from hcqr_dspy.errors import DataError, HCQRError, request_rejected_class
+from hcqr_dspy.evaluation.rows import answer_record
+from hcqr_dspy.lm import build_lm
+from hcqr_dspy.optimize.saved import load_program, read_meta
+from hcqr_dspy.programs.registry import PROGRAMS
+from hcqr_dspy.retrieval import load_index
+
+# An index folder up to this size travels with the model as an artifact; a larger one is named by path.
+BUNDLE_INDEX_MAX_BYTES = 64 * 1024 * 1024
+MODEL_CODE = Path(__file__).with_name("served_model.py")
+# Seconds a request may take on `mlflow models serve` (its -t/--timeout), as the hints and README give it:
+# MLflow's default (60 s, MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT) is shorter than one HCQR question with a
+# local model on a CPU (three LM calls, minutes each), which it answers with "Request processing time exceeded
+# limit" (HTTP 504).
+SERVE_TIMEOUT_S = 1800
+ENV_OVERRIDES = {"lm": "HCQR_SERVE_LM", "index": "HCQR_SERVE_INDEX", "api_base": "HCQR_SERVE_API_BASE",
+                 "api_key_env": "HCQR_SERVE_API_KEY_ENV"}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+class ProgramModel:
+    """The pyfunc model of a saved program (an ``mlflow.pyfunc.PythonModel``, built by
+    :func:`python_model`; see the module docstring for its config)."""
+
+    def load_context(self, context) -> None:
+        """Load the program against its index and build its LM (once per serving process).
+
+        Raises:
+            HCQRError: the index or program cannot be loaded, or the LM spec is unusable.
+        """
+        config = {**(context.model_config or {})}
+        for key, var in ENV_OVERRIDES.items():
+            if os.environ.get(var):
+                config[key] = os.environ[var]
+        folder = Path(context.artifacts["program"])
+        meta = read_meta(folder)
+        index = config.get("index")
+        if index == "bundled":
+            index = context.artifacts["index"]
+        retriever = None
+        if PROGRAMS[meta["method"]].uses_retrieval:
+            if not index:
+                raise HCQRError(f"the {meta['method']} program needs an index: set {ENV_OVERRIDES['index']}")
+            retriever = load_index(index)
+        self.program, self.meta = load_program(folder, retriever)
+        self.lm = build_lm(config["lm"], max_tokens=int(config.get("max_tokens") or 1024),
+                           n_ctx=int(config.get("n_ctx") or 8192), api_base=config.get("api_base"),
+                           api_key_env=config.get("api_key_env"))
+
+    def predict(self, context, model_input, params=None) -> list[dict[str, Any]]:
+        """Answer a batch of questions: ``model_input`` is a DataFrame (``dataframe_records``), a list of
+        ``{question, options[, qid]}`` or one such dict; one record per question, answered or rejected (the
+        module docstring gives both shapes). Every record is checked before the LM is asked anything.
+
+        Raises:
+            MlflowException: (HTTP 400, :func:`request_rejected`) no record of the request can be answered.
+        """
+        checked = [check_record(row, record) for row, record in enumerate(request_records(model_input))]
+        if not any(ex is not None for _, ex, _ in checked):
+            faults = [(row, qid, *fault) for row, (qid, _, fault) in enumerate(checked)]
+            raise request_rejected(faults or [(None, None, "request", "holds no records")])
+        out = []
+        for qid, ex, fault in checked:
+            if ex is None:
+                rejected = answer_record(qid, {}, None, False, None, None, None, None)
+                out.append({**rejected, "rejected": ": ".join(fault)})
+                continue
+            with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
+                pred = self.program(question=ex.question, options=ex.options)
+            out.append({**answer_record(qid, ex.options, pred.get("answer"), bool(pred.get("valid")), pred.get("error"),
+                                        pred.get("hypothesis"), pred.get("queries"), pred.get("passages")),
+                        "rejected": None})
+        return out
+
+
+# -- checking a request's records --------------------------------------------------------------------------------
+OPTIONS_SHAPE = 'an object of letter -> text such as {"A": "...", "B": "..."}'
+# Faults listed in a 400's message (all of them are in its "rejected" list).
+MESSAGE_FAULTS = 10
+
+
+def _absent(value: Any) -> bool:
+    """None, NaN (pandas' missing value in ``dataframe_records`` beside records that have the field) or pd.NA."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return "true/false"
+    if isinstance(value, numbers.Number):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":
+        return "a list"
+    return "text" if isinstance(value, str) else type(value).__name__
+
+
+def request_records(model_input: Any) -> list[Any]:
+    """The records of a request: the rows of a DataFrame, the items of a list (or array), or one dict.
+
+    Raises:
+        MlflowException: (HTTP 400) anything else.
+    """
+    if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):
+        return model_input.to_dict(orient="records")
+    if isinstance(model_input, dict):
+        return [model_input]
+    if hasattr(model_input, "tolist"):
+        model_input = model_input.tolist()
+    if isinstance(model_input, (list, tuple)):
+        return list(model_input)
+    raise request_rejected([(None, None, "request", f"must be records {{question, options[, qid]}}, not "
+                                                    f"{_kind(model_input)}")])
+
+
+def record_qid(row: int, record: Any) -> str:
+    """A record's ``qid`` as text; its row number (from 0) when it has none (missing, null, NaN, empty)."""
+    qid = record.get("qid") if isinstance(record, dict) else None
+    if _absent(qid) or not str(qid).strip():
+        return str(row)
+    if isinstance(qid, float) and qid.is_integer():  # pandas makes integer ids floats beside a record without one
+        qid = int(qid)
+    return str(qid).strip()
+
+
+def record_fault(record: Any) -> tuple[str, str] | None:
+    """Why a record cannot be answered, as ``(field, reason)``, or ``None`` when it can. The field is ``record``,
+    ``question``, ``options`` or ``options.<letter>``."""
+    if not isinstance(record, dict):
+        return "record", f"must be an object {{question, options[, qid]}}, not {_kind(record)}"
+    question, options = record.get("question"), record.get("options")
+    if _absent(question):
+        return "question", "missing"
+    if not isinstance(question, str) or not question.strip():
+        return "question", "empty" if isinstance(question, str) else f"must be text, not {_kind(question)}"
+    if _absent(options):
+        return "options", f"missing; give {OPTIONS_SHAPE}"
+    if not isinstance(options, dict):
+        return "options", f"must be {OPTIONS_SHAPE}, not {_kind(options)}"
+    if len(options) < 2:
+        return "options", f"at least two are needed, got {len(options)}"
+    if len(options) > len(LETTERS):
+        return "options", f"at most {len(LETTERS)} are allowed (A to Z), got {len(options)}"
+    labels = sorted(str(k).strip().upper() for k in options)
+    if labels != list(LETTERS[: len(labels)]):
+        return "options", (f"labels must be the letters {', '.join(LETTERS[: len(labels)])}, "
+                           f"got {', '.join(map(str, options))}")
+    for key, text in options.items():
+        if not isinstance(text, str):
+            return f"options.{key}", f"must be text, not {_kind(text)}"
+        if not text.strip():
+            return f"options.{key}", "empty"
+    return None
+
+
+def check_record(row: int, record: Any):
+    """``(qid, example, None)`` for a record that can be answered (the example from
+    :func:`hcqr_dspy.data.check_question`, as ``hcqr predict`` builds it), else ``(qid, None, (field, reason))``."""
+    qid, fault = record_qid(row, record), record_fault(record)
+    if fault:
+        return qid, None, fault
+    try:
+        ex = check_question(qid, {"question": record["question"], "options": record["options"]}, f"record {row}",
+                            labelled=False)
+    except DataError as exc:  # a rule of check_question that record_fault does not know
+        return qid, None, ("record", str(exc))
+    return qid, ex, None
+
+
+def request_rejected(faults: list[tuple[int | None, str | None, str, str]]) -> Exception:
+    """The error of a request none of whose records can be answered, from its ``(row, qid, field, reason)`` faults
+    (row and qid ``None`` for the request as a whole): an ``MlflowException`` (and :class:`HCQRError`) with
+    error code ``INVALID_PARAMETER_VALUE``, which MLflow's scoring server answers with HTTP 400 and the body
+    ``{error_code, message, rejected: [{row, qid, field, reason}], sqlstate, error_class}``."""
+    said = [f"{field}: {reason}" if row is None else f"record {row} (qid {qid!r}): {field}: {reason}"
+            for row, qid, field, reason in faults]
+    more = f"; and {len(said) - MESSAGE_FAULTS} more (see 'rejected')" if len(said) > MESSAGE_FAULTS else ""
+    message = "no record of the request can be answered: " + "; ".join(said[:MESSAGE_FAULTS]) + more
+    rejected = [{"row": row, "qid": qid, "field": field, "reason": reason} for row, qid, field, reason in faults]
+    return request_rejected_class()(message, rejected)
+
+
+def python_model():
+    """A :class:`ProgramModel` that is an ``mlflow.pyfunc.PythonModel`` (MLflow is imported only here)."""
+    import mlflow.pyfunc
+
+    class PyfuncProgramModel(ProgramModel, mlflow.pyfunc.PythonModel):
+        pass
+
+    return PyfuncProgramModel()
+
+
+def log_program_model(folder: str | Path, lm: str, index: str | None = None, register: str | None = None,
+                      alias: str | None = None, max_tokens: int = 1024, n_ctx: int = 8192, api_base: str | None = None,
+                      api_key_env: str | None = None, name: str = "program") -> dict[str, Any]:
+    """Log a saved program as a pyfunc model of the active MLflow run, and register it if asked.
+
+    Args:
+        folder: The saved-program folder.
+        lm, api_base, api_key_env, max_tokens, n_ctx: The LM it answers with (the model config).
+        index: Its index folder (bundled as an artifact when at most :data:`BUNDLE_INDEX_MAX_BYTES`).
+        register: Register it in the Model Registry under this name (a new version).
+        alias: Give that version this alias (``models:/NAME@ALIAS``); needs ``register``.
+        name: The logged model's name.
+
+    Returns:
+        ``{"model_uri", "registered": "models:/NAME/VERSION" or None, "version", "index": "bundled"|path|None}``.
+
+    Raises:
+        HCQRError: ``alias`` without ``register``.
+    """
+    import mlflow
+    import mlflow.pyfunc
+
+    if alias and not register:
+        raise HCQRError("an alias needs a registered model name (--register NAME)")
+    meta = read_meta(folder)
+    artifacts = {"program": str(Path(folder).resolve())}
+    index_ref = None
+    if index:
+        if folder_bytes(Path(index)) <= BUNDLE_INDEX_MAX_BYTES:
+            artifacts["index"], index_ref = str(Path(index).resolve()), "bundled"
+        else:
+            index_ref = str(Path(index).resolve())
+    config = {"method": meta["method"], "index": index_ref, "lm": lm, "api_base": api_base, "api_key_env": api_key_env,
+              "max_tokens": max_tokens, "n_ctx": n_ctx}
+    info = mlflow.pyfunc.log_model(
+        name=name, python_model=str(MODEL_CODE), artifacts=artifacts, model_config=config,
+        pip_requirements=[f"hcqr-dspy=={__version__}"], registered_model_name=register,
+        metadata={"hcqr_dspy_program": {"method": meta["method"], "optimizer": meta.get("optimizer"),
+                                        "recipe": (meta.get("recipe") or {}).get("name")}},
+    )
+    version = getattr(info, "registered_model_version", None)
+    if register and alias:
+        mlflow.MlflowClient().set_registered_model_alias(register, alias, str(version))
+    return {"model_uri": info.model_uri, "registered": f"models:/{register}/{version}" if register else None,
+            "version": version, "index": index_ref}
+
+
+def program_folder_of_model(model_dir: str | Path) -> Path:
+    """The saved-program folder inside a downloaded pyfunc model of :func:`log_program_model`.
+
+    Raises:
+        HCQRError: the model is not one (no ``program`` artifact).
+    """
+    from mlflow.models import Model
+
+    model_dir = Path(model_dir)
+    try:
+        flavor = Model.load(str(model_dir)).flavors.get("python_function") or {}
+    except Exception as exc:  # MlflowException, OSError: not a model folder
+        raise HCQRError(f"{model_dir} is not an MLflow model ({exc})") from None
+    program = (flavor.get("artifacts") or {}).get("program")
+    if not program:
+        raise HCQRError(f"the MLflow model at {model_dir} holds no hcqr-dspy program (no 'program' artifact); "
+                        "log programs with `hcqr compile --register NAME`")
+    return model_dir / program["path"]

@@ -1,0 +1,161 @@
+"""The MLflow store: where it is (``--mlflow-dir``, ``$HCQR_MLFLOW_DIR``, ``./mlruns`` or
+``$MLFLOW_TRACKING_URI``), opening it with its experiment, finding a run in it, its file locks, and a full disk
+met while writing to it.
+
+The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under ``<dir>/artifacts`` (MLflow 3's file
+store is in maintenance mode).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from hcqr_dspy.errors import DiskFullError, HCQRError
+from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
+from hcqr_dspy.tracking.experiment_page import EXPERIMENT, set_experiment_page
+
+DEFAULT_DIR = "mlruns"
+
+
+def store_dir(path: str | Path | None = None) -> Path:
+    """The tracking folder: the argument, ``$HCQR_MLFLOW_DIR`` or ``./mlruns``."""
+    return Path(path or os.environ.get("HCQR_MLFLOW_DIR") or DEFAULT_DIR).resolve()
+
+
+def tracking_uri(path: str | Path | None = None) -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<store_dir>/mlflow.db``."""
+    if os.environ.get("MLFLOW_TRACKING_URI") and path is None:
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{store_dir(path) / 'mlflow.db'}"
+
+
+def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> str:
+    """Point MLflow at the store and select (creating if needed) the experiment.
+
+    The experiment gets its description and the saved view of its runs table with the key metrics as
+    columns (:func:`~hcqr_dspy.tracking.experiment_page.set_experiment_page`), and becomes the
+    active experiment (traces made outside a run, such as the DUR judge's, are recorded there).
+
+    Several processes may start on one new store at once (parallel
+    evaluations): MLflow creates and migrates the SQLite schema on first use,
+    and two processes doing it together fail ("table ... already exists").
+    The first use is therefore serialized with an exclusive ``fcntl.flock``
+    on ``<store>/.init.lock``; afterwards SQLite's own locking suffices.
+    (With ``$MLFLOW_TRACKING_URI`` pointing at a tracking server, the server
+    does this and the lock is moot.) POSIX only (``fcntl``).
+
+    Returns:
+        The experiment id.
+
+    Raises:
+        HCQRError: the store folder cannot be created.
+    """
+    import mlflow
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    folder = store_dir(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".init.lock", "a")
+    except OSError as exc:
+        raise HCQRError(f"cannot create MLflow folder {folder}: {exc.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        mlflow.set_tracking_uri(tracking_uri(path))
+        found = mlflow.get_experiment_by_name(experiment)
+        if found is not None:
+            experiment_id = found.experiment_id
+        else:
+            experiment_id = mlflow.create_experiment(
+                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+        set_experiment_page(mlflow.MlflowClient(), experiment_id)
+    mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
+    return experiment_id
+
+
+def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
+    """``run_id`` if the store at ``path`` holds that run, else ``None`` (with a warning).
+
+    A run folder remembers its MLflow run to resume it; if the store was
+    moved or deleted, the evaluation is tracked in a new run instead.
+    """
+    if not run_id:
+        return None
+    import mlflow
+
+    configure(path)
+    try:
+        mlflow.get_run(run_id)
+        return run_id
+    except Exception:
+        print(f"hcqr: note: MLflow run {run_id} is not in {tracking_uri(path)}; tracking in a new run", file=sys.stderr)
+        return None
+
+
+def open_store(path: str | Path | None = None) -> str:
+    """:func:`configure` the store, refusing one that cannot be used with one line, before a command writes
+    anything else: a folder that cannot be created, a full disk, a file that is not an MLflow database. A
+    database file this call created and could not fill (a full disk leaves it at 0 bytes) is removed.
+
+    Returns:
+        The experiment id.
+
+    Raises:
+        HCQRError: the store cannot be used (:class:`~hcqr_dspy.errors.DiskFullError` for a full disk).
+    """
+    db = store_dir(path) / "mlflow.db"
+    existed = db.exists()
+    try:
+        return configure(path)
+    except HCQRError:
+        raise
+    except Exception as exc:  # SQLAlchemy / MlflowException: the store cannot be opened or written
+        if not existed and db.exists() and os.path.getsize(db) == 0:
+            db.unlink()
+        if disk_full(exc):
+            raise disk_full_error(exc, f"the MLflow store {store_dir(path)} could not be written") from None
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise HCQRError(f"the MLflow store {tracking_uri(path)} cannot be used: {type(exc).__name__}: "
+                        f"{first}") from None
+
+
+@contextmanager
+def store_outages(path: str | Path | None = None) -> Iterator[None]:
+    """Turn a full disk met while tracking (SQLAlchemy's "database or disk is full", an artifact copy's
+    ``ENOSPC``) into the one-line :class:`~hcqr_dspy.errors.DiskFullError`; a stop that already said so
+    (it names what is saved) is kept as it is. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        said = exc
+        while said is not None and not isinstance(said, DiskFullError):
+            said = said.__context__
+        if said is not None:
+            raise said from None
+        if not isinstance(exc, HCQRError) and disk_full(exc):
+            raise disk_full_error(exc, f"rows written so far are saved; the MLflow store is "
+                                       f"{store_dir(path)}") from None
+        raise
+
+
+@contextmanager
+def store_lock(name: str) -> Iterator[None]:
+    """An exclusive ``fcntl.flock`` on ``<store>/<name>`` while the block runs, for the active SQLite store
+    (MLflow's SQLAlchemy store does not serialize some multi-statement writes between processes); no lock
+    for a tracking server, which serializes them itself."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(Path(uri[len("sqlite:///"):]).parent / name, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield

@@ -1,0 +1,245 @@
+"""One evaluation end to end: resolve LM, index, questions and program (:mod:`hcqr_dspy.workflows.specs`);
+answer every question into a run folder, resuming it; track it as an MLflow run. Shared by ``hcqr eval``,
+``hcqr predict``, ``hcqr demo`` and experiments."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from hcqr_dspy.data import load_questions, select
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.evaluate import EvalResult, evaluate
+from hcqr_dspy.evaluation.provenance import machine_key
+from hcqr_dspy.evaluation.records import write_probe
+from hcqr_dspy.evaluation.rows import answer_record
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.lm import build_lm, check_lm
+from hcqr_dspy.tracking.datasets import questions_dataset
+from hcqr_dspy.tracking.runs import describe_run, log_metrics, log_run_folder, mlflow_run
+from hcqr_dspy.tracking.store import existing_run_id, open_store, store_outages
+from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
+
+DEFAULT_RUNS = Path("runs")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60]
+
+
+def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
+    """``runs/<dataset>/<method>-<lm>-n<count>-s<seed>-<config hash>`` (``predict-<method>...`` for unlabelled
+    questions): the same spec reuses (resumes) its folder."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+    dataset = _slug(dataset_name(spec.dataset))
+    lm = _slug(spec.lm.replace(":", "-").replace("/", "-"))
+    kind = "" if spec.labelled else "predict-"
+    return DEFAULT_RUNS / dataset / f"{kind}{spec.method}-{lm}-n{config['questions']['count']}-s{spec.seed}-{digest}"
+
+
+def run_evaluation(
+    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None,
+    on_row: Any = None,
+) -> tuple[EvalResult, Path, str | None]:
+    """Resolve, run (resuming the run folder if it has rows) and track one evaluation as an MLflow run.
+
+    Every input is checked before the run folder is written: method and
+    options, questions, index, saved program, and the LM (built, and a remote
+    one asked one tiny question by :func:`hcqr_dspy.lm.check_lm`), so a failed
+    attempt leaves nothing that would refuse the corrected command.
+
+    Args:
+        spec: The evaluation.
+        mlflow_dir: MLflow store folder (see :func:`hcqr_dspy.tracking.store.store_dir`).
+        progress: Show a progress bar.
+        track: Track in MLflow.
+        lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
+            (tests, notebooks); ``spec.lm`` is still what the config records.
+        on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluation.evaluate.evaluate`).
+
+    Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
+    (:func:`run_name`) and tagged likewise; its description links the compile run of a saved program;
+    the questions are its input (an MLflow evaluation dataset); each question is a trace
+    (:mod:`hcqr_dspy.tracing`); and once every question is answered the traces are scored with
+    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.tracking.scorers.score_run`; once per MLflow run: a rerun that answers
+    nothing new does not score again).
+
+    Returns:
+        The result, the run folder and the MLflow run id (``None`` untracked).
+
+    Raises:
+        HCQRError: bad input or an unusable LM (before anything is written), an
+            unusable run folder, :class:`~hcqr_dspy.errors.LMUnavailableError`
+            or :class:`~hcqr_dspy.errors.ProgramError` mid-run.
+    """
+    config, questions, program_module = resolve(spec, mlflow_dir)
+    # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
+    folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
+    try:
+        if lm is None:
+            lm = build_lm(
+                spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
+                api_base=spec.api_base, api_key_env=spec.api_key_env,
+            )
+            check_lm(lm)
+        if track:  # a store that cannot be used is refused before the run folder is written
+            open_store(mlflow_dir)
+        folder.start(config)
+        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
+            note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
+        if not track:
+            with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+                result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
+            return result, folder.path, None
+        with store_outages(mlflow_dir):
+            return _tracked_evaluation(spec, config, questions, program_module, lm, folder, mlflow_dir, progress,
+                                       on_row)
+    finally:
+        folder.release()
+
+
+def _tracked_evaluation(spec: EvalSpec, config: dict[str, Any], questions: list[dspy.Example], program_module: Any,
+                        lm: Any, folder: RunFolder, mlflow_dir: str | Path | None, progress: bool,
+                        on_row: Any) -> tuple[EvalResult, Path, str | None]:
+    """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces and scores."""
+    old_id = existing_run_id(folder.mlflow_run_id, mlflow_dir)
+    labelled = all(q.answer is not None for q in questions)
+    dname = dataset_name(spec.dataset)
+    program = program_label(config)
+    kind = "evaluation" if labelled else "prediction"
+    name = run_name(spec.method, dname, spec.lm, program, kind)
+    tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
+    # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
+    # dspy.context: a context entered earlier keeps the callbacks it started with.
+    with mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+        import mlflow  # heavy: imported once an MLflow run is opened
+
+        run_id = run.info.run_id
+        folder.set_mlflow_run_id(run_id)
+        if old_id is None:
+            describe_run(run_id, config, kind)
+        questions_ds = questions_dataset(
+            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id)
+        if old_id is None:
+            mlflow.log_input(questions_ds, context=kind)
+        trace_tags = {"method": spec.method, "dataset": dname, "run_folder": str(folder.path.resolve()),
+                      "lm": spec.lm, "program": program, "mlflow_run_id": run_id}
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            try:
+                result = evaluate(program=program_module, examples=questions, folder=folder, method=spec.method,
+                                  num_threads=spec.num_threads, progress=progress, on_row=on_row, trace_tags=trace_tags)
+            except BaseException:
+                # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
+                # replaced by this logging's failure; the next run logs them again
+                with contextlib.suppress(Exception):
+                    log_run_folder(folder)
+                raise
+            log_run_folder(folder)
+        log_metrics(result.metrics)
+        if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
+            from hcqr_dspy.tracking.scorers import score_run  # imports mlflow: only once scoring
+
+            score_run(result.rows, questions_ds, labelled=labelled)
+            mlflow.set_tag(SCORED_TAG, "true")
+    return result, folder.path, run_id
+
+
+SCORED_TAG = "hcqr.scored"
+
+
+def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
+    """Say on stderr when a resumed run folder's earlier rows were written on another machine or LM stack
+    (:func:`hcqr_dspy.evaluation.provenance.machine_key`): at temperature 0 the LM need not reply as it did there."""
+    now = machine_key(session)
+    earlier = [machine_key(s) for s in folder.sessions()[:-1] if s.get("command") == "eval"]
+    other = [k for k in dict.fromkeys(earlier) if k != now]
+    if other:
+        print(f"hcqr: note: {folder.path}: earlier rows were written on another machine or LM stack ({other[-1]}); "
+              f"this session runs on {now}; `hcqr compare` reports it", file=sys.stderr)
+
+
+def program_label(config: dict[str, Any]) -> str:
+    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made)."""
+    saved = config.get("saved_program")
+    if not saved:
+        return "zero-shot"
+    return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
+
+
+def run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
+    """An evaluation's MLflow run name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
+    return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])
+
+
+def answers_target(out: str | Path) -> Path:
+    """Check where :func:`write_answers` will write, before any LM call.
+
+    Raises:
+        HCQRError: ``out`` is a folder, or its folder cannot be created or written.
+    """
+    path = Path(out)
+    if path.is_dir():
+        raise HCQRError(f"--out {path} is a folder; give a file (answers.jsonl or answers.json)")
+    try:
+        write_probe(path.parent)
+    except OSError as exc:
+        raise HCQRError(f"--out {path}: its folder cannot be written ({exc.strerror or exc})") from None
+    return path
+
+
+def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Sequence[dspy.Example]) -> Path:
+    """Write an evaluation's answers for people and programs: one record per question, in question order
+    (:func:`hcqr_dspy.evaluation.evaluate.answer_record`: the letter and its text, validity, hypothesis, queries and
+    passages; ``gold`` and ``correct`` when the question has a gold answer).
+
+    ``out`` ending in ``.json`` gets one object ``{qid: record}``; any other name gets JSON Lines. The
+    file is written whole to a temporary name and renamed, so a reader never sees half of it.
+    """
+    by_qid = {r["qid"]: r for r in rows}
+    records = []
+    for q in questions:
+        r = by_qid.get(q.qid)
+        if r is None:
+            continue
+        record = answer_record(q.qid, q.options, r.get("prediction"), r["valid"], r.get("error"), r.get("hypothesis"),
+                               r.get("queries"), r.get("passages"))
+        if q.answer is not None:
+            record.update(gold=q.answer, correct=r["correct"])
+        records.append(record)
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps({r["qid"]: r for r in records}, indent=2, ensure_ascii=False) + "\n",
+                       encoding="utf-8")
+    else:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def run_prediction(spec: EvalSpec, out: str | Path, mlflow_dir: str | Path | None = None,
+                   track: bool = True) -> tuple[EvalResult, Path, str | None, Path]:
+    """Answer a file of questions (``spec.labelled`` false: gold answers optional) and write the answers.
+
+    ``out`` is checked (:func:`answers_target`) before anything else; then :func:`run_evaluation` runs, and
+    :func:`write_answers` writes every answer of the run folder for the spec's questions to ``out``.
+
+    Returns:
+        The result, the run folder, the MLflow run id (``None`` untracked) and the answers file.
+
+    Raises:
+        HCQRError: as :func:`answers_target` and :func:`run_evaluation`.
+    """
+    path = answers_target(out)
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_dir, track=track)
+    questions = select(load_questions(spec.dataset, labelled=False), limit=spec.limit, seed=spec.seed, ids=spec.ids)
+    write_answers(path, result.rows, questions)
+    return result, run_dir, run_id, path

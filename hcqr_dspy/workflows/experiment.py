@@ -1,0 +1,99 @@
+"""Running an experiment grid (:mod:`hcqr_dspy.workflows.experiment_file`): every cell (dataset x method)
+is one evaluation, then each dataset's run folders are compared.
+
+``hcqr experiment FILE`` runs the cells in order, each its own run folder under
+``runs/experiments/<name>/<dataset>/<method>`` (so an interrupted experiment
+resumes cell by cell, question by question) and its own MLflow child run
+under one parent MLflow run; DSPy's response cache makes a finished cell free to
+re-run. After the cells, each dataset's run folders are compared (table, exact
+McNemar tests, plots) and the reports logged to the parent MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.lm import build_lm
+from hcqr_dspy.programs.registry import PROGRAMS
+from hcqr_dspy.reporting import compare
+from hcqr_dspy.retrieval import load_index
+from hcqr_dspy.tracking.comparison import track_comparison
+from hcqr_dspy.tracking.runs import mlflow_run
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.experiment_file import Experiment
+from hcqr_dspy.workflows.judge import judge_and_track
+from hcqr_dspy.workflows.specs import EvalSpec
+
+
+def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", mlflow_dir: str | Path | None = None,
+                   progress: bool = True, lm: Any = None) -> dict[str, Any]:
+    """Run every cell (dataset x method), then compare each dataset's run folders.
+
+    Args:
+        exp: The validated experiment.
+        runs_root: Root of the run folders.
+        mlflow_dir: MLflow store folder.
+        progress: Progress bars.
+        lm: A ready ``dspy.LM`` for every cell instead of building ``exp.lm`` (tests).
+
+    Returns:
+        ``{"parent_run_id", "cells": {dataset: {method: metrics}}, "reports": {dataset: path}}``.
+
+    Raises:
+        HCQRError: from any cell (finished cells and questions are kept;
+            re-running resumes).
+    """
+    import mlflow  # heavy: imported only to run
+
+    root = Path(runs_root) / exp.name
+    root.mkdir(parents=True, exist_ok=True)
+    state_path = root / "experiment.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    params = {k: v for k, v in exp.__dict__.items() if k not in ("description",)}
+    out: dict[str, Any] = {"cells": {}, "reports": {}}
+    with mlflow_run(f"experiment {exp.name}", params, tags={"kind": "experiment"},
+                             run_id=state.get("parent_run_id"), store=mlflow_dir, traces=False) as parent:
+        state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
+        state_path.write_text(json.dumps(state, indent=2) + "\n")
+        for dname, dfile in exp.datasets.items():
+            out["cells"][dname] = {}
+            run_dirs = []
+            for method in exp.methods:
+                spec = EvalSpec(
+                    method=method, dataset=dfile, index=exp.index, lm=exp.lm,
+                    limit=exp.questions.get("limit"), seed=int(exp.questions.get("seed", 0)),
+                    ids=exp.questions.get("ids"),
+                    program_options={"budget": exp.budget, **exp.method_options.get(method, {})},
+                    max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env,
+                    num_threads=exp.threads, run_dir=str(root / dname / method),
+                    search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
+                    encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
+                )
+                result, run_dir, _ = run_evaluation(spec, mlflow_dir=mlflow_dir, progress=progress, lm=lm)
+                out["cells"][dname][method] = result.metrics
+                run_dirs.append(run_dir)
+            if exp.judge is not None:
+                _judge_cells(exp, run_dirs, mlflow_dir, lm)
+            if len(run_dirs) > 1:
+                _, files = compare(run_dirs, reference=exp.reference, out_dir=root / dname / "comparison")
+                out["reports"][dname] = str(files[0])
+                for f in files:
+                    mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")
+                track_comparison(root / dname / "comparison", mlflow_dir=mlflow_dir)  # a child run, linking the cells
+    return out
+
+
+def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = None) -> None:
+    """Judge the cells' run folders through the one judging path (:func:`hcqr_dspy.workflows.judge.judge_and_track`)."""
+    spec = exp.judge.get("lm") or exp.lm
+    if lm is None:
+        lm = build_lm(spec, max_tokens=exp.judge.get("max_tokens", 512), n_ctx=exp.n_ctx, api_base=exp.api_base,
+                      api_key_env=exp.api_key_env)
+    retriever = (load_index(exp.index, search_options=exp.search_options, encoder_backend=exp.encoder_backend)
+                 if exp.index else None)
+    for run_dir in run_dirs:
+        judge_and_track(run_dir, judge_lm=spec, lm=lm, mode=exp.judge.get("mode", "context"),
+                        reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir,
+                        limit=exp.judge.get("limit"), seed=exp.judge.get("seed", 0))

@@ -1,0 +1,190 @@
+"""``hcqr judge``: judge one run's contexts (with controls) and record the result in its MLflow run.
+
+The one judging path of ``hcqr judge`` and of experiments (:func:`judge_and_track`): the judge LM (the run's own
+at the run's own endpoint unless given), the run's index checked against its corpus, the folder's writer lock,
+the judging itself (:func:`hcqr_dspy.judge.judging.judge_run`), then, for a tracked run, the DUR metrics and the
+judge's settings on its MLflow run, one ``dur judge`` trace per question, and each label logged on the
+question's trace (:func:`log_dur_feedback`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.lock import WriterLock
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.judge.judging import check_judge_index, judge_run, judgeable
+from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
+from hcqr_dspy.retrieval import load_index
+from hcqr_dspy.retrieval.base import Retriever
+from hcqr_dspy.tracking.runs import dspy_tracing, flatten, log_metrics, log_run_folder
+from hcqr_dspy.tracking.store import existing_run_id
+
+JUDGE_MAX_TOKENS = 512
+
+
+def judge_and_track(
+    run: str | Path | RunFolder,
+    judge_lm: str | None = None,
+    lm: Any = None,
+    mode: Literal["context", "passage"] = "context",
+    reasoning: bool = True,
+    index: str | Path | None = None,
+    retriever: Retriever | None = None,
+    mlflow_dir: str | Path | None = None,
+    track: bool = True,
+    num_threads: int = 1,
+    progress: bool = True,
+    max_tokens: int = JUDGE_MAX_TOKENS,
+    n_ctx: int | None = None,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    ids: Sequence[str] | None = None,
+) -> dict[str, Any] | None:
+    """Judge one run and record the result in its MLflow run: the one judging path of
+    ``hcqr judge`` and of experiments.
+
+    Args:
+        run: The run folder.
+        judge_lm: The judge's LM spec; default the run's own LM.
+        lm: A ready judge ``dspy.LM`` (tests, notebooks, experiments sharing one); ``judge_lm``
+            is still what is recorded.
+        mode, reasoning: See :class:`~hcqr_dspy.judge.judge.DURJudge`.
+        index: The index to resolve passages; default the run's own.
+        retriever: A loaded retriever instead of ``index``.
+        mlflow_dir: MLflow store; the run's MLflow run (if any) gets the DUR metrics, the
+            judge's settings as tags (``dur.judge_lm`` ...) and the updated record files; the judge's calls are traced
+            (one ``dur judge`` trace per question, tagged ``kind=dur_judge``, ``qid`` and the judged run),
+            and each label is logged on the question's trace (:func:`log_dur_feedback`).
+        track: Log to MLflow.
+        num_threads, progress: See :func:`~hcqr_dspy.judge.judging.judge_run`.
+        max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
+        limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.judging.judged_sample`); default all.
+
+    Returns:
+        The DUR metrics, or ``None`` for a run without retrieval (nothing to judge; said on stderr).
+
+    Raises:
+        HCQRError: not a run folder, an unusable judge LM or index, or any error of
+            :func:`~hcqr_dspy.judge.judging.judge_run`.
+    """
+    folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
+    if not judgeable(folder):
+        print(f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
+              file=sys.stderr)
+        return None
+    with WriterLock(folder.path, "judge"):  # one writer: a second judge (or an eval) of the folder is refused
+        if retriever is None:
+            retriever = load_index(check_judge_index(folder, index))
+        lm, spec = _judge_lm(folder, judge_lm, lm, max_tokens, n_ctx, api_base, api_key_env)
+        return _judge_and_track(folder, retriever, lm, spec, mode, reasoning, mlflow_dir, track, num_threads, progress,
+                                limit, seed, ids)
+
+
+def _judge_lm(folder: RunFolder, judge_lm: str | None, lm: Any, max_tokens: int, n_ctx: int | None,
+              api_base: str | None, api_key_env: str | None) -> tuple[Any, str | None]:
+    """The judge's ``dspy.LM`` and spec: ``judge_lm``, or the run's own LM at the run's own endpoint (its
+    ``api_base`` and key variable, unless given), never a provider's default endpoint in its place. The endpoint
+    is said on stderr before the LM is asked anything.
+
+    Raises:
+        RunError: no judge LM given and the run records none. LMSpecError: see :func:`hcqr_dspy.lm.build_lm`,
+            :func:`hcqr_dspy.lm.check_lm`.
+    """
+    spec = judge_lm or folder.lm_spec
+    if judge_lm is None:  # the run's own LM, at the run's own endpoint with its key variable
+        recorded = folder.config.get("lm") or {}
+        api_base = api_base or recorded.get("api_base")
+        api_key_env = api_key_env or recorded.get("api_key_env")
+    if lm is None:
+        if not spec:
+            raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
+        lm = build_lm(spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base,
+                      api_key_env=api_key_env)
+        print(f"hcqr judge: {folder.path}: judge LM {spec} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
+        check_lm(lm)
+    return lm, spec
+
+
+def _judge_and_track(folder: RunFolder, retriever: Retriever, lm: Any, spec: str | None, mode: str, reasoning: bool,
+                     mlflow_dir: str | Path | None, track: bool, num_threads: int, progress: bool, limit: int | None,
+                     seed: int, ids: Sequence[str] | None) -> dict[str, Any]:
+    """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
+    run_id = folder.mlflow_run_id
+    tracked = bool(track and run_id and existing_run_id(run_id, mlflow_dir))
+    if not tracked:
+        return judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
+                         num_threads=num_threads, progress=progress, limit=limit, seed=seed, ids=ids)
+    import mlflow
+
+    trace_tags = {"kind": "dur_judge", "judged_run_id": run_id, "method": folder.method, "dataset": folder.dataset_name,
+                  "run_folder": str(folder.path.resolve()), "judge_lm": spec}
+    with dspy_tracing():
+        metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
+                            num_threads=num_threads, progress=progress, trace_tags=trace_tags,
+                            limit=limit, seed=seed, ids=ids)
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        log_metrics(metrics)
+        # tags, not params: MLflow params never change, and a run may be judged again with other settings
+        mlflow.set_tags(flatten({"dur": metrics["judge"]}))
+        if metrics.get("sample"):  # a metric, not a param: a later judging may widen the sample
+            mlflow.log_metric("dur_sample_n", metrics["sample"]["n"])
+        log_run_folder(folder)
+        log_dur_feedback(folder)
+    return metrics
+
+
+# Assessment metadata that marks a DUR label logged by `hcqr judge` (a rerun does not log it twice).
+JUDGE_FEEDBACK_SOURCE = "hcqr judge"
+
+
+def log_dur_feedback(folder: RunFolder) -> int:
+    """Log each DUR judgment of a run on its question's MLflow trace, once; labels an earlier judging
+    with other settings left there are replaced.
+
+    Feedback ``dur`` (the label, the judge's reasoning as rationale; an error for an invalid judgment),
+    ``dur_positive_control`` and ``dur_negative_control``, source ``LLM_JUDGE`` (the judge LM), with
+    metadata naming the judge's settings and its own trace (``judge_trace_id``). Questions without a
+    trace in the current store, and traces that already hold a label from ``hcqr judge``, are skipped.
+
+    Returns:
+        How many questions got their labels now.
+    """
+    import mlflow
+    from mlflow.entities import AssessmentError, AssessmentSource
+
+    mlflow.flush_trace_async_logging()
+    trace_ids = {r["qid"]: r.get("trace_id") for r in folder.rows()}
+    logged = 0
+    for j in folder.judgments():
+        trace_id = trace_ids.get(j["qid"])
+        trace = mlflow.get_trace(trace_id, silent=True) if trace_id else None
+        if trace is None:
+            continue
+        source = AssessmentSource(source_type="LLM_JUDGE", source_id=str(j.get("judge_lm")))
+        meta = {"source": JUDGE_FEEDBACK_SOURCE, "mode": str(j.get("mode")), "reasoning": str(j.get("reasoning")),
+                **({"judge_trace_id": j["judge_trace_id"]} if j.get("judge_trace_id") else {})}
+        ours = [a for a in trace.info.assessments if a.name in ("dur", "dur_positive_control", "dur_negative_control")
+                and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE]
+        if any(a.name == "dur" and a.metadata == meta and a.source.source_id == source.source_id for a in ours):
+            continue  # this judgment is already on the trace
+        for old in ours:  # labels of an earlier judging (other settings, or judged again): replaced
+            mlflow.delete_assessment(trace_id=trace_id, assessment_id=old.assessment_id)
+        if j["valid"]:
+            mlflow.log_feedback(trace_id=trace_id, name="dur", value=j["label"], rationale=j.get("rationale"),
+                                source=source, metadata=meta)
+        else:
+            mlflow.log_feedback(trace_id=trace_id, name="dur", source=source, metadata=meta,
+                                error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(j.get("error"))))
+        for side in ("positive", "negative"):
+            if j.get(f"{side}_label"):
+                mlflow.log_feedback(trace_id=trace_id, name=f"dur_{side}_control", value=j[f"{side}_label"],
+                                    source=source, metadata=meta)
+        logged += 1
+    return logged

@@ -1,0 +1,76 @@
+"""Where a saved program comes from: a folder, an MLflow run (``runs:/``) or a logged model (``models:/``).
+
+The saved-program format itself (two JSON files, read without unpickling anything) is
+:mod:`hcqr_dspy.optimize.saved`; this module only fetches the folder from the MLflow store first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import HCQRError, ProgramFormatError
+from hcqr_dspy.optimize import saved
+from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.tracking.serving import program_folder_of_model
+from hcqr_dspy.tracking.store import configure, tracking_uri
+
+
+def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = None) -> Path:
+    """A local saved-program folder for a path or an MLflow URI.
+
+    ``runs:/<run_id>`` (or ``runs:/<run_id>/program``) downloads the run's
+    ``program`` artifacts from the tracking store (:mod:`hcqr_dspy.tracking.store`);
+    ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` (the Model Registry) and
+    ``models:/<model id>`` download the pyfunc model that ``hcqr compile`` logged
+    (:mod:`hcqr_dspy.tracking.serving`) and use the program folder it carries. Either way
+    only the two JSON files are read.
+
+    Raises:
+        ProgramFormatError: no such folder, run, model, version or alias, or a
+            run or model without program artifacts.
+    """
+    text = str(source)
+    if not text.startswith(("runs:/", "models:/")):
+        return saved.program_folder(text)
+    import mlflow
+
+    configure(mlflow_dir)
+    uri = text.rstrip("/")
+    if uri.startswith("runs:/") and uri.count("/") == 1:  # runs:/<id>
+        uri += "/program"
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+    except Exception as exc:  # MlflowException, OSError: both mean "not there"
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise ProgramFormatError(f"cannot fetch saved program {text} from {tracking_uri(mlflow_dir)}: "
+                                 f"{first}") from None
+    if uri.startswith("models:/"):
+        try:
+            return program_folder_of_model(local)
+        except HCQRError as exc:
+            raise ProgramFormatError(f"{text}: {exc}") from None
+    return local
+
+
+def load_program(
+    source: str | Path, retriever=None, method: str | None = None, mlflow_dir: str | Path | None = None
+) -> tuple[MCQProgram, dict[str, Any]]:
+    """Rebuild a saved program from a folder or an MLflow URI against ``retriever``.
+
+    Args:
+        source: A saved-program folder, ``runs:/<run_id>[/program]`` or ``models:/...``
+            (:func:`resolve_program_path`).
+        retriever: The index to retrieve from (any index; not saved with the program).
+        method: If given, the method the caller expects; another one is refused.
+        mlflow_dir: MLflow store for ``runs:/`` and ``models:/`` URIs.
+
+    Returns:
+        The program and its ``meta.json`` (plus ``"path"``: ``source``), as
+        :func:`hcqr_dspy.optimize.saved.load_program`.
+
+    Raises:
+        ProgramFormatError: see :func:`resolve_program_path` and :func:`hcqr_dspy.optimize.saved.load_program`.
+    """
+    program, meta = saved.load_program(resolve_program_path(source, mlflow_dir), retriever, method)
+    return program, {**meta, "path": str(source)}

@@ -1,0 +1,258 @@
+"""What one evaluation is (:class:`EvalSpec`) and how its inputs are checked and opened before any LM call:
+method and options, a saved program, questions, index (:func:`resolve`). ``hcqr ask`` makes the same checks
+through :func:`resolve_method`, :func:`check_retrieval_inputs` and :func:`build_program`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from hcqr_dspy import __version__
+from hcqr_dspy.data import load_questions, select
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.fingerprints import question_fingerprint
+from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
+from hcqr_dspy.optimize.saved import load_program, read_meta, refuse_overlap
+from hcqr_dspy.programs.base import accepted_options
+from hcqr_dspy.programs.registry import PROGRAMS, make_program
+from hcqr_dspy.retrieval import load_index, read_manifest
+from hcqr_dspy.workflows.programs import resolve_program_path
+
+
+@dataclass
+class EvalSpec:
+    """Everything that defines one evaluation (it becomes the run folder's config).
+
+    Attributes:
+        method: Registered method name (``cot``, ``simple_rag``, ``hcqr``).
+        dataset: MIRAGE-format file or hub name.
+        index: Index folder (``None`` only for methods without retrieval).
+        lm: ``--lm`` spec.
+        limit / seed / ids: Question selection (see :func:`hcqr_dspy.data.select`).
+        program_options: Method settings (``budget``, ``k_per_query``, ``fusion`` ...); only
+            options the method's constructor takes are accepted (others are refused, naming
+            the method), and absent ones take the method's documented defaults.
+        temperature / max_tokens / n_ctx: LM settings (temperature 0 as in the reference setup).
+        api_base / api_key_env: LiteLLM endpoint and the name of its key variable.
+        num_threads: Questions in flight.
+        run_dir: Run folder; derived from the spec when ``None``.
+        program: A saved (e.g. compiled) program to run instead of a fresh
+            one: a folder from ``hcqr compile`` or ``runs:/<MLflow run id>``; its
+            method and options come from the program (``method`` may be
+            ``None``; given, it must match), so ``program_options`` must be empty.
+        search_options: Search-time options of a dense index (``nprobe``,
+            ``efSearch``, ``k_factor``); recorded in the config under ``index``.
+        encoder_backend: What embeds the queries (``torch``, ``onnx``,
+            ``onnx-int8``, ``openvino``, ``openvino-bf16``; ``None`` = torch); recorded in the
+            config under ``index``.
+        labelled: The questions must have gold answers (``hcqr eval``). ``False``
+            (``hcqr predict``) accepts questions without one; they are answered, not
+            scored, and the config records ``questions.labelled: false``.
+    """
+
+    method: str | None
+    dataset: str
+    index: str | None = None
+    lm: str = "local"
+    limit: int | None = None
+    seed: int = 0
+    ids: Sequence[str] | None = None
+    program_options: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    n_ctx: int = DEFAULT_N_CTX
+    api_base: str | None = None
+    api_key_env: str | None = None
+    num_threads: int = 1
+    run_dir: str | None = None
+    program: str | None = None
+    search_options: dict[str, int] = field(default_factory=dict)
+    encoder_backend: str | None = None
+    labelled: bool = True
+
+
+def check_program_options(method: str, options: dict[str, Any], flags: bool = True) -> None:
+    """Refuse options a method does not take (one line naming the method and what it takes).
+
+    Args:
+        method: A registered method.
+        options: The options asked for.
+        flags: Name them as CLI flags (``--k-per-query``) rather than keys.
+
+    Raises:
+        HCQRError: an option the method's constructor does not accept.
+    """
+    valid = accepted_options(PROGRAMS[method])
+    bad = sorted(set(options) - valid)
+    if bad:
+        name = (lambda k: "--" + k.replace("_", "-")) if flags else str
+        raise HCQRError(f"{', '.join(map(name, bad))} does not apply to method {method!r} "
+                        f"(it takes: {', '.join(map(name, sorted(valid - {'max_context_tokens'}))) or 'none'})")
+
+
+def resolve_method(method: str | None, program: str | None, program_options: dict[str, Any],
+                   mlflow_dir: str | Path | None = None) -> tuple[str, dict[str, Any] | None, Path | None]:
+    """The method to run, checked with its options; a saved program's own method when ``program`` is given.
+
+    Args:
+        method: The method asked for (``None`` with ``program``: the saved program's).
+        program: A saved program (a folder from ``hcqr compile``, ``runs:/``, ``models:/``) or ``None``.
+        program_options: The method options given (none are allowed with a saved program).
+        mlflow_dir: The MLflow store of ``runs:/`` and ``models:/`` programs.
+
+    Returns:
+        The method, and the saved program's metadata and folder (``None, None`` without one).
+
+    Raises:
+        HCQRError: an unknown method, an option the method does not take, a saved program of another
+            method or of a newer format, or given options of its own.
+    """
+    saved = folder = None
+    if program:
+        folder = resolve_program_path(program, mlflow_dir)
+        saved = read_meta(folder)
+        if method and method != saved["method"]:
+            raise HCQRError(f"{program} is a saved {saved['method']!r} program, not {method!r}")
+        method = saved["method"]
+    if method not in PROGRAMS:
+        raise HCQRError(f"unknown method {method!r}; choose one of {', '.join(PROGRAMS)}")
+    if saved and program_options:
+        raise HCQRError(f"{program} is a saved program: its options come with it; drop "
+                        + ", ".join("--" + k.replace("_", "-") for k in sorted(program_options)))
+    check_program_options(method, program_options)
+    return method, saved, folder
+
+
+def build_program(method: str, retriever: Any, program_options: dict[str, Any],
+                  folder: Path | None = None) -> tuple[Any, dict[str, Any] | None]:
+    """A fresh ``method`` program over ``retriever``, or the saved program in ``folder``.
+
+    Returns:
+        The program and the saved program's metadata (``None`` for a fresh one).
+
+    Raises:
+        HCQRError: option values the method's constructor refuses, or a saved program that does not load.
+    """
+    if folder is not None:
+        return load_program(folder, retriever)
+    try:
+        return make_program(method, retriever, **program_options), None
+    except ValueError as exc:
+        raise HCQRError(f"method {method!r}: {exc}") from None
+
+
+def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[str, Any], list[dspy.Example], Any]:
+    """Check every input before any LM call: method, options, LM spec, questions, index.
+
+    A saved program (``spec.program``) fills ``spec.method``; a ``runs:/``
+    program is fetched from the MLflow store ``mlflow_dir``.
+
+    Returns:
+        The run folder's config, the selected questions and the program.
+
+    Raises:
+        HCQRError: unknown method or LM spec, an option the method does not
+            take, malformed questions, a missing or mismatched index; a saved
+            program of another method, of a newer format, or compiled on some of
+            these questions, or given options of its own.
+    """
+    spec.method, saved, folder = resolve_method(spec.method, spec.program, spec.program_options, mlflow_dir)
+    lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
+    questions = select(load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed,
+                       ids=spec.ids)
+    if saved and saved.get("train"):
+        refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
+    retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
+    program, _ = build_program(spec.method, retriever, spec.program_options, folder)
+    config = {
+        "method": spec.method,
+        "program": program.settings(),
+        "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
+        "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
+        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed,
+                      **({} if spec.labelled else {"labelled": False})},
+        "index": index_info,
+        "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
+        "adapter": "JSONAdapter",
+        "hcqr_dspy_version": __version__,
+    }
+    return config, questions, program
+
+
+def check_retrieval_inputs(method: str, index: str | None, search_options: dict[str, int] | None = None,
+                           encoder_backend: str | None = None) -> bool:
+    """Whether ``method`` retrieves; refuse an index it lacks, or search options it cannot use.
+
+    Raises:
+        HCQRError: a retrieval method without an index, or search options or an encoder backend
+            for a method without retrieval.
+    """
+    if not PROGRAMS[method].uses_retrieval:
+        if search_options:
+            raise HCQRError(f"method {method!r} retrieves nothing: search options ({', '.join(search_options)}) "
+                            "do not apply")
+        if encoder_backend not in (None, "torch"):
+            raise HCQRError(f"method {method!r} retrieves nothing: --encoder-backend does not apply")
+        return False
+    if not index:
+        raise HCQRError(f"method {method!r} needs --index (build one with `hcqr index`)")
+    return True
+
+
+def open_index(method: str, index: str | None, search_options: dict[str, int] | None = None,
+               encoder_backend: str | None = None) -> tuple[Any, dict[str, Any] | None]:
+    """The retriever a method needs and the index record run folders keep; ``(None, None)`` without retrieval.
+
+    ``search_options`` (``nprobe``, ``efSearch``, ``k_factor``) are applied to the index
+    and recorded with it, and so is ``encoder_backend`` (what embeds the
+    queries); a method without retrieval refuses both (:func:`check_retrieval_inputs`).
+
+    Raises:
+        HCQRError: a retrieval method without an index, an index that does
+            not load, or search options or an encoder backend without an index.
+    """
+    if not check_retrieval_inputs(method, index, search_options, encoder_backend):
+        return None, None
+    retriever = load_index(index, search_options=search_options, encoder_backend=encoder_backend)
+    runtimes = {p.encoder.spec.query_runtime for p in [retriever, *getattr(retriever, "retrievers", [])]
+                if getattr(p, "encoder", None) is not None}
+    manifest = read_manifest(index, verify_files=False)
+    dense = manifest if manifest["retriever"] == "dense" else None
+    return retriever, {
+        "path": str(Path(index).resolve()),
+        "retriever": manifest["retriever"],
+        "encoder": manifest.get("encoder"),
+        "corpus_source": manifest["corpus"]["source"],
+        "corpus_fingerprint": manifest["corpus"]["fingerprint"],
+        "corpus_count": manifest["corpus"]["count"],
+        **({"vector_index": dense["vector_index"].get("factory") or dense["vector_index"]["backend"]} if dense else {}),
+        **({"search_options": dict(retriever.search_options)} if retriever.search_options else {}),
+        # recorded only when not the default torch, so run folders made before the option existed still resume
+        **({"encoder_backend": next(iter(runtimes))} if runtimes - {"torch"} else {}),
+    }
+
+
+def dataset_name(dataset: str) -> str:
+    """A dataset's name: the file stem (``medqa`` for ``.../medqa.json``) or the hub name."""
+    return Path(dataset).stem if Path(dataset).exists() else dataset
+
+
+def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """What a run folder records about the saved program it ran: where, its optimizer and recipe, its training set."""
+    recipe = meta.get("recipe") or {}
+    train = meta.get("train") or {}
+    return {
+        "source": str(source),
+        "folder": str(Path(folder).resolve()),
+        "optimizer": meta.get("optimizer"),
+        "recipe": recipe.get("name") if isinstance(recipe, dict) else recipe,
+        "created": meta.get("created"),
+        "compile_run_id": meta.get("mlflow_run_id"),
+        "train_dataset": train.get("dataset"),
+        "train_count": train.get("train_count", len(train.get("ids") or [])),
+        "val_count": train.get("val_count", 0),
+    }
