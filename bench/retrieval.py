@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,14 +55,46 @@ BATCH_SIZE = 64
 
 # Query triples shaped like HCQR's (support, distinction, key features), written here.
 TRIPLES = [
-    ("digoxin toxicity visual changes hyperkalemia", "digoxin toxicity versus hypokalemia arrhythmia", "yellow vision nausea elderly heart failure"),
-    ("Graves disease TSH receptor antibody", "Graves disease versus toxic multinodular goiter", "exophthalmos pretibial myxedema tremor"),
-    ("iron deficiency anemia low ferritin", "iron deficiency versus anemia of chronic disease", "microcytic anemia menorrhagia fatigue"),
-    ("myasthenia gravis acetylcholine receptor", "myasthenia gravis versus Lambert-Eaton syndrome", "ptosis diplopia worse end of day"),
-    ("Kawasaki disease coronary aneurysm", "Kawasaki disease versus scarlet fever", "fever conjunctivitis strawberry tongue child"),
-    ("nephrotic syndrome minimal change disease", "minimal change versus membranous nephropathy", "periorbital edema proteinuria child"),
-    ("vitamin B12 deficiency neurologic signs", "B12 versus folate deficiency methylmalonic acid", "macrocytic anemia paresthesia vegan"),
-    ("pheochromocytoma catecholamine metanephrines", "pheochromocytoma versus carcinoid syndrome", "episodic headache sweating palpitations hypertension"),
+    (
+        "digoxin toxicity visual changes hyperkalemia",
+        "digoxin toxicity versus hypokalemia arrhythmia",
+        "yellow vision nausea elderly heart failure",
+    ),
+    (
+        "Graves disease TSH receptor antibody",
+        "Graves disease versus toxic multinodular goiter",
+        "exophthalmos pretibial myxedema tremor",
+    ),
+    (
+        "iron deficiency anemia low ferritin",
+        "iron deficiency versus anemia of chronic disease",
+        "microcytic anemia menorrhagia fatigue",
+    ),
+    (
+        "myasthenia gravis acetylcholine receptor",
+        "myasthenia gravis versus Lambert-Eaton syndrome",
+        "ptosis diplopia worse end of day",
+    ),
+    (
+        "Kawasaki disease coronary aneurysm",
+        "Kawasaki disease versus scarlet fever",
+        "fever conjunctivitis strawberry tongue child",
+    ),
+    (
+        "nephrotic syndrome minimal change disease",
+        "minimal change versus membranous nephropathy",
+        "periorbital edema proteinuria child",
+    ),
+    (
+        "vitamin B12 deficiency neurologic signs",
+        "B12 versus folate deficiency methylmalonic acid",
+        "macrocytic anemia paresthesia vegan",
+    ),
+    (
+        "pheochromocytoma catecholamine metanephrines",
+        "pheochromocytoma versus carcinoid syndrome",
+        "episodic headache sweating palpitations hypertension",
+    ),
 ]
 
 
@@ -105,8 +137,12 @@ def child_build(corpus_file: str, kind: str, out: str) -> dict:
         retriever = build_retriever(corpus, kind, show_progress=False, **options)
         seconds = time.perf_counter() - t0
     retriever.save(out)
-    return {"build_seconds": round(seconds, 2), "passages_per_second": round(len(corpus) / seconds, 1),
-            "peak_rss_mb": peak_rss_mb(), "index_bytes": dir_size(Path(out))}
+    return {
+        "build_seconds": round(seconds, 2),
+        "passages_per_second": round(len(corpus) / seconds, 1),
+        "peak_rss_mb": peak_rss_mb(),
+        "index_bytes": dir_size(Path(out)),
+    }
 
 
 def child_raw_encode(corpus_file: str) -> dict:
@@ -118,7 +154,9 @@ def child_raw_encode(corpus_file: str) -> dict:
     model = load_encoder(None).model
     texts = list(corpus.texts())
     t0 = time.perf_counter()
-    model.encode(texts, batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    model.encode(
+        texts, batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
     seconds = time.perf_counter() - t0
     return {"raw_encode_seconds": round(seconds, 2), "raw_passages_per_second": round(len(texts) / seconds, 1)}
 
@@ -141,7 +179,10 @@ def latency(retriever, repeats: int) -> dict:
         fused = fuse(retriever.search(list(TRIPLES[i % len(TRIPLES)]), k=5), budget=15)
         times.append((time.perf_counter() - t0) * 1000)
         assert len(fused) <= 15  # (a tiny corpus may hold no hit for a triple: still a timed search)
-    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2)}
+    return {
+        "search3_fuse_ms_p50": round(statistics.median(times), 2),
+        "search3_fuse_ms_p95": round(percentile(times, 95), 2),
+    }
 
 
 def exact_vs_hnsw(dense, queries: list[str], repeats: int) -> dict:
@@ -166,13 +207,18 @@ def exact_vs_hnsw(dense, queries: list[str], repeats: int) -> dict:
     for name, index in (("exact", exact), ("hnsw", hnsw)):
         times = []
         for i in range(repeats):
-            batch = q[(3 * i) % len(q):(3 * i) % len(q) + 3]
+            batch = q[(3 * i) % len(q) : (3 * i) % len(q) + 3]
             t0 = time.perf_counter()
             index.search(batch, 5)
             times.append((time.perf_counter() - t0) * 1000)
         timings[f"{name}_search3_ms_p50"] = round(statistics.median(times), 3)
-    return {"hnsw": dict(HNSW), "hnsw_build_seconds": round(build, 2), "queries": len(queries),
-            f"recall_at_{RECALL_K}": round(recall, 4), **timings}
+    return {
+        "hnsw": dict(HNSW),
+        "hnsw_build_seconds": round(build, 2),
+        "queries": len(queries),
+        f"recall_at_{RECALL_K}": round(recall, 4),
+        **timings,
+    }
 
 
 def benchmark_queries() -> list[str]:
@@ -219,7 +265,9 @@ def parse_sizes(text: str) -> list[str]:
     sizes = [s.strip() for s in text.split(",")]
     for size in sizes:
         if size != "full" and not (size.isdigit() and int(size) > 0):
-            raise ValueError(f"--sizes {text!r}: each size must be a positive number of passages or 'full', got {size!r}")
+            raise ValueError(
+                f"--sizes {text!r}: each size must be a positive number of passages or 'full', got {size!r}"
+            )
     return list(dict.fromkeys(sizes))
 
 
@@ -236,8 +284,11 @@ def main(argv=None) -> int:
     if args.render:
         out = Path(args.out)
         if not out.is_file():
-            print(f"bench: {out} is {'a folder' if out.is_dir() else 'absent'}: pass the results file (run the benchmark first)",
-                  file=sys.stderr)
+            print(
+                f"bench: {out} is {'a folder' if out.is_dir() else 'absent'}: "
+                "pass the results file (run the benchmark first)",
+                file=sys.stderr,
+            )
             return 2
         try:
             results = read_results(out)
@@ -245,8 +296,11 @@ def main(argv=None) -> int:
                 raise ValueError(f"{out} holds no retrieval or pipeline results")
             report = render(results)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            print(f"bench: cannot render {out}: {exc if isinstance(exc, ValueError) else f'not written by this bench ({exc!r})'}",
-                  file=sys.stderr)
+            print(
+                f"bench: cannot render {out}: "
+                f"{exc if isinstance(exc, ValueError) else f'not written by this bench ({exc!r})'}",
+                file=sys.stderr,
+            )
             return 2
         out.with_name("RESULTS.md").write_text(report)
         print(f"bench: re-rendered {out.with_name('RESULTS.md')}", file=sys.stderr)
@@ -256,8 +310,10 @@ def main(argv=None) -> int:
         print(json.dumps(child_build(*rest) if kind == "build" else child_raw_encode(*rest)))
         return 0
     if not Path(args.corpus).exists():
-        print(f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA to the shared data folder or pass --corpus",
-              file=sys.stderr)
+        print(
+            f"bench: corpus {args.corpus} is absent: set HCQR_SHARED_DATA to the shared data folder or pass --corpus",
+            file=sys.stderr,
+        )
         return 2
     from hcqr_dspy.errors import HCQRError
     from hcqr_dspy.retrieval import load_corpus
@@ -278,7 +334,7 @@ def main(argv=None) -> int:
         return 2
     passages = list(corpus)
     section = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "corpus": shown_path(args.corpus),
         "corpus_passages": len(passages),
@@ -295,7 +351,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for label in section["planned_sizes"]:
             n = int(label)
-            chosen = passages if n == len(passages) else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
+            chosen = (
+                passages
+                if n == len(passages)
+                else [passages[i] for i in sorted(random.Random(0).sample(range(len(passages)), n))]
+            )
             section["sizes"][label] = measure_size(chosen, label, Path(tmp), repeats)
             write_results(out, section)  # after each size: an interrupted run keeps what it measured
     print(f"bench: wrote {out} and {out.with_name('RESULTS.md')}", file=sys.stderr)

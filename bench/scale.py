@@ -1,4 +1,5 @@
-"""Retrieval at scale: faiss index types at the real ~41k and a synthetic 1M corpus, query runtimes, MedCorp extrapolation.
+"""Retrieval at scale: faiss index types at the real ~41k and a synthetic 1M corpus, \
+query runtimes, MedCorp extrapolation.
 
 Usage:
     python bench/scale.py [--datasets real,1000000] [--types Flat,HNSW,IVF-PQ,IVF-SQ8,IVF-PQ+refine,BM25] [--repeats 50]
@@ -65,7 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -166,13 +167,21 @@ def child_build(store_folder: str, embeddings_root: str, factory: str, out: str)
     corpus = PassageStore.open(store_folder)
     encoder = load_encoder(None)
     t0 = time.perf_counter()
-    retriever = DenseRetriever(corpus, encoder=encoder, backend_options={"factory": factory}, embeddings_dir=embeddings_root,
-                               show_progress=False)
+    retriever = DenseRetriever(
+        corpus,
+        encoder=encoder,
+        backend_options={"factory": factory},
+        embeddings_dir=embeddings_root,
+        show_progress=False,
+    )
     retriever.save(out)
     seconds = time.perf_counter() - t0
     assert retriever.build_stats["encoded_chunks"] == 0, "the benchmark's builds must encode nothing"
-    return {"build_seconds": round(seconds, 2), "build_passages_per_second": round(len(corpus) / seconds, 1),
-            "build_peak_rss_mb": round(proc_status("VmHWM"), 1)}
+    return {
+        "build_seconds": round(seconds, 2),
+        "build_passages_per_second": round(len(corpus) / seconds, 1),
+        "build_peak_rss_mb": round(proc_status("VmHWM"), 1),
+    }
 
 
 def child_bm25(store_folder: str, out: str) -> dict:
@@ -182,8 +191,11 @@ def child_bm25(store_folder: str, out: str) -> dict:
     t0 = time.perf_counter()
     BM25Retriever(corpus, show_progress=False).save(out)
     seconds = time.perf_counter() - t0
-    return {"build_seconds": round(seconds, 2), "build_passages_per_second": round(len(corpus) / seconds, 1),
-            "build_peak_rss_mb": round(proc_status("VmHWM"), 1)}
+    return {
+        "build_seconds": round(seconds, 2),
+        "build_passages_per_second": round(len(corpus) / seconds, 1),
+        "build_peak_rss_mb": round(proc_status("VmHWM"), 1),
+    }
 
 
 def child_load(index: str, kind: str, search_options: str) -> dict:
@@ -194,9 +206,9 @@ def child_load(index: str, kind: str, search_options: str) -> dict:
     resident bytes are measured apart (:func:`child_structure`).
     """
     import faiss  # noqa: F401  (imported before the baseline, as load_index would)
+    from retrieval import TRIPLES
 
     from hcqr_dspy.retrieval import fuse, load_encoder, load_index
-    from retrieval import TRIPLES
 
     if kind == "dense":
         load_encoder(None).encode_queries(["warm up"])
@@ -208,8 +220,12 @@ def child_load(index: str, kind: str, search_options: str) -> dict:
     fused = fuse(retriever.search(list(TRIPLES[0]), k=5), budget=15)
     assert fused
     peak = proc_status("VmHWM")
-    out = {"baseline_rss_mb": round(baseline, 1), "load_search_peak_rss_mb": round(peak, 1),
-           "load_search_added_mb": round(peak - baseline, 1), "load_seconds": round(load_seconds, 2)}
+    out = {
+        "baseline_rss_mb": round(baseline, 1),
+        "load_search_peak_rss_mb": round(peak, 1),
+        "load_search_added_mb": round(peak - baseline, 1),
+        "load_seconds": round(load_seconds, 2),
+    }
     return out
 
 
@@ -230,10 +246,13 @@ def child_structure(index: str, queries: str, search_options: str) -> dict:
     structure.search(q, RECALL_K)
     assert structure.ntotal > 0
     # resident = anonymous (the heap: what read_index copied) + file-backed (mapped pages, reclaimable page cache)
-    return {"structure_read_mb": round(read_mb, 1), "structure_ram_mb": round(proc_status("VmRSS") - before, 1),
-            "structure_anon_mb": round(proc_status("RssAnon") - anon, 1),
-            "structure_file_mb": round(proc_status("RssFile") - file, 1),
-            "memory_mapped": structure.describe()["memory_mapped"]}
+    return {
+        "structure_read_mb": round(read_mb, 1),
+        "structure_ram_mb": round(proc_status("VmRSS") - before, 1),
+        "structure_anon_mb": round(proc_status("RssAnon") - anon, 1),
+        "structure_file_mb": round(proc_status("RssFile") - file, 1),
+        "memory_mapped": structure.describe()["memory_mapped"],
+    }
 
 
 def child_capped(index: str, queries: str, truth: str, search_options: str, cgroup: str) -> dict:
@@ -261,14 +280,17 @@ def child_capped(index: str, queries: str, truth: str, search_options: str, cgro
     times, hits = [], []
     for i in range(len(q)):
         t0 = time.perf_counter()
-        _, rows = structure.search(q[i:i + 1], RECALL_K)
+        _, rows = structure.search(q[i : i + 1], RECALL_K)
         times.append((time.perf_counter() - t0) * 1000)
         hits.append(rows[0])
-    return {"capped_recall": recall_of(reference, hits), "capped_query_ms_p50": round(statistics.median(times), 2),
-            "capped_query_ms_p95": round(percentile(times, 95), 2),
-            "capped_peak_mb": round(int(Path(cgroup, "memory.max_usage_in_bytes").read_text()) / 2**20, 1),
-            "capped_limit_hits": int(Path(cgroup, "memory.failcnt").read_text()),
-            "capped_major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults}
+    return {
+        "capped_recall": recall_of(reference, hits),
+        "capped_query_ms_p50": round(statistics.median(times), 2),
+        "capped_query_ms_p95": round(percentile(times, 95), 2),
+        "capped_peak_mb": round(int(Path(cgroup, "memory.max_usage_in_bytes").read_text()) / 2**20, 1),
+        "capped_limit_hits": int(Path(cgroup, "memory.failcnt").read_text()),
+        "capped_major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults,
+    }
 
 
 def capped_search(index: Path, queries_file: Path, truth_file: Path, search_options: dict, cap_bytes: int) -> dict:
@@ -281,14 +303,34 @@ def capped_search(index: Path, queries_file: Path, truth_file: Path, search_opti
     try:
         cgroup.mkdir()
     except OSError as exc:
-        return {**out, "capped_ok": False, "capped_error": f"not measured: cannot make a cgroup in {base} ({exc.strerror})"}
+        return {
+            **out,
+            "capped_ok": False,
+            "capped_error": f"not measured: cannot make a cgroup in {base} ({exc.strerror})",
+        }
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(cap_bytes))
-        run = subprocess.run([sys.executable, __file__, "--child", "capped", str(index), str(queries_file), str(truth_file),
-                              json.dumps(search_options), str(cgroup)], capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                "capped",
+                str(index),
+                str(queries_file),
+                str(truth_file),
+                json.dumps(search_options),
+                str(cgroup),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if run.returncode != 0:
-            why = "killed (out of memory under the cap)" if run.returncode == -9 else \
-                (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
+            why = (
+                "killed (out of memory under the cap)"
+                if run.returncode == -9
+                else (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
+            )
             return {**out, "capped_ok": False, "capped_error": why}
         return {**out, "capped_ok": True, **json.loads(run.stdout.strip().splitlines()[-1])}
     finally:
@@ -324,8 +366,11 @@ def latency(retriever, triples, repeats: int) -> dict:
         t0 = time.perf_counter()
         retriever.encoder.encode_queries(q, batch_size=len(q))
         encode.append((time.perf_counter() - t0) * 1000)
-    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2),
-            "encode3_ms_p50": round(statistics.median(encode), 2)}
+    return {
+        "search3_fuse_ms_p50": round(statistics.median(times), 2),
+        "search3_fuse_ms_p95": round(percentile(times, 95), 2),
+        "encode3_ms_p50": round(statistics.median(encode), 2),
+    }
 
 
 def recall_of(truth, rows) -> float:
@@ -370,23 +415,44 @@ def ef_sweep(index: Path, query_vectors, truth) -> dict[str, float]:
 def add_sweeps(label: str, index: Path, m: dict, query_vectors, truth) -> None:
     """Add the recall-only sweeps that apply to a measured type ``m`` (by its search options): ``recall_by_nprobe``
     for IVF types, ``recall_by_efSearch`` for HNSW."""
-    sweeps = {"nprobe": lambda: nprobe_sweep(index, query_vectors, truth, m["search_options"]),
-              "efSearch": lambda: ef_sweep(index, query_vectors, truth)}
+    sweeps = {
+        "nprobe": lambda: nprobe_sweep(index, query_vectors, truth, m["search_options"]),
+        "efSearch": lambda: ef_sweep(index, query_vectors, truth),
+    }
     for option, sweep in sweeps.items():
         if option in m["search_options"]:
             m[f"recall_by_{option}"] = sweep()
-            print(f"bench: {label} {index.name} recall@{RECALL_K} by {option}: {m[f'recall_by_{option}']}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"bench: {label} {index.name} recall@{RECALL_K} by {option}: {m[f'recall_by_{option}']}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def agreement(reference_hits, hits) -> float:
     """Mean share of top-k ids two runs have in common, per query."""
-    return round(sum(len({h.passage_id for h in a} & {h.passage_id for h in b}) / max(len(a), 1)
-                     for a, b in zip(reference_hits, hits)) / len(hits), 4)
+    return round(
+        sum(
+            len({h.passage_id for h in a} & {h.passage_id for h in b}) / max(len(a), 1)
+            for a, b in zip(reference_hits, hits)
+        )
+        / len(hits),
+        4,
+    )
 
 
-def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: int, types: list[str],
-                    runtimes: list[str], pause, earlier: dict | None = None) -> dict:
+def measure_dataset(
+    label: str,
+    corpus,
+    store,
+    info: dict,
+    work: Path,
+    repeats: int,
+    types: list[str],
+    runtimes: list[str],
+    pause,
+    earlier: dict | None = None,
+) -> dict:
     """Measure ``types`` (``Flat`` always, ``BM25`` when listed) of one dataset; from ``earlier`` (this dataset's
     previous measurement) the types not listed keep their figures and dates, and the query runtimes theirs when
     ``runtimes`` is empty."""
@@ -397,12 +463,19 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
     triples, recall_queries = real_queries()
     n = len(corpus)
     spec = types_for(n)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
     earlier = earlier or {}
-    kept = {name: {"date": earlier.get("date"), **m} for name, m in earlier.get("types", {}).items() if name not in types}
+    kept = {
+        name: {"date": earlier.get("date"), **m} for name, m in earlier.get("types", {}).items() if name not in types
+    }
     keeps = kept or ("BM25" not in types and "bm25" in earlier) or (earlier.get("runtimes") and not runtimes)
-    out = {"date": now, **info, "recall_queries": len(recall_queries), "types": {},  # earlier phases stay while their figures do
-           "timed_phases": [{"date": earlier.get("date"), **p} for p in earlier.get("timed_phases", [])] if keeps else []}
+    out = {
+        "date": now,
+        **info,
+        "recall_queries": len(recall_queries),
+        "types": {},  # earlier phases stay while their figures do
+        "timed_phases": [{"date": earlier.get("date"), **p} for p in earlier.get("timed_phases", [])] if keeps else [],
+    }
     folder = work / f"indexes-{label}"
     folder.mkdir(parents=True, exist_ok=True)
     dense = [t for t in spec if t in types]  # Flat first
@@ -415,21 +488,31 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
     with pause(out, f"{label}: builds"):
         for name in dense:
             print(f"bench: {label} build {name} ({spec[name]['factory']}) ...", file=sys.stderr, flush=True)
-            out["types"][name] = {"date": now, "factory": spec[name]["factory"], "search_options": spec[name]["search"],
-                                  **in_child("build", store_folder, emb_root, spec[name]["factory"], str(folder / name))}
+            out["types"][name] = {
+                "date": now,
+                "factory": spec[name]["factory"],
+                "search_options": spec[name]["search"],
+                **in_child("build", store_folder, emb_root, spec[name]["factory"], str(folder / name)),
+            }
         if "BM25" in types:
             print(f"bench: {label} build BM25 ...", file=sys.stderr, flush=True)
             out["bm25"] = {"date": now, **in_child("bm25", store_folder, str(folder / "BM25"))}
     for name, m in out["types"].items():
         disk = (folder / name / "faiss.index").stat().st_size
-        m.update(index_file_bytes=disk, disk_bytes_per_passage=round(disk / n, 1),
-                 **in_child("load", str(folder / name), "dense", json.dumps(spec[name]["search"])),
-                 **in_child("structure", str(folder / name), str(queries_file), json.dumps(spec[name]["search"])))
+        m.update(
+            index_file_bytes=disk,
+            disk_bytes_per_passage=round(disk / n, 1),
+            **in_child("load", str(folder / name), "dense", json.dumps(spec[name]["search"])),
+            **in_child("structure", str(folder / name), str(queries_file), json.dumps(spec[name]["search"])),
+        )
         m["ram_bytes_per_passage"] = round(m["structure_ram_mb"] * 2**20 / n, 1)
     if "BM25" in types:
         bm25_bytes = dir_size(folder / "BM25" / "bm25")
-        out["bm25"].update(index_bytes=bm25_bytes, disk_bytes_per_passage=round(bm25_bytes / n, 1),
-                           **in_child("load", str(folder / "BM25"), "bm25", "{}"))
+        out["bm25"].update(
+            index_bytes=bm25_bytes,
+            disk_bytes_per_passage=round(bm25_bytes / n, 1),
+            **in_child("load", str(folder / "BM25"), "bm25", "{}"),
+        )
     elif "bm25" in earlier:
         out["bm25"] = {"date": earlier.get("date"), **earlier["bm25"]}
     out["passage_store_bytes"] = dir_size(Path(store_folder))
@@ -472,10 +555,14 @@ def measure_dataset(label: str, corpus, store, info: dict, work: Path, repeats: 
                     retriever = load_index(folder / name, search_options=spec[name]["search"], encoder_backend=runtime)
                     figures = latency(retriever, triples, repeats)
                     if name == "Flat":
-                        figures["top15_agreement_with_torch"] = agreement(reference, retriever.search(recall_queries, RECALL_K))
+                        figures["top15_agreement_with_torch"] = agreement(
+                            reference, retriever.search(recall_queries, RECALL_K)
+                        )
                         figures["kept"] = figures["top15_agreement_with_torch"] >= AGREEMENT_TARGET
                     out["runtimes"][f"{runtime} {name}"] = figures
-                    print(f"bench: {label} runtime {runtime} {name}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+                    print(
+                        f"bench: {label} runtime {runtime} {name}: {json.dumps(figures)}", file=sys.stderr, flush=True
+                    )
     return out
 
 
@@ -489,7 +576,10 @@ def latency_bm25(index: Path, triples, repeats: int) -> dict:
         t0 = time.perf_counter()
         fuse(retriever.search(triples[i % len(triples)], k=5), budget=15)
         times.append((time.perf_counter() - t0) * 1000)
-    return {"search3_fuse_ms_p50": round(statistics.median(times), 2), "search3_fuse_ms_p95": round(percentile(times, 95), 2)}
+    return {
+        "search3_fuse_ms_p50": round(statistics.median(times), 2),
+        "search3_fuse_ms_p95": round(percentile(times, 95), 2),
+    }
 
 
 def medcorp(datasets: dict) -> dict:
@@ -500,12 +590,18 @@ def medcorp(datasets: dict) -> dict:
     for name, m in d["types"].items():
         c = m.get("capped") or {}
         # a memory-mapped type that kept its recall under a memory cap needs at most the cap, whatever it left resident
-        per_passage = c["cap_mb"] * 2**20 / d["passages"] if c.get("capped_ok") and c["capped_major_faults"] > 0 and \
-            c["capped_recall"] >= m[f"recall_at_{RECALL_K}"] else m["ram_bytes_per_passage"]
+        per_passage = (
+            c["cap_mb"] * 2**20 / d["passages"]
+            if c.get("capped_ok") and c["capped_major_faults"] > 0 and c["capped_recall"] >= m[f"recall_at_{RECALL_K}"]
+            else m["ram_bytes_per_passage"]
+        )
         ram = per_passage * MEDCORP_PASSAGES / 1e9
-        out["types"][name] = {"ram_gb": round(ram, 1), "index_disk_gb": round(m["disk_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9, 1),
-                              "fits": ram <= RAM_BUDGET_GB, "ram_from": "memory cap" if per_passage != m["ram_bytes_per_passage"]
-                              else "resident"}
+        out["types"][name] = {
+            "ram_gb": round(ram, 1),
+            "index_disk_gb": round(m["disk_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9, 1),
+            "fits": ram <= RAM_BUDGET_GB,
+            "ram_from": "memory cap" if per_passage != m["ram_bytes_per_passage"] else "resident",
+        }
     out["passage_store_disk_gb"] = round(d["passage_store_bytes"] / d["passages"] * MEDCORP_PASSAGES / 1e9, 1)
     if "bm25" in d:
         out["bm25_disk_gb"] = round(d["bm25"]["disk_bytes_per_passage"] * MEDCORP_PASSAGES / 1e9, 1)
@@ -519,25 +615,49 @@ def targets(section: dict) -> list[dict]:
         t = d["types"]
         if d["passages"] >= 1_000_000:
             for name, m in t.items():
-                rows.append({"target": f"{label}: load + search adds <= {RSS_OVERHEAD_TARGET_MB} MB beyond encoder and "
-                                       f"structure ({name}{', memory-mapped: only its heap bytes subtracted' if m.get('memory_mapped') else ''})",
-                             "measured": f"{beyond_structure_mb(m)} MB", "met": beyond_structure_mb(m) <= RSS_OVERHEAD_TARGET_MB})
-            added = d.get("bm25", {}).get("load_search_added_mb")  # memory-mapped: all of it counted, nothing subtracted
-            rows.append({"target": f"{label}: load + search adds <= {RSS_OVERHEAD_TARGET_MB} MB beyond encoder and "
-                                   "structure (BM25, memory-mapped: all resident growth counted)",
-                         "measured": f"{added} MB" if added is not None else "not measured",
-                         "met": added is not None and added <= RSS_OVERHEAD_TARGET_MB})
+                rows.append(
+                    {
+                        "target": f"{label}: load + search adds <= {RSS_OVERHEAD_TARGET_MB} MB beyond encoder and "
+                        f"structure ({name}"
+                        f"{', memory-mapped: only its heap bytes subtracted' if m.get('memory_mapped') else ''})",
+                        "measured": f"{beyond_structure_mb(m)} MB",
+                        "met": beyond_structure_mb(m) <= RSS_OVERHEAD_TARGET_MB,
+                    }
+                )
+            added = d.get("bm25", {}).get(
+                "load_search_added_mb"
+            )  # memory-mapped: all of it counted, nothing subtracted
+            rows.append(
+                {
+                    "target": f"{label}: load + search adds <= {RSS_OVERHEAD_TARGET_MB} MB beyond encoder and "
+                    "structure (BM25, memory-mapped: all resident growth counted)",
+                    "measured": f"{added} MB" if added is not None else "not measured",
+                    "met": added is not None and added <= RSS_OVERHEAD_TARGET_MB,
+                }
+            )
         if "IVF-PQ" in t and "Flat" in t:
             frac = t["IVF-PQ"]["disk_bytes_per_passage"] / t["Flat"]["disk_bytes_per_passage"]
-            rows.append({"target": f"{label}: IVF-PQ bytes/passage <= 1/8 of Flat", "measured": f"1/{1 / frac:.1f}",
-                         "met": frac <= PQ_BYTES_FRACTION})
+            rows.append(
+                {
+                    "target": f"{label}: IVF-PQ bytes/passage <= 1/8 of Flat",
+                    "measured": f"1/{1 / frac:.1f}",
+                    "met": frac <= PQ_BYTES_FRACTION,
+                }
+            )
             r = t["IVF-PQ"][f"recall_at_{RECALL_K}"]
             sweep = t["IVF-PQ"].get("recall_by_nprobe", {})
             best = max(sweep.items(), key=lambda kv: (kv[1], -int(kv[0])), default=None)
             at = t["IVF-PQ"]["search_options"].get("nprobe")
-            measured = f"{r} at nprobe={at}" + (f"; best {best[1]} at nprobe={best[0]} of {max(map(int, sweep))}" if best else "")
-            rows.append({"target": f"{label}: IVF-PQ recall@15 >= {PQ_RECALL_TARGET}", "measured": measured,
-                         "met": max(r, best[1] if best else r) >= PQ_RECALL_TARGET})
+            measured = f"{r} at nprobe={at}" + (
+                f"; best {best[1]} at nprobe={best[0]} of {max(map(int, sweep))}" if best else ""
+            )
+            rows.append(
+                {
+                    "target": f"{label}: IVF-PQ recall@15 >= {PQ_RECALL_TARGET}",
+                    "measured": measured,
+                    "met": max(r, best[1] if best else r) >= PQ_RECALL_TARGET,
+                }
+            )
         if "IVF-PQ+refine" in t and "Flat" in t:
             m = t["IVF-PQ+refine"]
             r = m[f"recall_at_{RECALL_K}"]
@@ -546,44 +666,80 @@ def targets(section: dict) -> list[dict]:
             if c and c["capped_ok"]:
                 # the whole process's memory after its imports is capped at Flat's bytes / 8: structure, mapped pages
                 # faulted in, search buffers; a run that keeps its recall under the cap needs no more RAM than that
-                measured = (f"all {d['recall_queries']} recall queries ran with the process capped at {c['cap_mb']} MB "
-                            f"(1/8 of Flat's index bytes, cgroup memory limit; index file evicted from the page cache "
-                            f"first): recall {c['capped_recall']} (uncapped {r}), peak charged {c['capped_peak_mb']} MB, "
-                            f"{c['capped_major_faults']} major faults, {c['capped_query_ms_p50']} ms p50 per query; "
-                            f"uncapped, the searches left {m['structure_ram_mb']} MB resident; {disk}")
+                measured = (
+                    f"all {d['recall_queries']} recall queries ran with the process capped at {c['cap_mb']} MB "
+                    f"(1/8 of Flat's index bytes, cgroup memory limit; index file evicted from the page cache "
+                    f"first): recall {c['capped_recall']} (uncapped {r}), peak charged {c['capped_peak_mb']} MB, "
+                    f"{c['capped_major_faults']} major faults, {c['capped_query_ms_p50']} ms p50 per query; "
+                    f"uncapped, the searches left {m['structure_ram_mb']} MB resident; {disk}"
+                )
                 met = c["capped_recall"] >= r and c["capped_major_faults"] > 0  # > 0: its pages were read under the cap
             else:
                 frac = m["ram_bytes_per_passage"] / t["Flat"]["ram_bytes_per_passage"]
-                measured = (f"1/{1 / frac:.1f} (resident after the recall queries; of it {m['structure_anon_mb']} MB "
-                            f"anonymous, {m['structure_file_mb']} MB mapped file pages; {disk}"
-                            + (f"; capped run: {c['capped_error']}" if c else "") + ")")
+                measured = (
+                    f"1/{1 / frac:.1f} (resident after the recall queries; of it {m['structure_anon_mb']} MB "
+                    f"anonymous, {m['structure_file_mb']} MB mapped file pages; {disk}"
+                    + (f"; capped run: {c['capped_error']}" if c else "")
+                    + ")"
+                )
                 met = frac <= PQ_BYTES_FRACTION
-            rows.append({"target": f"{label}: IVF-PQ with exact re-ranking from the memory-mapped vectors: RAM "
-                                   "bytes/passage <= 1/8 of Flat's", "measured": measured, "met": met})
+            rows.append(
+                {
+                    "target": f"{label}: IVF-PQ with exact re-ranking from the memory-mapped vectors: RAM "
+                    "bytes/passage <= 1/8 of Flat's",
+                    "measured": measured,
+                    "met": met,
+                }
+            )
             opts = ", ".join(f"{k}={v}" for k, v in m["search_options"].items())
-            rows.append({"target": f"{label}: IVF-PQ with exact re-ranking: recall@15 >= {PQ_RECALL_TARGET}",
-                         "measured": f"{r} at {opts}", "met": r >= PQ_RECALL_TARGET})
+            rows.append(
+                {
+                    "target": f"{label}: IVF-PQ with exact re-ranking: recall@15 >= {PQ_RECALL_TARGET}",
+                    "measured": f"{r} at {opts}",
+                    "met": r >= PQ_RECALL_TARGET,
+                }
+            )
         if "HNSW" in t:
             r = t["HNSW"][f"recall_at_{RECALL_K}"]
             sweep = t["HNSW"].get("recall_by_efSearch", {})
             best = min(((int(ef), v) for ef, v in sweep.items() if v >= HNSW_RECALL_TARGET), default=None)
             at = t["HNSW"]["search_options"].get("efSearch")
-            measured = f"{r} at efSearch={at}" + (f"; {best[1]} at efSearch={best[0]}" if best and best[0] != at else "")
-            rows.append({"target": f"{label}: HNSW recall@15 >= {HNSW_RECALL_TARGET}", "measured": measured,
-                         "met": r >= HNSW_RECALL_TARGET or best is not None})
+            measured = f"{r} at efSearch={at}" + (
+                f"; {best[1]} at efSearch={best[0]}" if best and best[0] != at else ""
+            )
+            rows.append(
+                {
+                    "target": f"{label}: HNSW recall@15 >= {HNSW_RECALL_TARGET}",
+                    "measured": measured,
+                    "met": r >= HNSW_RECALL_TARGET or best is not None,
+                }
+            )
         if d["kind"] == "real":
             best = min(((f"{name} (torch)", m["search3_fuse_ms_p50"]) for name, m in t.items()), key=lambda x: x[1])
             for key, m in d.get("runtimes", {}).items():
-                if (m.get("kept") or key.split()[0] == "torch" or d["runtimes"].get(f"{key.split()[0]} Flat", {}).get("kept")) \
-                        and m["search3_fuse_ms_p50"] < best[1]:
+                if (
+                    m.get("kept")
+                    or key.split()[0] == "torch"
+                    or d["runtimes"].get(f"{key.split()[0]} Flat", {}).get("kept")
+                ) and m["search3_fuse_ms_p50"] < best[1]:
                     best = (key, m["search3_fuse_ms_p50"])
-            rows.append({"target": f"{label}: 3-query fused dense retrieval p50 <= {LATENCY_TARGET_MS} ms (best kept setting)",
-                         "measured": f"{best[1]} ms ({best[0]})", "met": best[1] <= LATENCY_TARGET_MS})
+            rows.append(
+                {
+                    "target": f"{label}: 3-query fused dense retrieval p50 <= {LATENCY_TARGET_MS} ms "
+                    "(best kept setting)",
+                    "measured": f"{best[1]} ms ({best[0]})",
+                    "met": best[1] <= LATENCY_TARGET_MS,
+                }
+            )
     if section.get("medcorp"):
         fits = [n for n, m in section["medcorp"]["types"].items() if m["fits"]]
-        rows.append({"target": f"MedCorp (54M): an index type fits in <= {RAM_BUDGET_GB} GB RAM",
-                     "measured": ", ".join(f"{n} {section['medcorp']['types'][n]['ram_gb']} GB" for n in fits) or "none",
-                     "met": bool(fits)})
+        rows.append(
+            {
+                "target": f"MedCorp (54M): an index type fits in <= {RAM_BUDGET_GB} GB RAM",
+                "measured": ", ".join(f"{n} {section['medcorp']['types'][n]['ram_gb']} GB" for n in fits) or "none",
+                "met": bool(fits),
+            }
+        )
     return rows
 
 
@@ -605,8 +761,14 @@ class Pauser:
                     subprocess.run([pauser.command, "stop"], check=False)
                     time.sleep(1)
                 self.t0, self.busy, self.own = time.perf_counter(), busy_cpu_seconds(), own_cpu_seconds()
-                out["timed_phases"].append({"phase": phase, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                            "load_average_at_start": load_average(), "study_paused": bool(pauser.command)})
+                out["timed_phases"].append(
+                    {
+                        "phase": phase,
+                        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                        "load_average_at_start": load_average(),
+                        "study_paused": bool(pauser.command),
+                    }
+                )
                 return self
 
             def __exit__(self, *exc):
@@ -658,26 +820,50 @@ def rederive(out: Path) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    ap.add_argument("--datasets", default="real,1000000", help="comma-separated: 'real', 'real:N' (seeded slice) or N synthetic")
-    ap.add_argument("--types", default="Flat,HNSW,IVF-PQ,IVF-SQ8,IVF-PQ+refine,BM25",
-                    help="types to (re-)measure; a dataset measured before keeps its other types' figures")
-    ap.add_argument("--runtimes", default="torch,onnx,onnx-int8,openvino,openvino-bf16", help="query runtimes compared on the real corpus")
+    ap.add_argument(
+        "--datasets", default="real,1000000", help="comma-separated: 'real', 'real:N' (seeded slice) or N synthetic"
+    )
+    ap.add_argument(
+        "--types",
+        default="Flat,HNSW,IVF-PQ,IVF-SQ8,IVF-PQ+refine,BM25",
+        help="types to (re-)measure; a dataset measured before keeps its other types' figures",
+    )
+    ap.add_argument(
+        "--runtimes",
+        default="torch,onnx,onnx-int8,openvino,openvino-bf16",
+        help="query runtimes compared on the real corpus",
+    )
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="real:5000 and 50000 synthetic, 10 repeats")
     ap.add_argument("--work", default=str(DEFAULT_WORK), help="folder of the prepared datasets and indexes (reused)")
-    ap.add_argument("--pause-study", default=None, metavar="SCRIPT",
-                    help="a script taking stop|cont, run around every timed phase (e.g. /work/logs/study-pause.sh)")
+    ap.add_argument(
+        "--pause-study",
+        default=None,
+        metavar="SCRIPT",
+        help="a script taking stop|cont, run around every timed phase (e.g. /work/logs/study-pause.sh)",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
-    ap.add_argument("--sweep-only", action="store_true",
-                    help="only add recall@15 by nprobe to datasets already in --out, from their indexes kept in --work")
-    ap.add_argument("--rederive", action="store_true",
-                    help="only recompute the MedCorp extrapolation and the targets from the figures in --out (nothing measured)")
+    ap.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="only add recall@15 by nprobe to datasets already in --out, from their indexes kept in --work",
+    )
+    ap.add_argument(
+        "--rederive",
+        action="store_true",
+        help="only recompute the MedCorp extrapolation and the targets from the figures in --out (nothing measured)",
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        fn = {"build": child_build, "bm25": child_bm25, "load": child_load, "structure": child_structure,
-              "capped": child_capped}[kind]
+        fn = {
+            "build": child_build,
+            "bm25": child_bm25,
+            "load": child_load,
+            "structure": child_structure,
+            "capped": child_capped,
+        }[kind]
         print(json.dumps(fn(*rest)))
         return 0
     from hcqr_dspy.retrieval.base import library_versions
@@ -703,11 +889,14 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     pause = Pauser(args.pause_study)
     section = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "quick": args.quick, "planned": datasets, "datasets": {},
-        "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "onnxruntime",
-                                     "openvino", "numpy"),
+        "quick": args.quick,
+        "planned": datasets,
+        "datasets": {},
+        "versions": library_versions(
+            "hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "torch", "onnxruntime", "openvino", "numpy"
+        ),
     }
     previous = read_results(out).get("scale") or {}
     earlier = previous.get("datasets", {}) if previous.get("quick") == args.quick else {}
@@ -729,10 +918,22 @@ def main(argv=None) -> int:
             if real is None or real[0].folder is None or len(real[0]) < 1000:
                 real = load_real(args.corpus, work)
             corpus, store, info = synthesize(int(d), real[0], real[1], work)
-        section["datasets"][d] = {**measure_dataset(d.replace(":", "-"), corpus, store, info, work, repeats, types,
-                                                    runtimes if d.startswith("real") else [], pause, earlier.get(d))}
+        section["datasets"][d] = {
+            **measure_dataset(
+                d.replace(":", "-"),
+                corpus,
+                store,
+                info,
+                work,
+                repeats,
+                types,
+                runtimes if d.startswith("real") else [],
+                pause,
+                earlier.get(d),
+            )
+        }
         before = list(previous.get("datasets", {}))  # a re-measured dataset keeps its place in the report
-        place = lambda label: before.index(label) if label in before else len(before)  # noqa: E731
+        place = lambda label, before=before: before.index(label) if label in before else len(before)  # noqa: E731
         section["datasets"] = dict(sorted(section["datasets"].items(), key=lambda kv: place(kv[0])))
         section["planned"] = sorted(section["planned"], key=place)
         section["medcorp"] = medcorp(section["datasets"])

@@ -48,9 +48,11 @@ SYNTHETIC_CHUNK = 65_536
 MIX_WEIGHT = (0.6, 0.9)
 NOISE_STD = 0.02
 MAX_CHARS = 1000
-RECIPE = (f"seed {SYNTHETIC_SEED}; passage i = source a + second source b (uniform, b != a); id syn-{{i:07d}}; title a's; "
-          f"content a's + ' ' + b's cut to {MAX_CHARS} chars; vector normalize(w e_a + (1-w) e_b + N(0, {NOISE_STD}^2 I)), "
-          f"w ~ U{MIX_WEIGHT}")
+RECIPE = (
+    f"seed {SYNTHETIC_SEED}; passage i = source a + second source b (uniform, b != a); id syn-{{i:07d}}; title a's; "
+    f"content a's + ' ' + b's cut to {MAX_CHARS} chars; vector normalize(w e_a + (1-w) e_b + N(0, {NOISE_STD}^2 I)), "
+    f"w ~ U{MIX_WEIGHT}"
+)
 
 
 def load_real(corpus_path: str | Path, work: Path, n: int | None = None):
@@ -66,15 +68,24 @@ def load_real(corpus_path: str | Path, work: Path, n: int | None = None):
     corpus = load_corpus(corpus_path, duplicate_ids="rename", store=work / "real-store")
     if n is not None and n < len(corpus):
         rows = sorted(random.Random(0).sample(range(len(corpus)), n))
-        corpus = PassageStore.build(((Passage(p.id, p.title, p.content), f"row {r}") for r in rows for p in [corpus[r]]),
-                                    work / f"real-slice-{n}", source=f"{corpus.source} (seeded slice of {n})")
+        corpus = PassageStore.build(
+            ((Passage(p.id, p.title, p.content), f"row {r}") for r in rows for p in [corpus[r]]),
+            work / f"real-slice-{n}",
+            source=f"{corpus.source} (seeded slice of {n})",
+        )
     encoder = load_encoder(None)
     store = EmbeddingStore.open(corpus, encoder)
     t0 = time.perf_counter()
     filled = store.fill(corpus, encoder, show_progress=True)
     seconds = time.perf_counter() - t0
-    info = {"passages": len(corpus), "kind": "real", "encoder": encoder.spec.name, "embeddings": str(store.folder),
-            "encoded_chunks": filled["encoded_chunks"], "reused_chunks": filled["reused_chunks"]}
+    info = {
+        "passages": len(corpus),
+        "kind": "real",
+        "encoder": encoder.spec.name,
+        "embeddings": str(store.folder),
+        "encoded_chunks": filled["encoded_chunks"],
+        "reused_chunks": filled["reused_chunks"],
+    }
     if filled["encoded_chunks"] == store.n_chunks:
         info["encode_passages_per_second"] = round(len(corpus) / seconds, 1)
     return corpus, store, info
@@ -93,8 +104,12 @@ def synthesize(n: int, real_corpus, real_store, work: Path, show_progress: bool 
 
     folder = work / f"synthetic-{n}"
     record_path = folder / "synthetic.json"
-    record = {"passages": n, "recipe": RECIPE, "source_fingerprint": real_corpus.fingerprint,
-              "source_passages": len(real_corpus)}
+    record = {
+        "passages": n,
+        "recipe": RECIPE,
+        "source_fingerprint": real_corpus.fingerprint,
+        "source_passages": len(real_corpus),
+    }
     rng = np.random.default_rng(SYNTHETIC_SEED)
     a = rng.integers(0, len(real_corpus), n)
     b = (a + rng.integers(1, len(real_corpus), n)) % len(real_corpus)  # uniform over the others

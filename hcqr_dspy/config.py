@@ -1,8 +1,8 @@
 """Validated configuration files: YAML or JSON read into pydantic models, every problem one line.
 
-Experiment files (:class:`hcqr_dspy.experiment.Experiment`), optimizer recipes
-(:class:`hcqr_dspy.optimize.Recipe`) and saved-program metadata
-(:class:`hcqr_dspy.program_io.ProgramMeta`) are pydantic v2 models: unknown
+Experiment files (:class:`hcqr_dspy.workflows.experiment_file.Experiment`), optimizer recipes
+(:class:`hcqr_dspy.optimize.recipes.Recipe`) and saved-program metadata
+(:class:`hcqr_dspy.optimize.saved.ProgramMeta`) are pydantic v2 models: unknown
 keys are refused, types are checked strictly (``budget: "15"``, ``limit:
 zero`` or ``budget: yes`` are errors, not coerced) and ranges by
 ``Field`` constraints. This module reads such a file and turns any problem
@@ -24,8 +24,9 @@ import functools
 import inspect
 import types
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar, Union
+from typing import Any, TypeVar, Union
 
 import typing_extensions
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
@@ -52,8 +53,10 @@ def read_text(path: Path, error: type[HCQRError], what: str) -> str:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise error(f"{path}:{line}: not valid UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
-                    "save the file as UTF-8") from None
+        raise error(
+            f"{path}:{line}: not valid UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def read_json(path: str | Path, error: type[HCQRError], what: str, hint: str = "") -> Any:
@@ -128,7 +131,9 @@ def line_of(node: Any, loc: Iterable[Any]) -> int | None:
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+            match = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None
+            )
             if match is None:
                 break
             line, node = match[0].start_mark.line + 1, match[1]
@@ -141,8 +146,14 @@ def line_of(node: Any, loc: Iterable[Any]) -> int | None:
 
 
 # -- validating -----------------------------------------------------------------------------------
-def validate(model: type[M], data: Any, where: str | Path, error: type[HCQRError], node: Any = None,
-             context: dict[str, Any] | None = None) -> M:
+def validate(
+    model: type[M],
+    data: Any,
+    where: str | Path,
+    error: type[HCQRError],
+    node: Any = None,
+    context: dict[str, Any] | None = None,
+) -> M:
     """``model.model_validate(data, context=context)`` with a one-line error.
 
     Args:
@@ -158,8 +169,10 @@ def validate(model: type[M], data: Any, where: str | Path, error: type[HCQRError
             with how many more there are.
     """
     if not isinstance(data, dict):
-        raise error(f"{where}: expected a mapping of keys ({', '.join(allowed_keys(model, ()) or [])}), "
-                    f"got {type(data).__name__ if data is not None else 'an empty file'}")
+        raise error(
+            f"{where}: expected a mapping of keys ({', '.join(allowed_keys(model, ()) or [])}), "
+            f"got {type(data).__name__ if data is not None else 'an empty file'}"
+        )
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
@@ -244,7 +257,7 @@ def keyword_model(functions: tuple[Callable, ...], exclude: frozenset[str]) -> t
     return _keyword_model(tuple(functions), frozenset(exclude))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _keyword_model(functions: tuple[Callable, ...], exclude: frozenset[str]) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     unresolved: dict[str, Any] = {}
@@ -279,7 +292,8 @@ def _checkable(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if _builds(a)]
         if members:
-            return functools.reduce(lambda a, b: Union[a, b], members)
+            # typing.Union, not `|`: members may be forward-reference strings or special forms `|` rejects
+            return functools.reduce(lambda a, b: Union[a, b], members)  # noqa: UP007
     return Any
 
 
@@ -291,7 +305,9 @@ def _builds(annotation: Any) -> bool:
     return True
 
 
-def check_arguments(functions: tuple[Callable, ...], values: dict[str, Any], exclude: frozenset[str], what: str) -> dict[str, Any]:
+def check_arguments(
+    functions: tuple[Callable, ...], values: dict[str, Any], exclude: frozenset[str], what: str
+) -> dict[str, Any]:
     """Check keyword arguments against :func:`keyword_model`; return them as given.
 
     Args:
@@ -306,7 +322,9 @@ def check_arguments(functions: tuple[Callable, ...], values: dict[str, Any], exc
     model = keyword_model(functions, exclude)
     unknown = sorted(set(values) - set(model.model_fields))
     if unknown:
-        raise ValueError(f"unknown {what} {', '.join(unknown)}; allowed: {', '.join(sorted(model.model_fields)) or '(none)'}")
+        raise ValueError(
+            f"unknown {what} {', '.join(unknown)}; allowed: {', '.join(sorted(model.model_fields)) or '(none)'}"
+        )
     try:
         model.model_validate(values)
     except ValidationError as exc:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import random
 import string
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import dspy
 
@@ -75,7 +75,9 @@ def check_question(qid: str, row: object, where: str, labelled: bool = True) -> 
     if answer is None and not labelled:
         pass
     elif answer not in opts:
-        raise DataError(f"{where}: question {qid!r} has answer {row.get('answer')!r}, not one of its options {list(opts)}")
+        raise DataError(
+            f"{where}: question {qid!r} has answer {row.get('answer')!r}, not one of its options {list(opts)}"
+        )
     return dspy.Example(qid=str(qid), question=question.strip(), options=opts, answer=answer).with_inputs(
         "question", "options"
     )
@@ -85,7 +87,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise DataError(f"key {key!r} appears twice in one JSON object; question ids and option letters must be unique")
+            raise DataError(
+                f"key {key!r} appears twice in one JSON object; question ids and option letters must be unique"
+            )
         out[key] = value
     return out
 

@@ -40,7 +40,8 @@ class QueryError(HCQRError):
 
 
 class LMCapabilityError(HCQRError):
-    """The LM lacks something a method requires (e.g. token log-probabilities); the run stops, nothing is marked wrong."""
+    """The LM lacks something a method requires (e.g. token log-probabilities); the run stops, nothing is marked
+    wrong."""
 
 
 class OutageError(HCQRError):

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 # The trace tags of a question (the evaluation sets them; tests and filters read them).
 QUESTION_TAGS = ("qid", "method", "dataset", "run_folder", "lm", "program")
@@ -61,8 +62,9 @@ class SpanHandle:
 
 
 @contextmanager
-def span(name: str, span_type: str = "CHAIN", inputs: Any = None,
-         attributes: dict[str, Any] | None = None) -> Iterator[SpanHandle]:
+def span(
+    name: str, span_type: str = "CHAIN", inputs: Any = None, attributes: dict[str, Any] | None = None
+) -> Iterator[SpanHandle]:
     """A child span of the active one, or nothing when no trace is active.
 
     Args:
@@ -95,13 +97,24 @@ def document(passage: Any, score: float | None, **metadata: Any) -> dict[str, An
     from mlflow.entities import Document
 
     text = passage.content if len(passage.content) <= DOCUMENT_CHARS else passage.content[:DOCUMENT_CHARS] + " ..."
-    meta = {"doc_uri": passage.id, "title": passage.title,
-            **({"score": round(float(score), 6)} if score is not None else {}), **metadata}
+    meta = {
+        "doc_uri": passage.id,
+        "title": passage.title,
+        **({"score": round(float(score), 6)} if score is not None else {}),
+        **metadata,
+    }
     return Document(page_content=text, metadata=meta, id=passage.id).to_dict()
 
 
-def retriever_spans(retriever: Any, queries: Sequence[str], hit_lists: Sequence[Sequence[Any]], names: Sequence[str],
-                    k: int, start_ns: int, end_ns: int) -> None:
+def retriever_spans(
+    retriever: Any,
+    queries: Sequence[str],
+    hit_lists: Sequence[Sequence[Any]],
+    names: Sequence[str],
+    k: int,
+    start_ns: int,
+    end_ns: int,
+) -> None:
     """Record one ``RETRIEVER`` span per query of one batched search under the active span.
 
     The queries were searched in one call, so each span carries that call's start and end time.
@@ -120,14 +133,20 @@ def retriever_spans(retriever: Any, queries: Sequence[str], hit_lists: Sequence[
 
     parent = mlflow.get_current_active_span()
     for query, hits, name in zip(queries, hit_lists, names):
-        s = mlflow.start_span_no_context(name=f"retrieve {name}", span_type="RETRIEVER", parent_span=parent,
-                                         inputs={"query": query, "k": k}, start_time_ns=start_ns)
+        s = mlflow.start_span_no_context(
+            name=f"retrieve {name}",
+            span_type="RETRIEVER",
+            parent_span=parent,
+            inputs={"query": query, "k": k},
+            start_time_ns=start_ns,
+        )
         docs = [document(retriever.get(h.passage_id), h.score, rank=rank) for rank, h in enumerate(hits, start=1)]
         s.end(outputs=docs, end_time_ns=end_ns)
 
 
-def fusion_span(retriever: Any, fused: Sequence[Any], names: Sequence[str], strategy: str, budget: int,
-                start_ns: int, end_ns: int) -> None:
+def fusion_span(
+    retriever: Any, fused: Sequence[Any], names: Sequence[str], strategy: str, budget: int, start_ns: int, end_ns: int
+) -> None:
     """Record the ``fusion`` span (``RERANKER``) of a multi-query method: the fused passages as documents,
     each with its fused score and the queries (by label) and ranks that found it."""
     if not active():
@@ -135,11 +154,17 @@ def fusion_span(retriever: Any, fused: Sequence[Any], names: Sequence[str], stra
     import mlflow
 
     parent = mlflow.get_current_active_span()
-    s = mlflow.start_span_no_context(name="fusion", span_type="RERANKER", parent_span=parent,
-                                     inputs={"strategy": strategy, "budget": budget, "queries": list(names)},
-                                     start_time_ns=start_ns)
-    docs = [document(retriever.get(f.passage_id), f.score, found_by=[names[q] for q in f.queries], ranks=list(f.ranks))
-            for f in fused]
+    s = mlflow.start_span_no_context(
+        name="fusion",
+        span_type="RERANKER",
+        parent_span=parent,
+        inputs={"strategy": strategy, "budget": budget, "queries": list(names)},
+        start_time_ns=start_ns,
+    )
+    docs = [
+        document(retriever.get(f.passage_id), f.score, found_by=[names[q] for q in f.queries], ranks=list(f.ranks))
+        for f in fused
+    ]
     s.end(outputs=docs, end_time_ns=end_ns)
 
 
@@ -180,9 +205,21 @@ def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
         **({"error": row["error"]} if row.get("error") else {}),
         **({"hypothesis": h} if "hypothesis" in row else {}),
         **({"queries": row["queries"]} if row.get("queries") else {}),
-        **({"passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
-                          "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in row["passages"]]}
-           if row.get("passages") else {}),
+        **(
+            {
+                "passages": [
+                    {
+                        "id": p["id"],
+                        "title": p["title"],
+                        "score": p.get("score"),
+                        "found_by": [f"q{q + 1}" for q in p.get("queries") or []],
+                    }
+                    for p in row["passages"]
+                ]
+            }
+            if row.get("passages")
+            else {}
+        ),
         "lm_calls": row.get("lm_calls"),
     }
 

@@ -97,8 +97,9 @@ def pathoma_vectors(shared_data):
     store = EmbeddingStore.open(corpus, encoder)  # under $HCQR_EMBEDDINGS, the session's fresh cache
     store.fill(corpus, encoder, show_progress=False)
     passages = np.concatenate([np.asarray(chunk) for _, chunk in store.iter_chunks()])
-    return SimpleNamespace(corpus=corpus, encoder=encoder, passages=passages,
-                           queries=encoder.encode_queries(texts), texts=texts)
+    return SimpleNamespace(
+        corpus=corpus, encoder=encoder, passages=passages, queries=encoder.encode_queries(texts), texts=texts
+    )
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +129,8 @@ def bench(tmp_path, monkeypatch):
     import json
 
     monkeypatch.setenv("STUB_KEY", SECRET)
-    rows = {f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
+    rows = {
+        f"q{i}": {"question": f"Question number {i}?", "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)
+    }
     (tmp_path / "qs.json").write_text(json.dumps(rows))
     return tmp_path

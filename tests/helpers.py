@@ -10,14 +10,47 @@ import urllib.request
 from pathlib import Path
 
 TINY_ROWS = [
-    ("p1", "Iron deficiency anemia", "Microcytic hypochromic anemia with low ferritin and high total iron-binding capacity."),
-    ("p2", "Vitamin B12 deficiency", "Macrocytic anemia with hypersegmented neutrophils and subacute combined degeneration of the cord."),
-    ("p3", "Digoxin toxicity", "Nausea, yellow-green vision and atrial tachycardia with block; worsened by hypokalemia."),
-    ("p4", "Graves disease", "Hyperthyroidism with diffuse goiter, exophthalmos and pretibial myxedema from TSH receptor antibodies."),
-    ("p5", "Hashimoto thyroiditis", "Hypothyroidism with anti-thyroid peroxidase antibodies and lymphocytic infiltrate with germinal centers."),
-    ("p6", "Streptococcus pneumoniae", "Lancet-shaped gram-positive diplococci; the most common cause of community-acquired pneumonia."),
-    ("p7", "Myasthenia gravis", "Fatigable ptosis and diplopia from antibodies against the acetylcholine receptor; improves with edrophonium."),
-    ("p8", "Lambert-Eaton syndrome", "Proximal weakness improving with repeated use; antibodies to presynaptic calcium channels; small cell carcinoma."),
+    (
+        "p1",
+        "Iron deficiency anemia",
+        "Microcytic hypochromic anemia with low ferritin and high total iron-binding capacity.",
+    ),
+    (
+        "p2",
+        "Vitamin B12 deficiency",
+        "Macrocytic anemia with hypersegmented neutrophils and subacute combined degeneration of the cord.",
+    ),
+    (
+        "p3",
+        "Digoxin toxicity",
+        "Nausea, yellow-green vision and atrial tachycardia with block; worsened by hypokalemia.",
+    ),
+    (
+        "p4",
+        "Graves disease",
+        "Hyperthyroidism with diffuse goiter, exophthalmos and pretibial myxedema from TSH receptor antibodies.",
+    ),
+    (
+        "p5",
+        "Hashimoto thyroiditis",
+        "Hypothyroidism with anti-thyroid peroxidase antibodies and lymphocytic infiltrate with germinal centers.",
+    ),
+    (
+        "p6",
+        "Streptococcus pneumoniae",
+        "Lancet-shaped gram-positive diplococci; the most common cause of community-acquired pneumonia.",
+    ),
+    (
+        "p7",
+        "Myasthenia gravis",
+        "Fatigable ptosis and diplopia from antibodies against the acetylcholine receptor; improves with edrophonium.",
+    ),
+    (
+        "p8",
+        "Lambert-Eaton syndrome",
+        "Proximal weakness improving with repeated use; antibodies to presynaptic calcium channels; "
+        "small cell carcinoma.",
+    ),
 ]
 
 
@@ -79,8 +112,13 @@ class SchemaEngine:
         rf = request.config.response_format or {}
         schema = rf.get("schema") if isinstance(rf, dict) else None
         text = _json.dumps(self.fill(request, schema.get("properties") or {})) if schema else self.free_text
-        return Response(id=None, model="schema", message=Message.assistant([TextPart(text)]), finish_reason="stop",
-                        usage=Usage(input_tokens=len(prompt) // 4, output_tokens=len(text) // 4, total_tokens=0))
+        return Response(
+            id=None,
+            model="schema",
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=len(prompt) // 4, output_tokens=len(text) // 4, total_tokens=0),
+        )
 
     def stream(self, request):
         raise NotImplementedError
@@ -117,8 +155,11 @@ def teaching_questions(prefix: str, n: int) -> dict[str, dict]:
     rows = {}
     for i in range(n):
         finding = findings[i % len(findings)]
-        rows[f"{i:04d}"] = {"question": f"{prefix} case {i}: the patient presents with {finding}. Diagnosis?",
-                            "options": TEACHING_OPTIONS, "answer": FINDINGS[finding]}
+        rows[f"{i:04d}"] = {
+            "question": f"{prefix} case {i}: the patient presents with {finding}. Diagnosis?",
+            "options": TEACHING_OPTIONS,
+            "answer": FINDINGS[finding],
+        }
     return rows
 
 
@@ -147,7 +188,11 @@ class TeachableEngine(SchemaEngine):
         live = (request.messages[-1].text or "").split("[[ ## question ## ]]")[-1].split("[[ ##")[0]  # not the context
         finding = next((f for f in FINDINGS if f in live), None)
         had_demos = any(m.role == "assistant" for m in request.messages[:-1])
-        system = request.system if isinstance(request.system, str) else " ".join(getattr(p, "text", "") or "" for p in (request.system or ()))
+        system = (
+            request.system
+            if isinstance(request.system, str)
+            else " ".join(getattr(p, "text", "") or "" for p in (request.system or ()))
+        )
         taught = TAUGHT in system
         letter = "A"
         if finding == "exophthalmos" and had_demos or finding == "fatigable ptosis" and taught:

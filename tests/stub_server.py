@@ -9,8 +9,10 @@ SECRET = "sk-test-7f3a9c2e51d84b6f"  # a key value that must never be written an
 OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
 # What a gateway in front of an LM server sends instead of the API's JSON (nginx's error page, as a proxy whose
 # upstream is down, or whose login page answers, would send it).
-HTML_PAGE = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
-             "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+HTML_PAGE = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+    "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
 
 
 class Stub:
@@ -31,8 +33,9 @@ class Stub:
     request's headers and body are kept in ``seen``.
     """
 
-    def __init__(self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r",
-                 switch_for=None):
+    def __init__(
+        self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r", switch_for=None
+    ):
         self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
         self.delay, self.shift = delay, shift  # seconds before each reply; letters shifted (another checkpoint)
         self.reasoning = reasoning  # the answer step's reasoning text
@@ -58,15 +61,27 @@ class Stub:
                 n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
                 letter = "ABC"[(n * 2 + stub.shift) % 3]
                 if "`support_query`" in prompt:
-                    ok = {"support_query": "digoxin toxicity nausea", "distinction_query": "digoxin versus hypokalemia",
-                          "key_feature_query": "yellow vision elderly"}
+                    ok = {
+                        "support_query": "digoxin toxicity nausea",
+                        "distinction_query": "digoxin versus hypokalemia",
+                        "key_feature_query": "yellow vision elderly",
+                    }
                 elif "`discriminating_features`" in prompt:
-                    ok = {"discriminating_features": "yellow vision", "reasoning": "r", "working_hypothesis": letter,
-                          "confirming_evidence": "low potassium"}
+                    ok = {
+                        "discriminating_features": "yellow vision",
+                        "reasoning": "r",
+                        "working_hypothesis": letter,
+                        "confirming_evidence": "low potassium",
+                    }
                 else:
                     ok = {"reasoning": stub.reasoning, "answer": letter}
-                content = {"ok": json.dumps(ok), "truncated": json.dumps(ok), "slow": "{}", "huge": "x" * 1_000_000,
-                           "empty": ""}.get(stub.mode, "")
+                content = {
+                    "ok": json.dumps(ok),
+                    "truncated": json.dumps(ok),
+                    "slow": "{}",
+                    "huge": "x" * 1_000_000,
+                    "empty": "",
+                }.get(stub.mode, "")
                 if stub.mode in ("html", "html502"):
                     page = HTML_PAGE.encode()
                     self.send_response(200 if stub.mode == "html" else 502)
@@ -76,19 +91,33 @@ class Stub:
                     self.wfile.write(page)
                     return
                 if stub.mode == "auth":
-                    error = json.dumps({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                                                  "code": "invalid_api_key"}}).encode()
+                    error = json.dumps(
+                        {
+                            "error": {
+                                "message": "Incorrect API key provided",
+                                "type": "invalid_request_error",
+                                "code": "invalid_api_key",
+                            }
+                        }
+                    ).encode()
                     self.send_response(401)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(error)))
                     self.end_headers()
                     self.wfile.write(error)
                     return
-                payload = json.dumps({
-                    "id": f"c{stub.count}", "object": "chat.completion", "created": 0, "model": "stub",
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                }).encode()
+                payload = json.dumps(
+                    {
+                        "id": f"c{stub.count}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "stub",
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    }
+                ).encode()
                 if stub.mode == "truncated":
                     payload = payload[: len(payload) // 2]
                 if stub.down_after is not None and stub.count >= stub.down_after:

@@ -20,16 +20,32 @@ def size_entry(n):
     build = {"build_seconds": 1.5, "passages_per_second": n / 1.5, "peak_rss_mb": 90.0, "index_bytes": 2_000_000}
     latency = {"search3_fuse_ms_p50": 1.25, "search3_fuse_ms_p95": 2.5}
     dense = {**build, "raw_encode_seconds": 1.0, "raw_passages_per_second": n / 1.0, "build_over_raw": 0.667, **latency}
-    return {"passages": n, "retrievers": {"bm25": {**build, **latency}, "dense": dense, "hybrid": dict(latency)},
-            "ann": {"hnsw": {}, "hnsw_build_seconds": 0.04, "queries": 124, "recall_at_15": 0.9957,
-                    "exact_search3_ms_p50": 0.05, "hnsw_search3_ms_p50": 0.07}}
+    return {
+        "passages": n,
+        "retrievers": {"bm25": {**build, **latency}, "dense": dense, "hybrid": dict(latency)},
+        "ann": {
+            "hnsw": {},
+            "hnsw_build_seconds": 0.04,
+            "queries": 124,
+            "recall_at_15": 0.9957,
+            "exact_search3_ms_p50": 0.05,
+            "hnsw_search3_ms_p50": 0.07,
+        },
+    }
 
 
 def test_partial_run_is_marked_and_render_only_rewrites_the_report(tmp_path):
     bench = load_bench()
-    section = {"date": "2026-11-30T14:00:00+00:00", "machine": "x86_64, 2 CPUs", "corpus": "c", "corpus_passages": 41000,
-               "quick": False, "sizes": {"1000": size_entry(1000)}, "planned_sizes": ["1000", "10000", "41000"],
-               "versions": {"faiss-cpu": "1"}}
+    section = {
+        "date": "2026-11-30T14:00:00+00:00",
+        "machine": "x86_64, 2 CPUs",
+        "corpus": "c",
+        "corpus_passages": 41000,
+        "quick": False,
+        "sizes": {"1000": size_entry(1000)},
+        "planned_sizes": ["1000", "10000", "41000"],
+        "versions": {"faiss-cpu": "1"},
+    }
     out = tmp_path / "results.json"
     out.write_text(json.dumps({"pipeline": None}))
     bench.write_results(out, section)
@@ -56,8 +72,10 @@ def test_a_child_reports_its_own_peak_memory_not_its_parents(tmp_path):
 
     held = bytearray(300 * 1024 * 1024)
     held[::4096] = b"\x01" * len(held[::4096])  # touch every page
-    code = f"import importlib.util as u; s = u.spec_from_file_location('b', {str(BENCH)!r}); m = u.module_from_spec(s); " \
-           "s.loader.exec_module(m); print(m.peak_rss_mb())"
+    code = (
+        f"import importlib.util as u; s = u.spec_from_file_location('b', {str(BENCH)!r}); m = u.module_from_spec(s); "
+        "s.loader.exec_module(m); print(m.peak_rss_mb())"
+    )
     child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child < 250, child
     del held
@@ -82,8 +100,11 @@ def test_bad_sizes_and_an_unreadable_results_file_are_refused_before_measuring(t
     empty.write_text("")
     assert bench.main(["--corpus", str(empty), "--quick", "--out", str(tmp_path / "r.json")]) == 2
     assert "holds no passages" in capsys.readouterr().err
-    for content, message in (("[]", "not a results file"), ("{}", "holds no retrieval or pipeline results"),
-                             ('{"retrieval": {"sizes": {"1000": {}}}}', "not written by this bench")):
+    for content, message in (
+        ("[]", "not a results file"),
+        ("{}", "holds no retrieval or pipeline results"),
+        ('{"retrieval": {"sizes": {"1000": {}}}}', "not written by this bench"),
+    ):
         bad.write_text(content)
         assert bench.main(["--render", "--out", str(bad)]) == 2
         assert message in capsys.readouterr().err
@@ -118,8 +139,25 @@ def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_
     to `make bench`)."""
     module = load_module("milvus")
     out = tmp_path / "results.json"
-    assert module.main(["--datasets", "300", "--engines", "faiss,milvus-lite", "--repeats", "2", "--out", str(out),
-                        "--corpus", str(tiny_corpus_file), "--work", str(tmp_path / "work")]) == 0
+    assert (
+        module.main(
+            [
+                "--datasets",
+                "300",
+                "--engines",
+                "faiss,milvus-lite",
+                "--repeats",
+                "2",
+                "--out",
+                str(out),
+                "--corpus",
+                str(tiny_corpus_file),
+                "--work",
+                str(tmp_path / "work"),
+            ]
+        )
+        == 0
+    )
     section = json.loads(out.read_text())["milvus"]
     runs = section["datasets"]["300"]["runs"]
     assert set(runs) == {"faiss exact", "faiss hnsw", "milvus-lite exact", "milvus-lite hnsw"}
@@ -135,7 +173,8 @@ def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_
 
 
 def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny_corpus_file):
-    """bench/scale_data.py: new ids, texts from two real passages, vectors near their sources, reused by a second call."""
+    """bench/scale_data.py: new ids, texts from two real passages, vectors near their sources, reused by a second
+    call."""
     import numpy as np
 
     data = load_module("scale_data")
@@ -166,8 +205,18 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     out = tmp_path / "results.json"
     # at 3,000 passages 1/8 of Flat (0.55 MB) is below faiss's own tables; the cap's mechanics are what is tested here
     monkeypatch.setattr(module, "PQ_BYTES_FRACTION", 2.0)
-    args = ["--corpus", str(tiny_corpus_file), "--datasets", "3000", "--repeats", "3", "--work", str(tmp_path / "work"),
-            "--out", str(out)]
+    args = [
+        "--corpus",
+        str(tiny_corpus_file),
+        "--datasets",
+        "3000",
+        "--repeats",
+        "3",
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+    ]
     assert module.main([*args, "--types", "Flat,HNSW,IVF-SQ8,IVF-PQ+refine,BM25"]) == 0
     d = json.loads(out.read_text())["scale"]["datasets"]["3000"]
     flat, hnsw = d["types"]["Flat"], d["types"]["HNSW"]
@@ -191,8 +240,11 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     # searched again inside a memory cgroup capped at PQ_BYTES_FRACTION x Flat's bytes, the file evicted first
     capped, cap_mb = refine["capped"], round(2.0 * flat["index_file_bytes"] / 2**20, 1)
     if module.memory_cgroup() is None:
-        assert capped == {"cap_mb": cap_mb, "capped_ok": False,
-                          "capped_error": "not measured: no writable cgroup v1 memory controller"}
+        assert capped == {
+            "cap_mb": cap_mb,
+            "capped_ok": False,
+            "capped_error": "not measured: no writable cgroup v1 memory controller",
+        }
     else:
         assert capped["capped_ok"] and capped["cap_mb"] == cap_mb and 0 < capped["capped_peak_mb"] <= cap_mb
         assert capped["capped_recall"] == refine["recall_at_15"] and capped["capped_major_faults"] > 0
@@ -217,7 +269,9 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     assert len(again["timed_phases"]) == len(d["timed_phases"]) + 3  # the earlier ones stay while their figures do
     if module.memory_cgroup() is not None:
         assert again["types"]["IVF-PQ+refine"]["capped"]["capped_error"] == "killed (out of memory under the cap)"
-        row = next(t for t in json.loads(out.read_text())["scale"]["targets"] if "RAM bytes/passage <= 1/8" in t["target"])
+        row = next(
+            t for t in json.loads(out.read_text())["scale"]["targets"] if "RAM bytes/passage <= 1/8" in t["target"]
+        )
         assert not row["met"] and "killed (out of memory under the cap)" in row["measured"]
     assert "Rows of 3,000 synthetic measured at different times" in (tmp_path / "RESULTS.md").read_text()
     with pytest.raises(SystemExit):
@@ -229,11 +283,31 @@ def parity_run(folder, predictions, hits, content="v1"):
     folder.mkdir(parents=True)
     qids = ["q0", "q1", "q2"]
     questions = {"count": 3, "ids_sha256": "-".join(qids), "content_sha256": f"{content}:{'-'.join(qids)}"}
-    (folder / "config.json").write_text(json.dumps({"method": "hcqr", "lm": {"spec": "local"}, "dataset": "bench.json",
-                                                    "questions": questions, "index": {"path": str(folder)}}))
-    rows = [{"qid": q, "method": "hcqr", "prediction": p, "gold": "A", "valid": True, "correct": p == "A",
-             "queries": ["a", "b", "c"], "passages": [{"id": pid, "score": 1.0 - 0.1 * j} for j, pid in enumerate(h)],
-             "stages": {"answer": {"cached_lm_calls": 1}}} for q, p, h in zip(qids, predictions, hits)]
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "method": "hcqr",
+                "lm": {"spec": "local"},
+                "dataset": "bench.json",
+                "questions": questions,
+                "index": {"path": str(folder)},
+            }
+        )
+    )
+    rows = [
+        {
+            "qid": q,
+            "method": "hcqr",
+            "prediction": p,
+            "gold": "A",
+            "valid": True,
+            "correct": p == "A",
+            "queries": ["a", "b", "c"],
+            "passages": [{"id": pid, "score": 1.0 - 0.1 * j} for j, pid in enumerate(h)],
+            "stages": {"answer": {"cached_lm_calls": 1}},
+        }
+        for q, p, h in zip(qids, predictions, hits)
+    ]
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 

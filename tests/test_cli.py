@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from helpers import snippet, write_jsonl
+
 from hcqr_dspy.cli import main
 
 
@@ -18,7 +18,9 @@ def bm25_index(tmp_path, tiny_corpus_file, capsys):
 
 
 def test_index_then_search_prints_ranked_titles(bm25_index, capsys):
-    assert main(["search", "--index", str(bm25_index), "--k", "2", "digoxin yellow vision", "ptosis acetylcholine"]) == 0
+    assert (
+        main(["search", "--index", str(bm25_index), "--k", "2", "digoxin yellow vision", "ptosis acetylcholine"]) == 0
+    )
     out = capsys.readouterr().out
     assert "## digoxin yellow vision" in out and "## ptosis acetylcholine" in out
     first = out.split("## ptosis")[0]
@@ -155,9 +157,8 @@ def test_ask_json_not_utf8_or_not_json_is_one_line(tmp_path, capsys):
 
 
 def test_parser_names_are_the_registries():
-    from hcqr_dspy.programs import signatures
     from hcqr_dspy.cli.common import FUSION_STRATEGIES, HYPOTHESIS_STYLES, METHODS, RETRIEVER_KINDS
-    from hcqr_dspy.programs import PROGRAMS
+    from hcqr_dspy.programs import PROGRAMS, signatures
     from hcqr_dspy.retrieval import KINDS
     from hcqr_dspy.retrieval.fusion import STRATEGIES
 
@@ -172,11 +173,13 @@ def test_help_and_version_import_nothing_heavy():
     import subprocess
     import sys
 
-    probe = ("import sys\nfrom hcqr_dspy.cli import main\n"
-             "for argv in (['--help'], ['--version'], ['eval', '--help']):\n"
-             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-             "heavy = ('dspy', 'mlflow', 'torch', 'sentence_transformers', 'faiss', 'litellm', 'pandas')\n"
-             "print('HEAVY', [m for m in heavy if m in sys.modules])\n")
+    probe = (
+        "import sys\nfrom hcqr_dspy.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['eval', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "heavy = ('dspy', 'mlflow', 'torch', 'sentence_transformers', 'faiss', 'litellm', 'pandas')\n"
+        "print('HEAVY', [m for m in heavy if m in sys.modules])\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert "hcqr-dspy 0.1.0 (dspy " in out
     assert out.strip().splitlines()[-1] == "HEAVY []"
@@ -219,25 +222,37 @@ def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"
 
 
-def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus_before_any_lm(tmp_path, bm25_index,
-                                                                                               capsys):
+def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus_before_any_lm(
+    tmp_path, bm25_index, capsys
+):
     from hcqr_dspy.evaluation.run_folder import RunFolder
 
-    (tmp_path / "bench.json").write_text(json.dumps(
-        {"d1": {"question": "Yellow vision?", "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"}}))
+    (tmp_path / "bench.json").write_text(
+        json.dumps(
+            {"d1": {"question": "Yellow vision?", "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"}}
+        )
+    )
     base = {"dataset": str(tmp_path / "bench.json"), "lm": {"spec": "local:no-such-model"}}  # never loaded
     cot = RunFolder.create(tmp_path / "cot", {**base, "method": "cot"})
     cot.predictions.append({"qid": "d1", "passages": []})
     code, err = error_of(capsys, ["judge", str(cot.path), "--index", str(bm25_index), "--no-mlflow"])
-    assert code == 2 and err == [f"hcqr: error: {cot.path}: no question has a retrieved context (method cot): nothing to judge"]
-    rag = RunFolder.create(tmp_path / "rag", {**base, "method": "simple_rag",
-                                             "index": {"path": str(bm25_index), "corpus_fingerprint": "f" * 64}})
+    assert code == 2 and err == [
+        f"hcqr: error: {cot.path}: no question has a retrieved context (method cot): nothing to judge"
+    ]
+    rag = RunFolder.create(
+        tmp_path / "rag",
+        {**base, "method": "simple_rag", "index": {"path": str(bm25_index), "corpus_fingerprint": "f" * 64}},
+    )
     rag.predictions.append({"qid": "d1", "passages": [{"id": "p3", "queries": [0]}]})
     code, err = error_of(capsys, ["judge", str(rag.path), "--no-mlflow"])
     assert code == 2 and len(err) == 1
-    assert err[0].startswith(f"hcqr: error: index {bm25_index} was built from another corpus") and "ffffffffffff" in err[0]
+    assert (
+        err[0].startswith(f"hcqr: error: index {bm25_index} was built from another corpus") and "ffffffffffff" in err[0]
+    )
     code, err = error_of(capsys, ["judge", str(rag.path), "--index", str(bm25_index), "--seed", "3", "--no-mlflow"])
     assert code == 2 and err == ["hcqr: error: --seed draws the --limit sample: give --limit N with it"]
-    code, err = error_of(capsys, ["judge", str(rag.path), "--index", str(bm25_index), "--judge-lm", "gpt4", "--no-mlflow"])
+    code, err = error_of(
+        capsys, ["judge", str(rag.path), "--index", str(bm25_index), "--judge-lm", "gpt4", "--no-mlflow"]
+    )
     assert code == 2 and len(err) == 1 and err[0].startswith("hcqr: error: unknown --judge-lm spec 'gpt4'")
     assert not (cot.path / "dur.json").exists() and not (rag.path / "dur.json").exists()

@@ -14,7 +14,9 @@ def test_mcnemar_hand_checked():
     # Exact two-sided p = 2 * P(X <= 2 | X ~ Bin(10, 1/2)) = 2 * (1 + 10 + 45) / 1024 = 0.109375.
     ref, other = {}, {}
     for i in range(25):
-        ref[str(i)], other[str(i)] = (True, True) if i < 10 else (True, False) if i < 12 else (False, True) if i < 20 else (False, False)
+        ref[str(i)], other[str(i)] = (
+            (True, True) if i < 10 else (True, False) if i < 12 else (False, True) if i < 20 else (False, False)
+        )
     t = mcnemar_exact(ref, other)
     assert (t["both_right"], t["b"], t["c"], t["both_wrong"]) == (10, 2, 8, 5)
     assert t["p_value"] == pytest.approx(112 / 1024)
@@ -25,12 +27,24 @@ def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, data
     folder.mkdir(parents=True)
     qids = qids or [f"q{i}" for i in range(len(correct))]
     questions = {"count": len(qids), "ids_sha256": "-".join(qids), "content_sha256": f"{content}:{'-'.join(qids)}"}
-    (folder / "config.json").write_text(json.dumps({"method": method, "lm": {"spec": "local"}, "dataset": dataset,
-                                                    "questions": questions}))
+    (folder / "config.json").write_text(
+        json.dumps({"method": method, "lm": {"spec": "local"}, "dataset": dataset, "questions": questions})
+    )
     rows = []
     for i, (q, ok) in enumerate(zip(qids, correct)):
-        row = {"qid": q, "method": method, "prediction": "A" if ok else "B", "gold": "A", "valid": True,
-               "correct": ok, "stages": {}, "lm_calls": 3, "prompt_tokens": 100, "completion_tokens": 10, "seconds": 1.0}
+        row = {
+            "qid": q,
+            "method": method,
+            "prediction": "A" if ok else "B",
+            "gold": "A",
+            "valid": True,
+            "correct": ok,
+            "stages": {},
+            "lm_calls": 3,
+            "prompt_tokens": 100,
+            "completion_tokens": 10,
+            "seconds": 1.0,
+        }
         if hypothesis:
             row["hypothesis"] = {"working_hypothesis": hypothesis[i]}
         rows.append(row)
@@ -42,9 +56,20 @@ def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, data
 
 def test_report_table_and_plots(tmp_path):
     a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13)
-    b = make_run(tmp_path / "b", "hcqr", [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5,
-                 hypothesis=["A"] * 15 + ["B"] * 10,
-                 dur={"dur_n": 25, "dur_invalid": 1, "dur": 0.75, "dur_entailed": 0.25, "dur_useful": 0.5, "dur_not_useful": 0.25})
+    b = make_run(
+        tmp_path / "b",
+        "hcqr",
+        [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5,
+        hypothesis=["A"] * 15 + ["B"] * 10,
+        dur={
+            "dur_n": 25,
+            "dur_invalid": 1,
+            "dur": 0.75,
+            "dur_entailed": 0.25,
+            "dur_useful": 0.5,
+            "dur_not_useful": 0.25,
+        },
+    )
     report, files = compare([a, b], reference="simple_rag", out_dir=tmp_path / "out")
     assert "| simple_rag | 25 | 48.0% |" in report
     assert "| hcqr | 25 | 72.0% |" in report and "| 2/8 | 0.109 |" in report and "75.0%" in report
@@ -80,7 +105,9 @@ def test_cache_note_and_bad_out_and_the_same_run_twice(tmp_path):
 def test_refuses_runs_on_different_questions(tmp_path):
     a = make_run(tmp_path / "a", "cot", [True, False], qids=["x1", "x2"])
     b = make_run(tmp_path / "b", "hcqr", [True, False], qids=["x1", "x3"])
-    with pytest.raises(HCQRError, match=r"different questions.*only in the first: \['x2'\].*only in the second: \['x3'\]"):
+    with pytest.raises(
+        HCQRError, match=r"different questions.*only in the first: \['x2'\].*only in the second: \['x3'\]"
+    ):
         compare([a, b], out_dir=tmp_path / "out")
 
 
@@ -132,8 +159,20 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
             r["passages"] = [{"id": "p1", "queries": [0]}]
         (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # a judge stopped after 2 of 4 questions: judgments.jsonl only, no dur.json yet
-    judged = [{"qid": q, "mode": "context", "label": lab, "valid": True, "error": None, "passage_labels": None,
-               "passage_queries": [[0]], "stages": {}, "seconds": 1.0} for q, lab in (("q0", "USEFUL"), ("q1", "NOT_USEFUL"))]
+    judged = [
+        {
+            "qid": q,
+            "mode": "context",
+            "label": lab,
+            "valid": True,
+            "error": None,
+            "passage_labels": None,
+            "passage_queries": [[0]],
+            "stages": {},
+            "seconds": 1.0,
+        }
+        for q, lab in (("q0", "USEFUL"), ("q1", "NOT_USEFUL"))
+    ]
     (b / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
     report, _ = compare([a, b], out_dir=tmp_path / "out")
     assert "| hcqr | 4 | 50.0% | 25.0% | 0 | 50.0% (2/4 judged) |" in report
@@ -141,16 +180,27 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
     assert "| simple_rag | 4 | 50.0% | 25.0% | 0 | – |" in report
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"qid": "q0"}'], "lacks 'valid', 'label' or 'passage_queries'"),
-    (["J0", "J0"], "question 'q0' is judged twice"),
-    (["J0", "J9"], "judges 1 question\\(s\\) this run does not hold \\(q9\\)"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"qid": "q0"}'], "lacks 'valid', 'label' or 'passage_queries'"),
+        (["J0", "J0"], "question 'q0' is judged twice"),
+        (["J0", "J9"], "judges 1 question\\(s\\) this run does not hold \\(q9\\)"),
+    ],
+)
 def test_judgments_that_cannot_be_the_runs_are_refused(tmp_path, lines, message):
     a = make_run(tmp_path / "a", "simple_rag", [True, False])
     b = make_run(tmp_path / "b", "hcqr", [True, True])
-    judgment = {"mode": "context", "label": "USEFUL", "valid": True, "error": None, "passage_labels": None,
-                "passage_queries": [[0]], "stages": {}, "seconds": 1.0}
+    judgment = {
+        "mode": "context",
+        "label": "USEFUL",
+        "valid": True,
+        "error": None,
+        "passage_labels": None,
+        "passage_queries": [[0]],
+        "stages": {},
+        "seconds": 1.0,
+    }
     text = {"J0": json.dumps({"qid": "q0", **judgment}), "J9": json.dumps({"qid": "q9", **judgment})}
     (b / "judgments.jsonl").write_text("".join(text.get(line, line) + "\n" for line in lines))
     with pytest.raises(HCQRError, match=message):
@@ -194,12 +244,18 @@ def tiny_bench(tmp_path, tiny_corpus_file):
 
     questions = {
         f"t{i}": {"question": q, "options": {"A": a, "B": b}, "answer": "A"}
-        for i, (q, a, b) in enumerate([
-            ("Nausea and yellow vision in a patient on a cardiac glycoside?", "Digoxin toxicity", "Graves disease"),
-            ("Fatigable ptosis improving with edrophonium?", "Myasthenia gravis", "Iron deficiency anemia"),
-            ("Lancet-shaped gram-positive diplococci in pneumonia?", "Streptococcus pneumoniae", "Hashimoto thyroiditis"),
-            ("Hypersegmented neutrophils and macrocytosis?", "Vitamin B12 deficiency", "Lambert-Eaton syndrome"),
-        ])
+        for i, (q, a, b) in enumerate(
+            [
+                ("Nausea and yellow vision in a patient on a cardiac glycoside?", "Digoxin toxicity", "Graves disease"),
+                ("Fatigable ptosis improving with edrophonium?", "Myasthenia gravis", "Iron deficiency anemia"),
+                (
+                    "Lancet-shaped gram-positive diplococci in pneumonia?",
+                    "Streptococcus pneumoniae",
+                    "Hashimoto thyroiditis",
+                ),
+                ("Hypersegmented neutrophils and macrocytosis?", "Vitamin B12 deficiency", "Lambert-Eaton syndrome"),
+            ]
+        )
     }
     dataset = tmp_path / "bench.json"
     dataset.write_text(json.dumps(questions))
@@ -222,16 +278,27 @@ def test_compare_shows_a_method_that_ran_on_its_fallback_evidence_and_hypothesis
 
     dataset, index = tiny_bench
     answer = {"reasoning": "r", "answer": "A"}
-    hypothesis = {"discriminating_features": "key finding", "reasoning": "r", "working_hypothesis": "B",
-                  "confirming_evidence": "typical presentation"}
+    hypothesis = {
+        "discriminating_features": "key finding",
+        "reasoning": "r",
+        "working_hypothesis": "B",
+        "confirming_evidence": "typical presentation",
+    }
     # the rewrite step never parses: every HCQR query is built from the hypothesis fields
-    hcqr_lm = DummyLM({"`support_query`": {"oops": "x"}, "`discriminating_features`": hypothesis, "`answer`": answer},
-                      adapter=dspy.JSONAdapter())
-    runs = [run_method(tmp_path, dataset, index, "simple_rag", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
-            run_method(tmp_path, dataset, index, "cot", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
-            run_method(tmp_path, dataset, index, "hcqr", hcqr_lm)]
+    hcqr_lm = DummyLM(
+        {"`support_query`": {"oops": "x"}, "`discriminating_features`": hypothesis, "`answer`": answer},
+        adapter=dspy.JSONAdapter(),
+    )
+    runs = [
+        run_method(tmp_path, dataset, index, "simple_rag", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
+        run_method(tmp_path, dataset, index, "cot", DummyLM({"`answer`": answer}, adapter=dspy.JSONAdapter())),
+        run_method(tmp_path, dataset, index, "hcqr", hcqr_lm),
+    ]
     report, files = compare(runs, reference="simple_rag", out_dir=tmp_path / "out")
-    assert "| hcqr | queries from hypothesis: 4/4 q (12 in all); rewrite failed: 4/4 q; queries by source: hypothesis 100% |" in report
+    assert (
+        "| hcqr | queries from hypothesis: 4/4 q (12 in all); rewrite failed: 4/4 q; "
+        "queries by source: hypothesis 100% |" in report
+    )
     assert "**hcqr ran mostly on its fallback: 100% of its queries were built from the hypothesis" in report
     # evidence: Simple RAG retrieves with the question; the constructed corpus names each gold option in one passage
     evidence = report.split("## Evidence in the context (judge-free)")[1].split("##")[0]
@@ -248,7 +315,11 @@ def test_question_evidence_on_constructed_contexts():
 
     options = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "yes"}
     both = ["Digoxin toxicities cause yellow vision.", "In Graves' disease, exophthalmos."]
-    assert question_evidence(options, "A", both) == {"gold_mentioned": True, "distractors_mentioned": 1, "distractors": 2}
+    assert question_evidence(options, "A", both) == {
+        "gold_mentioned": True,
+        "distractors_mentioned": 1,
+        "distractors": 2,
+    }
     # every content word in ONE passage: "iron" and "anemia" in different passages is no mention
     split = ["Iron stores are low.", "Deficiency anemia is microcytic."]
     assert question_evidence(options, "C", split)["gold_mentioned"] is False
@@ -267,8 +338,11 @@ def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
 
     (tmp_path / "qrels.json").write_text(json.dumps({"q1": ["p1", "p2"], "q2": {"p9": 1}}))
     qrels = load_qrels(tmp_path / "qrels.json")
-    rows = [{"qid": "q1", "passages": [{"id": "p3"}, {"id": "p1"}], "dropped_passages": [{"id": "p2"}]},
-            {"qid": "q2", "passages": [{"id": "p5"}]}, {"qid": "q3", "passages": [{"id": "p1"}]}]
+    rows = [
+        {"qid": "q1", "passages": [{"id": "p3"}, {"id": "p1"}], "dropped_passages": [{"id": "p2"}]},
+        {"qid": "q2", "passages": [{"id": "p5"}]},
+        {"qid": "q3", "passages": [{"id": "p1"}]},
+    ]
     m = qrels_metrics(rows, qrels, k=2)
     # q1: p1 at rank 2 of the fused list (p2 at rank 3, past k=2): recall@2 = 1/2; q2: nothing relevant
     assert m["qrels_n"] == 2 and m["per_query"]["q1"]["recall"] == 0.5 and m["per_query"]["q2"]["recall"] == 0.0
@@ -292,8 +366,20 @@ def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_log
         with tracking.mlflow_run(f"{method} run", {}, store=mlflow_store, traces=False) as run:
             ids[method] = run.info.run_id
     a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13, dataset="/data/medqa.json")
-    b = make_run(tmp_path / "b", "hcqr", [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5, dataset="/data/medqa.json",
-                 dur={"dur_n": 25, "dur_invalid": 0, "dur": 0.75, "dur_entailed": 0.25, "dur_useful": 0.5, "dur_not_useful": 0.25})
+    b = make_run(
+        tmp_path / "b",
+        "hcqr",
+        [True] * 10 + [False] * 2 + [True] * 8 + [False] * 5,
+        dataset="/data/medqa.json",
+        dur={
+            "dur_n": 25,
+            "dur_invalid": 0,
+            "dur": 0.75,
+            "dur_entailed": 0.25,
+            "dur_useful": 0.5,
+            "dur_not_useful": 0.25,
+        },
+    )
     for folder, method in ((a, "simple_rag"), (b, "hcqr")):
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "mlflow_run_id": ids[method]}))
@@ -317,7 +403,9 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     from hcqr_dspy.reporting import accuracy_vs_cost_figure, dur_figure, hypothesis_changes_figure, load_run
 
     a = make_run(tmp_path / "a", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
-    b = make_run(tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json")
+    b = make_run(
+        tmp_path / "b", "hcqr", [True] * 4 + [False], hypothesis=["A", "B", "A", "A", "B"], dataset="/data/medqa.json"
+    )
     runs = [load_run(a), load_run(b)]
     two = make_run(tmp_path / "two", "hcqr", [True, False], hypothesis=["A", "A"], dataset="/data/medqa.json")
     fig = hypothesis_changes_figure([load_run(two)])
@@ -335,11 +423,28 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["simple_rag", "hcqr"]
     assert not calls.texts and not tokens.texts
     # DUR bars say how many questions were judged; the judge's control rates are markers on them
-    judged = make_run(tmp_path / "judged", "hcqr", [True] * 5, dataset="/data/medqa.json",
-                      dur={"dur_n": 4, "dur_invalid": 0, "dur_useful": 0.25, "dur_not_useful": 0.75, "dur": 0.25,
-                           "dur_positive_control": 0.75, "dur_negative_control": 0.5})
-    old = make_run(tmp_path / "old", "simple_rag", [True] * 5, dataset="/data/medqa.json",
-                   dur={"dur_n": 5, "dur_invalid": 1, "dur_useful": 0.5, "dur_not_useful": 0.5, "dur": 0.5})
+    judged = make_run(
+        tmp_path / "judged",
+        "hcqr",
+        [True] * 5,
+        dataset="/data/medqa.json",
+        dur={
+            "dur_n": 4,
+            "dur_invalid": 0,
+            "dur_useful": 0.25,
+            "dur_not_useful": 0.75,
+            "dur": 0.25,
+            "dur_positive_control": 0.75,
+            "dur_negative_control": 0.5,
+        },
+    )
+    old = make_run(
+        tmp_path / "old",
+        "simple_rag",
+        [True] * 5,
+        dataset="/data/medqa.json",
+        dur={"dur_n": 5, "dur_invalid": 1, "dur_useful": 0.5, "dur_not_useful": 0.5, "dur": 0.5},
+    )
     fig = dur_figure([load_run(judged), load_run(old), load_run(a)])
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["hcqr\n(4 judged)", "simple_rag\n(5 judged)"]
@@ -359,7 +464,9 @@ def test_a_question_recorded_twice_is_refused_and_same_method_runs_keep_distinct
     summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert set(summary["runs"]) == {"cot", "hcqr (local) (hcqr-b15)", "hcqr (local) (hcqr-b10)"}
     assert summary["runs"]["hcqr (local) (hcqr-b10)"]["accuracy"] == pytest.approx(1 / 3)
-    (b / "predictions.jsonl").write_text((b / "predictions.jsonl").read_text() + (b / "predictions.jsonl").read_text().splitlines()[-1] + "\n")
+    (b / "predictions.jsonl").write_text(
+        (b / "predictions.jsonl").read_text() + (b / "predictions.jsonl").read_text().splitlines()[-1] + "\n"
+    )
     with pytest.raises(HCQRError, match=r"predictions.jsonl: question 'q2' is recorded twice"):
         compare([a, b], out_dir=tmp_path / "out")
 
@@ -407,19 +514,32 @@ def test_runs_with_hypotheses_report_how_often_their_upstream_stages_agree(tmp_p
         (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return folder
 
-    base = with_upstream(make_run(tmp_path / "hcqr", "hcqr", [True] * 4, hypothesis=["A", "A", "B", "C"]),
-                         [["x", "y"], ["x"], ["z"], ["w"]], [["p1", "p2"], ["p1", "p9"], ["p3"], ["p4"]])
+    base = with_upstream(
+        make_run(tmp_path / "hcqr", "hcqr", [True] * 4, hypothesis=["A", "A", "B", "C"]),
+        [["x", "y"], ["x"], ["z"], ["w"]],
+        [["p1", "p2"], ["p1", "p9"], ["p3"], ["p4"]],
+    )
     # q0 all agree; q1 same letter and queries, passages in another order; q2 other queries; q3 other letter
-    shown = with_upstream(make_run(tmp_path / "shown", "hcqr_show_hypothesis", [True] * 4, hypothesis=["A", "A", "B", "D"]),
-                          [["x", "y"], ["x"], ["z2"], ["w"]], [["p1", "p2"], ["p9", "p1"], ["p3"], ["p4"]])
+    shown = with_upstream(
+        make_run(tmp_path / "shown", "hcqr_show_hypothesis", [True] * 4, hypothesis=["A", "A", "B", "D"]),
+        [["x", "y"], ["x"], ["z2"], ["w"]],
+        [["p1", "p2"], ["p9", "p1"], ["p3"], ["p4"]],
+    )
     cot = make_run(tmp_path / "cot", "cot", [True] * 4)
     report, _ = compare([cot, base, shown], out_dir=tmp_path / "out")
     section = report.split("## Working hypotheses across runs")[1].split("##")[0]
     assert "| hcqr vs hcqr_show_hypothesis | 4 | 3 (75%) | 3 (75%) | 3 (75%) | 1 (25%) |" in section
     assert "cot" not in section
     summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
-    assert summary["upstream_agreement"] == {"hcqr vs hcqr_show_hypothesis": {
-        "n": 4, "same_hypothesis": 3, "same_queries": 3, "same_passages": 3, "same_all": 1}}
+    assert summary["upstream_agreement"] == {
+        "hcqr vs hcqr_show_hypothesis": {
+            "n": 4,
+            "same_hypothesis": 3,
+            "same_queries": 3,
+            "same_passages": 3,
+            "same_all": 1,
+        }
+    }
     # a run of the hypothesis step alone retrieves nothing: only the letters are compared
     alone = make_run(tmp_path / "alone", "hcqr_hypothesis", [True] * 4, hypothesis=["A", "B", "B", "C"])
     report, _ = compare([base, alone], out_dir=tmp_path / "out3")
@@ -435,9 +555,22 @@ def judgments_for(folder, qids):
     for r in rows:
         r["passages"] = [{"id": "p1", "queries": [0]}]
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    judged = [{"qid": q, "mode": "context", "label": "USEFUL", "valid": True, "error": None, "passage_labels": None,
-               "passage_queries": [[0]], "stages": {}, "seconds": 1.0, "positive_label": "USEFUL",
-               "negative_label": "NOT_USEFUL"} for q in qids]
+    judged = [
+        {
+            "qid": q,
+            "mode": "context",
+            "label": "USEFUL",
+            "valid": True,
+            "error": None,
+            "passage_labels": None,
+            "passage_queries": [[0]],
+            "stages": {},
+            "seconds": 1.0,
+            "positive_label": "USEFUL",
+            "negative_label": "NOT_USEFUL",
+        }
+        for q in qids
+    ]
     (folder / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
 
 
@@ -477,9 +610,14 @@ def test_an_ambiguous_reference_a_run_folder_as_out_and_stale_plots(tmp_path):
 def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
     a = make_run(tmp_path / "a", "cot", [True, False])
     b = make_run(tmp_path / "b", "hcqr", [True, True])
-    (b / "predictions.jsonl").write_text('{"qid": "q0"}\n' + (b / "predictions.jsonl").read_text().splitlines()[1] + "\n")
-    with pytest.raises(HCQRError, match=r"predictions.jsonl: the row of question 'q0' lacks prediction, valid, correct, "
-                                        r"gold \(not written by `hcqr eval`\)"):
+    (b / "predictions.jsonl").write_text(
+        '{"qid": "q0"}\n' + (b / "predictions.jsonl").read_text().splitlines()[1] + "\n"
+    )
+    with pytest.raises(
+        HCQRError,
+        match=r"predictions.jsonl: the row of question 'q0' lacks prediction, valid, correct, "
+        r"gold \(not written by `hcqr eval`\)",
+    ):
         compare([a, b], out_dir=tmp_path / "out")
     with pytest.raises(HCQRError, match=r"run folder .*nowhere does not exist"):
         compare([a, tmp_path / "nowhere"], out_dir=tmp_path / "out")

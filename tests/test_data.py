@@ -58,7 +58,11 @@ def test_invalid_json_names_line(tmp_path):
 @pytest.mark.parametrize("name", ["bench.json", "bench.jsonl"])
 def test_non_utf8_question_file_names_the_line(tmp_path, name):
     row = json.dumps({"question": "Gr\u00e4fe?", "options": {"A": "a", "B": "b"}, "answer": "A"}, ensure_ascii=False)
-    text = f'{{"q1":\n{row}}}' if name.endswith(".json") else f'{{"id": "q0", "question": "ok?", "options": {{"A": "a", "B": "b"}}, "answer": "A"}}\n{row}'
+    text = (
+        f'{{"q1":\n{row}}}'
+        if name.endswith(".json")
+        else f'{{"id": "q0", "question": "ok?", "options": {{"A": "a", "B": "b"}}, "answer": "A"}}\n{row}'
+    )
     (tmp_path / name).write_bytes(text.encode("latin-1"))
     with pytest.raises(DataError, match=rf"{name}:2: not valid UTF-8 text \(byte 0xe4 at column \d+\)") as err:
         load_questions(tmp_path / name)
@@ -74,7 +78,10 @@ def test_a_repeated_option_letter_is_named_as_an_option_not_an_id(tmp_path):
 
 
 def test_select_is_deterministic_and_ordered():
-    exs = [check_question(f"q{i}", {"question": "?", "options": {"A": "a", "B": "b"}, "answer": "A"}, "x") for i in range(50)]
+    exs = [
+        check_question(f"q{i}", {"question": "?", "options": {"A": "a", "B": "b"}, "answer": "A"}, "x")
+        for i in range(50)
+    ]
     a = select(exs, limit=10, seed=3)
     assert a == select(exs, limit=10, seed=3)
     assert [e.qid for e in a] == sorted((e.qid for e in a), key=lambda q: int(q[1:]))
@@ -102,7 +109,7 @@ def test_repeated_question_ids_are_refused(tmp_path):
     with pytest.raises(DataError, match="question id 'q1' appears twice"):
         load_questions(listed)
     keyed = tmp_path / "keys.json"
-    keyed.write_text('{"q1": %s, "q1": %s}' % (json.dumps(q), json.dumps(q)))
+    keyed.write_text(f'{{"q1": {json.dumps(q)}, "q1": {json.dumps(q)}}}')
     with pytest.raises(DataError, match=r"keys\.json: key 'q1' appears twice"):
         load_questions(keyed)
 

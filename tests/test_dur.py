@@ -6,18 +6,25 @@ import dspy
 import pytest
 from dspy.utils import DummyLM
 
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.metrics import hypothesis_changes, summarize
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.controls import control_flags, negative_control_pairs, positive_control_document
 from hcqr_dspy.judge.judging import judge_run
 from hcqr_dspy.judge.metrics import dur_metrics
-from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluation.metrics import hypothesis_changes, summarize
 from hcqr_dspy.retrieval import BM25Retriever
-from hcqr_dspy.evaluation.run_folder import RunFolder
 
 
 def judgment(label, queries, passage_labels=None, positive=None, negative=None):
-    return {"qid": "x", "label": label, "valid": label is not None, "passage_queries": queries,
-            "passage_labels": passage_labels, "positive_label": positive, "negative_label": negative}
+    return {
+        "qid": "x",
+        "label": label,
+        "valid": label is not None,
+        "passage_queries": queries,
+        "passage_labels": passage_labels,
+        "positive_label": positive,
+        "negative_label": negative,
+    }
 
 
 def test_dur_shares_and_invalid_counted_apart():
@@ -49,30 +56,55 @@ def test_control_rates_and_flags():
     assert (m["dur_positive_control"], m["dur_negative_control"]) == (0.9, 0.1)
     assert control_flags(m) == []
     lenient = dur_metrics([judgment("USEFUL", [[0]], positive="USEFUL", negative="USEFUL") for _ in range(4)])
-    assert control_flags(lenient) == ["the judge calls 100% of negative controls (another question's context) useful (> 20%)"]
+    assert control_flags(lenient) == [
+        "the judge calls 100% of negative controls (another question's context) useful (> 20%)"
+    ]
     blind = dur_metrics([judgment("NOT_USEFUL", [[0]], positive="NOT_USEFUL", negative="NOT_USEFUL")] * 4)
     assert "positive controls" in control_flags(blind)[0]
     assert control_flags(dur_metrics([judgment("USEFUL", [[0]])])) == [
-        "no control judgments (judged without controls): the judge is unchecked"]
+        "no control judgments (judged without controls): the judge is unchecked"
+    ]
 
 
 def test_hypothesis_change_counts():
     def row(h, pred, gold, valid=True):
-        return {"hypothesis": {"working_hypothesis": h}, "prediction": pred, "gold": gold, "valid": valid,
-                "correct": valid and pred == gold}
+        return {
+            "hypothesis": {"working_hypothesis": h},
+            "prediction": pred,
+            "gold": gold,
+            "valid": valid,
+            "correct": valid and pred == gold,
+        }
 
-    rows = [row("A", "A", "A"), row("A", "A", "B"), row("A", "B", "B"), row("B", "A", "B"), row("C", "D", "B"),
-            row("B", None, "B", valid=False), {"hypothesis": None, "prediction": "A", "gold": "A", "valid": True, "correct": True}]
+    rows = [
+        row("A", "A", "A"),
+        row("A", "A", "B"),
+        row("A", "B", "B"),
+        row("B", "A", "B"),
+        row("C", "D", "B"),
+        row("B", None, "B", valid=False),
+        {"hypothesis": None, "prediction": "A", "gold": "A", "valid": True, "correct": True},
+    ]
     c = hypothesis_changes(rows)
-    assert c == {"with_hypothesis": 6, "hypothesis_correct": 3, "kept_right": 1, "kept_wrong": 1, "fixed": 1,
-                 "broke": 1, "changed_wrong_to_wrong": 1, "invalid_answer": 1}
+    assert c == {
+        "with_hypothesis": 6,
+        "hypothesis_correct": 3,
+        "kept_right": 1,
+        "kept_wrong": 1,
+        "fixed": 1,
+        "broke": 1,
+        "changed_wrong_to_wrong": 1,
+        "invalid_answer": 1,
+    }
     m = summarize([{**r, "qid": str(i), "stages": {}} for i, r in enumerate(rows)])
     assert m["hypothesis_accuracy"] == 0.5 and m["answer_changed_rate"] == pytest.approx(3 / 6)
 
 
 def test_positive_control_states_the_gold_option_and_negative_controls_are_a_derangement():
     doc = positive_control_document("Yellow vision on digoxin?", {"A": "Digoxin toxicity", "B": "Graves"}, "A")
-    assert doc.startswith("Document [1] (Title: Digoxin toxicity)") and "the correct answer is A. Digoxin toxicity" in doc
+    assert (
+        doc.startswith("Document [1] (Title: Digoxin toxicity)") and "the correct answer is A. Digoxin toxicity" in doc
+    )
     rows = [{"qid": f"q{i}", "passages": [{"id": f"p{i}"}]} for i in range(6)]
     pairs = negative_control_pairs(rows, lambda qid, row: False)
     assert sorted(pairs) == sorted(pairs.values()) and all(q != d for q, d in pairs.items())
@@ -86,16 +118,27 @@ def test_positive_control_states_the_gold_option_and_negative_controls_are_a_der
 @pytest.fixture
 def run_folder(tmp_path):
     bench = {
-        "d1": {"question": "Yellow vision on digoxin?", "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"},
-        "d2": {"question": "Ptosis worse at night?", "options": {"A": "Graves", "B": "Myasthenia gravis"}, "answer": "B"},
+        "d1": {
+            "question": "Yellow vision on digoxin?",
+            "options": {"A": "Digoxin toxicity", "B": "Graves"},
+            "answer": "A",
+        },
+        "d2": {
+            "question": "Ptosis worse at night?",
+            "options": {"A": "Graves", "B": "Myasthenia gravis"},
+            "answer": "B",
+        },
         "d3": {"question": "No retrieval here?", "options": {"A": "x", "B": "y"}, "answer": "A"},
     }
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     folder = RunFolder.create(tmp_path / "run", {"method": "hcqr", "dataset": str(tmp_path / "bench.json")})
     rows = [
         # p3 shown whole, p1 shown cut to 10 characters of content, p4 fused but dropped by the token budget
-        {"qid": "d1", "passages": [{"id": "p3", "queries": [0, 1]}, {"id": "p1", "queries": [2], "shown_chars": 10}],
-         "dropped_passages": [{"id": "p4", "queries": [2]}]},
+        {
+            "qid": "d1",
+            "passages": [{"id": "p3", "queries": [0, 1]}, {"id": "p1", "queries": [2], "shown_chars": 10}],
+            "dropped_passages": [{"id": "p4", "queries": [2]}],
+        },
         {"qid": "d2", "passages": [{"id": "p7", "queries": [1]}]},
         {"qid": "d3", "passages": []},
     ]
@@ -106,9 +149,14 @@ def run_folder(tmp_path):
 
 def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, tiny_corpus):
     retriever = BM25Retriever(tiny_corpus, show_progress=False)
-    lm = DummyLM({"the correct answer is": {"reasoning": "it says so", "label": "ENTAILED"},
-                  "Yellow vision": {"reasoning": "glycoside", "label": "ENTAILED"},
-                  "Ptosis": {"reasoning": "?", "label": "MAYBE"}}, adapter=dspy.JSONAdapter())
+    lm = DummyLM(
+        {
+            "the correct answer is": {"reasoning": "it says so", "label": "ENTAILED"},
+            "Yellow vision": {"reasoning": "glycoside", "label": "ENTAILED"},
+            "Ptosis": {"reasoning": "?", "label": "MAYBE"},
+        },
+        adapter=dspy.JSONAdapter(),
+    )
     m = judge_run(run_folder, retriever, lm, judge_lm="dummy", progress=False)
     js = RunFolder(run_folder).judgments()
     assert [j["qid"] for j in js] == ["d1", "d2"]  # d3 retrieved nothing: not judged
@@ -121,15 +169,18 @@ def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, ti
     assert m["dur"] == 1.0 and m["dur_invalid"] == 1 and m["dur_positive_control"] == 1.0
     prompts = [h["messages"][-1]["content"] for h in lm.history]
     d1 = next(p for p in prompts if "Yellow vision" in p and "Document [1] (Title: Digoxin toxicity)" in p)
-    assert "Document [2] (Title: Iron deficiency anemia) Microcytic" in d1  # cut where the answer step's context was cut
+    assert (
+        "Document [2] (Title: Iron deficiency anemia) Microcytic" in d1
+    )  # cut where the answer step's context was cut
     assert "Microcytic hypochromic" not in d1
     assert "Graves disease" not in d1  # p4 was dropped by the budget: the model never saw it
     calls = len(lm.history)
     judge_run(run_folder, retriever, lm, judge_lm="dummy", progress=False)  # resumed: nothing left to judge
     assert len(lm.history) == calls
     # one judge session recorded (the one that judged), after the 3 predictions and before any judgment
-    assert [(s["command"], s["predictions_before"], s["judgments_before"]) for s in RunFolder(run_folder).sessions()] \
-        == [("judge", 3, 0)]
+    assert [
+        (s["command"], s["predictions_before"], s["judgments_before"]) for s in RunFolder(run_folder).sessions()
+    ] == [("judge", 3, 0)]
     assert json.loads((run_folder / "dur.json").read_text())["judge"]["judge_lm"] == "dummy"
     with pytest.raises(HCQRError, match="judgments made with other settings"):
         judge_run(run_folder, retriever, lm, judge_lm="dummy", reasoning=False, progress=False)
@@ -149,15 +200,18 @@ def sampled_runs(tmp_path, answered: dict[str, int]):
     from hcqr_dspy.data import load_questions, select
     from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 
-    bench = {f"q{i}": {"question": f"Question {i}?", "options": {"A": f"alpha {i}", "B": f"beta {i}"}, "answer": "A"}
-             for i in range(8)}
+    bench = {
+        f"q{i}": {"question": f"Question {i}?", "options": {"A": f"alpha {i}", "B": f"beta {i}"}, "answer": "A"}
+        for i in range(8)
+    }
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     sample = select(load_questions(tmp_path / "bench.json"), limit=6, seed=4)
     record = {**question_fingerprint(sample), "limit": 6, "seed": 4}
     folders = {}
     for name, n in answered.items():
-        folder = RunFolder.create(tmp_path / name, {"method": "hcqr", "dataset": str(tmp_path / "bench.json"),
-                                                   "questions": record})
+        folder = RunFolder.create(
+            tmp_path / name, {"method": "hcqr", "dataset": str(tmp_path / "bench.json"), "questions": record}
+        )
         for i, q in enumerate(sample[:n]):
             folder.predictions.append({"qid": q.qid, "passages": [{"id": f"p{i + 1}", "queries": [0]}]})
         folders[name] = folder
@@ -206,10 +260,15 @@ def test_a_bad_judged_sample_is_one_line(tmp_path, tiny_corpus):
 
 
 def test_passage_mode_keeps_each_passage_s_reasoning_and_the_deciding_one(run_folder, tiny_corpus):
-    lm = DummyLM({"the correct answer is": {"reasoning": "stated", "label": "ENTAILED"},
-                  "Title: Digoxin toxicity": {"reasoning": "names the glycoside", "label": "ENTAILED"},
-                  "Title: Iron deficiency": {"reasoning": "unrelated", "label": "NOT_USEFUL"},
-                  "Myasthenia": {"reasoning": "ptosis", "label": "USEFUL"}}, adapter=dspy.JSONAdapter())
+    lm = DummyLM(
+        {
+            "the correct answer is": {"reasoning": "stated", "label": "ENTAILED"},
+            "Title: Digoxin toxicity": {"reasoning": "names the glycoside", "label": "ENTAILED"},
+            "Title: Iron deficiency": {"reasoning": "unrelated", "label": "NOT_USEFUL"},
+            "Myasthenia": {"reasoning": "ptosis", "label": "USEFUL"},
+        },
+        adapter=dspy.JSONAdapter(),
+    )
     judge_run(run_folder, BM25Retriever(tiny_corpus, show_progress=False), lm, mode="passage", progress=False)
     d1 = RunFolder(run_folder).judgments()[0]
     assert d1["passage_labels"] == ["ENTAILED", "NOT_USEFUL"]

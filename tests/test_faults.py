@@ -9,13 +9,13 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from stub_server import OPTIONS, SECRET, Stub
 
 from hcqr_dspy.errors import LMUnavailableError, RunError
+from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
-from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
-from stub_server import OPTIONS, SECRET, Stub
 
 
 def read_rows(path):
@@ -27,8 +27,15 @@ def stub_lm(stub, **kw):
 
 
 def spec(bench, stub, name, **kw):
-    return EvalSpec(method="cot", dataset=str(bench / "qs.json"), lm="openai/stub-model", api_base=stub.base,
-                    api_key_env="STUB_KEY", run_dir=str(bench / name), **kw)
+    return EvalSpec(
+        method="cot",
+        dataset=str(bench / "qs.json"),
+        lm="openai/stub-model",
+        api_base=stub.base,
+        api_key_env="STUB_KEY",
+        run_dir=str(bench / name),
+        **kw,
+    )
 
 
 def untimed(m):
@@ -71,7 +78,9 @@ def test_endpoint_timing_out_stops_cleanly(bench, mlflow_store):
 def test_huge_or_empty_replies_are_invalid_answers_not_crashes(bench, mlflow_store, mode):
     stub = Stub()
     stub.mode = mode
-    result, run_dir, _ = run_evaluation(spec(bench, stub, mode), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub))
+    result, run_dir, _ = run_evaluation(
+        spec(bench, stub, mode), mlflow_dir=mlflow_store, progress=False, lm=stub_lm(stub)
+    )
     assert result.metrics["n"] == 6 and result.metrics["invalid"] == 6
     rows = read_rows(run_dir / PREDICTIONS)
     assert all(r["prediction"] is None and r["error"] for r in rows)
@@ -115,8 +124,14 @@ def _evaluate_in_process(args):
     from hcqr_dspy.workflows.evaluate import run_evaluation
     from hcqr_dspy.workflows.specs import EvalSpec
 
-    s = EvalSpec(method="cot", dataset=f"{bench}/qs.json", lm="openai/stub-model", api_base=base,
-                 api_key_env="STUB_KEY", run_dir=f"{bench}/{name}")
+    s = EvalSpec(
+        method="cot",
+        dataset=f"{bench}/qs.json",
+        lm="openai/stub-model",
+        api_base=base,
+        api_key_env="STUB_KEY",
+        run_dir=f"{bench}/{name}",
+    )
     lm = build_lm("openai/stub-model", api_base=base, api_key_env="STUB_KEY", cache=False, num_retries=1)
     result, _, run_id = run_evaluation(s, mlflow_dir=store, progress=False, lm=lm)
     return result.metrics["n"], run_id
@@ -141,17 +156,18 @@ def test_concurrent_evaluations_share_one_mlflow_store(bench, tmp_path_factory):
 
 
 def test_api_key_never_written_to_records_mlflow_logs_or_saved_programs(bench, mlflow_store, capfd, caplog):
-    from hcqr_dspy.optimize.recipes import load_recipe
+    import uuid
+
     from hcqr_dspy.optimize.saved import save_program
     from hcqr_dspy.programs import CoT
-
-    import uuid
 
     stub = Stub()
     # built from the spec (not passed in), the way `hcqr eval` builds it; fresh question texts so that
     # DSPy's response cache cannot answer in the stub's place
     nonce = uuid.uuid4().hex
-    rows = {f"q{i}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "A"} for i in range(2)}
+    rows = {
+        f"q{i}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "A"} for i in range(2)
+    }
     (bench / "qs.json").write_text(json.dumps(rows))
     _, run_dir, run_id = run_evaluation(spec(bench, stub, "run"), mlflow_dir=mlflow_store, progress=False)
     auth = [v for h, _ in stub.seen for k, v in h.items() if k.lower() == "authorization"]
@@ -177,13 +193,24 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
     from hcqr_dspy.workflows.compile import CompileSpec, run_compile
 
     nonce = uuid.uuid4().hex
-    rows = {f"{i:04d}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]}
-            for i in range(6)}
+    rows = {
+        f"{i:04d}": {"question": f"Question number {i}? ({nonce})", "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]}
+        for i in range(6)
+    }
     (bench / "train.json").write_text(json.dumps(rows))
     stub = Stub()
-    spec = CompileSpec(recipe=str(Path(__file__).resolve().parents[1] / "optimizers" / "bootstrap_fewshot.yaml"),
-                       method="cot", train=str(bench / "train.json"), index=None, out=str(bench / "programs" / "cot"),
-                       lm="openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", train_size=6, val_size=0)
+    spec = CompileSpec(
+        recipe=str(Path(__file__).resolve().parents[1] / "optimizers" / "bootstrap_fewshot.yaml"),
+        method="cot",
+        train=str(bench / "train.json"),
+        index=None,
+        out=str(bench / "programs" / "cot"),
+        lm="openai/stub-model",
+        api_base=stub.base,
+        api_key_env="STUB_KEY",
+        train_size=6,
+        val_size=0,
+    )
     out = run_compile(spec, mlflow_dir=mlflow_store)
     assert stub.count >= 1 and out["model_uri"]
     places = [p for p in list(bench.rglob("*")) + list(Path(mlflow_store).rglob("*")) if p.is_file()]
@@ -195,31 +222,82 @@ def test_api_key_never_reaches_a_tracked_compile(bench, mlflow_store):
 
 def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     """`hcqr ask --program` and `hcqr eval --program` through the CLI, against the stub endpoint."""
+    import uuid
+
     from hcqr_dspy.cli import main
     from hcqr_dspy.optimize.recipes import load_recipe
     from hcqr_dspy.optimize.saved import save_program
     from hcqr_dspy.programs import CoT
 
-    import uuid
-
     stub = Stub()
     program = CoT()
     # a fresh instruction text, so that DSPy's response cache (kept across runs) cannot answer for the stub
     program.answer.signature = program.answer.signature.with_instructions(
-        f"Compiled instructions: answer carefully. ({uuid.uuid4().hex})")
-    save_program(program, bench / "prog", optimizer="BootstrapFewShot", recipe=load_recipe("bootstrap_fewshot").record())
+        f"Compiled instructions: answer carefully. ({uuid.uuid4().hex})"
+    )
+    save_program(
+        program, bench / "prog", optimizer="BootstrapFewShot", recipe=load_recipe("bootstrap_fewshot").record()
+    )
     lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
-    assert main(["ask", "--program", str(bench / "prog"), "--question", "Question number 1?", "--option", "A=x",
-                 "--option", "B=y", "--option", "C=z", *lm]) == 0  # the stub answers question 1 with C
+    assert (
+        main(
+            [
+                "ask",
+                "--program",
+                str(bench / "prog"),
+                "--question",
+                "Question number 1?",
+                "--option",
+                "A=x",
+                "--option",
+                "B=y",
+                "--option",
+                "C=z",
+                *lm,
+            ]
+        )
+        == 0
+    )  # the stub answers question 1 with C
     out = capsys.readouterr().out
     assert "saved cot" in out and "optimizer BootstrapFewShot" in out and "C. z" in out
     assert any("Compiled instructions" in body for _, body in stub.seen)
-    assert main(["eval", "--program", str(bench / "prog"), "--dataset", str(bench / "qs.json"), "--mlflow-dir",
-                 str(mlflow_store), "--run-dir", str(bench / "run"), *lm]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--program",
+                str(bench / "prog"),
+                "--dataset",
+                str(bench / "qs.json"),
+                "--mlflow-dir",
+                str(mlflow_store),
+                "--run-dir",
+                str(bench / "run"),
+                *lm,
+            ]
+        )
+        == 0
+    )
     config = RunFolder.open(bench / "run").config
     assert config["method"] == "cot" and config["saved_program"]["recipe"] == "bootstrap_fewshot"
-    assert main(["eval", "--program", str(bench / "prog"), "--method", "hcqr", "--dataset", str(bench / "qs.json"),
-                 "--run-dir", str(bench / "run2"), "--no-mlflow", *lm]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--program",
+                str(bench / "prog"),
+                "--method",
+                "hcqr",
+                "--dataset",
+                str(bench / "qs.json"),
+                "--run-dir",
+                str(bench / "run2"),
+                "--no-mlflow",
+                *lm,
+            ]
+        )
+        == 2
+    )
     assert "saved 'cot' program, not 'hcqr'" in capsys.readouterr().err
     stub.stop()
 
@@ -233,8 +311,19 @@ def cli(capsys, argv):
 
 
 def eval_argv(bench, lm, run_dir, *extra):
-    return ["eval", "--method", "cot", "--dataset", str(bench / "qs.json"), "--lm", lm, "--run-dir", str(run_dir),
-            "--no-mlflow", *extra]
+    return [
+        "eval",
+        "--method",
+        "cot",
+        "--dataset",
+        str(bench / "qs.json"),
+        "--lm",
+        lm,
+        "--run-dir",
+        str(run_dir),
+        "--no-mlflow",
+        *extra,
+    ]
 
 
 def test_an_lm_that_cannot_be_used_stops_before_anything_is_written(bench, capsys):
@@ -244,13 +333,17 @@ def test_an_lm_that_cannot_be_used_stops_before_anything_is_written(bench, capsy
     assert not run_dir.exists()
     stub = Stub()
     stub.mode = "auth"  # the endpoint refuses the key
-    code, err = cli(capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY"))
+    code, err = cli(
+        capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY")
+    )
     assert code == 2 and len(err) == 1 and "cannot be used" in err[0] and SECRET not in err[0]
     assert not run_dir.exists()
     code, err = cli(capsys, eval_argv(bench, "gguf:/nonexistent/model.gguf", run_dir))
     assert code == 2 and "GGUF file /nonexistent/model.gguf not found" in err[0] and not run_dir.exists()
     stub.mode = "ok"  # corrected: the same folder runs, nothing had to be deleted
-    code, _ = cli(capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY"))
+    code, _ = cli(
+        capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY")
+    )
     assert code == 0 and len(read_rows(run_dir / PREDICTIONS)) == 6
     stub.stop()
 
@@ -258,13 +351,32 @@ def test_an_lm_that_cannot_be_used_stops_before_anything_is_written(bench, capsy
 def test_ask_fails_like_eval_when_the_endpoint_is_down(bench, capsys):
     stub = Stub()
     stub.stop()  # nothing listens there any more
-    code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Question number 1?", "--option", "A=alpha",
-                             "--option", "B=beta", "--lm", "openai/stub-model", "--api-base", stub.base,
-                             "--api-key-env", "STUB_KEY"])
+    code, err = cli(
+        capsys,
+        [
+            "ask",
+            "--method",
+            "cot",
+            "--question",
+            "Question number 1?",
+            "--option",
+            "A=alpha",
+            "--option",
+            "B=beta",
+            "--lm",
+            "openai/stub-model",
+            "--api-base",
+            stub.base,
+            "--api-key-env",
+            "STUB_KEY",
+        ],
+    )
     errors = [line for line in err if line.startswith("hcqr: error:")]
     assert code == 2 and err[-1] == errors[0] and len(errors) == 1 and "cannot be used" in errors[0]
     assert err[0] == "loading the model openai/stub-model ..."  # it said what it was doing when the LM failed
-    code, err = cli(capsys, ["ask", "--method", "cot", "--question", "Which?", "--option", "A=alpha", "--option", "A=beta"])
+    code, err = cli(
+        capsys, ["ask", "--method", "cot", "--question", "Which?", "--option", "A=alpha", "--option", "A=beta"]
+    )
     assert code == 2 and "--option A is given twice" in err[0]
 
 
@@ -273,9 +385,29 @@ def test_ask_says_what_it_is_doing_and_shows_each_passage_with_its_score_and_fir
 
     stub = Stub()
 
-    code = main(["ask", "--index", str(demo_bm25), "--question", "Question number 1? Yellow vision on digoxin.",
-                 "--option", "A=alpha", "--option", "B=beta", "--option", "C=gamma", "--lm", "openai/stub-model",
-                 "--api-base", stub.base, "--api-key-env", "STUB_KEY", "--width", "40"])
+    code = main(
+        [
+            "ask",
+            "--index",
+            str(demo_bm25),
+            "--question",
+            "Question number 1? Yellow vision on digoxin.",
+            "--option",
+            "A=alpha",
+            "--option",
+            "B=beta",
+            "--option",
+            "C=gamma",
+            "--lm",
+            "openai/stub-model",
+            "--api-base",
+            stub.base,
+            "--api-key-env",
+            "STUB_KEY",
+            "--width",
+            "40",
+        ]
+    )
     out, err = capsys.readouterr()
     stub.stop()
     assert code == 0, err
@@ -308,9 +440,27 @@ def test_k_per_query_reaches_an_ablation_and_its_default_is_hcqrs(bench, capsys,
     """hcqr_no_support sends two queries: k per query each (at most 2k candidates fused, at most 15 kept)."""
     stub = Stub()
     run_dir = bench / f"ablation-{k}"
-    argv = ["eval", "--method", "hcqr_no_support", "--dataset", str(bench / "qs.json"), "--index", str(demo_bm25),
-            "--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY", "--run-dir", str(run_dir),
-            "--no-mlflow", "--limit", "2", *extra]
+    argv = [
+        "eval",
+        "--method",
+        "hcqr_no_support",
+        "--dataset",
+        str(bench / "qs.json"),
+        "--index",
+        str(demo_bm25),
+        "--lm",
+        "openai/stub-model",
+        "--api-base",
+        stub.base,
+        "--api-key-env",
+        "STUB_KEY",
+        "--run-dir",
+        str(run_dir),
+        "--no-mlflow",
+        "--limit",
+        "2",
+        *extra,
+    ]
     code, err = cli(capsys, argv)
     assert code == 0, err
     assert RunFolder.open(run_dir).config["program"]["k_per_query"] == k
@@ -321,13 +471,27 @@ def test_k_per_query_reaches_an_ablation_and_its_default_is_hcqrs(bench, capsys,
     stub.stop()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--method", "cot", "--fusion", "rrf"], "--fusion does not apply to method 'cot'"),
-    (["--method", "simple_rag", "--k-per-query", "3"], "--k-per-query does not apply to method 'simple_rag'"),
-    (["--method", "query_rewrite", "--k-per-query", "3"], "--k-per-query does not apply to method 'query_rewrite'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "cot", "--fusion", "rrf"], "--fusion does not apply to method 'cot'"),
+        (["--method", "simple_rag", "--k-per-query", "3"], "--k-per-query does not apply to method 'simple_rag'"),
+        (["--method", "query_rewrite", "--k-per-query", "3"], "--k-per-query does not apply to method 'query_rewrite'"),
+    ],
+)
 def test_a_flag_that_does_not_apply_is_refused(bench, capsys, demo_bm25, extra, message):
-    argv = ["eval", "--dataset", str(bench / "qs.json"), "--index", str(demo_bm25), "--lm", "local:smollm2-135m",
-            "--run-dir", str(bench / "r"), "--no-mlflow", *extra]
+    argv = [
+        "eval",
+        "--dataset",
+        str(bench / "qs.json"),
+        "--index",
+        str(demo_bm25),
+        "--lm",
+        "local:smollm2-135m",
+        "--run-dir",
+        str(bench / "r"),
+        "--no-mlflow",
+        *extra,
+    ]
     code, err = cli(capsys, argv)
     assert code == 2 and len(err) == 1 and message in err[0] and not (bench / "r").exists()

@@ -33,8 +33,14 @@ def test_imports_point_down_the_layers():
 
 def test_no_import_cycle(graph):
     # a package's __init__ importing its own submodules is how a package exposes them, not a cycle
-    edges = {m: {i for i in graph.find_modules_directly_imported_by(m)
-                 if not (m.count(".") < i.count(".") and i.startswith(m + "."))} for m in graph.modules}
+    edges = {
+        m: {
+            i
+            for i in graph.find_modules_directly_imported_by(m)
+            if not (m.count(".") < i.count(".") and i.startswith(m + "."))
+        }
+        for m in graph.modules
+    }
     try:
         graphlib.TopologicalSorter(edges).prepare()
     except graphlib.CycleError as exc:
@@ -42,9 +48,12 @@ def test_no_import_cycle(graph):
 
 
 def test_no_file_over_about_400_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted(PACKAGE.rglob("*.py"))
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-            and str(p.relative_to(PACKAGE.parent)) not in LONG_FILES}
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+        and str(p.relative_to(PACKAGE.parent)) not in LONG_FILES
+    }
     assert long == {}, f"files over {MAX_LINES} lines (split them, or give a reason in LONG_FILES): {long}"
 
 

@@ -4,8 +4,8 @@ import hashlib
 
 import pytest
 
-from hcqr_dspy.lm import packaged as lm_mod
 from hcqr_dspy.lm import LMSpecError, PackagedModel, build_lm, packaged_model_path, parse_lm_spec
+from hcqr_dspy.lm import packaged as lm_mod
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,13 @@ def test_cache_served_calls_are_counted_apart(tmp_path):
         supported_params = frozenset({"response_format", "temperature", "max_tokens"})
 
         def complete(self, request):
-            return Response(id=None, model="scripted", message=Message.assistant([TextPart('{"reasoning": "r", "answer": "A"}')]),
-                            finish_reason="stop", usage=Usage(input_tokens=50, output_tokens=5, total_tokens=55))
+            return Response(
+                id=None,
+                model="scripted",
+                message=Message.assistant([TextPart('{"reasoning": "r", "answer": "A"}')]),
+                finish_reason="stop",
+                usage=Usage(input_tokens=50, output_tokens=5, total_tokens=55),
+            )
 
         def stream(self, request):
             raise NotImplementedError

@@ -8,21 +8,19 @@ from pathlib import Path
 import dspy
 import mlflow
 import pytest
+from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
 from pydantic import ValidationError
 
-from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
-from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.errors import LMUnavailableError
+from hcqr_dspy.errors import HCQRError, LMUnavailableError, ProgramFormatError, RecipeError
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.errors import ProgramFormatError, RecipeError
 from hcqr_dspy.optimize.compile import build_optimizer, compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.feedback import diagnose, make_metric
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import load_program, save_program
-from hcqr_dspy.workflows.compile import CompileSpec, run_compile
 from hcqr_dspy.programs import HCQR, CoT
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
+from hcqr_dspy.workflows.compile import CompileSpec, run_compile
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
 
@@ -32,8 +30,11 @@ OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease"}
 
 def questions(prefix, n, answer=lambda i: "A" if i % 3 else "B"):
     return {
-        f"{i:04d}": {"question": f"{prefix} case {i}: a patient on digoxin sees yellow halos. Cause?",
-                     "options": OPTIONS, "answer": answer(i)}
+        f"{i:04d}": {
+            "question": f"{prefix} case {i}: a patient on digoxin sees yellow halos. Cause?",
+            "options": OPTIONS,
+            "answer": answer(i),
+        }
         for i in range(n)
     }
 
@@ -53,7 +54,9 @@ def examples(n=6):
 
 def load_questions_from(rows):
     return [
-        dspy.Example(qid=k, question=v["question"], options=v["options"], answer=v["answer"]).with_inputs("question", "options")
+        dspy.Example(qid=k, question=v["question"], options=v["options"], answer=v["answer"]).with_inputs(
+            "question", "options"
+        )
         for k, v in rows.items()
     ]
 
@@ -63,10 +66,12 @@ def load_questions_from(rows):
 # when the prompt shows a demo, "fatigable ptosis" ones only under the instruction TAUGHT, which it proposes when
 # an optimizer asks it for instructions. So zero-shot it solves a third of the questions, and whatever an
 # optimizer adds (demos, instructions) shows up as questions it now solves.
-NONE, DEMOS, TAUGHT_ONLY, BOTH = ({f: f == "yellow halos" for f in FINDINGS},
-                                  {f: f != "fatigable ptosis" for f in FINDINGS},
-                                  {f: f != "exophthalmos" for f in FINDINGS},
-                                  {f: True for f in FINDINGS})
+NONE, DEMOS, TAUGHT_ONLY, BOTH = (
+    {f: f == "yellow halos" for f in FINDINGS},
+    {f: f != "fatigable ptosis" for f in FINDINGS},
+    {f: f != "exophthalmos" for f in FINDINGS},
+    {f: True for f in FINDINGS},
+)
 
 
 @pytest.fixture
@@ -74,15 +79,23 @@ def teaching(tmp_path):
     corpus = load_corpus(write_jsonl(tmp_path / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS]))
     BM25Retriever(corpus, show_progress=False).save(tmp_path / "idx")
     rows = load_questions_from(teaching_questions("Train", 12))
-    return {"retriever": load_index(tmp_path / "idx"), "train": rows[:6], "val": rows[6:],
-            "test": load_questions_from(teaching_questions("Test", 6))}
+    return {
+        "retriever": load_index(tmp_path / "idx"),
+        "train": rows[:6],
+        "val": rows[6:],
+        "test": load_questions_from(teaching_questions("Test", 6)),
+    }
 
 
 def compile_with(recipe, teaching, **lms):
     student = HCQR(teaching["retriever"], budget=3, k_per_query=1)
     with dspy.context(lm=teachable_lm(), adapter=dspy.JSONAdapter()):
         compiled = compile_program(recipe, student, teaching["train"], teaching["val"], **lms)
-    assert isinstance(compiled, HCQR) and [n for n, _ in compiled.named_predictors()] == ["hypothesis", "rewrite", "answer"]
+    assert isinstance(compiled, HCQR) and [n for n, _ in compiled.named_predictors()] == [
+        "hypothesis",
+        "rewrite",
+        "answer",
+    ]
     assert all(not p.demos for p in student.predictors())  # the student is untouched
     return student, compiled
 
@@ -144,7 +157,9 @@ def test_mipro_light_as_shipped_picks_proposed_instructions_and_demos(teaching):
 def test_gepa_rewrites_the_instruction_that_matters(teaching):
     recipe = load_recipe(RECIPES / "gepa.yaml")
     metric = make_metric(recipe.metric)
-    assert build_optimizer(recipe, metric, reflection_lm=teachable_lm()).auto == "light"  # the shipped budget reaches GEPA
+    assert (
+        build_optimizer(recipe, metric, reflection_lm=teachable_lm()).auto == "light"
+    )  # the shipped budget reaches GEPA
     # auto: light means ~1,100 metric calls whatever the data size (26 s here): the only change is a smaller budget
     fast = recipe.model_copy(update={"settings": {**recipe.settings, "auto": None, "max_metric_calls": 60}})
     student, compiled = compile_with(fast, teaching, reflection_lm=teachable_lm())
@@ -171,7 +186,9 @@ def test_round_trip_gives_identical_prompts_and_predictions(setup):
         lm = schema_lm("A")
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             preds = [program(question=q.question, options=q.options) for q in tests]
-        outputs.append(([(p.answer, p.queries, [x["id"] for x in p.passages]) for p in preds], lm.schema_engine.prompts))
+        outputs.append(
+            ([(p.answer, p.queries, [x["id"] for x in p.passages]) for p in preds], lm.schema_engine.prompts)
+        )
     assert outputs[0] == outputs[1]
     assert any("Train case" in prompt for prompt in outputs[1][1])  # the demos reached the prompts
 
@@ -204,17 +221,34 @@ def test_saved_program_format_errors(setup):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"format_version": 2, "new_key": 1}, r"meta.json: saved in program format version 2, newer than this hcqr-dspy reads \(1\)"),
+        (
+            {"format_version": 2, "new_key": 1},
+            r"meta.json: saved in program format version 2, newer than this hcqr-dspy reads \(1\)",
+        ),
         ({"format": "other"}, r"meta.json is not an hcqr-dspy-program file"),
         ({"format_version": "1"}, r"meta.json: format_version: Input should be a valid integer \(got '1'\)"),
-        ({"optimiser": "x"}, r"meta.json: optimiser: unknown key; allowed: .*optimizer, options, recipe, reflection_lm, train$"),
-        ({"options": {"budget": 3, "k_per_qurey": 1}}, r"meta.json: options: unknown hcqr option\(s\) k_per_qurey; allowed: budget"),
+        (
+            {"optimiser": "x"},
+            r"meta.json: optimiser: unknown key; allowed: .*optimizer, options, recipe, reflection_lm, train$",
+        ),
+        (
+            {"options": {"budget": 3, "k_per_qurey": 1}},
+            r"meta.json: options: unknown hcqr option\(s\) k_per_qurey; allowed: budget",
+        ),
         ({"options": {"budget": "3"}}, r"meta.json: options: budget: Input should be a valid integer \(got '3'\)"),
         ({"recipe": {"name": "r"}}, r"meta.json: recipe.optimizer: required \(and \d+ more problems?\)"),
-        ({"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": []}}, r"meta.json: train: 1 ids but 0 text hashes"),
-        ({"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": ["x"]}},
-         r"meta.json: train.text_sha256.0: String should match pattern '\^\[0-9a-f\]\{64\}\$' \(got 'x'\)"),
-        ({"demo_context_tokens": -1}, r"meta.json: demo_context_tokens: Input should be greater than or equal to 0 \(got -1\)"),
+        (
+            {"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": []}},
+            r"meta.json: train: 1 ids but 0 text hashes",
+        ),
+        (
+            {"train": {"dataset": "medmcqa", "ids": ["1"], "text_sha256": ["x"]}},
+            r"meta.json: train.text_sha256.0: String should match pattern '\^\[0-9a-f\]\{64\}\$' \(got 'x'\)",
+        ),
+        (
+            {"demo_context_tokens": -1},
+            r"meta.json: demo_context_tokens: Input should be greater than or equal to 0 \(got -1\)",
+        ),
     ],
 )
 def test_saved_program_meta_is_validated(setup, change, message):
@@ -253,16 +287,37 @@ def write_recipe(folder, **fields):
 @pytest.mark.parametrize(
     "fields, message",
     [  # yaml.safe_dump sorts the keys: "optimizer" comes after "compile" and "metric", before the rest
-        ({"optimizer": "SuperOpt"}, r"r\.yaml:1: optimizer: Input should be 'BootstrapFewShot', .*'MIPROv2' or 'GEPA' \(got 'SuperOpt'\)$"),
-        ({"settings": {"max_demos": 3}},
-         r"r\.yaml:2: settings: unknown BootstrapFewShot setting\(s\) max_demos; allowed: max_bootstrapped_demos, .*max_rounds"),
-        ({"compile": {"valset": []}}, r"r\.yaml:1: compile: unknown BootstrapFewShot.compile argument\(s\) valset; allowed: \(none\)"),
-        ({"settings": {"metric": "x"}}, r"settings: unknown BootstrapFewShot setting\(s\) metric;"),  # set by hcqr, not recipes
-        ({"settings": {"max_bootstrapped_demos": "two"}}, r"settings: max_bootstrapped_demos: Input should be a valid integer \(got 'two'\)"),
-        ({"optimizer": "MIPROv2", "settings": {"auto": "lite"}}, r"settings: auto: Input should be 'light', 'medium' or 'heavy' \(got 'lite'\)"),
+        (
+            {"optimizer": "SuperOpt"},
+            r"r\.yaml:1: optimizer: Input should be 'BootstrapFewShot', .*'MIPROv2' or 'GEPA' \(got 'SuperOpt'\)$",
+        ),
+        (
+            {"settings": {"max_demos": 3}},
+            r"r\.yaml:2: settings: unknown BootstrapFewShot setting\(s\) max_demos; "
+            r"allowed: max_bootstrapped_demos, .*max_rounds",
+        ),
+        (
+            {"compile": {"valset": []}},
+            r"r\.yaml:1: compile: unknown BootstrapFewShot.compile argument\(s\) valset; allowed: \(none\)",
+        ),
+        (
+            {"settings": {"metric": "x"}},
+            r"settings: unknown BootstrapFewShot setting\(s\) metric;",
+        ),  # set by hcqr, not recipes
+        (
+            {"settings": {"max_bootstrapped_demos": "two"}},
+            r"settings: max_bootstrapped_demos: Input should be a valid integer \(got 'two'\)",
+        ),
+        (
+            {"optimizer": "MIPROv2", "settings": {"auto": "lite"}},
+            r"settings: auto: Input should be 'light', 'medium' or 'heavy' \(got 'lite'\)",
+        ),
         ({"metric": "f1"}, r"r\.yaml:1: metric: Input should be 'accuracy' or 'feedback' \(got 'f1'\)"),
         ({"metric": "feedback"}, r"metric 'feedback' is for GEPA; BootstrapFewShot needs metric 'accuracy'"),
-        ({"train_sise": 3}, r"r\.yaml:2: train_sise: unknown key; allowed: compile, demo_context_tokens, .*train_size, val_size$"),
+        (
+            {"train_sise": 3},
+            r"r\.yaml:2: train_sise: unknown key; allowed: compile, demo_context_tokens, .*train_size, val_size$",
+        ),
         ({"train_size": 0}, r"train_size: Input should be greater than or equal to 1 \(got 0\)"),
         ({"train_size": "5"}, r"train_size: Input should be a valid integer \(got '5'\)"),
         ({"val_size": True}, r"val_size: Input should be a valid integer \(got True\)"),
@@ -279,7 +334,10 @@ def test_bad_recipes_are_refused(tmp_path, fields, message):
 @pytest.mark.parametrize(
     "content, message",
     [
-        (b"optimizer: MIPROv2\ndescription: caf\xe9 au lait\n", r"r\.yaml:2: not valid UTF-8 text \(byte 0xe9 at column 17\)"),
+        (
+            b"optimizer: MIPROv2\ndescription: caf\xe9 au lait\n",
+            r"r\.yaml:2: not valid UTF-8 text \(byte 0xe9 at column 17\)",
+        ),
         (b"optimizer: MIPROv2\nsettings: {auto: light\n", r"r\.yaml:3: not valid YAML \("),
         (b"optimizer: MIPROv2\nseed: 1\nseed: 2\n", r"r\.yaml:3: key 'seed' appears twice in one mapping"),
         (b"", r"r\.yaml: expected a mapping of keys \(compile, .*\), got an empty file"),
@@ -295,7 +353,10 @@ def test_unreadable_recipes_are_one_line(tmp_path, content, message):
 
 def test_unknown_recipe_lists_the_shipped_ones(monkeypatch, tmp_path):
     monkeypatch.chdir(RECIPES.parent)
-    with pytest.raises(RecipeError, match=r"recipe 'nope' not found \(looked in optimizers/\); recipes there: bootstrap_fewshot, .*mipro_light"):
+    with pytest.raises(
+        RecipeError,
+        match=r"recipe 'nope' not found \(looked in optimizers/\); recipes there: bootstrap_fewshot, .*mipro_light",
+    ):
         load_recipe("nope")
     assert load_recipe("bootstrap_fewshot").optimizer == "BootstrapFewShot"
     # from any other folder, a bare name still finds the shipped recipes (and the user's ./optimizers/ first)
@@ -310,7 +371,10 @@ def test_unknown_recipe_lists_the_shipped_ones(monkeypatch, tmp_path):
 
 def test_train_set_too_small_names_the_minimum():
     recipe = load_recipe(RECIPES / "mipro_light.yaml")
-    with pytest.raises(RecipeError, match=r"train set of 3 question\(s\) is too small for recipe 'mipro_light' \(MIPROv2\); it needs at least 5"):
+    with pytest.raises(
+        RecipeError,
+        match=r"train set of 3 question\(s\) is too small for recipe 'mipro_light' \(MIPROv2\); it needs at least 5",
+    ):
         split_train(examples(20), recipe, train_size=3)
     with pytest.raises(RecipeError, match="the train file has 6 questions; recipe 'mipro_light' needs 30 \\+ 10"):
         split_train(examples(6), recipe)
@@ -319,9 +383,17 @@ def test_train_set_too_small_names_the_minimum():
 
 
 def spec(setup, **kw):
-    base = dict(recipe=str(RECIPES / "bootstrap_fewshot.yaml"), method="hcqr", train=str(setup / "medmcqa.json"),
-                index=str(setup / "idx"), out=str(setup / "programs" / "bfs"), lm="openai/unused", train_size=6,
-                val_size=0, program_options={"budget": 3, "k_per_query": 1})
+    base = dict(
+        recipe=str(RECIPES / "bootstrap_fewshot.yaml"),
+        method="hcqr",
+        train=str(setup / "medmcqa.json"),
+        index=str(setup / "idx"),
+        out=str(setup / "programs" / "bfs"),
+        lm="openai/unused",
+        train_size=6,
+        val_size=0,
+        program_options={"budget": 3, "k_per_query": 1},
+    )
     return CompileSpec(**{**base, **kw})
 
 
@@ -336,17 +408,27 @@ class NoCall:
     "overrides, error, message",
     [
         ({"recipe": str(RECIPES / "gepa.yaml")}, RecipeError, "needs a reflection LM"),
-        ({"recipe": str(RECIPES / "gepa.yaml"), "reflection_lm": "gpt4"}, HCQRError, "unknown --reflection-lm spec 'gpt4'"),
+        (
+            {"recipe": str(RECIPES / "gepa.yaml"), "reflection_lm": "gpt4"},
+            HCQRError,
+            "unknown --reflection-lm spec 'gpt4'",
+        ),
         ({"method": "magic"}, HCQRError, "unknown method 'magic'"),
         ({"train_size": 2}, RecipeError, "too small for recipe 'bootstrap_fewshot'.*at least 4"),
-        ({"holdout": ["HOLDOUT"]}, HCQRError, r"overlaps the training set 'medmcqa': 6 question\(s\) \(.*; 6 match by id, 6 by question text\)"),
+        (
+            {"holdout": ["HOLDOUT"]},
+            HCQRError,
+            r"overlaps the training set 'medmcqa': 6 question\(s\) \(.*; 6 match by id, 6 by question text\)",
+        ),
         ({"out": "CORPUS"}, ProgramFormatError, "exists and is not a saved program folder"),
         ({"out": "/proc/hcqr-test/out"}, HCQRError, "--out /proc/hcqr-test/out is not writable"),  # even for root
     ],
 )
 def test_compile_refuses_bad_input_before_any_lm_call(setup, overrides, error, message):
-    overrides = {k: ([str(setup / "medmcqa.json")] if v == ["HOLDOUT"] else str(setup / "corpus.jsonl") if v == "CORPUS" else v)
-                 for k, v in overrides.items()}
+    overrides = {
+        k: ([str(setup / "medmcqa.json")] if v == ["HOLDOUT"] else str(setup / "corpus.jsonl") if v == "CORPUS" else v)
+        for k, v in overrides.items()
+    }
     with pytest.raises(error, match=message):
         run_compile(spec(setup, **overrides), track=False, lm=NoCall())
 
@@ -358,8 +440,13 @@ def test_an_lm_going_down_during_the_compile_stops_it_and_saves_nothing(setup, m
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: connections to it are refused
     monkeypatch.setenv("DOWN_KEY", "unused")
-    lm = build_lm("openai/down", api_base=f"http://127.0.0.1:{port}/v1", api_key_env="DOWN_KEY", cache=False, num_retries=0)
-    with pytest.raises(LMUnavailableError, match=r"during the compile \(LMTransportError: .*nothing was saved to .*run the same command again"):
+    lm = build_lm(
+        "openai/down", api_base=f"http://127.0.0.1:{port}/v1", api_key_env="DOWN_KEY", cache=False, num_retries=0
+    )
+    with pytest.raises(
+        LMUnavailableError,
+        match=r"during the compile \(LMTransportError: .*nothing was saved to .*run the same command again",
+    ):
         run_compile(spec(setup), track=False, lm=lm)
     assert not (setup / "programs" / "bfs" / "program.json").exists()
 
@@ -368,12 +455,17 @@ def test_overlap_by_question_text_across_datasets(setup):
     # the same question texts under another dataset name and other ids: caught by text
     rows = {f"x{k}": v for k, v in questions("Train", 12).items()}
     (setup / "other.json").write_text(json.dumps(rows))
-    with pytest.raises(HCQRError, match=r"overlaps the training set 'medmcqa': 6 question\(s\) \(x\d+, .*; 0 match by id, 6 by question text\)"):
+    with pytest.raises(
+        HCQRError,
+        match=r"overlaps the training set 'medmcqa': 6 question\(s\) \(x\d+, .*; 0 match by id, 6 by question text\)",
+    ):
         run_compile(spec(setup, holdout=[str(setup / "other.json")]), track=False, lm=NoCall())
 
 
 def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_store):
-    out = run_compile(spec(setup, register="hcqr-bfs-test", alias="champion"), mlflow_dir=mlflow_store, lm=schema_lm("A"))
+    out = run_compile(
+        spec(setup, register="hcqr-bfs-test", alias="champion"), mlflow_dir=mlflow_store, lm=schema_lm("A")
+    )
     folder = Path(out["out"])
     assert out["train"] == 6 and all(p["demos"] >= 1 for p in out["predictors"].values())
     meta = json.loads((folder / "meta.json").read_text())
@@ -397,29 +489,56 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
     assert pyfunc["loader_module"] == "mlflow.pyfunc.loaders.code_model"
     assert pyfunc["config"]["lm"] == "openai/unused" and pyfunc["config"]["index"] == "bundled"
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=out["model_uri"]))
-    assert (local / Path(pyfunc["model_code_path"]).name).read_text().startswith('"""The code of the MLflow pyfunc model')
+    assert (
+        (local / Path(pyfunc["model_code_path"]).name).read_text().startswith('"""The code of the MLflow pyfunc model')
+    )
     assert not [p for p in local.rglob("*") if p.suffix in (".pkl", ".pickle", ".cloudpickle")]
     assert {p.name for p in (local / pyfunc["artifacts"]["program"]["path"]).iterdir()} == {"program.json", "meta.json"}
     assert out["registered"] == "models:/hcqr-bfs-test/1"
     version = client.get_model_version_by_alias("hcqr-bfs-test", "champion")
-    assert str(version.version) == "1" and version.run_id == out["mlflow_run_id"] and version.tags["recipe"] == "bootstrap_fewshot"
+    assert (
+        str(version.version) == "1"
+        and version.run_id == out["mlflow_run_id"]
+        and version.tags["recipe"] == "bootstrap_fewshot"
+    )
 
     common = dict(dataset=str(setup / "medqa.json"), index=str(setup / "idx"), lm="openai/unused")
-    zero, zero_dir, _ = run_evaluation(EvalSpec(method="hcqr", program_options={"budget": 3, "k_per_query": 1},
-                                                run_dir=str(setup / "runs" / "zero"), **common),
-                                       mlflow_dir=mlflow_store, progress=False, lm=schema_lm("A"))
-    comp, comp_dir, comp_id = run_evaluation(EvalSpec(method=None, program=f"runs:/{out['mlflow_run_id']}",
-                                                      run_dir=str(setup / "runs" / "compiled"), **common),
-                                             mlflow_dir=mlflow_store, progress=False, lm=schema_lm("A"))
+    zero, zero_dir, _ = run_evaluation(
+        EvalSpec(
+            method="hcqr",
+            program_options={"budget": 3, "k_per_query": 1},
+            run_dir=str(setup / "runs" / "zero"),
+            **common,
+        ),
+        mlflow_dir=mlflow_store,
+        progress=False,
+        lm=schema_lm("A"),
+    )
+    comp, comp_dir, comp_id = run_evaluation(
+        EvalSpec(
+            method=None, program=f"runs:/{out['mlflow_run_id']}", run_dir=str(setup / "runs" / "compiled"), **common
+        ),
+        mlflow_dir=mlflow_store,
+        progress=False,
+        lm=schema_lm("A"),
+    )
     # the registered version, by number and by alias, is the same program: the same predictions
     for uri in ("models:/hcqr-bfs-test/1", "models:/hcqr-bfs-test@champion"):
-        again, _, again_id = run_evaluation(EvalSpec(method=None, program=uri, run_dir=str(setup / "runs" / uri[-8:]),
-                                                     **common), mlflow_dir=mlflow_store, progress=False, track=False,
-                                            lm=schema_lm("A"))
+        again, _, again_id = run_evaluation(
+            EvalSpec(method=None, program=uri, run_dir=str(setup / "runs" / uri[-8:]), **common),
+            mlflow_dir=mlflow_store,
+            progress=False,
+            track=False,
+            lm=schema_lm("A"),
+        )
         assert [r["prediction"] for r in again.rows] == [r["prediction"] for r in comp.rows]
     with pytest.raises(HCQRError, match="cannot fetch saved program models:/hcqr-bfs-test/7"):
-        run_evaluation(EvalSpec(method=None, program="models:/hcqr-bfs-test/7", run_dir=str(setup / "runs" / "no"),
-                                **common), mlflow_dir=mlflow_store, progress=False, lm=NoCall())
+        run_evaluation(
+            EvalSpec(method=None, program="models:/hcqr-bfs-test/7", run_dir=str(setup / "runs" / "no"), **common),
+            mlflow_dir=mlflow_store,
+            progress=False,
+            lm=NoCall(),
+        )
     comp_run = client.get_run(comp_id)
     assert comp_run.info.run_name == "hcqr · medqa · openai/unused · compiled:bootstrap_fewshot"
     assert comp_run.data.tags["program"] == "compiled:bootstrap_fewshot"
@@ -439,20 +558,39 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
 
     # the compiled program refuses questions it was trained on (the train file itself)
     with pytest.raises(HCQRError, match="overlaps the training set 'medmcqa'"):
-        run_evaluation(EvalSpec(method=None, program=str(folder), dataset=str(setup / "medmcqa.json"),
-                                index=str(setup / "idx"), lm="openai/unused", run_dir=str(setup / "runs" / "bad")),
-                       mlflow_dir=mlflow_store, progress=False, lm=NoCall())
+        run_evaluation(
+            EvalSpec(
+                method=None,
+                program=str(folder),
+                dataset=str(setup / "medmcqa.json"),
+                index=str(setup / "idx"),
+                lm="openai/unused",
+                run_dir=str(setup / "runs" / "bad"),
+            ),
+            mlflow_dir=mlflow_store,
+            progress=False,
+            lm=NoCall(),
+        )
     with pytest.raises(HCQRError, match="saved 'hcqr' program, not 'cot'"):
-        run_evaluation(EvalSpec(method="cot", program=str(folder), run_dir=str(setup / "runs" / "bad2"), **common),
-                       mlflow_dir=mlflow_store, progress=False, lm=NoCall())
+        run_evaluation(
+            EvalSpec(method="cot", program=str(folder), run_dir=str(setup / "runs" / "bad2"), **common),
+            mlflow_dir=mlflow_store,
+            progress=False,
+            lm=NoCall(),
+        )
 
 
 def test_feedback_names_where_an_hcqr_trace_went_wrong():
     ex = dspy.Example(question="q", options={"A": "Digoxin toxicity", "B": "Graves disease"}, answer="A")
 
     def pred(answer, y0=None, valid=True):
-        return dspy.Prediction(answer=answer, valid=valid, error=None if valid else "answer: AdapterParseError",
-                               hypothesis={"working_hypothesis": y0} if y0 else None, passages=[])
+        return dspy.Prediction(
+            answer=answer,
+            valid=valid,
+            error=None if valid else "answer: AdapterParseError",
+            hypothesis={"working_hypothesis": y0} if y0 else None,
+            passages=[],
+        )
 
     assert diagnose(ex, pred("A", "A"))[:2] == (1.0, "correct")
     assert diagnose(ex, pred("A", "B"))[:2] == (1.0, "wrong_hypothesis_corrected")
@@ -493,12 +631,24 @@ def test_cli_compile_refuses_bad_input_with_one_line(setup, capsys, monkeypatch)
     from hcqr_dspy.cli import main
 
     monkeypatch.chdir(RECIPES.parent)
-    base = ["compile", "--train", str(setup / "medmcqa.json"), "--index", str(setup / "idx"), "--out", str(setup / "p"),
-            "--lm", "openai/unused", "--no-mlflow"]
+    base = [
+        "compile",
+        "--train",
+        str(setup / "medmcqa.json"),
+        "--index",
+        str(setup / "idx"),
+        "--out",
+        str(setup / "p"),
+        "--lm",
+        "openai/unused",
+        "--no-mlflow",
+    ]
     assert main(base + ["--recipe", "gepa"]) == 2
     assert "needs a reflection LM: give --reflection-lm" in capsys.readouterr().err
     assert main(base + ["--recipe", "nope"]) == 2
-    assert "recipe 'nope' not found (looked in optimizers/); recipes there: bootstrap_fewshot" in capsys.readouterr().err
+    assert (
+        "recipe 'nope' not found (looked in optimizers/); recipes there: bootstrap_fewshot" in capsys.readouterr().err
+    )
     assert main(base + ["--recipe", "bootstrap_fewshot", "--train-size", "2"]) == 2
     assert "it needs at least 4" in capsys.readouterr().err
     assert not (setup / "p").exists()
@@ -508,8 +658,17 @@ def test_every_registered_program_round_trips_its_options(setup):
     from hcqr_dspy.programs import PROGRAMS, accepted_options, make_program
 
     retriever = load_index(setup / "idx")
-    non_default = {"budget": 4, "k_per_query": 2, "fusion": "rrf", "n_queries": 3, "pool_k": 6, "n_std": 0.5,
-                   "scoring": "vote", "top_logprobs": 5, "max_context_tokens": 3000}
+    non_default = {
+        "budget": 4,
+        "k_per_query": 2,
+        "fusion": "rrf",
+        "n_queries": 3,
+        "pool_k": 6,
+        "n_std": 0.5,
+        "scoring": "vote",
+        "top_logprobs": 5,
+        "max_context_tokens": 3000,
+    }
     for method, cls in PROGRAMS.items():
         options = {k: v for k, v in non_default.items() if k in accepted_options(cls)}
         program = make_program(method, retriever, **options)
@@ -523,8 +682,9 @@ def test_answer_demos_are_shown_trimmed(setup):
     retriever = load_index(setup / "idx")
     program = HCQR(retriever, budget=3, k_per_query=1)
     long_context = "\n".join(f"Document [{i}] (Title: T{i}) " + "word " * 300 for i in range(1, 6))
-    program.answer.demos = [dspy.Example(question="Demo question?", options="A. x\nB. y", context=long_context,
-                                         reasoning="r", answer="A")]
+    program.answer.demos = [
+        dspy.Example(question="Demo question?", options="A. x\nB. y", context=long_context, reasoning="r", answer="A")
+    ]
     program.demo_context_tokens = 400  # SchemaEngine counts ~4 characters a token: one document is ~380
     lm = schema_lm("A")
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):

@@ -15,14 +15,13 @@ import threading
 import time
 
 import pytest
+from stub_server import Stub
 
-from hcqr_dspy.errors import BackendUnavailableError
+from hcqr_dspy.errors import BackendUnavailableError, LMUnavailableError
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
-from hcqr_dspy.errors import LMUnavailableError
-from hcqr_dspy.evaluation.run_folder import RunFolder
-from stub_server import Stub
 
 SAVED_AND_RESUME = r"; (\d+)/6 questions are saved in \S+predictions\.jsonl; run the same command again to resume$"
 
@@ -33,20 +32,29 @@ def stub_lm(stub: Stub, retries: int = 1):
 
 
 def run_eval(bench, stub: Stub, name: str, method: str = "cot", index=None, on_row=None):
-    spec = EvalSpec(method=method, dataset=str(bench / "qs.json"), index=index and str(index), lm="openai/stub-model",
-                    api_base=stub.base, api_key_env="STUB_KEY", run_dir=str(bench / name))
+    spec = EvalSpec(
+        method=method,
+        dataset=str(bench / "qs.json"),
+        index=index and str(index),
+        lm="openai/stub-model",
+        api_base=stub.base,
+        api_key_env="STUB_KEY",
+        run_dir=str(bench / name),
+    )
     result, _, _ = run_evaluation(spec, progress=False, track=False, lm=stub_lm(stub), on_row=on_row)
     return result
 
 
 def untimed(rows: list[dict]) -> list:
     """Rows without what differs between two runs of the same questions: durations and trace ids."""
+
     def strip(value):
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if "seconds" not in k and k != "trace_id"}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
+
     return strip(rows)
 
 
@@ -148,9 +156,9 @@ class Milvus:
 @pytest.fixture(scope="module")
 def milvus(tmp_path_factory):
     from helpers import TINY_ROWS, snippet, write_jsonl
+    from support.milvus_server import LocalMilvusServer, MilvusServerError
 
     from hcqr_dspy.cli import main
-    from support.milvus_server import LocalMilvusServer, MilvusServerError
 
     folder = tmp_path_factory.mktemp("milvus-outages")
     server = LocalMilvusServer(data_dir=folder / "server")
@@ -160,8 +168,24 @@ def milvus(tmp_path_factory):
         except MilvusServerError as exc:
             pytest.skip(f"the Milvus server cannot start here: {exc}")
         corpus = write_jsonl(folder / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
-        assert main(["index", "--corpus", str(corpus), "--backend", "milvus", "--milvus-uri", uri,
-                     "--collection", "tiny", "--out", str(folder / "index")]) == 0
+        assert (
+            main(
+                [
+                    "index",
+                    "--corpus",
+                    str(corpus),
+                    "--backend",
+                    "milvus",
+                    "--milvus-uri",
+                    uri,
+                    "--collection",
+                    "tiny",
+                    "--out",
+                    str(folder / "index"),
+                ]
+            )
+            == 0
+        )
         yield Milvus(server, folder / "index")
     finally:
         server.stop()
@@ -182,11 +206,13 @@ def after_rows(n: int, action):
         written.append(row["qid"])
         if len(written) == n:
             action()
+
     return on_row
 
 
-def test_a_milvus_server_that_stops_answering_mid_eval_is_an_outage_and_the_run_resumes(bench, milvus_up, monkeypatch,
-                                                                                        capfd, pymilvus_log):
+def test_a_milvus_server_that_stops_answering_mid_eval_is_an_outage_and_the_run_resumes(
+    bench, milvus_up, monkeypatch, capfd, pymilvus_log
+):
     """The server process is frozen (SIGSTOP) after two questions, for longer than the retry window: every search try
     times out, the run stops with one line; thawed (SIGCONT), the same command finishes with the rows of an
     uninterrupted run."""
@@ -230,6 +256,7 @@ def test_a_milvus_server_back_within_the_retry_window_lets_the_run_go_on(bench, 
         def freeze():
             m.signal(signal.SIGSTOP)
             thaw.start()
+
         t0 = time.monotonic()
         try:
             result = run_eval(bench, stub, "run", "simple_rag", m.index, on_row=after_rows(2, freeze))
@@ -243,8 +270,9 @@ def test_a_milvus_server_back_within_the_retry_window_lets_the_run_go_on(bench, 
         stub.stop()
 
 
-def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(bench, milvus_up, monkeypatch, capfd,
-                                                                                pymilvus_log):
+def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(
+    bench, milvus_up, monkeypatch, capfd, pymilvus_log
+):
     """The server process is stopped for good (SIGTERM, its whole process group) after two questions: the third
     question's search finds nothing listening, is tried again for the 2 s window, and the run stops with one line.
     (Its resumption is the frozen server's above, the same run-folder logic: a server restarted on its data answers

@@ -15,7 +15,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_ROWS, snippet, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +33,9 @@ print(json.dumps({
     "package": hcqr_dspy.__file__,
     "demo": str(demo), "questions": len(load_questions(demo / "questions.json")),
     "passages": len(load_corpus(demo / "corpus.jsonl")),
-    "recipes": {n: load_recipe(n).path for n in ("bootstrap_fewshot", "bootstrap_random_search", "mipro_light", "gepa")},
+    "recipes": {
+        n: load_recipe(n).path for n in ("bootstrap_fewshot", "bootstrap_random_search", "mipro_light", "gepa")
+    },
     "experiment": {"index": exp.index, "datasets": exp.datasets},
 }))
 """
@@ -63,14 +64,24 @@ def fresh_venv(folder: Path) -> Path:
     """A venv without pip whose only other packages are this interpreter's (a path line in a .pth file)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "shared-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python
 
 
 def pip(python: Path, *args: str, cwd: Path) -> None:
-    run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python), *args], cwd, os.environ.copy())
+    run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python), *args],
+        cwd,
+        os.environ.copy(),
+    )
 
 
 @pytest.mark.parametrize("install", ["wheel", "editable"])
@@ -79,12 +90,34 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     python = fresh_venv(venv)
     if install == "wheel":
         dist = tmp_path / "dist"
-        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dist),
-             str(source)], tmp_path, os.environ.copy())
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-w",
+                str(dist),
+                str(source),
+            ],
+            tmp_path,
+            os.environ.copy(),
+        )
         [wheel] = dist.glob("hcqr_dspy-*.whl")
         pip(python, "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
-        home = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path,
-                        os.environ.copy()).strip()) / "hcqr_dspy"
+        home = (
+            Path(
+                run(
+                    [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                    tmp_path,
+                    os.environ.copy(),
+                ).strip()
+            )
+            / "hcqr_dspy"
+        )
     else:
         pip(python, "install", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(source), cwd=tmp_path)
         home = source / "hcqr_dspy"
@@ -97,8 +130,13 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     BM25Retriever(corpus, show_progress=False).save(work / "indexes" / "medcorpus-bm25")
     bench = tmp_path / "elsewhere" / "shared" / "data" / "benchmark"
     bench.mkdir(parents=True)
-    rows = {"0001": {"question": "A patient on digoxin sees yellow halos. Cause?",
-                     "options": {"A": "Digoxin toxicity", "B": "Graves disease"}, "answer": "A"}}
+    rows = {
+        "0001": {
+            "question": "A patient on digoxin sees yellow halos. Cause?",
+            "options": {"A": "Digoxin toxicity", "B": "Graves disease"},
+            "answer": "A",
+        }
+    }
     for name in ("medqa", "mmlu"):
         (bench / f"{name}.json").write_text(json.dumps(rows))
 
@@ -112,14 +150,25 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     assert found["experiment"]["index"] == str(work / "indexes" / "medcorpus-bm25")
     assert found["experiment"]["datasets"] == {n: str(bench / f"{n}.json") for n in ("medqa", "mmlu")}
     if install == "wheel":  # the wheel holds copies, not links into a source tree
-        assert not (home / "shipped" / "demo").is_symlink() and not (home / "shipped" / "demo" / "questions.json").is_symlink()
+        assert (
+            not (home / "shipped" / "demo").is_symlink()
+            and not (home / "shipped" / "demo" / "questions.json").is_symlink()
+        )
 
     hcqr = str(venv / "bin" / "hcqr")
     assert "--index" in run([hcqr, "demo", "--help"], work, env)
     out = run([hcqr, "experiment", "paper_main", "--check", "--datasets", "medqa"], work, env)
     assert out.startswith("paper_main: valid (1 dataset(s) x 8 method(s), lm local)"), out
-    failed = subprocess.run([hcqr, "compile", "--recipe", "nope", "--train", "x.json", "--out", "p", "--no-mlflow"],
-                            cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    failed = subprocess.run(
+        [hcqr, "compile", "--recipe", "nope", "--train", "x.json", "--out", "p", "--no-mlflow"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode == 2
-    assert (f"recipe 'nope' not found (looked in optimizers/, {home / 'shipped' / 'optimizers'}/); recipes there: "
-            "bootstrap_fewshot, bootstrap_random_search, gepa, mipro_light") in failed.stderr
+    assert (
+        f"recipe 'nope' not found (looked in optimizers/, {home / 'shipped' / 'optimizers'}/); recipes there: "
+        "bootstrap_fewshot, bootstrap_random_search, gepa, mipro_light"
+    ) in failed.stderr

@@ -4,21 +4,26 @@ import json
 from importlib import metadata
 
 import pytest
+from stub_server import Stub
 
-from hcqr_dspy.errors import LMUnavailableError
-from hcqr_dspy.lm import build_lm
+from hcqr_dspy.errors import LMUnavailableError, RunError
 from hcqr_dspy.evaluation.provenance import cpu_model
+from hcqr_dspy.evaluation.run_folder import SESSIONS, RunFolder
+from hcqr_dspy.lm import build_lm
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
-from hcqr_dspy.errors import RunError
-from hcqr_dspy.evaluation.run_folder import SESSIONS, RunFolder
-from stub_server import Stub
 
 
 def evaluate_with(bench, stub, name, api_base=None):
-    spec = EvalSpec(method="cot", dataset=str(bench / "qs.json"), lm="openai/stub-model",
-                    api_base=api_base or stub.base, api_key_env="STUB_KEY", run_dir=str(bench / name))
+    spec = EvalSpec(
+        method="cot",
+        dataset=str(bench / "qs.json"),
+        lm="openai/stub-model",
+        api_base=api_base or stub.base,
+        api_key_env="STUB_KEY",
+        run_dir=str(bench / name),
+    )
     lm = build_lm("openai/stub-model", api_base=stub.base, api_key_env="STUB_KEY", cache=False, num_retries=1)
     return run_evaluation(spec, progress=False, track=False, lm=lm)
 
@@ -60,12 +65,19 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     RunFolder(bench / "fresh").record_session("judge")  # ... and judged since
     report, _ = compare([bench / "other", bench / "fresh"], out_dir=bench / "cmp")
     assert "rows written in 2 session(s) on 2 different machines or LM stacks" in report and "Another CPU" in report
-    assert "6 row(s) written before sessions were recorded (machine unknown); judged in 1 session(s) on one machine" \
+    assert (
+        "6 row(s) written before sessions were recorded (machine unknown); judged in 1 session(s) on one machine"
         in report
+    )
     other, fresh = json.loads((bench / "cmp" / "comparison.json").read_text())["sessions"].values()  # reference first
     assert other["sessions"] == 2 and len(other["machines"]) == 2 and "Another CPU" in other["machines"][0]
     assert other["rows_before_sessions"] == 0
-    assert (fresh["sessions"], fresh["machines"], fresh["rows_before_sessions"], fresh["judge_sessions"]) == (0, [], 6, 1)
+    assert (fresh["sessions"], fresh["machines"], fresh["rows_before_sessions"], fresh["judge_sessions"]) == (
+        0,
+        [],
+        6,
+        1,
+    )
 
     # rows of a run resumed by the first recorded session are counted as of unknown machine
     lines = (bench / "run" / SESSIONS).read_text().splitlines()
@@ -74,13 +86,19 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     assert "rows written in 1 session(s) on one machine" in report and "3 row(s) written before sessions" in report
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"command": "eval"}', r"sessions.jsonl:2: not a session record \(no session\)"),
-    ('{"session": 2, "command": "eval", "machine": "x", "packages": [1], "engine": 5}',
-     r"sessions.jsonl: session record 2 has missing or malformed started, machine, packages, engine, predictions_before, "
-     r"judgments_before \(not written by hcqr-dspy\)"),
-    ('{"session": "two"}', r"session record 2 has missing or malformed session, command"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"command": "eval"}', r"sessions.jsonl:2: not a session record \(no session\)"),
+        (
+            '{"session": 2, "command": "eval", "machine": "x", "packages": [1], "engine": 5}',
+            r"sessions.jsonl: session record 2 has missing or malformed started, machine, packages, engine, "
+            r"predictions_before, "
+            r"judgments_before \(not written by hcqr-dspy\)",
+        ),
+        ('{"session": "two"}', r"session record 2 has missing or malformed session, command"),
+    ],
+)
 def test_a_malformed_sessions_file_is_a_clear_error(bench, line, message):
     folder = RunFolder(bench / "run")
     folder.path.mkdir()

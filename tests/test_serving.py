@@ -18,11 +18,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_ROWS, alive, children, free_port, snippet, wait_until_serving, write_jsonl
+from stub_server import OPTIONS, SECRET, Stub
+
 from hcqr_dspy.cli import main
 from hcqr_dspy.tracking.serving import SERVE_TIMEOUT_S
-from stub_server import OPTIONS, SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
@@ -42,16 +42,46 @@ def served(tmp_path_factory):
         mp.setenv("STUB_KEY", SECRET)
         try:
             write_jsonl(tmp / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS])
-            assert main(["index", "--corpus", str(tmp / "corpus.jsonl"), "--retriever", "bm25",
-                         "--out", str(tmp / "idx")]) == 0
-            train = {f"{i:04d}": {"question": f"Question number {i}? A patient on digoxin sees yellow halos.",
-                                  "options": OPTIONS, "answer": "ABC"[(i * 2) % 3]} for i in range(4)}
+            assert (
+                main(["index", "--corpus", str(tmp / "corpus.jsonl"), "--retriever", "bm25", "--out", str(tmp / "idx")])
+                == 0
+            )
+            train = {
+                f"{i:04d}": {
+                    "question": f"Question number {i}? A patient on digoxin sees yellow halos.",
+                    "options": OPTIONS,
+                    "answer": "ABC"[(i * 2) % 3],
+                }
+                for i in range(4)
+            }
             (tmp / "train.json").write_text(json.dumps(train))
             lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
             with contextlib.redirect_stdout(io.StringIO()) as printed:
-                assert main(["compile", "--recipe", "bootstrap_fewshot", "--program", "hcqr", "--train",
-                             str(tmp / "train.json"), "--train-size", "4", "--index", str(tmp / "idx"), "--out",
-                             str(tmp / "prog"), "--register", "served-hcqr", "--mlflow-dir", str(store), *lm]) == 0
+                assert (
+                    main(
+                        [
+                            "compile",
+                            "--recipe",
+                            "bootstrap_fewshot",
+                            "--program",
+                            "hcqr",
+                            "--train",
+                            str(tmp / "train.json"),
+                            "--train-size",
+                            "4",
+                            "--index",
+                            str(tmp / "idx"),
+                            "--out",
+                            str(tmp / "prog"),
+                            "--register",
+                            "served-hcqr",
+                            "--mlflow-dir",
+                            str(store),
+                            *lm,
+                        ]
+                    )
+                    == 0
+                )
             out = printed.getvalue()
             [hint] = [line for line in out.splitlines() if " mlflow models serve " in line]
             store_var, _, *serve_args = shlex.split(hint)
@@ -59,15 +89,30 @@ def served(tmp_path_factory):
             port = free_port()
             serve_args[serve_args.index("-p") + 1] = str(port)
             # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
-            env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
-                   "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-            server = subprocess.Popen([sys.executable, "-m", "mlflow", *serve_args], env=env, start_new_session=True,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            env = {
+                **os.environ,
+                "MLFLOW_TRACKING_URI": tracking_uri,
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            }
+            server = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", *serve_args],
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
             tree = [server.pid, *children(server.pid)]
-            yield {"url": f"http://127.0.0.1:{port}/invocations", "stub": stub, "out": out, "store": store,
-                   "tracking_uri": tracking_uri, "tmp": tmp}
+            yield {
+                "url": f"http://127.0.0.1:{port}/invocations",
+                "stub": stub,
+                "out": out,
+                "store": store,
+                "tracking_uri": tracking_uri,
+                "tmp": tmp,
+            }
         finally:
             if server is not None:
                 if server.poll() is None:
@@ -89,8 +134,9 @@ def served(tmp_path_factory):
 
 def post(url: str, records) -> tuple[int, dict]:
     """POST ``{"dataframe_records": records}``: the HTTP status and the JSON body."""
-    request = urllib.request.Request(url, data=json.dumps({"dataframe_records": records}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps({"dataframe_records": records}).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
             return reply.status, json.loads(reply.read())
@@ -113,8 +159,9 @@ def test_registered_compiled_program_is_served_over_rest(served):
     assert serve_args[serve_args.index("-h") + 1] == "127.0.0.1"
 
     seen = len(stub.seen)
-    status, body = post(served["url"], [{"question": "Question number 7? Yellow halos after a new drug.",
-                                         "options": OPTIONS}])
+    status, body = post(
+        served["url"], [{"question": "Question number 7? Yellow halos after a new drug.", "options": OPTIONS}]
+    )
     assert status == 200
     [answer] = body["predictions"]
     # the stub answers question 7 with "ABC"[14 % 3] = "C", through the hypothesis, rewrite and answer steps
@@ -150,10 +197,14 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
         ({"question": "Q?"}, "record 0 (qid '0'): options: missing; give an object of letter -> text"),
         ({"question": "Q?", "options": {"A": "alpha"}}, "options: at least two are needed, got 1"),
         ({"question": "   ", "options": OPTIONS}, "record 0 (qid '0'): question: empty"),
-        ({"qid": "q-num", "question": "Q?", "options": {"A": 1, "B": 2}},
-         "record 0 (qid 'q-num'): options.A: must be text, not a number"),
-        ({"question": "Q?", "options": ["alpha", "beta"]},
-         'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, not a list'),
+        (
+            {"qid": "q-num", "question": "Q?", "options": {"A": 1, "B": 2}},
+            "record 0 (qid 'q-num'): options.A: must be text, not a number",
+        ),
+        (
+            {"question": "Q?", "options": ["alpha", "beta"]},
+            'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, not a list',
+        ),
     ]
     for record, said in cases:
         status, body = post(url, [record])
@@ -170,16 +221,29 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
     # one bad record among good ones: the good ones are answered, the bad one rejected, in request order; a record
     # without a qid (NaN in pandas beside records that have one) gets its row number, and integer qids stay integers
     # (pandas makes them floats beside a missing one)
-    status, body = post(url, [{**good, "qid": 5}, {"qid": 6, "question": "Q?", "options": ["alpha", "beta"]},
-                              {"question": "Question number 9? Yellow halos.", "options": OPTIONS}])
+    status, body = post(
+        url,
+        [
+            {**good, "qid": 5},
+            {"qid": 6, "question": "Q?", "options": ["alpha", "beta"]},
+            {"question": "Question number 9? Yellow halos.", "options": OPTIONS},
+        ],
+    )
     assert status == 200, body
     first, bad, last = body["predictions"]
     assert (first["qid"], first["answer"], first["valid"], first["rejected"]) == ("5", "B", True, None)
     assert (last["qid"], last["answer"], last["valid"], last["rejected"]) == ("2", "A", True, None)
-    assert bad == {"qid": "6", "answer": None, "answer_text": None, "valid": False, "error": None,
-                   "hypothesis": None, "queries": [], "passages": [],
-                   "rejected": 'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, '
-                               "not a list"}
+    assert bad == {
+        "qid": "6",
+        "answer": None,
+        "answer_text": None,
+        "valid": False,
+        "error": None,
+        "hypothesis": None,
+        "queries": [],
+        "passages": [],
+        "rejected": 'options: must be an object of letter -> text such as {"A": "...", "B": "..."}, not a list',
+    }
     assert len(stub.seen) - seen == 6  # three LM calls for each good record, none for the bad one
 
 
@@ -201,12 +265,16 @@ def test_registered_program_predicts_in_process(served, monkeypatch):
         mlflow.set_tracking_uri(previous)
     question = {"question": "Question number 10? Yellow halos.", "options": OPTIONS}  # "ABC"[20 % 3] = "C"
     for given in (pd.DataFrame([question, {**question, "qid": "q2"}]), [question, {**question, "qid": "q2"}]):
-        assert [(a["qid"], a["answer"], a["rejected"]) for a in model.predict(given)] == [("0", "C", None),
-                                                                                         ("q2", "C", None)]
+        assert [(a["qid"], a["answer"], a["rejected"]) for a in model.predict(given)] == [
+            ("0", "C", None),
+            ("q2", "C", None),
+        ]
     [answer] = model.predict({**question, "qid": "one"})
     assert (answer["qid"], answer["answer"], answer["answer_text"]) == ("one", "C", OPTIONS["C"])
     with pytest.raises(MlflowException) as refused:
         model.predict([{"question": "Q?", "options": ["alpha", "beta"]}])
     assert isinstance(refused.value, HCQRError) and refused.value.get_http_status_code() == 400
-    assert str(refused.value) == ("no record of the request can be answered: record 0 (qid '0'): options: must be an "
-                                  'object of letter -> text such as {"A": "...", "B": "..."}, not a list')
+    assert str(refused.value) == (
+        "no record of the request can be answered: record 0 (qid '0'): options: must be an "
+        'object of letter -> text such as {"A": "...", "B": "..."}, not a list'
+    )

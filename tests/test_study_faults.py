@@ -13,12 +13,12 @@ from pathlib import Path
 import dspy
 import mlflow
 import pytest
-
 from helpers import TINY_ROWS, snippet, write_jsonl
+from stub_server import SECRET, Stub
+
 from hcqr_dspy.cli import main
 from hcqr_dspy.evaluation.lock import WRITER_LOCK
 from hcqr_dspy.evaluation.run_folder import METRICS, PREDICTIONS, RunFolder
-from stub_server import SECRET, Stub
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,17 @@ def stub_args(stub):
 
 
 def eval_argv(bench, run_dir, stub, *extra):
-    return ["eval", "--method", "cot", "--dataset", str(bench / "qs.json"), "--run-dir", str(run_dir),
-            *stub_args(stub), *extra]
+    return [
+        "eval",
+        "--method",
+        "cot",
+        "--dataset",
+        str(bench / "qs.json"),
+        "--run-dir",
+        str(run_dir),
+        *stub_args(stub),
+        *extra,
+    ]
 
 
 def retrieving_bench(bench):
@@ -45,14 +54,32 @@ def retrieving_bench(bench):
 
     corpus = write_jsonl(bench / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS])
     assert main(["index", "--corpus", str(corpus), "--retriever", "bm25", "--out", str(bench / "idx")]) == 0
-    rows = {f"q{i}": {"question": f"Question number {i}? Digoxin toxicity with yellow vision and nausea.",
-                      "options": OPTIONS, "answer": "ABC"[i % 3]} for i in range(6)}
+    rows = {
+        f"q{i}": {
+            "question": f"Question number {i}? Digoxin toxicity with yellow vision and nausea.",
+            "options": OPTIONS,
+            "answer": "ABC"[i % 3],
+        }
+        for i in range(6)
+    }
     (bench / "rq.json").write_text(json.dumps(rows))
 
 
 def rag_argv(bench, run_dir, stub, *extra):
-    return ["eval", "--method", "simple_rag", "--dataset", str(bench / "rq.json"), "--index", str(bench / "idx"),
-            "--run-dir", str(run_dir), "--no-mlflow", *stub_args(stub), *extra]
+    return [
+        "eval",
+        "--method",
+        "simple_rag",
+        "--dataset",
+        str(bench / "rq.json"),
+        "--index",
+        str(bench / "idx"),
+        "--run-dir",
+        str(run_dir),
+        "--no-mlflow",
+        *stub_args(stub),
+        *extra,
+    ]
 
 
 def outcomes(metrics):
@@ -62,13 +89,15 @@ def outcomes(metrics):
 
 # -- one writer per run folder ------------------------------------------------------------------------------------
 
+
 def test_two_eval_processes_on_one_folder_one_is_refused_the_other_records_each_question_once(bench, tmp_path):
     stub = Stub(delay=0.5)  # 6 questions: the first writer holds the folder for 3 s or more
     run_dir, store = bench / "run", tmp_path / "mlruns"
     argv = [sys.executable, "-m", "hcqr_dspy.cli", *eval_argv(bench, run_dir, stub, "--mlflow-dir", str(store))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     try:
         results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
     finally:
@@ -97,8 +126,9 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(bench, capsys):
     run_dir = bench / "run"
     run_dir.mkdir()
     # a writer that died holding the lock: its label stays in the file, the kernel dropped its flock
-    (run_dir / WRITER_LOCK).write_text(json.dumps({"pid": 999999, "host": "gone", "command": "eval",
-                                                   "started": "2000-01-01T00:00:00+00:00"}) + "\n")
+    (run_dir / WRITER_LOCK).write_text(
+        json.dumps({"pid": 999999, "host": "gone", "command": "eval", "started": "2000-01-01T00:00:00+00:00"}) + "\n"
+    )
     code, _, err = cli(capsys, eval_argv(bench, run_dir, stub, "--no-mlflow"))
     assert code == 0, err
     assert len(RunFolder.open(run_dir).rows()) == 6 and not (run_dir / WRITER_LOCK).exists()
@@ -114,21 +144,41 @@ def test_a_live_writer_refuses_judge_and_compile_on_its_folder(bench, capsys):
     assert code == 0, err
     prog = bench / "prog"
     prog.mkdir()
-    holder_code = ("import sys, time; from hcqr_dspy.evaluation.lock import WriterLock; "
-                   "a = WriterLock(sys.argv[1], 'eval').acquire(); "
-                   "b = WriterLock(sys.argv[2], 'compile', lock_file=sys.argv[3]).acquire(); "
-                   "print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", holder_code, str(run_dir), str(prog),
-                               str(bench / f".{prog.name}.writer.lock")], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder_code = (
+        "import sys, time; from hcqr_dspy.evaluation.lock import WriterLock; "
+        "a = WriterLock(sys.argv[1], 'eval').acquire(); "
+        "b = WriterLock(sys.argv[2], 'compile', lock_file=sys.argv[3]).acquire(); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, str(run_dir), str(prog), str(bench / f".{prog.name}.writer.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         seen = len(stub.seen)
         code, _, err = cli(capsys, ["judge", str(run_dir), "--no-mlflow"])
         assert code == 2 and len(err) == 1 and f"pid {holder.pid}" in err[0] and "`hcqr eval`" in err[0]
-        code, _, err = cli(capsys, ["compile", "--recipe", "bootstrap_fewshot", "--program", "cot", "--train",
-                                    str(bench / "qs.json"), "--train-size", "4", "--out", str(prog), "--no-mlflow",
-                                    *stub_args(stub)])
+        code, _, err = cli(
+            capsys,
+            [
+                "compile",
+                "--recipe",
+                "bootstrap_fewshot",
+                "--program",
+                "cot",
+                "--train",
+                str(bench / "qs.json"),
+                "--train-size",
+                "4",
+                "--out",
+                str(prog),
+                "--no-mlflow",
+                *stub_args(stub),
+            ],
+        )
         assert code == 2 and len(err) == 1 and f"pid {holder.pid}" in err[0] and "`hcqr compile`" in err[0]
         assert len(stub.seen) == seen  # refused before any LM call
     finally:
@@ -138,6 +188,7 @@ def test_a_live_writer_refuses_judge_and_compile_on_its_folder(bench, capsys):
 
 
 # -- the response cache knows its server ---------------------------------------------------------------------------
+
 
 def test_two_servers_under_one_model_name_never_share_cached_replies(bench, capsys, tmp_path):
     first, second = Stub(), Stub(shift=1)  # the same model name, other answers (another checkpoint)
@@ -170,6 +221,7 @@ def test_two_servers_under_one_model_name_never_share_cached_replies(bench, caps
 
 # -- the judge calls the run's own endpoint ------------------------------------------------------------------------
 
+
 def test_judge_of_a_stub_served_run_calls_that_stub_with_the_runs_key_variable(bench, capsys, monkeypatch):
     for var in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
@@ -190,6 +242,7 @@ def test_judge_of_a_stub_served_run_calls_that_stub_with_the_runs_key_variable(b
 
 
 # -- a disk that fills mid-run -------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small_disk(tmp_path):
@@ -217,7 +270,8 @@ def fill(disk: Path) -> Path:
 
 
 def test_a_disk_that_fills_mid_run_stops_with_one_line_and_the_resume_matches_an_uninterrupted_run(
-        bench, small_disk, capsys):
+    bench, small_disk, capsys
+):
     stub = Stub(delay=0.3, reasoning="r" * 6000)  # rows over a 4 KiB page: each needs new space on the disk
     run_dir = small_disk / "run"
 
@@ -245,7 +299,9 @@ def test_a_disk_that_fills_mid_run_stops_with_one_line_and_the_resume_matches_an
     code, _, err = cli(capsys, eval_argv(bench, bench / "uninterrupted", stub, "--no-mlflow"))
     assert code == 0, err
     resumed = json.loads((run_dir / METRICS).read_text())
-    assert resumed["n"] == 6 and outcomes(resumed) == outcomes(json.loads((bench / "uninterrupted" / METRICS).read_text()))
+    assert resumed["n"] == 6 and outcomes(resumed) == outcomes(
+        json.loads((bench / "uninterrupted" / METRICS).read_text())
+    )
     stub.stop()
 
 
@@ -263,6 +319,7 @@ def test_an_mlflow_store_on_a_full_disk_is_refused_with_one_line_and_leaves_noth
 
 
 # -- refused commands leave nothing; stale tracebacks ------------------------------------------------------------
+
 
 def test_a_refused_mlflow_dir_leaves_no_run_folder(bench, capsys):
     stub = Stub()

@@ -9,14 +9,17 @@ from dspy.utils import DummyLM
 
 from hcqr_dspy.errors import LMUnavailableError
 from hcqr_dspy.programs.cot import CoT
+from hcqr_dspy.tracking.runs import flatten
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
-from hcqr_dspy.tracking.runs import flatten
 
 
 @pytest.fixture
 def bench(tmp_path):
-    rows = {f"t{i}": {"question": f"Tracked question {i}?", "options": {"A": "a", "B": "b"}, "answer": "A"} for i in range(3)}
+    rows = {
+        f"t{i}": {"question": f"Tracked question {i}?", "options": {"A": "a", "B": "b"}, "answer": "A"}
+        for i in range(3)
+    }
     path = tmp_path / "tiny_bench.json"
     path.write_text(json.dumps(rows))
     return path
@@ -27,8 +30,13 @@ def dummy():
 
 
 def test_run_logged_with_params_metrics_artifacts(bench, tmp_path, mlflow_store):
-    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", api_key_env="SOME_KEY_VAR",
-                    run_dir=str(tmp_path / "run"))
+    spec = EvalSpec(
+        method="cot",
+        dataset=str(bench),
+        lm="openai/test-model",
+        api_key_env="SOME_KEY_VAR",
+        run_dir=str(tmp_path / "run"),
+    )
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_store, progress=False, lm=dummy())
     run = mlflow.get_run(run_id)
     assert run.data.metrics["accuracy"] == 1.0 and run.data.metrics["n"] == 3

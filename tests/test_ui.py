@@ -9,7 +9,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from helpers import alive, children, free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,8 +18,23 @@ REPO = Path(__file__).resolve().parents[1]
 def test_hcqr_ui_stops_its_server_and_workers_when_stopped(mlflow_store):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "hcqr_dspy.cli", "ui", "--mlflow-dir", str(mlflow_store),
-                             "--port", str(port), "--workers", "2"], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hcqr_dspy.cli",
+            "ui",
+            "--mlflow-dir",
+            str(mlflow_store),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tree: list[int] = []
     try:
         wait_until_serving(f"http://127.0.0.1:{port}/health", proc)

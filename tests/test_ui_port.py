@@ -4,11 +4,11 @@ import os
 import socket
 
 import pytest
-
 from helpers import alive, children
-from hcqr_dspy.tracking import ui as tracking
+
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.tracking import ui as tracking
 
 
 @pytest.fixture
@@ -25,7 +25,8 @@ def test_a_taken_port_is_an_error_before_any_link_is_printed(mlflow_store, taken
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
         f"hcqr: error: port {taken_port} on 127.0.0.1 is already in use by another program; stop it or choose "
-        "another --port"]
+        "another --port"
+    ]
 
 
 def test_a_host_that_is_not_this_machines_is_one_line(mlflow_store, capsys):
@@ -50,7 +51,9 @@ def test_a_server_that_loses_the_port_after_the_check_is_an_error_not_exit_0(mlf
     with pytest.raises(HCQRError) as caught:
         tracking.serve_ui(mlflow_store, port=taken_port)
     message = str(caught.value)
-    assert message == (f"the MLflow server for 127.0.0.1:{taken_port} stopped by itself (exit code 0): "
-                       f"port {taken_port} on 127.0.0.1 is already in use by another program; stop it or choose "
-                       "another --port")
+    assert message == (
+        f"the MLflow server for 127.0.0.1:{taken_port} stopped by itself (exit code 0): "
+        f"port {taken_port} on 127.0.0.1 is already in use by another program; stop it or choose "
+        "another --port"
+    )
     assert [p for p in children(os.getpid()) if alive(p)] == []

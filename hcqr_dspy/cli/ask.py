@@ -56,8 +56,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     question, options = _read_question(args)
     parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)
-    method, _, folder = resolve_method(args.method if args.program else (args.method or "hcqr"), args.program,
-                                       _program_options(args), getattr(args, "mlflow_dir", None))
+    method, _, folder = resolve_method(
+        args.method if args.program else (args.method or "hcqr"),
+        args.program,
+        _program_options(args),
+        getattr(args, "mlflow_dir", None),
+    )
     retriever = None
     if check_retrieval_inputs(method, args.index, _search_options(args), args.encoder_backend):
         t0 = time.perf_counter()
@@ -69,16 +73,18 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
     t0 = time.perf_counter()
     _progress(f"loading the model {args.lm} ...")
-    lm = build_lm(args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base,
-                  api_key_env=args.api_key_env)
+    lm = build_lm(
+        args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env
+    )
     check_lm(lm)
     _progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), observe_stages(_stage_progress):
         try:
             pred = program(question=question, options=options)
         except LM_UNAVAILABLE as exc:
-            raise HCQRError(f"the LM stopped answering or cannot be used ({lm_failure(exc)}); "
-                            "nothing was answered") from None
+            raise HCQRError(
+                f"the LM stopped answering or cannot be used ({lm_failure(exc)}); nothing was answered"
+            ) from None
     _show_answer({**pred.toDict(), "answer": pred.answer}, options, retriever, args.width)
     return 0 if pred.valid else 1
 
@@ -89,8 +95,9 @@ def _stage_progress(name: str, record: dict | None) -> None:
         _progress(f"  {name} ...")
     else:
         calls = record.get("lm_calls", 0) + record.get("cached_lm_calls", 0)
-        _progress(f"  {name} done in {record['seconds']:.1f} s"
-                  + (f" ({calls} LM call{'s' * (calls != 1)})" if calls else ""))
+        _progress(
+            f"  {name} done in {record['seconds']:.1f} s" + (f" ({calls} LM call{'s' * (calls != 1)})" if calls else "")
+        )
 
 
 def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 100) -> None:
@@ -124,8 +131,10 @@ def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 
         print(f"Passages ({len(passages)} shown to the answer step; score, id, title, found by)")
         for i, p in enumerate(passages, start=1):
             found_by = ",".join(f"q{q + 1}" for q in p.get("queries") or [])
-            print(f"  [{i:>2}] {p.get('score', 0):8.3f}  {p['id']}  {p['title']}"
-                  + (f"  (found by {found_by})" if found_by else ""))
+            print(
+                f"  [{i:>2}] {p.get('score', 0):8.3f}  {p['id']}  {p['title']}"
+                + (f"  (found by {found_by})" if found_by else "")
+            )
             if retriever is not None:
                 text = " ".join(retriever.get(p["id"]).content.split())
                 print(f"        {text[:width].rstrip()}{' ...' if len(text) > width else ''}")
@@ -147,7 +156,10 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--option", action="append", help="an option as LETTER=text, repeated (default: none)")
     p.add_argument("--json", default=None, help="a JSON file holding {question, options} (default: none)")
     p.add_argument("--width", type=_positive_int, default=100, help="characters of each passage to print")
-    p.add_argument("--mlflow-dir", default=None,
-                   help="MLflow store of --program runs:/ and models:/ URIs (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.add_argument(
+        "--mlflow-dir",
+        default=None,
+        help="MLflow store of --program runs:/ and models:/ URIs (default: $HCQR_MLFLOW_DIR or ./mlruns)",
+    )
     _add_lm_args(p)
     p.set_defaults(func=cmd_ask)

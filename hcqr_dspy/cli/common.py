@@ -13,8 +13,21 @@ from hcqr_dspy.tracking.store import store_dir, tracking_uri
 # The names the parser offers, written here so that `hcqr --help` imports neither the method
 # registry nor dspy (seconds of imports). tests/test_cli.py checks them against
 # hcqr_dspy.programs.PROGRAMS and hcqr_dspy.retrieval.fusion.STRATEGIES.
-METHODS = ("cot", "simple_rag", "hcqr", "hyde", "query_rewrite", "query_rewrite_options", "rerank_rag", "main_rag",
-           "hcqr_no_support", "hcqr_no_distinction", "hcqr_no_key_features", "hcqr_show_hypothesis", "hcqr_hypothesis")
+METHODS = (
+    "cot",
+    "simple_rag",
+    "hcqr",
+    "hyde",
+    "query_rewrite",
+    "query_rewrite_options",
+    "rerank_rag",
+    "main_rag",
+    "hcqr_no_support",
+    "hcqr_no_distinction",
+    "hcqr_no_key_features",
+    "hcqr_show_hypothesis",
+    "hcqr_hypothesis",
+)
 HYPOTHESIS_STYLES = ("features_first", "options_first")
 FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")
 RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
@@ -26,9 +39,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (not action.option_strings or action.required or "default" in text.lower()
-                or action.default is argparse.SUPPRESS
-                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+        if (
+            not action.option_strings
+            or action.required
+            or "default" in text.lower()
+            or action.default is argparse.SUPPRESS
+            or isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+        ):
             return text
         if isinstance(action, argparse._StoreTrueAction):
             return f"{text} (default: off)"
@@ -71,27 +88,46 @@ def _progress(message: str) -> None:
 
 
 def _search_options(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search), ("k_factor", args.k_factor))
-            if v is not None}
+    return {
+        k: v
+        for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search), ("k_factor", args.k_factor))
+        if v is not None
+    }
 
 
 def _add_search_option_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nprobe", type=_positive_int, default=None,
-                   help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)")
-    p.add_argument("--ef-search", type=_positive_int, default=None,
-                   help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)")
-    p.add_argument("--k-factor", type=_positive_int, default=None,
-                   help="dense indexes of faiss refine types (IVF...,PQ...,RFlat): candidates re-scored exactly per "
-                        "hit wanted (default: faiss's, 1)")
+    p.add_argument(
+        "--nprobe",
+        type=_positive_int,
+        default=None,
+        help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)",
+    )
+    p.add_argument(
+        "--ef-search",
+        type=_positive_int,
+        default=None,
+        help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)",
+    )
+    p.add_argument(
+        "--k-factor",
+        type=_positive_int,
+        default=None,
+        help="dense indexes of faiss refine types (IVF...,PQ...,RFlat): candidates re-scored exactly per "
+        "hit wanted (default: faiss's, 1)",
+    )
     _add_encoder_backend_arg(p)
 
 
 def _add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encoder-backend", choices=RUNTIMES, default=None,
-                   help="what embeds the queries of a dense or hybrid index: torch (default; sentence-transformers), "
-                        "onnx, onnx-int8 (ONNX Runtime), openvino or openvino-bf16 (bf16 CPUs), exported once "
-                        "from the index's own query encoder into the cache (passages stay PyTorch's; "
-                        "see bench/RESULTS.md for agreement)")
+    p.add_argument(
+        "--encoder-backend",
+        choices=RUNTIMES,
+        default=None,
+        help="what embeds the queries of a dense or hybrid index: torch (default; sentence-transformers), "
+        "onnx, onnx-int8 (ONNX Runtime), openvino or openvino-bf16 (bf16 CPUs), exported once "
+        "from the index's own query encoder into the cache (passages stay PyTorch's; "
+        "see bench/RESULTS.md for agreement)",
+    )
 
 
 # -- LM, MLflow, program and evaluation options ----------------------------------
@@ -105,8 +141,11 @@ def _add_mlflow_args(p: argparse.ArgumentParser) -> None:
 def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
     p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model (default: the provider's)")
-    p.add_argument("--api-key-env", default=None,
-                   help="name of the environment variable holding the API key, never the key itself (default: none)")
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        help="name of the environment variable holding the API key, never the key itself (default: none)",
+    )
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
 
@@ -114,15 +153,20 @@ def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 def _program_options(args: argparse.Namespace) -> dict:
     """The method options given as flags (``--budget``, ``--k-per-query``, ``--fusion``); flags left out
     are absent, so the method's own documented defaults apply (HCQR: ``k_per_query = ceil(budget / roles)``)."""
-    flags = {"budget": args.budget, "k_per_query": args.k_per_query, "fusion": args.fusion,
-             "hypothesis_style": getattr(args, "hypothesis_style", None)}
+    flags = {
+        "budget": args.budget,
+        "k_per_query": args.k_per_query,
+        "fusion": args.fusion,
+        "hypothesis_style": getattr(args, "hypothesis_style", None),
+    }
     return {k: v for k, v in flags.items() if v is not None}
 
 
 def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
     """Question selection, parallelism, run folder, MLflow and LM options shared by ``eval`` and ``predict``."""
-    p.add_argument("--limit", type=_positive_int, default=None,
-                   help=f"{verb} a seeded random sample of N questions (default: all)")
+    p.add_argument(
+        "--limit", type=_positive_int, default=None, help=f"{verb} a seeded random sample of N questions (default: all)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
     p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
@@ -132,23 +176,47 @@ def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def _add_program_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default=None, metavar="METHOD",
-                   help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)")
-    p.add_argument("--program", default=None,
-                   help="a saved program to run instead of a fresh method: a folder from `hcqr compile`, "
-                        "runs:/<mlflow run id>, models:/NAME/VERSION or models:/NAME@ALIAS (MLflow Model Registry); "
-                        "its method and options come with it (default: none, run --method zero-shot)")
-    p.add_argument("--index", default=None,
-                   help="index folder (from `hcqr index`; default: none, needed by retrieval methods)")
-    p.add_argument("--budget", type=_positive_int, default=None,
-                   help="passages shown to the answer step (default: the method's, 15 as in the paper)")
-    p.add_argument("--k-per-query", type=_positive_int, default=None,
-                   help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)")
-    p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None,
-                   help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)")
-    p.add_argument("--hypothesis-style", choices=HYPOTHESIS_STYLES, default=None,
-                   help="HCQR's hypothesis step: features_first (the paper's field order) or options_first "
-                        "(review each option, then commit) (default: features_first)")
+    p.add_argument(
+        "--method",
+        default=None,
+        metavar="METHOD",
+        help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)",
+    )
+    p.add_argument(
+        "--program",
+        default=None,
+        help="a saved program to run instead of a fresh method: a folder from `hcqr compile`, "
+        "runs:/<mlflow run id>, models:/NAME/VERSION or models:/NAME@ALIAS (MLflow Model Registry); "
+        "its method and options come with it (default: none, run --method zero-shot)",
+    )
+    p.add_argument(
+        "--index", default=None, help="index folder (from `hcqr index`; default: none, needed by retrieval methods)"
+    )
+    p.add_argument(
+        "--budget",
+        type=_positive_int,
+        default=None,
+        help="passages shown to the answer step (default: the method's, 15 as in the paper)",
+    )
+    p.add_argument(
+        "--k-per-query",
+        type=_positive_int,
+        default=None,
+        help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)",
+    )
+    p.add_argument(
+        "--fusion",
+        choices=FUSION_STRATEGIES,
+        default=None,
+        help="multi-query fusion of HCQR, its ablations and query_rewrite (default: score_sum)",
+    )
+    p.add_argument(
+        "--hypothesis-style",
+        choices=HYPOTHESIS_STYLES,
+        default=None,
+        help="HCQR's hypothesis step: features_first (the paper's field order) or options_first "
+        "(review each option, then commit) (default: features_first)",
+    )
     _add_search_option_args(p)
 
 

@@ -15,8 +15,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from hcqr_dspy.reporting import compare
     from hcqr_dspy.tracking.comparison import track_comparison
 
-    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels,
-                            common=args.common)
+    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels, common=args.common)
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
@@ -31,10 +30,16 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("runs", nargs="+", help="two or more run folders")
     p.add_argument("--reference", default=None, help="reference run (method label or folder; default: the first)")
     p.add_argument("--out", default="comparison", help="folder for comparison.md/json and PNG plots")
-    p.add_argument("--qrels", default=None,
-                   help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)")
-    p.add_argument("--common", action="store_true",
-                   help="runs still under way over the same question set: compare them on the questions every run "
-                        "has answered, saying how many (default: off, the runs must hold the same questions)")
+    p.add_argument(
+        "--qrels",
+        default=None,
+        help="relevance judgments for recall@k / nDCG@10 (default: qrels.json beside the dataset, if any)",
+    )
+    p.add_argument(
+        "--common",
+        action="store_true",
+        help="runs still under way over the same question set: compare them on the questions every run "
+        "has answered, saying how many (default: off, the runs must hold the same questions)",
+    )
     _add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)

@@ -29,64 +29,108 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.program in PROGRAMS:
         check_program_options(args.program, options)
     spec = CompileSpec(
-        recipe=args.recipe, method=args.program, train=args.train, index=args.index, out=args.out, lm=args.lm,
-        reflection_lm=args.reflection_lm, reflection_api_base=args.reflection_api_base,
-        reflection_api_key_env=args.reflection_api_key_env, train_size=args.train_size, val_size=args.val_size,
-        holdout=list(args.holdout or []), program_options=options, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
-        api_base=args.api_base, api_key_env=args.api_key_env, register=args.register, alias=args.alias,
+        recipe=args.recipe,
+        method=args.program,
+        train=args.train,
+        index=args.index,
+        out=args.out,
+        lm=args.lm,
+        reflection_lm=args.reflection_lm,
+        reflection_api_base=args.reflection_api_base,
+        reflection_api_key_env=args.reflection_api_key_env,
+        train_size=args.train_size,
+        val_size=args.val_size,
+        holdout=list(args.holdout or []),
+        program_options=options,
+        max_tokens=args.max_tokens,
+        n_ctx=args.n_ctx,
+        api_base=args.api_base,
+        api_key_env=args.api_key_env,
+        register=args.register,
+        alias=args.alias,
     )
     out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
-    print(f"saved compiled {args.program} to {out['out']} "
-          f"({out['train']} training + {out['val']} validation questions)")
+    print(
+        f"saved compiled {args.program} to {out['out']} ({out['train']} training + {out['val']} validation questions)"
+    )
     for name, info in out["predictors"].items():
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {info['demos']} demos, instructions {changed}")
     if out["scores"].get("val_score") is not None:
         print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")
     if out["mlflow_run_id"]:
-        print(f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
-              f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}")
+        print(
+            f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
+            f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}"
+        )
     if out["registered"]:
         uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
-        print(f"registered as {out['registered']}" + (f" (alias {args.alias})" if args.alias else "")
-              + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
-              f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local "
-              f"-h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
-              "  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
-              "with a local model on a CPU)")
+        print(
+            f"registered as {out['registered']}"
+            + (f" (alias {args.alias})" if args.alias else "")
+            + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
+            f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local "
+            f"-h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
+            "  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
+            "with a local model on a CPU)"
+        )
     return 0
 
 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``compile`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("compile", help="optimize a program's prompts with a DSPy optimizer recipe and save it")
-    p.add_argument("--recipe", required=True,
-                   help="recipe file, or the name of one in ./optimizers/ or shipped "
-                        "(bootstrap_fewshot, mipro_light ...)")
-    p.add_argument("--program", default="hcqr", metavar="METHOD",
-                   help=f"method to compile, one of: {', '.join(METHODS)} (default: hcqr)")
+    p.add_argument(
+        "--recipe",
+        required=True,
+        help="recipe file, or the name of one in ./optimizers/ or shipped (bootstrap_fewshot, mipro_light ...)",
+    )
+    p.add_argument(
+        "--program",
+        default="hcqr",
+        metavar="METHOD",
+        help=f"method to compile, one of: {', '.join(METHODS)} (default: hcqr)",
+    )
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
-    p.add_argument("--val-size", type=_non_negative_int, default=None,
-                   help="validation questions (default: the recipe's)")
-    p.add_argument("--holdout", action="append", default=None,
-                   help="an evaluation file that must not share questions with the training set, repeated "
-                        "(default: none)")
+    p.add_argument(
+        "--val-size", type=_non_negative_int, default=None, help="validation questions (default: the recipe's)"
+    )
+    p.add_argument(
+        "--holdout",
+        action="append",
+        default=None,
+        help="an evaluation file that must not share questions with the training set, repeated (default: none)",
+    )
     p.add_argument("--index", default=None, help="index folder (default: none, needed by retrieval methods)")
     p.add_argument("--budget", type=_positive_int, default=None, help="passages shown (default: the method's, 15)")
-    p.add_argument("--k-per-query", type=_positive_int, default=None,
-                   help="passages per query, HCQR and its ablations (default: ceil(budget / queries))")
+    p.add_argument(
+        "--k-per-query",
+        type=_positive_int,
+        default=None,
+        help="passages per query, HCQR and its ablations (default: ceil(budget / queries))",
+    )
     p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
     p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
-    p.add_argument("--register", default=None, metavar="NAME",
-                   help="register the compiled program in the MLflow Model Registry as NAME (a new version; "
-                        "then --program models:/NAME/VERSION; default: not registered)")
-    p.add_argument("--alias", default=None, help="alias of the registered version, e.g. champion "
-                                                 "(--program models:/NAME@ALIAS; default: none)")
+    p.add_argument(
+        "--register",
+        default=None,
+        metavar="NAME",
+        help="register the compiled program in the MLflow Model Registry as NAME (a new version; "
+        "then --program models:/NAME/VERSION; default: not registered)",
+    )
+    p.add_argument(
+        "--alias",
+        default=None,
+        help="alias of the registered version, e.g. champion (--program models:/NAME@ALIAS; default: none)",
+    )
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
-    p.add_argument("--reflection-api-key-env", default=None,
-                   help="name of the environment variable holding the reflection LM's API key (default: none)")
+    p.add_argument(
+        "--reflection-api-key-env",
+        default=None,
+        help="name of the environment variable holding the reflection LM's API key (default: none)",
+    )
     _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_compile)

@@ -54,8 +54,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         earlier = RunFolder(run_dir).rows() if (run_dir / "predictions.jsonl").exists() else []
         earlier = [r for r in earlier if r["qid"] in questions]
         tally = {"done": len(earlier), "right": sum(bool(r["correct"]) for r in earlier)}
-        _progress(f"\n== {method} on {len(questions)} demo questions with --lm {args.lm}"
-                  + (f" ({len(earlier)} already answered)" if earlier else ""))
+        _progress(
+            f"\n== {method} on {len(questions)} demo questions with --lm {args.lm}"
+            + (f" ({len(earlier)} already answered)" if earlier else "")
+        )
         if method == "hcqr" and earlier and not shown["done"]:
             show_first(earlier[0])
 
@@ -63,14 +65,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
             tally["done"] += 1
             tally["right"] += bool(row["correct"])
             mark = "right" if row["correct"] else ("invalid" if not row["valid"] else "wrong")
-            _progress(f"  {method:<11} {tally['done']:>2}/{len(questions)}  {row['qid']}: {row['prediction'] or '-'} "
-                      f"(gold {row['gold']}, {mark}, {row['seconds']:.0f} s)   accuracy so far "
-                      f"{tally['right']}/{tally['done']} = {tally['right'] / tally['done']:.0%}")
+            _progress(
+                f"  {method:<11} {tally['done']:>2}/{len(questions)}  {row['qid']}: {row['prediction'] or '-'} "
+                f"(gold {row['gold']}, {mark}, {row['seconds']:.0f} s)   accuracy so far "
+                f"{tally['right']}/{tally['done']} = {tally['right'] / tally['done']:.0%}"
+            )
             if method == "hcqr" and not shown["done"]:
                 show_first(row)
 
-        spec = EvalSpec(method=method, dataset=str(dataset), index=str(index), lm=args.lm, limit=args.limit,
-                        max_tokens=args.max_tokens, run_dir=str(run_dir))
+        spec = EvalSpec(
+            method=method,
+            dataset=str(dataset),
+            index=str(index),
+            lm=args.lm,
+            limit=args.limit,
+            max_tokens=args.max_tokens,
+            run_dir=str(run_dir),
+        )
         result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, progress=False, on_row=on_row)
         results.append((method, result.metrics))
         run_dirs.append(run_dir)
@@ -82,8 +93,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         report, files = compare(run_dirs, reference=reference, out_dir=out)
         print(report.split("\n\n")[1])  # the comparison table: accuracy ± SE, cost, McNemar vs the reference
         comparison_id = track_comparison(out, mlflow_dir=args.mlflow_dir)
-        print(f"\nComparison: {files[0]} (plots beside it, accuracy_vs_cost.png among them; "
-              f"MLflow run {comparison_id})")
+        print(
+            f"\nComparison: {files[0]} (plots beside it, accuracy_vs_cost.png among them; MLflow run {comparison_id})"
+        )
     else:
         print(metrics_table(results))
     print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with {_ui_hint(args)} (http://127.0.0.1:5000)")
@@ -95,8 +107,11 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("demo", help="run HCQR, CoT and Simple RAG on the embedded demo questions")
     p.add_argument("--index", default="indexes/demo", help="demo index folder (built if missing)")
     p.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense", help="retriever of a demo index built now")
-    p.add_argument("--methods", default="hcqr,cot,simple_rag",
-                   help="comma-separated methods, run in this order (the first HCQR answer is shown in full)")
+    p.add_argument(
+        "--methods",
+        default="hcqr,cot,simple_rag",
+        help="comma-separated methods, run in this order (the first HCQR answer is shown in full)",
+    )
     p.add_argument("--runs", default="runs/demo", help="folder of the demo's run folders (resumed if present)")
     p.add_argument("--limit", type=_positive_int, default=None, help="demo questions to run (default: all 20)")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")

@@ -24,11 +24,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.specs import EvalSpec
 
     spec = EvalSpec(
-        method=args.method if args.program else (args.method or "hcqr"), dataset=args.dataset, index=args.index,
-        lm=args.lm, limit=args.limit, seed=args.seed,
-        ids=_id_list(args.ids), program_options=_program_options(args),
-        max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
-        num_threads=args.threads, run_dir=args.run_dir, program=args.program, search_options=_search_options(args),
+        method=args.method if args.program else (args.method or "hcqr"),
+        dataset=args.dataset,
+        index=args.index,
+        lm=args.lm,
+        limit=args.limit,
+        seed=args.seed,
+        ids=_id_list(args.ids),
+        program_options=_program_options(args),
+        max_tokens=args.max_tokens,
+        n_ctx=args.n_ctx,
+        api_base=args.api_base,
+        api_key_env=args.api_key_env,
+        num_threads=args.threads,
+        run_dir=args.run_dir,
+        program=args.program,
+        search_options=_search_options(args),
         encoder_backend=args.encoder_backend,
     )
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
@@ -46,17 +57,33 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.specs import EvalSpec
 
     spec = EvalSpec(
-        method=args.method if args.program else (args.method or "hcqr"), dataset=args.input, index=args.index,
-        lm=args.lm, limit=args.limit, seed=args.seed, ids=_id_list(args.ids),
-        program_options=_program_options(args), max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base,
-        api_key_env=args.api_key_env, num_threads=args.threads, run_dir=args.run_dir, program=args.program,
-        search_options=_search_options(args), encoder_backend=args.encoder_backend, labelled=False,
+        method=args.method if args.program else (args.method or "hcqr"),
+        dataset=args.input,
+        index=args.index,
+        lm=args.lm,
+        limit=args.limit,
+        seed=args.seed,
+        ids=_id_list(args.ids),
+        program_options=_program_options(args),
+        max_tokens=args.max_tokens,
+        n_ctx=args.n_ctx,
+        api_base=args.api_base,
+        api_key_env=args.api_key_env,
+        num_threads=args.threads,
+        run_dir=args.run_dir,
+        program=args.program,
+        search_options=_search_options(args),
+        encoder_backend=args.encoder_backend,
+        labelled=False,
     )
     result, run_dir, run_id, out = run_prediction(spec, args.out, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     scored = "accuracy" in result.metrics
-    print(f"\n{len(result.rows)} answers written to {out}" + (" (with gold answers: scored)" if scored else "")
-          + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
+    print(
+        f"\n{len(result.rows)} answers written to {out}"
+        + (" (with gold answers: scored)" if scored else "")
+        + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}"
+    )
     if run_id:
         print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
@@ -70,15 +97,21 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     _add_run_args(p, "evaluate")
     p.set_defaults(func=cmd_eval)
 
-    p = command("predict", help="answer a file of questions, with or without gold answers (resumable, tracked)",
-                description="Answer every question of a file with a program (typically a compiled one: --program)\n"
-                            "and write the answers, with their hypothesis, queries and passages, to --out. Questions\n"
-                            "need no gold answer; a file that has them is scored too. The run folder records each\n"
-                            "answer as it finishes: the same command resumes an interrupted run.")
+    p = command(
+        "predict",
+        help="answer a file of questions, with or without gold answers (resumable, tracked)",
+        description="Answer every question of a file with a program (typically a compiled one: --program)\n"
+        "and write the answers, with their hypothesis, queries and passages, to --out. Questions\n"
+        "need no gold answer; a file that has them is scored too. The run folder records each\n"
+        "answer as it finishes: the same command resumes an interrupted run.",
+    )
     _add_program_args(p)
-    p.add_argument("--input", required=True,
-                   help="questions: a MIRAGE-format .json file ({qid: {question, options[, answer]}}) or a .jsonl file "
-                        "(one {id, question, options[, answer]} per line)")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="questions: a MIRAGE-format .json file ({qid: {question, options[, answer]}}) or a .jsonl file "
+        "(one {id, question, options[, answer]} per line)",
+    )
     p.add_argument("--out", required=True, help="answers file: .jsonl (one answer per line) or .json ({qid: answer})")
     _add_run_args(p, "answer")
     p.set_defaults(func=cmd_predict)

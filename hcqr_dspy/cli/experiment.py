@@ -19,8 +19,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     only = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets is not None else None
     try:
-        exp = load_experiment(args.file, limit=args.limit, lm=args.lm, only_datasets=only,
-                              encoder_backend=args.encoder_backend)
+        exp = load_experiment(
+            args.file, limit=args.limit, lm=args.lm, only_datasets=only, encoder_backend=args.encoder_backend
+        )
     except ExperimentError as exc:
         if not args.check:
             raise  # a run stops on one line: the first problem and how many more
@@ -43,15 +44,20 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``experiment`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("experiment", help="run an experiment grid (methods x datasets) from a YAML file")
-    p.add_argument("file",
-                   help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)")
-    p.add_argument("--limit", type=_positive_int, default=None,
-                   help="override the question sample size (default: the file's)")
+    p.add_argument(
+        "file", help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)"
+    )
+    p.add_argument(
+        "--limit", type=_positive_int, default=None, help="override the question sample size (default: the file's)"
+    )
     p.add_argument("--lm", default=None, help="override the experiment's LM spec (default: the file's)")
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
     p.add_argument("--runs", default="runs/experiments", help="root of the experiment's run folders")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
-    p.add_argument("--check", action="store_true",
-                   help="validate the file and stop (no LM call); every problem is printed, one line each")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the file and stop (no LM call); every problem is printed, one line each",
+    )
     _add_encoder_backend_arg(p)
     p.set_defaults(func=cmd_experiment)

@@ -29,10 +29,21 @@ def cmd_judge(args: argparse.Namespace) -> int:
         check_judge_index(folder, args.index)
     for run_dir in args.runs:
         metrics = judge_and_track(
-            run_dir, judge_lm=args.judge_lm, mode=args.mode, reasoning=not args.no_reasoning, index=args.index,
-            mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, num_threads=args.threads,
-            max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env,
-            limit=args.limit, seed=0 if args.seed is None else args.seed, ids=_id_list(args.ids),
+            run_dir,
+            judge_lm=args.judge_lm,
+            mode=args.mode,
+            reasoning=not args.no_reasoning,
+            index=args.index,
+            mlflow_dir=args.mlflow_dir,
+            track=not args.no_mlflow,
+            num_threads=args.threads,
+            max_tokens=args.max_tokens,
+            n_ctx=args.n_ctx,
+            api_base=args.api_base,
+            api_key_env=args.api_key_env,
+            limit=args.limit,
+            seed=0 if args.seed is None else args.seed,
+            ids=_id_list(args.ids),
         )
         if metrics is not None:
             print(json.dumps({"run": str(run_dir), **metrics}))
@@ -44,23 +55,37 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("judge", help="label each run question's retrieved context with the DUR judge")
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
-    p.add_argument("--mode", choices=["context", "passage"], default="context",
-                   help="judge the shown context (default) or each shown passage")
-    p.add_argument("--no-reasoning", action="store_true",
-                   help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)")
+    p.add_argument(
+        "--mode",
+        choices=["context", "passage"],
+        default="context",
+        help="judge the shown context (default) or each shown passage",
+    )
+    p.add_argument(
+        "--no-reasoning",
+        action="store_true",
+        help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)",
+    )
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
     p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
     sample = p.add_mutually_exclusive_group()
-    sample.add_argument("--limit", type=_positive_int, default=None,
-                        help="judge a seeded sample of N of the run's questions, drawn as `hcqr eval --limit` "
-                             "draws, so "
-                             "runs over the same questions are judged on the same ones (default: all)")
+    sample.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        help="judge a seeded sample of N of the run's questions, drawn as `hcqr eval --limit` "
+        "draws, so "
+        "runs over the same questions are judged on the same ones (default: all)",
+    )
     sample.add_argument("--ids", default=None, help="judge only these comma-separated question ids (default: all)")
     p.add_argument("--seed", type=int, default=None, help="seed of the --limit sample (default 0)")
     _add_mlflow_args(p)
     p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
-    p.add_argument("--api-key-env", default=None,
-                   help="name of the environment variable holding the judge's API key (default: none)")
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        help="name of the environment variable holding the judge's API key (default: none)",
+    )
     p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)

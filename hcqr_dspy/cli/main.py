@@ -31,14 +31,16 @@ def _versions() -> str:
         except metadata.PackageNotFoundError:
             return "missing"
 
-    return (f"hcqr-dspy {__version__} (dspy {version('dspy')}, mlflow {version('mlflow')}, "
-            f"python {sys.version.split()[0]})")
+    return (
+        f"hcqr-dspy {__version__} (dspy {version('dspy')}, mlflow {version('mlflow')}, python {sys.version.split()[0]})"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``hcqr`` parser: every subcommand, in the order ``hcqr --help`` lists them."""
     parser = argparse.ArgumentParser(
-        prog="hcqr", description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA.",
+        prog="hcqr",
+        description="Hypothesis-Conditioned Query Rewriting (HCQR) for retrieval-augmented MCQA.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=_versions())

@@ -19,8 +19,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
     check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
     experiment_id = configure(args.mlflow_dir)
-    print(f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
-          f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}", file=sys.stderr)
+    print(
+        f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
+        f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}",
+        file=sys.stderr,
+    )
     return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
 
 

@@ -15,8 +15,9 @@ stops cleanly too (:class:`~hcqr_dspy.errors.LMUnavailableError`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import dspy
 from dspy.utils.exceptions import (
@@ -59,7 +60,6 @@ LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-
 def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramError:
     """The one-line stop of a run whose program raised ``exc`` on question ``qid`` (traceback saved)."""
     tb = folder.save_traceback(qid, exc)
@@ -67,7 +67,8 @@ def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramErr
     return ProgramError(
         f"question {qid!r} raised {lm_failure(exc)} ({where}); this is a bug, not a bad LM reply, so nothing was "
         "saved for it and the run stopped; fix it and run the same command again to resume",
-        qid, tb,
+        qid,
+        tb,
     )
 
 
@@ -144,7 +145,14 @@ def evaluate(
 
     try:
         rows, resumed, ran = run_resumable(
-            folder.predictions, examples, lambda e: e.qid, work, LM_UNAVAILABLE, num_threads, progress, saved,
+            folder.predictions,
+            examples,
+            lambda e: e.qid,
+            work,
+            LM_UNAVAILABLE,
+            num_threads,
+            progress,
+            saved,
             on_error=lambda e, exc: program_error(folder, e.qid, exc),
         )
     except HCQRError:
@@ -157,6 +165,8 @@ def evaluate(
     try:
         metrics = folder.write_metrics(rows)
     except DiskFullError as exc:
-        raise DiskFullError(f"{exc} ({len(rows)}/{len(examples)} questions are saved in {folder.predictions.path}; "
-                            f"{METRICS} was not updated)") from None
+        raise DiskFullError(
+            f"{exc} ({len(rows)}/{len(examples)} questions are saved in {folder.predictions.path}; "
+            f"{METRICS} was not updated)"
+        ) from None
     return EvalResult(rows=rows, metrics=metrics, resumed=resumed, ran=ran)

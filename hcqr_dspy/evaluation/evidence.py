@@ -27,9 +27,10 @@ No LM judges here; only the question's labels and the passages' text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hcqr_dspy.config import read_json
 from hcqr_dspy.errors import HCQRError
@@ -111,8 +112,12 @@ def evidence_summary(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     n = len(ev)
     gold = sum(e["gold_mentioned"] for e in ev) / n
     distractor = sum(e["distractors_mentioned"] / e["distractors"] if e["distractors"] else 0.0 for e in ev) / n
-    return {"evidence_n": n, "gold_coverage": gold, "distractor_coverage": distractor,
-            "evidence_margin": gold - distractor}
+    return {
+        "evidence_n": n,
+        "gold_coverage": gold,
+        "distractor_coverage": distractor,
+        "evidence_margin": gold - distractor,
+    }
 
 
 def question_margin(e: dict[str, Any]) -> float:
@@ -140,14 +145,22 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
         return None
     a = [reference[q]["gold_mentioned"] for q in qids]
     b = [other[q]["gold_mentioned"] for q in qids]
-    table = [[sum(x and y for x, y in zip(a, b)), sum(x and not y for x, y in zip(a, b))],
-             [sum(y and not x for x, y in zip(a, b)), sum(not x and not y for x, y in zip(a, b))]]
+    table = [
+        [sum(x and y for x, y in zip(a, b)), sum(x and not y for x, y in zip(a, b))],
+        [sum(y and not x for x, y in zip(a, b)), sum(not x and not y for x, y in zip(a, b))],
+    ]
     gold_b, gold_c = table[0][1], table[1][0]
     gold_p = 1.0 if gold_b + gold_c == 0 else float(mcnemar(table, exact=True).pvalue)
     diffs = [question_margin(other[q]) - question_margin(reference[q]) for q in qids]
     margin_p = 1.0 if not any(diffs) else float(wilcoxon(diffs, zero_method="wilcox").pvalue)
-    return {"n": len(qids), "gold_b": gold_b, "gold_c": gold_c, "gold_p": gold_p,
-            "margin_mean_diff": sum(diffs) / len(diffs), "margin_p": margin_p}
+    return {
+        "n": len(qids),
+        "gold_b": gold_b,
+        "gold_c": gold_c,
+        "gold_p": gold_p,
+        "margin_mean_diff": sum(diffs) / len(diffs),
+        "margin_p": margin_p,
+    }
 
 
 def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
@@ -169,12 +182,16 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         elif isinstance(rel, dict):
             bad = next(((p, v) for p, v in rel.items() if not isinstance(v, int) or isinstance(v, bool)), None)
             if bad is not None:
-                raise HCQRError(f"qrels {path}: question {qid!r}, passage {bad[0]!r} has relevance {bad[1]!r}; "
-                                "relevance must be a whole number (0 = not relevant)")
+                raise HCQRError(
+                    f"qrels {path}: question {qid!r}, passage {bad[0]!r} has relevance {bad[1]!r}; "
+                    "relevance must be a whole number (0 = not relevant)"
+                )
             out[str(qid)] = {str(p): int(v) for p, v in rel.items()}
         else:
-            raise HCQRError(f"qrels {path}: question {qid!r} has {type(rel).__name__}; expected a list of passage "
-                            "ids or a {passage_id: relevance} object")
+            raise HCQRError(
+                f"qrels {path}: question {qid!r} has {type(rel).__name__}; expected a list of passage "
+                "ids or a {passage_id: relevance} object"
+            )
     return out
 
 
@@ -219,6 +236,10 @@ def qrels_metrics(rows: Iterable[dict[str, Any]], qrels: dict[str, dict[str, int
     for m in ir_measures.iter_calc(measures, judged, run):
         per[m.query_id]["recall" if m.measure == R @ k else "ndcg"] = float(m.value)
     n = len(per)
-    return {"qrels_n": n, f"recall_at_{k}": sum(v["recall"] for v in per.values()) / n,
-            "ndcg_at_10": sum(v["ndcg"] for v in per.values()) / n, "qrels_no_relevant": len(listed) - n,
-            "per_query": per}
+    return {
+        "qrels_n": n,
+        f"recall_at_{k}": sum(v["recall"] for v in per.values()) / n,
+        "ndcg_at_10": sum(v["ndcg"] for v in per.values()) / n,
+        "qrels_no_relevant": len(listed) - n,
+        "per_query": per,
+    }

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def question_fingerprint(examples: Sequence[Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hcqr_dspy.errors import RunError
@@ -43,7 +43,7 @@ class WriterLock:
         self.file = Path(lock_file) if lock_file else self.folder / WRITER_LOCK
         self.key = str(self.file.resolve())
 
-    def acquire(self) -> "WriterLock":
+    def acquire(self) -> WriterLock:
         """Take the lock, or refuse.
 
         Raises:
@@ -67,16 +67,22 @@ class WriterLock:
                     fh.seek(0)
                     holder = _holder(fh.read())
                     fh.close()
-                    raise RunError(f"{self.folder} is being written by another process ({holder}); wait for it to "
-                                   "finish or stop it, or use another folder") from None
+                    raise RunError(
+                        f"{self.folder} is being written by another process ({holder}); wait for it to "
+                        "finish or stop it, or use another folder"
+                    ) from None
                 try:
                     if os.stat(self.file).st_ino == os.fstat(fh.fileno()).st_ino:
                         break
                 except FileNotFoundError:
                     pass
                 fh.close()  # the holder released and removed this file between our open and our lock: again
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": self.command,
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
             try:
                 fh.seek(0)
                 fh.truncate()
@@ -101,7 +107,7 @@ class WriterLock:
                     self.file.unlink()
                 held[0].close()
 
-    def __enter__(self) -> "WriterLock":
+    def __enter__(self) -> WriterLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,8 @@ on the first failure with one line that says what is saved (:func:`run_resumable
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dspy.utils.parallelizer import ParallelExecutor
 
@@ -89,8 +90,9 @@ def run_resumable(
 
     new_rows: list[dict[str, Any]] = []
     if todo:
-        executor = ParallelExecutor(num_threads=num_threads, disable_progress_bar=not progress,
-                                    max_errors=len(todo) + 1)
+        executor = ParallelExecutor(
+            num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1
+        )
         new_rows = [r for r in executor.execute(run_one, todo) if r is not None]
     by_key = {**done, **{r["qid"]: r for r in new_rows}}
     rows = [by_key[key(item)] for item in items if key(item) in by_key]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hcqr_dspy.evaluation.evidence import evidence_summary
 
@@ -84,8 +85,9 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         n_h = changes["with_hypothesis"]
         out["hypothesis_accuracy"] = changes["hypothesis_correct"] / n_h
         out["answer_changed_rate"] = (changes["fixed"] + changes["broke"] + changes["changed_wrong_to_wrong"]) / n_h
-        out.update({f"hypothesis_{k}": v for k, v in changes.items()
-                    if k not in ("with_hypothesis", "hypothesis_correct")})
+        out.update(
+            {f"hypothesis_{k}": v for k, v in changes.items() if k not in ("with_hypothesis", "hypothesis_correct")}
+        )
     return out
 
 

@@ -40,8 +40,9 @@ def disk_full_error(exc: BaseException, saved: str = "") -> DiskFullError:
         what = f"{cause.strerror}: {cause.filename}" if cause.filename else cause.strerror
     else:
         what = (str(cause).splitlines() or ["disk full"])[0][:200]
-    return DiskFullError(f"the disk is full ({what}); {saved + '; ' if saved else ''}"
-                         "free space and run the same command again to resume")
+    return DiskFullError(
+        f"the disk is full ({what}); {saved + '; ' if saved else ''}free space and run the same command again to resume"
+    )
 
 
 def lm_failure(exc: BaseException) -> str:

@@ -17,20 +17,37 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
 from hcqr_dspy.lm import LlamaCppEngine
 
 # Distributions whose versions can change a run's replies or retrieval (names as pip knows them).
-PACKAGES = ("hcqr-dspy", "dspy", "litellm", "llama_cpp_python", "torch", "sentence-transformers", "transformers",
-            "faiss-cpu", "bm25s", "pymilvus", "numpy")
+PACKAGES = (
+    "hcqr-dspy",
+    "dspy",
+    "litellm",
+    "llama_cpp_python",
+    "torch",
+    "sentence-transformers",
+    "transformers",
+    "faiss-cpu",
+    "bm25s",
+    "pymilvus",
+    "numpy",
+)
 # The fields of a session record in ``sessions.jsonl`` (:func:`session_record` and its place in the folder) and
 # their JSON types.
 SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "session": int, "command": str, "started": str, "machine": dict, "packages": dict,
-    "engine": (dict, type(None)), "predictions_before": int, "judgments_before": int,
+    "session": int,
+    "command": str,
+    "started": str,
+    "machine": dict,
+    "packages": dict,
+    "engine": (dict, type(None)),
+    "predictions_before": int,
+    "judgments_before": int,
 }
 
 
@@ -87,7 +104,7 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
     """
     return {
         "command": command,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpu": cpu_model(),
             "cores": os.cpu_count(),
@@ -102,8 +119,11 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
 
 def malformed_fields(record: dict[str, Any]) -> list[str]:
     """The fields of :data:`SESSION_FIELDS` that a session record lacks or holds with another JSON type."""
-    return [name for name, kinds in SESSION_FIELDS.items() if not isinstance(record.get(name), kinds)
-            or isinstance(record.get(name), bool)]
+    return [
+        name
+        for name, kinds in SESSION_FIELDS.items()
+        if not isinstance(record.get(name), kinds) or isinstance(record.get(name), bool)
+    ]
 
 
 def machine_key(record: dict[str, Any]) -> str:
@@ -114,7 +134,9 @@ def machine_key(record: dict[str, Any]) -> str:
     packages = record.get("packages") or {}
     parts = [f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores)"]
     if engine:
-        parts.append(f"llama.cpp {packages.get('llama_cpp_python', '?')}, {engine.get('n_threads', '?')} threads, "
-                     f"[{engine.get('system_info', '?')}]")
+        parts.append(
+            f"llama.cpp {packages.get('llama_cpp_python', '?')}, {engine.get('n_threads', '?')} threads, "
+            f"[{engine.get('system_info', '?')}]"
+        )
     parts.append(f"dspy {packages.get('dspy', '?')}, litellm {packages.get('litellm', '?')}")
     return "; ".join(parts)

@@ -99,18 +99,21 @@ class JsonlTable:
                 try:
                     line = raw.decode("utf-8").strip()
                 except UnicodeDecodeError as exc:
-                    raise RunError(f"{self.path}:{lineno}: not valid UTF-8 (byte {exc.start}); "
-                                   "repair or delete that line") from None
+                    raise RunError(
+                        f"{self.path}:{lineno}: not valid UTF-8 (byte {exc.start}); repair or delete that line"
+                    ) from None
                 if not line:
                     continue
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise RunError(f"{self.path}:{lineno}: not a valid record ({exc.msg}); "
-                                   "repair or delete that line") from None
+                    raise RunError(
+                        f"{self.path}:{lineno}: not a valid record ({exc.msg}); repair or delete that line"
+                    ) from None
                 if not isinstance(row, dict) or self.key not in row:
-                    raise RunError(f"{self.path}:{lineno}: not a {self.what} record (no {self.key}); "
-                                   "repair or delete that line")
+                    raise RunError(
+                        f"{self.path}:{lineno}: not a {self.what} record (no {self.key}); repair or delete that line"
+                    )
                 rows.append(row)
         return rows
 
@@ -137,7 +140,7 @@ class JsonlTable:
                 try:
                     view = memoryview(data)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                     os.fsync(fd)
                 except OSError as exc:
                     try:

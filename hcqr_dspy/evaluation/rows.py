@@ -53,9 +53,16 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
     return row
 
 
-def answer_record(qid: str, options: dict[str, str], answer: str | None, valid: bool, error: str | None,
-                  hypothesis: dict[str, Any] | None, queries: list[str] | None,
-                  passages: list[dict[str, Any]] | None) -> dict[str, Any]:
+def answer_record(
+    qid: str,
+    options: dict[str, str],
+    answer: str | None,
+    valid: bool,
+    error: str | None,
+    hypothesis: dict[str, Any] | None,
+    queries: list[str] | None,
+    passages: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     """One answer as ``hcqr predict`` writes it and the served model returns it: ``qid``, ``answer`` (a
     letter, ``None`` when the reply was not one), ``answer_text``, ``valid``, ``error``, ``hypothesis``,
     ``queries`` and ``passages`` (id, title, fused score and the queries, ``q1``..., that found each)."""
@@ -68,6 +75,13 @@ def answer_record(qid: str, options: dict[str, str], answer: str | None, valid: 
         "error": error,
         "hypothesis": hypothesis,
         "queries": list(queries or []),
-        "passages": [{"id": p["id"], "title": p["title"], "score": p.get("score"),
-                      "found_by": [f"q{q + 1}" for q in p.get("queries") or []]} for p in passages or []],
+        "passages": [
+            {
+                "id": p["id"],
+                "title": p["title"],
+                "score": p.get("score"),
+                "found_by": [f"q{q + 1}" for q in p.get("queries") or []],
+            }
+            for p in passages or []
+        ],
     }

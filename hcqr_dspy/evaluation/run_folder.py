@@ -30,8 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import HCQRError, RunError
-from hcqr_dspy.evaluation.fingerprints import question_fingerprint
+from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.provenance import malformed_fields, session_record
@@ -42,6 +41,7 @@ from hcqr_dspy.evaluation.records import (
     remove_empty_folders,
     write_probe,
 )
+from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
 CONFIG = "config.json"
@@ -79,7 +79,7 @@ class RunFolder:
 
     # -- creating and opening -------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, config: dict[str, Any], command: str = "eval") -> "RunFolder":
+    def create(cls, path: str | Path, config: dict[str, Any], command: str = "eval") -> RunFolder:
         """:meth:`claim` the folder for ``command`` and :meth:`start` it with ``config`` (released again if that
         fails); hold it until :meth:`release`.
 
@@ -95,7 +95,7 @@ class RunFolder:
         return folder
 
     @classmethod
-    def claim(cls, path: str | Path, command: str = "eval") -> "RunFolder":
+    def claim(cls, path: str | Path, command: str = "eval") -> RunFolder:
         """Become the folder's one writer before anything is written or any LM is asked: the folder is
         created if needed and its :class:`WriterLock` taken for ``command``. Until :meth:`start`,
         :meth:`release` removes again the folders this call created (a refused command leaves nothing).
@@ -135,8 +135,11 @@ class RunFolder:
         cpath = self.path / CONFIG
         if cpath.exists():
             old = read_json_object(cpath, "run configuration")
-            keys = sorted(k for k in set(old) | set(config)
-                          if k not in MUTABLE_KEYS and _without_nones(old.get(k)) != _without_nones(config.get(k)))
+            keys = sorted(
+                k
+                for k in set(old) | set(config)
+                if k not in MUTABLE_KEYS and _without_nones(old.get(k)) != _without_nones(config.get(k))
+            )
             if keys:
                 raise RunError(
                     f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
@@ -156,7 +159,7 @@ class RunFolder:
         self._made = []
 
     @classmethod
-    def open(cls, path: str | Path) -> "RunFolder":
+    def open(cls, path: str | Path) -> RunFolder:
         """An existing run folder (it needs ``config.json``).
 
         Raises:
@@ -237,18 +240,7 @@ class RunFolder:
             RunError: the dataset cannot be read any more, or its questions are not
                 the ones the run was made with (content fingerprint differs).
         """
-        from hcqr_dspy.data import load_questions  # imports dspy: only a run's questions reloaded pay for it
-
-        try:
-            questions = load_questions(self.dataset, labelled=self.questions_record.get("labelled", True))
-        except HCQRError as exc:
-            raise RunError(f"run {self.path}: its dataset cannot be read ({exc})") from None
-        by_id = {q.qid: q for q in questions}
-        rows = self.rows()
-        missing = [r["qid"] for r in rows if r["qid"] not in by_id]
-        if missing:
-            raise RunError(f"run {self.path}: question(s) {', '.join(missing[:5])} are not in {self.dataset} any more")
-        return by_id
+        return reload_questions(self)
 
     def question_sample(self) -> list[str]:
         """Ids of every question the run was asked to answer, in run order, finished or not.
@@ -262,16 +254,7 @@ class RunFolder:
             RunError: the dataset cannot be read, or the rebuilt sample is not the
                 recorded one (a run made with an explicit id list, or a changed file).
         """
-        from hcqr_dspy.data import select  # imports dspy: only a run's questions reloaded pay for it
-
-        record = self.questions_record
-        by_id = self.load_questions()
-        sample = select(list(by_id.values()), limit=record.get("limit"), seed=record.get("seed") or 0)
-        if question_fingerprint(sample)["ids_sha256"] != record.get("ids_sha256"):
-            raise RunError(f"run {self.path}: its question sample cannot be rebuilt from {self.dataset} with limit "
-                           f"{record.get('limit')} and seed {record.get('seed')} (made with an explicit id list?); "
-                           "name the questions with --ids")
-        return [str(e.qid) for e in sample]
+        return rebuild_question_sample(self)
 
     # -- records --------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -284,8 +267,9 @@ class RunFolder:
         seen: set[str] = set()
         for r in rows:
             if r["qid"] in seen:
-                raise RunError(f"{self.predictions.path}: question {r['qid']!r} is recorded twice; "
-                               "delete one of the lines")
+                raise RunError(
+                    f"{self.predictions.path}: question {r['qid']!r} is recorded twice; delete one of the lines"
+                )
             seen.add(r["qid"])
         return rows
 
@@ -300,17 +284,24 @@ class RunFolder:
         file = self.judgments_table.path
         seen: set[str] = set()
         for j in judgments:
-            if (not isinstance(j.get("valid"), bool) or "label" not in j
-                    or not isinstance(j.get("passage_queries"), list)):
-                raise RunError(f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
-                               "(not written by `hcqr judge`); repair or delete that line")
+            if (
+                not isinstance(j.get("valid"), bool)
+                or "label" not in j
+                or not isinstance(j.get("passage_queries"), list)
+            ):
+                raise RunError(
+                    f"{file}: the judgment of {j['qid']!r} lacks 'valid', 'label' or 'passage_queries' "
+                    "(not written by `hcqr judge`); repair or delete that line"
+                )
             if j["qid"] in seen:
                 raise RunError(f"{file}: question {j['qid']!r} is judged twice; delete one of the lines")
             seen.add(j["qid"])
         foreign = sorted(seen - {r["qid"] for r in self.rows()})
         if foreign:
-            raise RunError(f"{file} judges {len(foreign)} question(s) this run does not hold "
-                           f"({', '.join(foreign[:5])}); was it copied from another run?")
+            raise RunError(
+                f"{file} judges {len(foreign)} question(s) this run does not hold "
+                f"({', '.join(foreign[:5])}); was it copied from another run?"
+            )
         return judgments
 
     def record_session(self, command: str, lm: Any = None) -> dict[str, Any]:
@@ -325,9 +316,12 @@ class RunFolder:
             RunError: ``sessions.jsonl`` is malformed, or cannot be written.
         """
         previous = self.sessions()
-        record = {"session": len(previous) + 1, **session_record(command, lm),
-                  "predictions_before": len(self.predictions.read()),
-                  "judgments_before": len(self.judgments_table.read())}
+        record = {
+            "session": len(previous) + 1,
+            **session_record(command, lm),
+            "predictions_before": len(self.predictions.read()),
+            "judgments_before": len(self.judgments_table.read()),
+        }
         self.sessions_table.drop_partial_tail()
         try:
             self.sessions_table.append(record)
@@ -346,8 +340,10 @@ class RunFolder:
         for lineno, record in enumerate(records, start=1):
             wrong = malformed_fields(record)
             if wrong:
-                raise RunError(f"{self.sessions_table.path}: session record {lineno} has missing or malformed "
-                               f"{', '.join(wrong)} (not written by hcqr-dspy); repair or delete that line")
+                raise RunError(
+                    f"{self.sessions_table.path}: session record {lineno} has missing or malformed "
+                    f"{', '.join(wrong)} (not written by hcqr-dspy); repair or delete that line"
+                )
         return records
 
     def write_json(self, name: str, value: dict[str, Any]) -> Path:

@@ -3,14 +3,16 @@ questions, holding the same question ids (or compared on those every run has ans
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
 
 
-def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[str, Any]]],
-                         common: bool = False) -> list[str]:
+def check_same_questions(
+    folders: Sequence[RunFolder], rows: Sequence[list[dict[str, Any]]], common: bool = False
+) -> list[str]:
     """The shared question ids (in the first run's order) of runs that must cover the same questions.
 
     Two runs match when they were made over the same questions: the content
@@ -43,8 +45,11 @@ def check_same_questions(folders: Sequence[RunFolder], rows: Sequence[list[dict[
         shared &= set(ids)
         q = folder.questions_record
         a, b = q0.get("content_sha256"), q.get("content_sha256")
-        same = a == b if a and b else (folders[0].dataset == folder.dataset
-                                       and q0.get("ids_sha256") == q.get("ids_sha256"))
+        same = (
+            a == b
+            if a and b
+            else (folders[0].dataset == folder.dataset and q0.get("ids_sha256") == q.get("ids_sha256"))
+        )
         if not same:
             what = "share question ids but not questions" if set(ids) & set(first) else "were made over other questions"
             raise RunError(

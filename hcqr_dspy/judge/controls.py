@@ -37,14 +37,17 @@ def positive_control_document(question: str, options: dict[str, str], answer: st
     """
     gold = options[answer]
     others = "; ".join(f"{k}. {v}" for k, v in options.items() if k != answer)
-    text = (f"In the case described ({key_terms(question, max_words=24)}), the correct answer is {answer}. {gold}. "
-            f"The findings described are explained by {gold}, which is therefore the answer; the other options "
-            f"({others}) do not explain them and are wrong.")
+    text = (
+        f"In the case described ({key_terms(question, max_words=24)}), the correct answer is {answer}. {gold}. "
+        f"The findings described are explained by {gold}, which is therefore the answer; the other options "
+        f"({others}) do not explain them and are wrong."
+    )
     return format_document(1, gold, text)
 
 
-def negative_control_pairs(rows: list[dict[str, Any]], mentions_gold,
-                           seed: int = CONTROL_SEED) -> dict[str, str | None]:
+def negative_control_pairs(
+    rows: list[dict[str, Any]], mentions_gold, seed: int = CONTROL_SEED
+) -> dict[str, str | None]:
     """For each judged question, the question of the same run whose context serves as its negative control.
 
     A seeded derangement (no question gets its own context): questions are
@@ -81,9 +84,13 @@ def control_flags(dur: dict[str, Any]) -> list[str]:
     if pos is None and neg is None:
         return ["no control judgments (judged without controls): the judge is unchecked"]
     if neg is not None and neg > CONTROL_LIMITS["negative_max"]:
-        flags.append(f"the judge calls {neg:.0%} of negative controls (another question's context) useful "
-                     f"(> {CONTROL_LIMITS['negative_max']:.0%})")
+        flags.append(
+            f"the judge calls {neg:.0%} of negative controls (another question's context) useful "
+            f"(> {CONTROL_LIMITS['negative_max']:.0%})"
+        )
     if pos is not None and pos < CONTROL_LIMITS["positive_min"]:
-        flags.append(f"the judge calls only {pos:.0%} of positive controls (a context stating the answer) useful "
-                     f"(< {CONTROL_LIMITS['positive_min']:.0%})")
+        flags.append(
+            f"the judge calls only {pos:.0%} of positive controls (a context stating the answer) useful "
+            f"(< {CONTROL_LIMITS['positive_min']:.0%})"
+        )
     return flags

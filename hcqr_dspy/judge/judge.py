@@ -53,8 +53,14 @@ class DURJudge(dspy.Module):
         label = pred.label if pred.label in LABELS else None
         return label, pred.get("reasoning"), None if label else f"label {pred.label!r} is not one of {LABELS}"
 
-    def forward(self, question: str, options: dict[str, str], answer: str, documents: list[str],
-                negative_documents: list[str] | None = None) -> dspy.Prediction:
+    def forward(
+        self,
+        question: str,
+        options: dict[str, str],
+        answer: str,
+        documents: list[str],
+        negative_documents: list[str] | None = None,
+    ) -> dspy.Prediction:
         """Judge ``documents`` (formatted as the answer step saw them) and the two controls.
 
         Returns:
@@ -63,8 +69,9 @@ class DURJudge(dspy.Module):
             (passage mode), ``positive_label`` / ``positive_rationale``, ``negative_label`` /
             ``negative_rationale`` (``None`` when there is no negative control), ``stages``.
         """
-        common = dict(question=question, options=format_options(options),
-                      correct_answer=correct_answer_text(options, answer))
+        common = dict(
+            question=question, options=format_options(options), correct_answer=correct_answer_text(options, answer)
+        )
         stages: dict = {}
         passage_labels = passage_rationales = None
         with stage(stages, "judge"):
@@ -88,9 +95,18 @@ class DURJudge(dspy.Module):
         with stage(stages, "controls"):
             positive_document = positive_control_document(question, options, answer)
             positive, positive_why, _ = self.label_context(common, [positive_document])
-            negative, negative_why, _ = (self.label_context(common, negative_documents) if negative_documents
-                                         else (None, None, None))
-        return dspy.Prediction(label=label, rationale=rationale, error=error, passage_labels=passage_labels,
-                               passage_rationales=passage_rationales, positive_label=positive,
-                               positive_rationale=positive_why, negative_label=negative,
-                               negative_rationale=negative_why, stages=stages)
+            negative, negative_why, _ = (
+                self.label_context(common, negative_documents) if negative_documents else (None, None, None)
+            )
+        return dspy.Prediction(
+            label=label,
+            rationale=rationale,
+            error=error,
+            passage_labels=passage_labels,
+            passage_rationales=passage_rationales,
+            positive_label=positive,
+            positive_rationale=positive_why,
+            negative_label=negative,
+            negative_rationale=negative_why,
+            stages=stages,
+        )

@@ -120,24 +120,34 @@ def judge_run(
     questions = folder.load_questions()
     unlabelled = [r["qid"] for r in rows if questions[r["qid"]].answer is None]
     if unlabelled:
-        raise RunError(f"{folder.path}: {len(unlabelled)} question(s) have no gold answer "
-                       f"({', '.join(unlabelled[:5])}); "
-                       "the DUR judge needs the correct answer")
-    settings = {"judge_lm": judge_lm or getattr(lm, "model", str(lm)), "mode": mode, "reasoning": bool(reasoning),
-                "controls": True, "control_seed": CONTROL_SEED}
+        raise RunError(
+            f"{folder.path}: {len(unlabelled)} question(s) have no gold answer "
+            f"({', '.join(unlabelled[:5])}); "
+            "the DUR judge needs the correct answer"
+        )
+    settings = {
+        "judge_lm": judge_lm or getattr(lm, "model", str(lm)),
+        "mode": mode,
+        "reasoning": bool(reasoning),
+        "controls": True,
+        "control_seed": CONTROL_SEED,
+    }
     done = folder.judgments()
     other = [j for j in done if {k: j.get(k) for k in settings} != settings]
     if other:
         old = {k: other[0].get(k) for k in settings}
-        raise RunError(f"{folder.judgments_table.path} holds judgments made with other settings ({old}); "
-                       f"these would be {settings}; delete it (and dur.json) to judge again")
+        raise RunError(
+            f"{folder.judgments_table.path} holds judgments made with other settings ({old}); "
+            f"these would be {settings}; delete it (and dur.json) to judge again"
+        )
     judge = DURJudge(mode, reasoning)
     sample = judged_sample(folder, limit=limit, seed=seed, ids=ids)
     chosen = None if sample is None else set(sample["ids"])
     todo = [r for r in rows if r.get("passages") and (chosen is None or r["qid"] in chosen)]
     if sample is not None and not todo:
-        raise RunError(f"{folder.path}: none of the {len(chosen)} questions chosen to judge has been answered "
-                       "with a context yet")
+        raise RunError(
+            f"{folder.path}: none of the {len(chosen)} questions chosen to judge has been answered with a context yet"
+        )
 
     def gold_in(qid: str, row: dict[str, Any]) -> bool:
         q = questions[qid]
@@ -159,10 +169,15 @@ def judge_run(
     def work(row: dict[str, Any]) -> dict[str, Any]:
         q = questions[row["qid"]]
         donor = donors.get(row["qid"])
+
         def attempt():
-            return judge(question=q.question, options=q.options, answer=q.answer,
-                         documents=shown_documents(retriever, row["passages"]),
-                         negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None)
+            return judge(
+                question=q.question,
+                options=q.options,
+                answer=q.answer,
+                documents=shown_documents(retriever, row["passages"]),
+                negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None,
+            )
 
         t0 = time.perf_counter()
         pred = call_retrying_bad_replies(attempt)  # a gateway's HTML page is an outage, retried, as in eval
@@ -187,18 +202,34 @@ def judge_run(
 
     def bug(row: dict[str, Any], exc: BaseException) -> ProgramError:
         tb = folder.save_traceback(f"judge-{row['qid']}", exc)
-        return ProgramError(f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
-                            "fix it and run the same command again to resume", row["qid"], tb)
+        return ProgramError(
+            f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
+            "fix it and run the same command again to resume",
+            row["qid"],
+            tb,
+        )
 
     if {r["qid"] for r in todo} - {j["qid"] for j in done}:
         folder.record_session("judge", lm)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        judgments, _, _ = run_resumable(folder.judgments_table, todo, lambda r: r["qid"], judged, LM_UNAVAILABLE,
-                                        num_threads, progress, on_error=bug)
+        judgments, _, _ = run_resumable(
+            folder.judgments_table,
+            todo,
+            lambda r: r["qid"],
+            judged,
+            LM_UNAVAILABLE,
+            num_threads,
+            progress,
+            on_error=bug,
+        )
     metrics = {**dur_metrics(judgments), "judge": settings}
     if sample is not None:
-        metrics["sample"] = {**sample, "n": len(sample["ids"]), "answered_with_context": len(todo),
-                             "run_answered_with_context": sum(bool(r.get("passages")) for r in rows)}
+        metrics["sample"] = {
+            **sample,
+            "n": len(sample["ids"]),
+            "answered_with_context": len(todo),
+            "run_answered_with_context": sum(bool(r.get("passages")) for r in rows),
+        }
     folder.write_json(DUR_METRICS, metrics)
     return metrics
 
@@ -221,7 +252,8 @@ def check_judge_index(folder: RunFolder, index: str | Path | None = None) -> str
     want = (folder.config.get("index") or {}).get("corpus_fingerprint")
     have = read_manifest(path, verify_files=False)["corpus"]["fingerprint"]
     if want and have != want:
-        raise RunError(f"index {path} was built from another corpus (fingerprint {have[:12]}) than run {folder.path} "
-                       f"retrieved from ({want[:12]}); give the --index it was run with")
+        raise RunError(
+            f"index {path} was built from another corpus (fingerprint {have[:12]}) than run {folder.path} "
+            f"retrieved from ({want[:12]}); give the --index it was run with"
+        )
     return path
-

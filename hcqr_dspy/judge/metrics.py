@@ -41,8 +41,9 @@ def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, Any]:
             hits = 0
             for j in useful:
                 if j.get("passage_labels"):
-                    hits += any(qi in qs and lab in USEFUL_LABELS
-                                for qs, lab in zip(j["passage_queries"], j["passage_labels"]))
+                    hits += any(
+                        qi in qs and lab in USEFUL_LABELS for qs, lab in zip(j["passage_queries"], j["passage_labels"])
+                    )
                 else:
                     hits += any(qi in qs for qs in j["passage_queries"])
             out[f"dur_role_q{qi + 1}"] = hits / len(useful)

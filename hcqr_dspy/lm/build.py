@@ -47,8 +47,9 @@ def build_lm(
     if cfg.kind in ("packaged", "gguf"):
         path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path)
         engine = engine_for(path, n_ctx)
-        lm = dspy.LM(engine_model_name(cfg, engine), engine=engine, temperature=temperature, max_tokens=max_tokens,
-                     cache=cache)
+        lm = dspy.LM(
+            engine_model_name(cfg, engine), engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache
+        )
     else:
         check_route(cfg.model)
         kwargs: dict[str, Any] = {}
@@ -61,8 +62,9 @@ def build_lm(
             kwargs["api_key"] = key
         if cache:
             key_cache_by_endpoint()
-        lm = dspy.LM(cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache,
-                     num_retries=num_retries, **kwargs)
+        lm = dspy.LM(
+            cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache, num_retries=num_retries, **kwargs
+        )
     lm.hcqr_config = cfg
     return lm
 

@@ -26,11 +26,14 @@ def key_cache_by_endpoint() -> None:
     if getattr(base, "keys_endpoint", False):
         return
     if base not in _endpoint_cache_classes:
+
         def cache_key(self, request, ignored_args_for_cache_key=None):
             ignored = [a for a in (ignored_args_for_cache_key or []) if a not in ENDPOINT_KEYS]
             return base.cache_key(self, request, ignored)
 
-        _endpoint_cache_classes[base] = type(f"EndpointKeyed{base.__name__}", (base,),
-                                             {"keys_endpoint": True, "cache_key": cache_key,
-                                              "__doc__": key_cache_by_endpoint.__doc__})
+        _endpoint_cache_classes[base] = type(
+            f"EndpointKeyed{base.__name__}",
+            (base,),
+            {"keys_endpoint": True, "cache_key": cache_key, "__doc__": key_cache_by_endpoint.__doc__},
+        )
     cache.__class__ = _endpoint_cache_classes[base]

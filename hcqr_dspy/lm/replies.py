@@ -13,14 +13,15 @@ LiteLLM's ``hosted_vllm`` route an ``APIError`` ("Unable to get json response");
 ``LMProviderError``, whose chain holds the ``json.JSONDecodeError``. :func:`call_retrying_bad_replies` retries
 such a call with the same count and waits as DSPy does, then raises
 :class:`~hcqr_dspy.errors.LMReplyFormatError`, which
-:data:`hcqr_dspy.evaluate.LM_UNAVAILABLE` turns into :class:`~hcqr_dspy.run_folder.LMUnavailableError`.
+:data:`hcqr_dspy.evaluation.evaluate.LM_UNAVAILABLE` turns into :class:`~hcqr_dspy.errors.LMUnavailableError`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from hcqr_dspy.errors import LMReplyFormatError
 
@@ -99,5 +100,5 @@ def call_retrying_bad_replies(call: Callable[[], T], retries: int | None = None)
                     f"{attempt + 1} tries over {time.monotonic() - start:.0f} s got a reply that is not the API's "
                     f"format: {first}"
                 ) from exc
-            time.sleep(min(FIRST_DELAY * 2 ** attempt, MAX_DELAY))
+            time.sleep(min(FIRST_DELAY * 2**attempt, MAX_DELAY))
             attempt += 1

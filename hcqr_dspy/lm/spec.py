@@ -45,8 +45,9 @@ class LMConfig:
         return {k: str(v) for k, v in self.__dict__.items() if v is not None}
 
 
-def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | None = None,
-                  option: str = "--lm") -> LMConfig:
+def parse_lm_spec(
+    spec: str, api_base: str | None = None, api_key_env: str | None = None, option: str = "--lm"
+) -> LMConfig:
     """Resolve an ``--lm`` spec without loading anything heavy.
 
     ``option`` is the flag the spec came from (``--judge-lm``, ``--reflection-lm`` ...), named in errors.
@@ -61,14 +62,17 @@ def parse_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | Non
     if spec == "local" or spec.startswith("local:"):
         name = DEFAULT_LOCAL if spec == "local" else spec.partition(":")[2].strip()
         if not name:
-            raise LMSpecError(f"{option} {spec!r} names no model: use local (the default, {DEFAULT_LOCAL}) or "
-                              f"local:<name> ({', '.join(PACKAGED_MODELS)})")
+            raise LMSpecError(
+                f"{option} {spec!r} names no model: use local (the default, {DEFAULT_LOCAL}) or "
+                f"local:<name> ({', '.join(PACKAGED_MODELS)})"
+            )
         if name not in PACKAGED_MODELS:
-            raise LMSpecError(f"unknown packaged model {name!r} in {option} {spec!r}; "
-                              f"choose one of {', '.join(PACKAGED_MODELS)}")
+            raise LMSpecError(
+                f"unknown packaged model {name!r} in {option} {spec!r}; choose one of {', '.join(PACKAGED_MODELS)}"
+            )
         return LMConfig(spec, "packaged", f"llama_cpp/{name}")
     if spec.startswith("gguf:"):
-        path = spec[len("gguf:"):]
+        path = spec[len("gguf:") :]
         if not path:
             raise LMSpecError(f"{option} gguf: needs a path, e.g. gguf:/models/model.gguf")
         return LMConfig(spec, "gguf", f"llama_cpp/{Path(path).stem}", path=path)

@@ -5,7 +5,8 @@ demos trimmed to what is shown, and the score the optimizer measured.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dspy
 
@@ -17,8 +18,9 @@ from hcqr_dspy.optimize.recipes import Recipe, optimizers
 from hcqr_dspy.programs.context import trim_context
 
 
-def split_train(examples: list[dspy.Example], recipe: Recipe, train_size: int | None = None,
-                val_size: int | None = None) -> tuple[list[dspy.Example], list[dspy.Example]]:
+def split_train(
+    examples: list[dspy.Example], recipe: Recipe, train_size: int | None = None, val_size: int | None = None
+) -> tuple[list[dspy.Example], list[dspy.Example]]:
     """A seeded train sample and a disjoint validation sample.
 
     Raises:
@@ -33,8 +35,10 @@ def split_train(examples: list[dspy.Example], recipe: Recipe, train_size: int | 
             f"it needs at least {recipe.min_train}"
         )
     if len(examples) < n_train + n_val:
-        raise RecipeError(f"the train file has {len(examples)} questions; recipe {recipe.name!r} needs {n_train} + "
-                          f"{n_val} (validation)")
+        raise RecipeError(
+            f"the train file has {len(examples)} questions; recipe {recipe.name!r} needs {n_train} + "
+            f"{n_val} (validation)"
+        )
     pool = select(examples, limit=n_train + n_val, seed=recipe.seed)
     return pool[:n_train], pool[n_train:]
 
@@ -51,14 +55,17 @@ def build_optimizer(recipe: Recipe, metric: Callable, reflection_lm=None):
         kwargs.setdefault("seed", recipe.seed)
     if recipe.optimizer == "GEPA":
         if reflection_lm is None:
-            raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set "
-                              "reflection_lm in the recipe")
+            raise RecipeError(
+                f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set "
+                "reflection_lm in the recipe"
+            )
         kwargs["reflection_lm"] = reflection_lm
     return cls(metric=metric, **kwargs)
 
 
-def compile_program(recipe: Recipe, student, trainset: list[dspy.Example], valset: list[dspy.Example] | None = None,
-                    reflection_lm=None):
+def compile_program(
+    recipe: Recipe, student, trainset: list[dspy.Example], valset: list[dspy.Example] | None = None, reflection_lm=None
+):
     """Run the recipe's optimizer on ``student`` (under the caller's ``dspy.context``) and return the compiled program.
 
     The student is not modified (DSPy optimizers compile a copy).
@@ -94,6 +101,7 @@ def trim_demo_contexts(program, max_tokens: int) -> int:
                 demo["context"] = trim_context(context, max_tokens, lm)
                 cut += 1
     return cut
+
 
 def optimizer_scores(compiled: Any) -> dict[str, float]:
     """The score the optimizer itself measured for the program it returned, as a fraction in [0, 1].

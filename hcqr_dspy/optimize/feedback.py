@@ -8,7 +8,8 @@ evidence for the correct option in the context, a right hypothesis the answer fl
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dspy
 
@@ -58,38 +59,60 @@ def diagnose(example: dspy.Example, pred: Any, passages: list[str] | None = None
     y0 = (h or {}).get("working_hypothesis")
     if not getattr(pred, "valid", False):
         error = getattr(pred, "error", None) or "no letter"
-        return 0.0, "invalid_answer", (
-            f"Invalid answer format: the reply was not one of the option letters ({letters}) [{str(error)[:200]}]. "
-            "The answer must be exactly one option letter."
+        return (
+            0.0,
+            "invalid_answer",
+            (
+                f"Invalid answer format: the reply was not one of the option letters ({letters}) [{str(error)[:200]}]. "
+                "The answer must be exactly one option letter."
+            ),
         )
     answer = pred.answer
     if answer == gold:
         if y0 and y0 != gold:
-            return 1.0, "wrong_hypothesis_corrected", (
-                f"Correct ({gold}. {gold_text}), although the working hypothesis was {y0} "
-                f"({example.options.get(y0, '?')}); the retrieved evidence corrected it."
+            return (
+                1.0,
+                "wrong_hypothesis_corrected",
+                (
+                    f"Correct ({gold}. {gold_text}), although the working hypothesis was {y0} "
+                    f"({example.options.get(y0, '?')}); the retrieved evidence corrected it."
+                ),
             )
         return 1.0, "correct", f"Correct: {gold}. {gold_text}."
     chosen = f"{answer} ({example.options.get(answer, '?')})"
     if y0 is None:
         return 0.0, "wrong", f"Wrong: answered {chosen}; the correct answer is {gold}. {gold_text}."
     if y0 == gold:
-        return 0.0, "right_hypothesis_flipped", (
-            f"The working hypothesis {gold} ({gold_text}) was right, but the final answer flipped away to {chosen}. "
-            "The answer step should keep the option that the question's findings and the context support."
+        return (
+            0.0,
+            "right_hypothesis_flipped",
+            (
+                f"The working hypothesis {gold} ({gold_text}) was right, but the final answer flipped away to "
+                f"{chosen}. The answer step should keep the option that the question's findings and the context "
+                "support."
+            ),
         )
     evidence = mentions(gold_text, passages or [])
     if not evidence:
-        return 0.0, "wrong_hypothesis_no_evidence", (
-            f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the correct answer is {gold} ({gold_text}), "
-            "and no retrieved passage names it: the context did not contain distinguishing evidence. The hypothesis "
-            "should weigh the findings that separate the options, and the distinction query should contrast "
-            f"{y0} with the alternatives by the features that tell them apart."
+        return (
+            0.0,
+            "wrong_hypothesis_no_evidence",
+            (
+                f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the correct answer is {gold} "
+                f"({gold_text}), and no retrieved passage names it: the context did not contain distinguishing "
+                "evidence. The hypothesis should weigh the findings that separate the options, and the distinction "
+                "query should contrast "
+                f"{y0} with the alternatives by the features that tell them apart."
+            ),
         )
-    return 0.0, "wrong_hypothesis_evidence_ignored", (
-        f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the context did name the correct answer {gold} "
-        f"({gold_text}) but the final answer was {chosen}. The answer step should weigh the passages over the first "
-        "guess."
+    return (
+        0.0,
+        "wrong_hypothesis_evidence_ignored",
+        (
+            f"Wrong hypothesis {y0} ({example.options.get(y0, '?')}); the context did name the correct answer "
+            f"{gold} ({gold_text}) but the final answer was {chosen}. The answer step should weigh the passages "
+            "over the first guess."
+        ),
     )
 
 
@@ -106,7 +129,7 @@ def make_metric(kind: str, retriever=None) -> Callable:
 
     Args:
         kind: ``accuracy`` -> ``metric(example, pred, trace=None) -> bool``
-            (:func:`hcqr_dspy.metrics.accuracy_metric`); ``feedback`` -> GEPA's
+            (:func:`hcqr_dspy.evaluation.metrics.accuracy_metric`); ``feedback`` -> GEPA's
             ``metric(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` built on :func:`diagnose`.
         retriever: Used by ``feedback`` to read the passages the answer step saw.

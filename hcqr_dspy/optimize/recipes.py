@@ -99,7 +99,7 @@ class RecipeSpec(BaseModel):
         return check_arguments((optimizer.compile,), value, OWN_COMPILE_ARGS, f"{name}.compile argument(s)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RecipeSpec":
+    def _consistent(self) -> RecipeSpec:
         if self.metric == "feedback" and self.optimizer != "GEPA":
             raise ValueError(f"metric 'feedback' is for GEPA; {self.optimizer} needs metric 'accuracy'")
         if self.reflection_lm is not None and self.optimizer != "GEPA":

@@ -33,8 +33,9 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal
 
 import dspy
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -68,7 +69,7 @@ class TrainingSet(BaseModel):
     val_count: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
-    def _parallel(self) -> "TrainingSet":
+    def _parallel(self) -> TrainingSet:
         if len(self.ids) != len(self.text_sha256):
             raise ValueError(f"{len(self.ids)} ids but {len(self.text_sha256)} text hashes")
         if self.train_count is not None and self.train_count + (self.val_count or 0) != len(self.ids):
@@ -110,8 +111,10 @@ class ProgramMeta(BaseModel):
         if isinstance(data, dict) and data.get("format") == FORMAT:
             version = data.get("format_version")
             if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-                raise ValueError(f"saved in program format version {version}, newer than this hcqr-dspy reads "
-                                 f"({FORMAT_VERSION}); upgrade hcqr-dspy")
+                raise ValueError(
+                    f"saved in program format version {version}, newer than this hcqr-dspy reads "
+                    f"({FORMAT_VERSION}); upgrade hcqr-dspy"
+                )
         return data
 
     @field_validator("method")
@@ -122,7 +125,7 @@ class ProgramMeta(BaseModel):
         return method
 
     @model_validator(mode="after")
-    def _options_fit(self) -> "ProgramMeta":
+    def _options_fit(self) -> ProgramMeta:
         try:
             check_options(self.method, self.options)
         except ValueError as exc:
@@ -241,16 +244,18 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / META_FILE).is_file())):
         raise ProgramFormatError(f"{folder} exists and is not a saved program folder; choose another --out")
-    record = ProgramMeta.model_validate({
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "method": program.method,
-        "options": program.options(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "hcqr_dspy_version": __version__,
-        "dspy_version": dspy.__version__,
-        **meta,
-    })  # a record that read_meta would refuse is a bug here: pydantic's ValidationError, before anything is written
+    record = ProgramMeta.model_validate(
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "method": program.method,
+            "options": program.options(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "hcqr_dspy_version": __version__,
+            "dspy_version": dspy.__version__,
+            **meta,
+        }
+    )  # a record that read_meta would refuse is a bug here: pydantic's ValidationError, before anything is written
     folder.mkdir(parents=True, exist_ok=True)
     program.save(str(folder / STATE_FILE))
     tmp = folder / (META_FILE + ".tmp")
@@ -297,9 +302,7 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
 
 
-def load_program(
-    source: str | Path, retriever=None, method: str | None = None
-) -> tuple[MCQProgram, dict[str, Any]]:
+def load_program(source: str | Path, retriever=None, method: str | None = None) -> tuple[MCQProgram, dict[str, Any]]:
     """Rebuild a saved program against ``retriever``.
 
     Args:
@@ -324,8 +327,9 @@ def load_program(
     try:
         program = make_program(meta["method"], retriever, **options)
     except (TypeError, ValueError) as exc:
-        raise ProgramFormatError(f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: "
-                                 f"{exc}") from None
+        raise ProgramFormatError(
+            f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}"
+        ) from None
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -342,8 +346,9 @@ def load_program(
     try:
         program.load_state(state)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProgramFormatError(f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: "
-                                 f"{exc!r}") from None
+        raise ProgramFormatError(
+            f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: {exc!r}"
+        ) from None
     if meta["demo_context_tokens"] is not None:
         program.demo_context_tokens = meta["demo_context_tokens"]
     return program, {**meta, "path": str(source)}

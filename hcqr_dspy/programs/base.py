@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import dspy
 
@@ -55,8 +56,9 @@ from hcqr_dspy.retrieval.fusion import FusedPassage, fuse
 # Who is told when a stage starts and ends (``hcqr ask`` and ``hcqr demo`` print it): a callable
 # ``observer(name, record)``, called with ``record=None`` when stage ``name`` starts and with its
 # ``stages[name]`` record when it ends. Set with :func:`observe_stages`; per thread and context.
-STAGE_OBSERVER: ContextVar[Callable[[str, dict[str, Any] | None], None] | None] = ContextVar("hcqr_stage_observer",
-                                                                                             default=None)
+STAGE_OBSERVER: ContextVar[Callable[[str, dict[str, Any] | None], None] | None] = ContextVar(
+    "hcqr_stage_observer", default=None
+)
 
 
 @contextmanager
@@ -117,8 +119,9 @@ class MCQProgram(dspy.Module):
     # set from a compile recipe's demo_context_tokens and saved with the program.
     demo_context_tokens: int = DEMO_CONTEXT_TOKENS
 
-    def __init__(self, retriever: Retriever | None = None, budget: int = 15,
-                 max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS):
+    def __init__(
+        self, retriever: Retriever | None = None, budget: int = 15, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
+    ):
         super().__init__()
         if self.uses_retrieval and retriever is None:
             raise ValueError(f"method {self.method!r} needs a retriever")
@@ -154,15 +157,23 @@ class MCQProgram(dspy.Module):
         tracing.retriever_spans(self.retriever, queries, hit_lists, names, k, start, tracing.now_ns())
         return hit_lists
 
-    def fuse(self, hit_lists: list[list[Hit]], budget: int, strategy: str = "score_sum",
-             names: list[str] | None = None) -> list[FusedPassage]:
+    def fuse(
+        self, hit_lists: list[list[Hit]], budget: int, strategy: str = "score_sum", names: list[str] | None = None
+    ) -> list[FusedPassage]:
         """:func:`hcqr_dspy.retrieval.fusion.fuse`; under an MLflow trace, for more than one hit list, a
         ``fusion`` span with the fused passages (:func:`hcqr_dspy.tracing.fusion_span`)."""
         start = tracing.now_ns()
         fused = fuse(hit_lists, budget=budget, strategy=strategy)
         if len(hit_lists) > 1:
-            tracing.fusion_span(self.retriever, fused, names or [f"q{i + 1}" for i in range(len(hit_lists))],
-                                strategy, budget, start, tracing.now_ns())
+            tracing.fusion_span(
+                self.retriever,
+                fused,
+                names or [f"q{i + 1}" for i in range(len(hit_lists))],
+                strategy,
+                budget,
+                start,
+                tracing.now_ns(),
+            )
         return fused
 
     # -- context -------------------------------------------------------
@@ -186,8 +197,9 @@ class MCQProgram(dspy.Module):
             budget = min(budget, n_ctx - max_tokens - rest - PROMPT_OVERHEAD_TOKENS)
         return max(0, budget)
 
-    def build_context(self, passage_ids: list[str],
-                      budget: int | None = None) -> tuple[str, dict[str, int], dict[int, int]]:
+    def build_context(
+        self, passage_ids: list[str], budget: int | None = None
+    ) -> tuple[str, dict[str, int], dict[int, int]]:
         """MedRAG's context format, ``Document [i] (Title: t) text``, cut to the token budget
         (:func:`~hcqr_dspy.programs.context.fit_documents`; ``budget`` default: ``max_context_tokens``).
 
@@ -206,8 +218,13 @@ class MCQProgram(dspy.Module):
 
     # -- answering -----------------------------------------------------
     def answer_from_passages(
-        self, question: str, options: dict[str, str], fused: list[FusedPassage], stages: dict,
-        fallbacks: dict[str, int] | None = None, **shown: str,
+        self,
+        question: str,
+        options: dict[str, str],
+        fused: list[FusedPassage],
+        stages: dict,
+        fallbacks: dict[str, int] | None = None,
+        **shown: str,
     ) -> dict[str, Any]:
         """The answer step over fused passages: context under the token budget, answer, passage records.
 
@@ -238,8 +255,14 @@ class MCQProgram(dspy.Module):
         if cut["tokens_dropped"]:
             fallbacks["context_cut"] = 1
             fallbacks["passages_dropped"] = cut["passages_dropped"]
-        return {**out, "stages": stages, "passages": records[: cut["passages_kept"]],
-                "dropped_passages": records[cut["passages_kept"]:], "context_cut": cut, "fallbacks": fallbacks}
+        return {
+            **out,
+            "stages": stages,
+            "passages": records[: cut["passages_kept"]],
+            "dropped_passages": records[cut["passages_kept"] :],
+            "context_cut": cut,
+            "fallbacks": fallbacks,
+        }
 
     def answer_demos(self) -> list[Any]:
         """The answer step's few-shot demos as shown: contexts cut to ``demo_context_tokens``
@@ -271,10 +294,18 @@ class MCQProgram(dspy.Module):
             return bad_reply("answer", exc)
         answer = str(pred.answer).strip().upper() if pred.answer is not None else None
         if answer not in letters:
-            return {**bad_reply("answer", message=f"{pred.answer!r} is not one of {letters}"),
-                    "reasoning": pred.reasoning}
-        return {"answer": answer, "valid": True, "reasoning": pred.reasoning, "error": None,
-                "invalid_stage": None, "invalid_cause": None}
+            return {
+                **bad_reply("answer", message=f"{pred.answer!r} is not one of {letters}"),
+                "reasoning": pred.reasoning,
+            }
+        return {
+            "answer": answer,
+            "valid": True,
+            "reasoning": pred.reasoning,
+            "error": None,
+            "invalid_stage": None,
+            "invalid_cause": None,
+        }
 
 
 def accepted_options(program_cls: type[MCQProgram]) -> set[str]:

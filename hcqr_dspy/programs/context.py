@@ -82,8 +82,9 @@ def format_document(i: int, title: str, content: str, max_chars: int | None = No
     return f"Document [{i}] (Title: {title}) {text}"
 
 
-def passage_records(retriever: Retriever, fused: list[FusedPassage],
-                    shown_chars: dict[int, int] | None = None) -> list[dict[str, Any]]:
+def passage_records(
+    retriever: Retriever, fused: list[FusedPassage], shown_chars: dict[int, int] | None = None
+) -> list[dict[str, Any]]:
     """JSON-able description of fused passages (id, title, score, provenance).
 
     Args:

@@ -8,8 +8,9 @@ completion_tokens}}``; :func:`lm_costs` measures one such record around a block,
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import dspy
 from dspy.utils.callback import BaseCallback
@@ -46,10 +47,12 @@ def lm_costs(record: dict[str, Any], start: float) -> Iterator[None]:
             yield
         finally:
             entries = [u for lm_entries in tracker.usage_data.values() for u in lm_entries]
-            record.update({
-                "seconds": round(time.perf_counter() - start, 4),
-                "lm_calls": len(entries),
-                "cached_lm_calls": max(0, counter.requests - len(entries)),
-                "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
-                "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
-            })
+            record.update(
+                {
+                    "seconds": round(time.perf_counter() - start, 4),
+                    "lm_calls": len(entries),
+                    "cached_lm_calls": max(0, counter.requests - len(entries)),
+                    "prompt_tokens": sum(int(u.get("prompt_tokens") or 0) for u in entries),
+                    "completion_tokens": sum(int(u.get("completion_tokens") or 0) for u in entries),
+                }
+            )

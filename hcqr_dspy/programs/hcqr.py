@@ -42,91 +42,30 @@ MIRAGE's rule that retrieval must not see them; this is HCQR's design.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import dspy
 
 from hcqr_dspy.data import format_options
 from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.programs.queries import clean_query, dedupe, is_content_free, key_terms
+from hcqr_dspy.programs.hypothesis import (
+    QUERY_ROLES,
+    check_style,
+    form_hypothesis,
+    format_hypothesis,
+    hypothesis_queries,
+    query_names,
+)
+from hcqr_dspy.programs.queries import clean_query, dedupe
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import (
     HYPOTHESIS_STYLES,
     AnswerQuestion,
     AnswerQuestionWithHypothesis,
     RewriteQueries,
-    restrict_letters,
 )
 from hcqr_dspy.programs.variants import variant
 from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage
-
-QUERY_ROLES = ("support", "distinction", "key_features")
-
-
-def hypothesis_queries(hypothesis: dict[str, str], options: dict[str, str], question: str) -> list[str]:
-    """The three queries built from the hypothesis fields (the reference code's fallback when the
-    rewrite gives fewer than two usable queries), one per role: support, distinction, key features.
-
-    The hypothesised option's text names what to search for; when it carries
-    no content (``"yes"``, ``"no"``, ``"maybe"``, a list of letters:
-    :func:`~hcqr_dspy.programs.queries.is_content_free`), the question's key terms
-    (:func:`~hcqr_dspy.programs.queries.key_terms`) stand in for it; content-free
-    features or evidence (a letter list, a bare "yes") are left out. A role whose
-    built text is unusable (:func:`~hcqr_dspy.programs.queries.clean_query`) falls
-    back to the subject, then to the question's key terms.
-    """
-    guess = options.get(hypothesis.get("working_hypothesis") or "", "")
-    terms = key_terms(question) or question
-    subject = terms if is_content_free(guess) else guess
-    features, evidence = (hypothesis.get(k) or "" for k in ("discriminating_features", "confirming_evidence"))
-    features, evidence = ("" if is_content_free(t) else t for t in (features, evidence))  # "A; B", "Yes"
-    built = [f"{subject} {evidence}", f"{subject} versus alternatives {features}" if features else "", features or subject]
-    return [clean_query(q) or clean_query(subject) or clean_query(terms, max_words=64) or terms for q in built]
-
-
-def form_hypothesis(predictor: dspy.Predict, question: str, options: dict[str, str]) -> tuple[dict[str, Any] | None, BaseException | None]:
-    """Run the hypothesis step: its letter field narrowed to the question's letters.
-
-    Shared by :class:`HCQR` and :class:`WorkingHypothesis`, so both send the same
-    prompt (and DSPy's cache answers one with the other's reply).
-
-    Returns:
-        ``(hypothesis, None)`` with ``working_hypothesis``, ``discriminating_features``,
-        ``confirming_evidence``, ``reasoning`` (and ``option_review`` for the
-        ``options_first`` style), or ``(None, error)`` for a reply that cannot be parsed.
-    """
-    try:
-        h = predictor(
-            question=question,
-            options=format_options(options),
-            signature=restrict_letters(predictor.signature, "working_hypothesis", list(options)),
-        )
-    except BAD_REPLY_ERRORS as exc:
-        return None, exc
-    hypothesis = {
-        "working_hypothesis": str(h.working_hypothesis).strip().upper(),
-        "discriminating_features": h.discriminating_features,
-        "confirming_evidence": h.confirming_evidence,
-        "reasoning": h.reasoning,
-    }
-    if "option_review" in h.keys():
-        hypothesis["option_review"] = h.option_review
-    return hypothesis, None
-def query_names(roles: Sequence[str]) -> list[str]:
-    """Labels of the queries of ``roles`` as the paper numbers them: ``q1 (support)``, ``q2 (distinction)``,
-    ``q3 (key features)`` (an ablation keeps its queries' numbers)."""
-    return [f"q{QUERY_ROLES.index(role) + 1} ({role.replace('_', ' ')})" for role in roles]
-
-
-def format_hypothesis(hypothesis: dict[str, str], options: dict[str, str]) -> str:
-    """The hypothesis as the rewrite step sees it."""
-    y0 = hypothesis.get("working_hypothesis") or ""
-    return (
-        f"Best option: {y0}. {options.get(y0, '')}\n"
-        f"Discriminating features: {hypothesis.get('discriminating_features') or ''}\n"
-        f"Confirming evidence: {hypothesis.get('confirming_evidence') or ''}\n"
-        f"Reasoning: {hypothesis.get('reasoning') or ''}"
-    )
 
 
 class HCQR(MCQProgram):
@@ -251,8 +190,9 @@ class HCQR(MCQProgram):
             top_up=top_up,
         )
 
-    def retrieve_and_fuse(self, queries: list[str],
-                          names: list[str]) -> tuple[list[FusedPassage], dict[str, int] | None]:
+    def retrieve_and_fuse(
+        self, queries: list[str], names: list[str]
+    ) -> tuple[list[FusedPassage], dict[str, int] | None]:
         """Search the queries (``k_per_query`` hits each, one batched call) and fuse them into ``budget`` passages.
 
         Queries that repeat another (ignoring case, as :func:`~hcqr_dspy.programs.queries.dedupe`) are
@@ -266,7 +206,8 @@ class HCQR(MCQProgram):
 
         Args:
             queries: One query per kept role.
-            names: Their labels (:func:`query_names`); a collapsed query's spans are named by all its roles.
+            names: Their labels (:func:`~hcqr_dspy.programs.hypothesis.query_names`); a collapsed query's spans
+                are named by all its roles.
 
         Returns:
             The fused passages (``queries`` / ``ranks`` name role positions: a passage found by a
@@ -295,10 +236,17 @@ class HCQR(MCQProgram):
                 break
             k = target
         fused = [_as_roles(f, positions) for f in fused]
-        return fused, {"distinct_queries": len(distinct), "k_per_query": k, "searches": searches, "target": target,
-                       "passages": len(fused)}
+        return fused, {
+            "distinct_queries": len(distinct),
+            "k_per_query": k,
+            "searches": searches,
+            "target": target,
+            "passages": len(fused),
+        }
 
-    def forward_without_hypothesis(self, question: str, options: dict[str, str], stages: dict, error: str) -> dspy.Prediction:
+    def forward_without_hypothesis(
+        self, question: str, options: dict[str, str], stages: dict, error: str
+    ) -> dspy.Prediction:
         """The hypothesis reply could not be parsed: retrieve with the question itself (top ``budget``,
         as Simple RAG) and answer, so HCQR answers every question the baselines can. Counted as the
         ``hypothesis_failed`` and ``queries_from_question`` fallbacks; ``hypothesis_error`` keeps the reply's error."""
@@ -326,24 +274,13 @@ def _as_roles(passage: FusedPassage, positions: list[list[int]]) -> FusedPassage
     return FusedPassage(passage.passage_id, passage.score, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
 
 
-def check_style(style: str) -> str:
-    """A known hypothesis style (:data:`~hcqr_dspy.programs.signatures.HYPOTHESIS_STYLES`).
-
-    Raises:
-        ValueError: another style (the known ones are named).
-    """
-    if style not in HYPOTHESIS_STYLES:
-        raise ValueError(f"unknown hypothesis_style {style!r}; choose one of {', '.join(HYPOTHESIS_STYLES)}")
-    return style
-
-
 class WorkingHypothesis(MCQProgram):
     """HCQR's working hypothesis alone, as the answer: no retrieval, no rewrite (``hcqr_hypothesis``).
 
     It measures the hypothesis step on its own terms, e.g. against CoT with the
     same paired test (is the hypothesis weaker than plain chain of
     thought?). It sends exactly the prompt HCQR's hypothesis step sends
-    (:func:`form_hypothesis`), so DSPy's cache shares the replies both ways.
+    (:func:`~hcqr_dspy.programs.hypothesis.form_hypothesis`), so DSPy's cache shares the replies both ways.
     A reply that cannot be parsed makes the question invalid (stage ``hypothesis``).
 
     Args:
@@ -367,29 +304,48 @@ class WorkingHypothesis(MCQProgram):
             hypothesis, exc = form_hypothesis(self.hypothesis, question, options)
             span.output(hypothesis if hypothesis is not None else {"error": f"{type(exc).__name__}: {exc}"[:500]})
         if hypothesis is None:
-            return dspy.Prediction(**bad_reply("hypothesis", exc), stages=stages, hypothesis=None, queries=[], passages=[])
-        return dspy.Prediction(answer=hypothesis["working_hypothesis"], valid=True, reasoning=hypothesis["reasoning"],
-                               error=None, invalid_stage=None, invalid_cause=None, stages=stages, hypothesis=hypothesis,
-                               queries=[], passages=[])
+            return dspy.Prediction(
+                **bad_reply("hypothesis", exc), stages=stages, hypothesis=None, queries=[], passages=[]
+            )
+        return dspy.Prediction(
+            answer=hypothesis["working_hypothesis"],
+            valid=True,
+            reasoning=hypothesis["reasoning"],
+            error=None,
+            invalid_stage=None,
+            invalid_cause=None,
+            stages=stages,
+            hypothesis=hypothesis,
+            queries=[],
+            passages=[],
+        )
 
 
 HCQRNoSupport = variant(
-    HCQR, "HCQRNoSupport", "hcqr_no_support",
+    HCQR,
+    "HCQRNoSupport",
+    "hcqr_no_support",
     "HCQR ablation without q1 (support): distinction and key-feature queries only, budget kept.",
     roles=("distinction", "key_features"),
 )
 HCQRNoDistinction = variant(
-    HCQR, "HCQRNoDistinction", "hcqr_no_distinction",
+    HCQR,
+    "HCQRNoDistinction",
+    "hcqr_no_distinction",
     "HCQR ablation without q2 (distinction): support and key-feature queries only, budget kept.",
     roles=("support", "key_features"),
 )
 HCQRNoKeyFeatures = variant(
-    HCQR, "HCQRNoKeyFeatures", "hcqr_no_key_features",
+    HCQR,
+    "HCQRNoKeyFeatures",
+    "hcqr_no_key_features",
     "HCQR ablation without q3 (key features): support and distinction queries only, budget kept.",
     roles=("support", "distinction"),
 )
 HCQRShowHypothesis = variant(
-    HCQR, "HCQRShowHypothesis", "hcqr_show_hypothesis",
+    HCQR,
+    "HCQRShowHypothesis",
+    "hcqr_show_hypothesis",
     "HCQR ablation that shows the hypothesis to the answer step (anchoring control).",
     show_hypothesis=True,
 )

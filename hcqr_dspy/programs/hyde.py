@@ -65,14 +65,20 @@ class HyDE(MCQProgram):
                 fused = self.fuse(self.retrieve([question], k=self.budget, names=["question"]), budget=self.budget)
             return dspy.Prediction(
                 **self.answer_from_passages(question, options, fused, stages, fallbacks),
-                hypothetical_passage=passage, passage_error=f"hypothetical_passage: {error}"[:500],
-                queries=[question], query_sources=["question"],
+                hypothetical_passage=passage,
+                passage_error=f"hypothetical_passage: {error}"[:500],
+                queries=[question],
+                query_sources=["question"],
             )
         passage = passage.strip()
 
         with stage(stages, "retrieval"):
-            fused = self.fuse(self.retrieve([passage], k=self.budget, names=["hypothetical passage"]), budget=self.budget)
+            fused = self.fuse(
+                self.retrieve([passage], k=self.budget, names=["hypothetical passage"]), budget=self.budget
+            )
         return dspy.Prediction(
-            **self.answer_from_passages(question, options, fused, stages), hypothetical_passage=passage, queries=[passage],
+            **self.answer_from_passages(question, options, fused, stages),
+            hypothetical_passage=passage,
+            queries=[passage],
             query_sources=["passage"],
         )

@@ -165,8 +165,13 @@ class MainRAG(MCQProgram):
         self.answer = dspy.Predict(AnswerQuestion)
 
     def settings(self):
-        return {**super().settings(), "pool_k": self.pool_k, "n_std": self.n_std, "scoring": self.scoring,
-                "top_logprobs": self.top_logprobs}
+        return {
+            **super().settings(),
+            "pool_k": self.pool_k,
+            "n_std": self.n_std,
+            "scoring": self.scoring,
+            "top_logprobs": self.top_logprobs,
+        }
 
     def judge_passage(self, question: str, passage: str) -> dict[str, Any]:
         """One judge call: ``{"judgment", "score", "scored_by", "bounded"}``; ``score`` is None on a bad reply.
@@ -190,7 +195,12 @@ class MainRAG(MCQProgram):
             )
         if judgment is None:
             return {"judgment": None, "score": None, "scored_by": None, "bounded": False}
-        return {"judgment": judgment, "score": 1.0 if judgment == "Yes" else -1.0, "scored_by": "vote", "bounded": False}
+        return {
+            "judgment": judgment,
+            "score": 1.0 if judgment == "Yes" else -1.0,
+            "scored_by": "vote",
+            "bounded": False,
+        }
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
@@ -228,7 +238,11 @@ class MainRAG(MCQProgram):
             judge_failures=len(pool) - len(scored),
             judge_bounded=sum(j["bounded"] for j in judged),
             judge_pool=[
-                {"id": f.passage_id, "judgment": j["judgment"], "score": None if j["score"] is None else round(j["score"], 6)}
+                {
+                    "id": f.passage_id,
+                    "judgment": j["judgment"],
+                    "score": None if j["score"] is None else round(j["score"], 6),
+                }
                 for f, j in zip(pool, judged)
             ],
         )

@@ -18,8 +18,20 @@ MAX_QUERY_WORDS = 32
 # Option texts that carry no searchable content (PubMedQA/BioASQ-style answers).
 CONTENT_FREE_OPTIONS = {"yes", "no", "maybe", "true", "false", "unknown", "none of the above", "all of the above"}
 # Words that only join option letters ("A and B", "both A and C", "options B, D").
-_LETTER_LIST_WORDS = {"and", "or", "both", "neither", "nor", "either", "option", "options", "versus", "vs", "all",
-                      "none"}
+_LETTER_LIST_WORDS = {
+    "and",
+    "or",
+    "both",
+    "neither",
+    "nor",
+    "either",
+    "option",
+    "options",
+    "versus",
+    "vs",
+    "all",
+    "none",
+}
 
 
 def is_content_free(text: object) -> bool:

@@ -86,7 +86,12 @@ class QueryRewrite(MCQProgram):
         self.answer = dspy.Predict(AnswerQuestion)
 
     def settings(self):
-        return {**super().settings(), "n_queries": self.n_queries, "fusion": self.fusion, "show_options": self.show_options}
+        return {
+            **super().settings(),
+            "n_queries": self.n_queries,
+            "fusion": self.fusion,
+            "show_options": self.show_options,
+        }
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
@@ -94,7 +99,9 @@ class QueryRewrite(MCQProgram):
         with stage(stages, "rewrite"):
             try:
                 r = self.rewrite(
-                    question=question, signature=ask_for_count(self.rewrite.signature, "queries", self.n_queries), **shown
+                    question=question,
+                    signature=ask_for_count(self.rewrite.signature, "queries", self.n_queries),
+                    **shown,
                 )
                 raw = list(r.queries) if isinstance(r.queries, (list, tuple)) else [r.queries]
                 rewrite_failed = 0
@@ -109,7 +116,9 @@ class QueryRewrite(MCQProgram):
 
         with stage(stages, "retrieval"):
             names = [f"q{i + 1} ({source})" for i, source in enumerate(sources)]
-            fused = self.fuse(self.retrieve(queries, k=k, names=names), budget=self.budget, strategy=self.fusion, names=names)
+            fused = self.fuse(
+                self.retrieve(queries, k=k, names=names), budget=self.budget, strategy=self.fusion, names=names
+            )
         return dspy.Prediction(
             **self.answer_from_passages(question, options, fused, stages, fallbacks),
             queries=queries,
@@ -120,7 +129,9 @@ class QueryRewrite(MCQProgram):
 
 
 QueryRewriteOptions = variant(
-    QueryRewrite, "QueryRewriteOptions", "query_rewrite_options",
+    QueryRewrite,
+    "QueryRewriteOptions",
+    "query_rewrite_options",
     "Generic query rewriter shown the options but no hypothesis (the paper's control for exposing the options).",
     show_options=True,
 )

@@ -63,8 +63,11 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     if method not in PROGRAMS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(PROGRAMS)}")
     cls = PROGRAMS[method]
-    constructors = tuple(c.__init__ for c in cls.__mro__
-                         if issubclass(c, MCQProgram) and "__init__" in vars(c) and "fixed_options" not in vars(c))
+    constructors = tuple(
+        c.__init__
+        for c in cls.__mro__
+        if issubclass(c, MCQProgram) and "__init__" in vars(c) and "fixed_options" not in vars(c)
+    )
     fixed = frozenset(getattr(cls, "fixed_options", {}))
     return check_arguments(constructors, options, frozenset({"self", "retriever"}) | fixed, f"{method} option(s)")
 

@@ -28,5 +28,11 @@ def bad_reply(stage_name: str, exc: BaseException | None = None, message: str | 
         message = f"{type(exc).__name__}: {exc}"
     else:
         cause = "not_an_option"
-    return {"answer": None, "valid": False, "reasoning": None, "error": f"{stage_name}: {message}"[:500],
-            "invalid_stage": stage_name, "invalid_cause": cause}
+    return {
+        "answer": None,
+        "valid": False,
+        "reasoning": None,
+        "error": f"{stage_name}: {message}"[:500],
+        "invalid_stage": stage_name,
+        "invalid_cause": cause,
+    }

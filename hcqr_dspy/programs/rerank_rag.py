@@ -28,7 +28,8 @@ retriever nor the reranker sees the options (MIRAGE's rule holds).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import dspy
 
@@ -95,7 +96,9 @@ class RerankRAG(MCQProgram):
 
     method = "rerank_rag"
 
-    def __init__(self, retriever, budget: int = 15, pool_k: int = 50, cross_encoder: str | PairScorer | None = None, **kwargs):
+    def __init__(
+        self, retriever, budget: int = 15, pool_k: int = 50, cross_encoder: str | PairScorer | None = None, **kwargs
+    ):
         super().__init__(retriever=retriever, budget=budget, **kwargs)
         if pool_k < budget:
             raise ValueError(f"pool_k must be >= budget ({budget}), got {pool_k}")
@@ -108,7 +111,9 @@ class RerankRAG(MCQProgram):
         elif callable(getattr(cross_encoder, "predict", None)):
             self.cross_encoder, self.reranker = cross_encoder, f"cross-encoder:{scorer_name(cross_encoder)}"
         else:
-            raise ValueError(f"cross_encoder must be a model name, a path or an object with predict(pairs); got {cross_encoder!r}")
+            raise ValueError(
+                f"cross_encoder must be a model name, a path or an object with predict(pairs); got {cross_encoder!r}"
+            )
         self.rate = dspy.Predict(RatePassageRelevance)
         self.answer = dspy.Predict(AnswerQuestion)
 
@@ -122,8 +127,10 @@ class RerankRAG(MCQProgram):
             HCQRError: the cross-encoder is an object (it cannot be saved; give its name or path).
         """
         if self.cross_encoder is not None and self.cross_encoder_name is None:
-            raise HCQRError(f"this program reranks with a {self.reranker} object, which cannot be saved; "
-                            "build it with cross_encoder=<model name or path>")
+            raise HCQRError(
+                f"this program reranks with a {self.reranker} object, which cannot be saved; "
+                "build it with cross_encoder=<model name or path>"
+            )
         return {**super().options(), "cross_encoder": self.cross_encoder_name}
 
     def rerank_scores(self, question: str, texts: list[str]) -> tuple[list[float], int]:

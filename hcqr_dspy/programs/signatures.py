@@ -69,7 +69,8 @@ class FormHypothesis(dspy.Signature):
     question: str = dspy.InputField(desc="the exam question (clinical vignette)")
     options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
     discriminating_features: str = dspy.OutputField(
-        desc="f: 2-3 findings from the question that separate the leading options, separated by semicolons (at most 40 words)"
+        desc="f: 2-3 findings from the question that separate the leading options, separated by semicolons "
+        "(at most 40 words)"
     )
     reasoning: str = dspy.OutputField(desc="r: brief reasoning from the features to the best option (at most 60 words)")
     working_hypothesis: str = dspy.OutputField(desc="y0: the letter of the single best option")
@@ -87,11 +88,13 @@ class FormHypothesisReviewingOptions(dspy.Signature):
     question: str = dspy.InputField(desc="the exam question (clinical vignette)")
     options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
     option_review: str = dspy.OutputField(
-        desc="one short clause per option, as 'A: fits because ...; B: does not fit because ...' (at most 15 words each)"
+        desc="one short clause per option, as 'A: fits because ...; B: does not fit because ...' "
+        "(at most 15 words each)"
     )
     working_hypothesis: str = dspy.OutputField(desc="y0: the letter of the single best option")
     discriminating_features: str = dspy.OutputField(
-        desc="f: 2-3 findings from the question that separate the best option from the runner-up, separated by semicolons (at most 40 words)"
+        desc="f: 2-3 findings from the question that separate the best option from the runner-up, "
+        "separated by semicolons (at most 40 words)"
     )
     confirming_evidence: str = dspy.OutputField(
         desc="e: 1-3 facts that must hold if the best option is right, separated by semicolons (at most 40 words)"
@@ -112,11 +115,13 @@ class RewriteQueries(dspy.Signature):
     key_feature_query: the salient findings of the question itself, whatever the hypothesis.
     Each query is a short keyword phrase, not a sentence and not a list of the options. For instance, for a
     hypothesis of digoxin toxicity: support_query "digoxin toxicity yellow vision nausea", distinction_query
-    "digoxin toxicity versus hypokalemia arrhythmia", key_feature_query "elderly heart failure visual changes vomiting"."""
+    "digoxin toxicity versus hypokalemia arrhythmia", key_feature_query "elderly heart failure visual changes vomiting"."""  # noqa: E501 - prompt text: rewrapping would change the instructions
 
     question: str = dspy.InputField(desc="the exam question")
     options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
-    hypothesis: str = dspy.InputField(desc="the working hypothesis: best option, discriminating features, confirming evidence")
+    hypothesis: str = dspy.InputField(
+        desc="the working hypothesis: best option, discriminating features, confirming evidence"
+    )
     support_query: str = dspy.OutputField(desc="q1, support: " + QUERY_DESC)
     distinction_query: str = dspy.OutputField(desc="q2, distinction: " + QUERY_DESC)
     key_feature_query: str = dspy.OutputField(desc="q3, key features: " + QUERY_DESC)
@@ -141,7 +146,8 @@ class AnswerQuestionWithHypothesis(dspy.Signature):
     question: str = dspy.InputField(desc="the exam question")
     options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
     hypothesis: str = dspy.InputField(
-        desc="the working hypothesis formed before retrieval: best option, discriminating features, confirming evidence, reasoning"
+        desc="the working hypothesis formed before retrieval: best option, discriminating features, "
+        "confirming evidence, reasoning"
     )
     reasoning: str = dspy.OutputField(desc="step-by-step reasoning, at most 120 words")
     answer: str = dspy.OutputField(desc="the letter of the correct option")

@@ -3,10 +3,10 @@ controls, and DURs judged on different questions (each with the warnings it rais
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from hcqr_dspy.judge.controls import control_flags
 from hcqr_dspy.evaluation.metrics import fallback_summary
+from hcqr_dspy.judge.controls import control_flags
 from hcqr_dspy.reporting.runs import Run, judged_ids
 from hcqr_dspy.reporting.tables import dur_cell
 
@@ -36,14 +36,18 @@ def fallback_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
             units = f" ({f['total']} in all)" if f["total"] != f["questions"] else ""
             cells.append(f"{name.replace('_', ' ')}: {f['questions']}/{n} q{units}")
             if name in PRIMARY_FALLBACKS and f["rate"] > FALLBACK_WARNING:
-                warnings.append(f"{run.label} ran mostly on its fallback: {name.replace('_', ' ')} in "
-                                f"{f['questions']}/{n} questions ({f['rate']:.0%})")
-        shares = {k[len("query_share_"):]: v for k, v in summary.items() if k.startswith("query_share_")}
+                warnings.append(
+                    f"{run.label} ran mostly on its fallback: {name.replace('_', ' ')} in "
+                    f"{f['questions']}/{n} questions ({f['rate']:.0%})"
+                )
+        shares = {k[len("query_share_") :]: v for k, v in summary.items() if k.startswith("query_share_")}
         if set(shares) - {"rewrite", "passage"}:
             cells.append("queries by source: " + ", ".join(f"{src} {v:.0%}" for src, v in shares.items()))
             if shares.get("hypothesis", 0) > FALLBACK_WARNING:
-                warnings.append(f"{run.label} ran mostly on its fallback: {shares['hypothesis']:.0%} of its queries "
-                                "were built from the hypothesis, not written by the rewrite step")
+                warnings.append(
+                    f"{run.label} ran mostly on its fallback: {shares['hypothesis']:.0%} of its queries "
+                    "were built from the hypothesis, not written by the rewrite step"
+                )
         if cells:
             lines.append(f"| {run.label} | " + "; ".join(cells) + " |")
     if not lines:
@@ -55,11 +59,17 @@ def invalid_table(runs: Sequence[Run]) -> str:
     """Markdown: invalid answers by the stage and cause of the bad reply; ``""`` when none is invalid."""
     lines = []
     for run in runs:
-        causes = {k[len("invalid_"):]: v for k, v in run.metrics.items()
-                  if k.startswith("invalid_") and k not in ("invalid_rate",) and isinstance(v, (int, float))}
+        causes = {
+            k[len("invalid_") :]: v
+            for k, v in run.metrics.items()
+            if k.startswith("invalid_") and k not in ("invalid_rate",) and isinstance(v, (int, float))
+        }
         if causes:
-            lines.append(f"| {run.label} | {run.metrics['invalid']} | "
-                         + ", ".join(f"{k.replace('_', ' ', 1)}: {int(v)}" for k, v in sorted(causes.items())) + " |")
+            lines.append(
+                f"| {run.label} | {run.metrics['invalid']} | "
+                + ", ".join(f"{k.replace('_', ' ', 1)}: {int(v)}" for k, v in sorted(causes.items()))
+                + " |"
+            )
     if not lines:
         return ""
     return "\n".join(["| run | invalid | by stage and cause |", "|---|---:|---|", *lines])
@@ -67,18 +77,22 @@ def invalid_table(runs: Sequence[Run]) -> str:
 
 def dur_controls_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
     """Markdown: each judged run's DUR beside its judge's rates on the positive and negative controls,
-    and the flags of :func:`hcqr_dspy.dur.control_flags`; ``("", [])`` when no run is judged."""
+    and the flags of :func:`hcqr_dspy.judge.controls.control_flags`; ``("", [])`` when no run is judged."""
     judged = [r for r in runs if r.dur.get("dur_n")]
     if not judged:
         return "", []
-    lines = ["| run | DUR | judged | positive controls useful | negative controls useful | judge |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| run | DUR | judged | positive controls useful | negative controls useful | judge |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     flags = []
     for run in judged:
         d = run.dur
         judge = run.judgments[0] if run.judgments else d.get("judge") or {}
-        pos, neg = (f"{d[f'dur_{k}_control']:.0%} (n={d[f'dur_{k}_control_n']})" if f"dur_{k}_control" in d else "–"
-                    for k in ("positive", "negative"))
+        pos, neg = (
+            f"{d[f'dur_{k}_control']:.0%} (n={d[f'dur_{k}_control_n']})" if f"dur_{k}_control" in d else "–"
+            for k in ("positive", "negative")
+        )
         who = ", ".join(f"{k}={judge.get(k)}" for k in ("judge_lm", "mode", "reasoning") if judge.get(k) is not None)
         lines.append(f"| {run.label} | {dur_cell(run)} | {d['dur_n']} | {pos} | {neg} | {who or '–'} |")
         flags += [f"DUR of {run.label} is not trustworthy: {f}" for f in control_flags(d)]
@@ -92,5 +106,7 @@ def dur_sample_warning(runs: Sequence[Run]) -> list[str]:
     if len({judged_ids(r) for r in judged}) <= 1:
         return []
     counts = ", ".join(f"{r.label} {len(r.judgments)}" for r in judged)
-    return [f"DURs were judged on different questions ({counts} judged): compare DURs only on one shared sample "
-            "(`hcqr judge RUN --limit N --seed S` draws the same questions for runs over the same question set)"]
+    return [
+        f"DURs were judged on different questions ({counts} judged): compare DURs only on one shared sample "
+        "(`hcqr judge RUN --limit N --seed S` draws the same questions for runs over the same question set)"
+    ]

@@ -3,8 +3,9 @@ against the reference) and recall / nDCG against relevance judgments (qrels)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.evidence import load_qrels, paired_evidence_tests, qrels_metrics
@@ -13,23 +14,34 @@ from hcqr_dspy.reporting.runs import Run
 
 def evidence_table(runs: Sequence[Run], reference: Run) -> str:
     """Markdown: judge-free evidence metrics of each retrieval run (gold / distractor coverage, margin),
-    with paired tests against the reference (:func:`hcqr_dspy.evidence.paired_evidence_tests`)."""
+    with paired tests against the reference (:func:`hcqr_dspy.evaluation.evidence.paired_evidence_tests`)."""
     with_ev = [r for r in runs if r.metrics.get("evidence_n")]
     if not with_ev:
         return ""
     ref_ev = {row["qid"]: row.get("evidence") for row in reference.rows}
-    lines = ["| run | n | gold coverage | distractor coverage | margin | vs ref gold b/c | McNemar p | "
-             "Δ margin | Wilcoxon p |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | n | gold coverage | distractor coverage | margin | vs ref gold b/c | McNemar p | "
+        "Δ margin | Wilcoxon p |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for run in with_ev:
         m = run.metrics
-        cells = [f"{m['evidence_n']}", f"{m['gold_coverage']:.1%}", f"{m['distractor_coverage']:.1%}",
-                 f"{m['evidence_margin']:+.3f}"]
+        cells = [
+            f"{m['evidence_n']}",
+            f"{m['gold_coverage']:.1%}",
+            f"{m['distractor_coverage']:.1%}",
+            f"{m['evidence_margin']:+.3f}",
+        ]
         t = None
         if run is not reference and reference.metrics.get("evidence_n"):
             t = paired_evidence_tests(ref_ev, {row["qid"]: row.get("evidence") for row in run.rows})
         if t:
-            cells += [f"{t['gold_b']}/{t['gold_c']}", f"{t['gold_p']:.3g}", f"{t['margin_mean_diff']:+.3f}",
-                      f"{t['margin_p']:.3g}"]
+            cells += [
+                f"{t['gold_b']}/{t['gold_c']}",
+                f"{t['gold_p']:.3g}",
+                f"{t['margin_mean_diff']:+.3f}",
+                f"{t['margin_p']:.3g}",
+            ]
         else:
             cells += ["reference" if run is reference else "–", "", "", ""]
         lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
@@ -38,7 +50,7 @@ def evidence_table(runs: Sequence[Run], reference: Run) -> str:
 
 def qrels_table(runs: Sequence[Run], qrels_path: Path | None, explicit: bool = False) -> tuple[str, dict[str, Any]]:
     """Markdown: recall@k and nDCG@10 of each retrieval run's fused contexts against relevance judgments
-    (ir-measures; :func:`hcqr_dspy.evidence.qrels_metrics`); ``("", {})`` without qrels.
+    (ir-measures; :func:`hcqr_dspy.evaluation.evidence.qrels_metrics`); ``("", {})`` without qrels.
 
     Raises:
         HCQRError: ``explicit`` (the user named the file) and it judges none of the compared questions.
@@ -50,8 +62,10 @@ def qrels_table(runs: Sequence[Run], qrels_path: Path | None, explicit: bool = F
     if explicit:
         asked = {r["qid"] for run in runs for r in run.rows}
         if not any(q in asked and any(v > 0 for v in rel.values()) for q, rel in qrels.items()):
-            raise HCQRError(f"qrels {qrels_path} mark a relevant passage for none of the {len(asked)} compared "
-                            f"questions (e.g. {sorted(asked)[0]}); are they for another dataset?")
+            raise HCQRError(
+                f"qrels {qrels_path} mark a relevant passage for none of the {len(asked)} compared "
+                f"questions (e.g. {sorted(asked)[0]}); are they for another dataset?"
+            )
     lines, figures = [], {}
     for run in runs:
         if not any(r.get("passages") for r in run.rows):
@@ -67,6 +81,8 @@ def qrels_table(runs: Sequence[Run], qrels_path: Path | None, explicit: bool = F
         return "", {}
     source = f"Relevance judgments: `{qrels_path}` (ir-measures)." + (
         f" {no_relevant} question(s) listed there with no relevant passage are left out (trec_eval's convention)."
-        if no_relevant else "")
+        if no_relevant
+        else ""
+    )
     head = ["| run | judged questions | k | recall@k | nDCG@10 |", "|---|---:|---:|---:|---:|"]
     return "\n".join([source, "", *head, *lines]), figures

@@ -3,7 +3,8 @@ answer, against CoT (exact McNemar), and how often runs agree on hypothesis, que
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hcqr_dspy.evaluation.metrics import hypothesis_changes
 from hcqr_dspy.reporting.runs import Run
@@ -12,7 +13,8 @@ from hcqr_dspy.reporting.stats import mcnemar_exact
 
 def hypothesis_table(runs: Sequence[Run]) -> str:
     """Markdown: for each run with working hypotheses (HCQR), the hypothesis's accuracy and how the final
-    answer relates to it (counts from :func:`hcqr_dspy.metrics.hypothesis_changes`); ``""`` if none has one."""
+    answer relates to it (counts from :func:`hcqr_dspy.evaluation.metrics.hypothesis_changes`); ``""`` if none
+    has one."""
     keys = ("kept_right", "kept_wrong", "fixed", "broke", "changed_wrong_to_wrong", "invalid_answer")
     lines = []
     for run in runs:
@@ -21,12 +23,18 @@ def hypothesis_table(runs: Sequence[Run]) -> str:
         if not n:
             continue
         changed = c["fixed"] + c["broke"] + c["changed_wrong_to_wrong"]
-        lines.append(f"| {run.label} | {n} | {c['hypothesis_correct'] / n:.1%} | {changed / n:.1%} | "
-                     + " | ".join(str(c[k]) for k in keys) + " |")
+        lines.append(
+            f"| {run.label} | {n} | {c['hypothesis_correct'] / n:.1%} | {changed / n:.1%} | "
+            + " | ".join(str(c[k]) for k in keys)
+            + " |"
+        )
     if not lines:
         return ""
-    head = ("| run | with hypothesis | hypothesis accuracy | answer changed | "
-            + " | ".join(k.replace("_", " ") for k in keys) + " |")
+    head = (
+        "| run | with hypothesis | hypothesis accuracy | answer changed | "
+        + " | ".join(k.replace("_", " ") for k in keys)
+        + " |"
+    )
     return "\n".join([head, "|---|" + "---:|" * (3 + len(keys)), *lines])
 
 
@@ -38,9 +46,10 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
     with_h = [(r, h) for r, h in with_h if h is not None]
     if not cots or not with_h:
         return "", {}
-    lines = ["| run | CoT run | n | hypothesis accuracy | CoT accuracy | b (CoT only) | c (hypothesis only) "
-             "| McNemar p |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | CoT run | n | hypothesis accuracy | CoT accuracy | b (CoT only) | c (hypothesis only) | McNemar p |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     figures = {}
     for run, h in with_h:
         for cot in cots:  # every CoT run given, each named (runs with other LMs are other baselines)
@@ -50,8 +59,10 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
             acc_c = sum(cot.correct.values()) / n
             key = run.label if len(cots) == 1 else f"{run.label} vs {cot.label}"
             figures[key] = {"n": n, "cot_run": cot.label, "hypothesis_accuracy": acc_h, "cot_accuracy": acc_c, **t}
-            lines.append(f"| {run.label} | {cot.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | "
-                         f"{t['p_value']:.3g} |")
+            lines.append(
+                f"| {run.label} | {cot.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | "
+                f"{t['p_value']:.3g} |"
+            )
     return "\n".join(lines), figures
 
 
@@ -71,15 +82,23 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
         return "", {}
 
     def upstream(run: Run) -> dict[str, tuple]:
-        return {r["qid"]: (r["hypothesis"].get("working_hypothesis"), tuple(r.get("queries") or ()),
-                           tuple(p.get("id") for p in r.get("passages") or ()))
-                for r in run.rows if r.get("hypothesis")}
+        return {
+            r["qid"]: (
+                r["hypothesis"].get("working_hypothesis"),
+                tuple(r.get("queries") or ()),
+                tuple(p.get("id") for p in r.get("passages") or ()),
+            )
+            for r in run.rows
+            if r.get("hypothesis")
+        }
 
     ups = [upstream(r) for r in with_h]
     # runs without retrieval (hcqr_hypothesis) have no queries to agree on
     retrieves = [any(u[1] for u in up.values()) for up in ups]
-    lines = ["| runs | n | same hypothesis letter | same queries | same passages | all three |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| runs | n | same hypothesis letter | same queries | same passages | all three |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     figures = {}
     for i, a in enumerate(with_h):
         for j in range(i + 1, len(with_h)):
@@ -88,12 +107,17 @@ def upstream_agreement(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
             n = len(both)
             same = [tuple(x == y for x, y in zip(ua[q], ub[q])) for q in both]
             retrieve = retrieves[i] and retrieves[j]
-            counts = {"n": n, "same_hypothesis": sum(s[0] for s in same),
-                      "same_queries": sum(s[1] for s in same) if retrieve else None,
-                      "same_passages": sum(s[2] for s in same) if retrieve else None,
-                      "same_all": sum(all(s) for s in same) if retrieve else None}
+            counts = {
+                "n": n,
+                "same_hypothesis": sum(s[0] for s in same),
+                "same_queries": sum(s[1] for s in same) if retrieve else None,
+                "same_passages": sum(s[2] for s in same) if retrieve else None,
+                "same_all": sum(all(s) for s in same) if retrieve else None,
+            }
             figures[f"{a.label} vs {b.label}"] = counts
-            cells = " | ".join(f"{counts[k]} ({counts[k] / n:.0%})" if n and counts[k] is not None else "–"
-                               for k in ("same_hypothesis", "same_queries", "same_passages", "same_all"))
+            cells = " | ".join(
+                f"{counts[k]} ({counts[k] / n:.0%})" if n and counts[k] is not None else "–"
+                for k in ("same_hypothesis", "same_queries", "same_passages", "same_all")
+            )
             lines.append(f"| {a.label} vs {b.label} | {n} | {cells} |")
     return "\n".join(lines), figures

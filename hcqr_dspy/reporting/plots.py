@@ -4,11 +4,11 @@ writes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from hcqr_dspy.judge.controls import CONTROL_LIMITS
 from hcqr_dspy.evaluation.metrics import hypothesis_changes
+from hcqr_dspy.judge.controls import CONTROL_LIMITS
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import wilson_interval
 
@@ -48,8 +48,13 @@ def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:
     acc = [r.metrics["accuracy"] for r in runs]
     lo, hi = zip(*(wilson_interval(r) for r in runs))
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.8))
-    ax.bar(labels, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]], capsize=4,
-           color="#4C72B0")
+    ax.bar(
+        labels,
+        acc,
+        yerr=[[a - lo_ for a, lo_ in zip(acc, lo)], [hi_ - a for a, hi_ in zip(acc, hi)]],
+        capsize=4,
+        color="#4C72B0",
+    )
     ax.set_ylabel("accuracy (95% Wilson CI)")
     ax.set_ylim(0, 1)
     ax.set_title(f"Accuracy\n{plot_context(runs)}", fontsize=10)
@@ -77,26 +82,41 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
     xs = {
-        "LM calls per question": [r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0)
-                                  for r in runs],
+        "LM calls per question": [
+            r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0) for r in runs
+        ],
         "tokens per question (prompt + completion)": [
-            r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"] for r in runs],
+            r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"] for r in runs
+        ],
     }
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (xlabel, x) in zip(axes, xs.items()):
         for i, run in enumerate(runs):
             lo, hi = wilson_interval(run)
             acc = run.metrics["accuracy"]
-            ax.errorbar([x[i]], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=4, color=colors[i % len(colors)],
-                        label=run.label)
+            ax.errorbar(
+                [x[i]],
+                [acc],
+                yerr=[[acc - lo], [hi - acc]],
+                fmt="o",
+                capsize=4,
+                color=colors[i % len(colors)],
+                label=run.label,
+            )
         ax.set_xlabel(xlabel)
         ax.set_xlim(left=0, right=max(x) * 1.25 if max(x) > 0 else 1)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy (95% Wilson CI)")
     axes[0].set_ylim(0, 1)
     # one legend under both axes: labels written beside the points overlapped where two runs cost the same
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(runs), 4), fontsize=8, frameon=False)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(len(runs), 4),
+        fontsize=8,
+        frameon=False,
+    )
     fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
     return fig
 
@@ -111,7 +131,7 @@ def dur_figure(runs: Sequence[Run]):
     """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run, each bar named
     with how many questions were judged, and the judge's control rates (share of positive and of negative
     controls labelled useful) as markers on the bar; the legend gives the trust limits
-    (:data:`hcqr_dspy.dur.CONTROL_LIMITS`).
+    (:data:`hcqr_dspy.judge.controls.CONTROL_LIMITS`).
 
     Returns:
         A matplotlib figure, or ``None`` when no run was judged.
@@ -124,8 +144,12 @@ def dur_figure(runs: Sequence[Run]):
     fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(judged)), 3.8))
     names = [f"{r.label}\n({r.dur['dur_n']} judged)" for r in judged]
     bottom = [0.0] * len(judged)
-    for key, color in (("entailed", "#2ca02c"), ("useful", "#98df8a"), ("not_useful", "#d62728"),
-                       ("invalid", "#7f7f7f")):
+    for key, color in (
+        ("entailed", "#2ca02c"),
+        ("useful", "#98df8a"),
+        ("not_useful", "#d62728"),
+        ("invalid", "#7f7f7f"),
+    ):
         vals = []
         for r in judged:
             n, inv = r.dur["dur_n"], r.dur["dur_invalid"]
@@ -133,12 +157,21 @@ def dur_figure(runs: Sequence[Run]):
         ax.bar(names, vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color, width=0.6)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for key, marker, label in (
-            ("positive", "^", f"positive controls useful (trusted ≥ {CONTROL_LIMITS['positive_min']:.0%})"),
-            ("negative", "v", f"negative controls useful (trusted ≤ {CONTROL_LIMITS['negative_max']:.0%})")):
+        ("positive", "^", f"positive controls useful (trusted ≥ {CONTROL_LIMITS['positive_min']:.0%})"),
+        ("negative", "v", f"negative controls useful (trusted ≤ {CONTROL_LIMITS['negative_max']:.0%})"),
+    ):
         points = [(i, r.dur[f"dur_{key}_control"]) for i, r in enumerate(judged) if f"dur_{key}_control" in r.dur]
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none", marker=marker, markersize=9,
-                    markerfacecolor="white", markeredgecolor="black", label=label)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                linestyle="none",
+                marker=marker,
+                markersize=9,
+                markerfacecolor="white",
+                markeredgecolor="black",
+                label=label,
+            )
     ax.set_ylabel("share of judged questions")
     ax.set_ylim(0, 1.05)
     ax.set_title(f"Decision-Useful Rate labels and judge controls\n{plot_context(judged)}", fontsize=10)
@@ -181,5 +214,9 @@ def hypothesis_changes_figure(runs: Sequence[Run]):
 
 # The figures compare() writes (a function returns None where its figure does not apply); one that an earlier
 # comparison left in --out and this one does not make is removed.
-PLOTS = {"accuracy.png": plot_accuracy, "accuracy_vs_cost.png": plot_accuracy_vs_cost, "dur.png": plot_dur,
-         "hypothesis_changes.png": plot_hypothesis_changes}
+PLOTS = {
+    "accuracy.png": plot_accuracy,
+    "accuracy_vs_cost.png": plot_accuracy_vs_cost,
+    "dur.png": plot_dur,
+    "hypothesis_changes.png": plot_hypothesis_changes,
+}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.optimize.saved import STATE_FILE, fresh_state
@@ -43,9 +44,11 @@ def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
             continue
         state = program_state(run)
         saved = run.config["saved_program"]
-        parts.append(f"### {run.label} vs {reference.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
-                     f"{saved.get('recipe')}, compiled on {saved.get('train_count')} {saved.get('train_dataset')} "
-                     "questions")
+        parts.append(
+            f"### {run.label} vs {reference.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
+            f"{saved.get('recipe')}, compiled on {saved.get('train_count')} {saved.get('train_dataset')} "
+            "questions"
+        )
         if state is None or ref_state is None:
             parts.append("(program state unavailable)")
             continue
@@ -54,15 +57,18 @@ def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
             a = (theirs.get("signature") or {}).get("instructions", "")
             b = (mine.get("signature") or {}).get("instructions", "")
             demos_a, demos_b = theirs.get("demos") or [], mine.get("demos") or []
-            lines = [f"**{name}**: {len(demos_a)} -> {len(demos_b)} demos; instructions "
-                     + ("unchanged" if a == b else "changed")]
+            lines = [
+                f"**{name}**: {len(demos_a)} -> {len(demos_b)} demos; instructions "
+                + ("unchanged" if a == b else "changed")
+            ]
             if a != b:
                 diff = difflib.unified_diff(a.splitlines(), b.splitlines(), reference.label, run.label, lineterm="")
                 lines.append("```diff\n" + "\n".join(diff) + "\n```")
             for i, demo in enumerate(demos_b, start=1):
                 q = " ".join(str(demo.get("question", "")).split())[:100]
-                extra = ", ".join(f"{k}={str(v)[:40]!r}" for k, v in demo.items()
-                                  if k not in ("question", "options", "augmented"))
+                extra = ", ".join(
+                    f"{k}={str(v)[:40]!r}" for k, v in demo.items() if k not in ("question", "options", "augmented")
+                )
                 lines.append(f"- demo {i}: {q} ... ({extra})")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)

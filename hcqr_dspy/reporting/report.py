@@ -4,13 +4,16 @@ sections, and writes ``comparison.md``, ``comparison.json`` and the plots."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from hcqr_dspy.judge.controls import CONTROL_LIMITS
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.evidence import qrels_beside
 from hcqr_dspy.evaluation.metrics import fallback_summary
+from hcqr_dspy.evaluation.run_folder import CONFIG
+from hcqr_dspy.evaluation.same_questions import check_same_questions
+from hcqr_dspy.judge.controls import CONTROL_LIMITS
 from hcqr_dspy.reporting.diagnostics import dur_controls_table, dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
 from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
@@ -20,34 +23,46 @@ from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.runs import Run, load_run, restrict, unique_labels
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
-from hcqr_dspy.evaluation.run_folder import CONFIG
-from hcqr_dspy.evaluation.same_questions import check_same_questions
 
 # The notes under the report's tables.
-MCNEMAR_NOTE = ("b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
-                "(statsmodels) on b vs c.")
-FALLBACKS_NOTE = ("A fallback is what a method did instead of its own path (e.g. HCQR queries built from the "
-                  "hypothesis fields because the rewrite gave fewer than two usable queries, or the question itself "
-                  "when the hypothesis reply could not be parsed); a run that took one mostly is flagged above.")
-EVIDENCE_NOTE = ("gold coverage = share of questions whose shown context has a passage holding every stemmed content "
-                 "word of the gold option; distractor coverage = mean share of distractors so mentioned; margin = the "
-                 "difference. Paired tests against the reference: exact McNemar on gold mentions, Wilcoxon signed-rank "
-                 "on per-question margins.")
-HYPOTHESIS_VS_COT_NOTE = ("b = questions CoT answered right and the hypothesis got wrong; c = the reverse; exact "
-                          "McNemar test. A hypothesis reply that could not be parsed counts wrong.")
-HYPOTHESIS_NOTE = ("fixed = a wrong hypothesis turned into a right answer; broke = a right hypothesis turned into a "
-                   "wrong answer.")
-AGREEMENT_NOTE = ("On the questions both runs answered with a working hypothesis: how often they formed the same "
-                  "hypothesis letter, rewrote it into the same queries and showed the same passages. Where these "
-                  "differ, a difference between the runs is not only that of their programs' answer steps (an LM can "
-                  "give another reply to the same prompt, e.g. in another session).")
+MCNEMAR_NOTE = (
+    "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
+    "(statsmodels) on b vs c."
+)
+FALLBACKS_NOTE = (
+    "A fallback is what a method did instead of its own path (e.g. HCQR queries built from the "
+    "hypothesis fields because the rewrite gave fewer than two usable queries, or the question itself "
+    "when the hypothesis reply could not be parsed); a run that took one mostly is flagged above."
+)
+EVIDENCE_NOTE = (
+    "gold coverage = share of questions whose shown context has a passage holding every stemmed content "
+    "word of the gold option; distractor coverage = mean share of distractors so mentioned; margin = the "
+    "difference. Paired tests against the reference: exact McNemar on gold mentions, Wilcoxon signed-rank "
+    "on per-question margins."
+)
+HYPOTHESIS_VS_COT_NOTE = (
+    "b = questions CoT answered right and the hypothesis got wrong; c = the reverse; exact "
+    "McNemar test. A hypothesis reply that could not be parsed counts wrong."
+)
+HYPOTHESIS_NOTE = (
+    "fixed = a wrong hypothesis turned into a right answer; broke = a right hypothesis turned into a wrong answer."
+)
+AGREEMENT_NOTE = (
+    "On the questions both runs answered with a working hypothesis: how often they formed the same "
+    "hypothesis letter, rewrote it into the same queries and showed the same passages. Where these "
+    "differ, a difference between the runs is not only that of their programs' answer steps (an LM can "
+    "give another reply to the same prompt, e.g. in another session)."
+)
 
 
 def _controls_note() -> str:
-    """The note under the DUR judge controls table, with the trust limits of :data:`hcqr_dspy.dur.CONTROL_LIMITS`."""
-    return ("Positive control: a context stating the gold answer and why; negative control: another question's "
-            f"context. A trustworthy judge calls at least {CONTROL_LIMITS['positive_min']:.0%} of positive and at "
-            f"most {CONTROL_LIMITS['negative_max']:.0%} of negative controls useful.")
+    """The note under the DUR judge controls table, with the trust limits of
+    :data:`hcqr_dspy.judge.controls.CONTROL_LIMITS`."""
+    return (
+        "Positive control: a context stating the gold answer and why; negative control: another question's "
+        f"context. A trustworthy judge calls at least {CONTROL_LIMITS['positive_min']:.0%} of positive and at "
+        f"most {CONTROL_LIMITS['negative_max']:.0%} of negative controls useful."
+    )
 
 
 def _section(title: str, body: str | None, note: str = "") -> list[str]:
@@ -87,13 +102,19 @@ def _reference(runs: Sequence[Run], reference: str | None) -> Run:
     """
     if not reference:
         return runs[0]
-    matches = [r for r in runs if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)
-               or Path(reference).resolve() == r.path.resolve()]
+    matches = [
+        r
+        for r in runs
+        if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)
+        or Path(reference).resolve() == r.path.resolve()
+    ]
     if not matches:
         raise HCQRError(f"reference {reference!r} is none of: {', '.join(r.label for r in runs)}")
     if len(matches) > 1:
-        raise HCQRError(f"reference {reference!r} matches {len(matches)} runs ({', '.join(r.label for r in matches)}); "
-                        "give the reference run's folder")
+        raise HCQRError(
+            f"reference {reference!r} matches {len(matches)} runs ({', '.join(r.label for r in matches)}); "
+            "give the reference run's folder"
+        )
     return matches[0]
 
 
@@ -113,14 +134,23 @@ def _heading(ref: Run, qids: Sequence[str], answered: dict[str, int], common: bo
     """The report's title, and with ``common`` on runs under way how many questions each has answered."""
     head = f"# Comparison on {len(qids)} questions (reference: {ref.label})"
     if common and len(set(answered.values()) | {len(qids)}) > 1:
-        head += (f"\n\nRuns under way, compared on the {len(qids)} questions every run has answered of the "
-                 f"{ref.folder.questions_record.get('count', '?')} selected (answered so far: "
-                 + ", ".join(f"{label} {n}" for label, n in answered.items()) + ").")
+        head += (
+            f"\n\nRuns under way, compared on the {len(qids)} questions every run has answered of the "
+            f"{ref.folder.questions_record.get('count', '?')} selected (answered so far: "
+            + ", ".join(f"{label} {n}" for label, n in answered.items())
+            + ")."
+        )
     return head
 
 
-def _report(ordered: Sequence[Run], qids: Sequence[str], answered: dict[str, int], common: bool,
-            qrels_path: Path | None, explicit: bool) -> tuple[str, dict[str, Any]]:
+def _report(
+    ordered: Sequence[Run],
+    qids: Sequence[str],
+    answered: dict[str, int],
+    common: bool,
+    qrels_path: Path | None,
+    explicit: bool,
+) -> tuple[str, dict[str, Any]]:
     """The Markdown report and the ``comparison.json`` summary of runs ``ordered`` reference first."""
     ref = ordered[0]
     fallbacks, warnings = fallback_table(ordered)
@@ -166,8 +196,13 @@ def _report(ordered: Sequence[Run], qids: Sequence[str], answered: dict[str, int
     return "\n\n".join(sections) + "\n", summary
 
 
-def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_dir: str | Path | None = None,
-            qrels: str | Path | None = None, common: bool = False) -> tuple[str, list[Path]]:
+def compare(
+    run_dirs: Sequence[str | Path],
+    reference: str | None = None,
+    out_dir: str | Path | None = None,
+    qrels: str | Path | None = None,
+    common: bool = False,
+) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
 
     Args:
@@ -201,8 +236,14 @@ def compare(run_dirs: Sequence[str | Path], reference: str | None = None, out_di
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     files = _write_plots(runs, out)
     ordered = [ref] + [r for r in runs if r is not ref]
-    report, summary = _report(ordered, qids, answered, common,
-                              Path(qrels) if qrels else qrels_beside(ref.folder.dataset), explicit=bool(qrels))
+    report, summary = _report(
+        ordered,
+        qids,
+        answered,
+        common,
+        Path(qrels) if qrels else qrels_beside(ref.folder.dataset),
+        explicit=bool(qrels),
+    )
     md = out / "comparison.md"
     md.write_text(report, encoding="utf-8")
     js = out / "comparison.json"

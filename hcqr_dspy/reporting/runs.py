@@ -6,16 +6,17 @@ and ``dur.json`` / ``judgments.jsonl`` once judged by ``hcqr judge``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
+from hcqr_dspy.judge.metrics import dur_metrics
 
-# What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluate.prediction_row`).
+# What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluation.rows.prediction_row`).
 ROW_KEYS = ("prediction", "valid", "correct", "gold")
 
 
@@ -46,11 +47,15 @@ class Run:
     def hypothesis_correct(self) -> dict[str, bool] | None:
         """Per question, whether the working hypothesis was right (a hypothesis that could not be parsed
         counts wrong, as an invalid answer does); ``None`` for runs without hypotheses."""
-        if not any("hypothesis" in r and (r.get("hypothesis") or (r.get("fallbacks") or {}).get("hypothesis_failed"))
-                   for r in self.rows):
+        if not any(
+            "hypothesis" in r and (r.get("hypothesis") or (r.get("fallbacks") or {}).get("hypothesis_failed"))
+            for r in self.rows
+        ):
             return None
-        return {r["qid"]: bool(r.get("hypothesis")) and r["hypothesis"].get("working_hypothesis") == r["gold"]
-                for r in self.rows}
+        return {
+            r["qid"]: bool(r.get("hypothesis")) and r["hypothesis"].get("working_hypothesis") == r["gold"]
+            for r in self.rows
+        }
 
 
 def restrict(run: Run, qids: Sequence[str]) -> None:
@@ -63,7 +68,7 @@ def restrict(run: Run, qids: Sequence[str]) -> None:
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    """Load a run folder (through :class:`~hcqr_dspy.run_folder.RunFolder`).
+    """Load a run folder (through :class:`~hcqr_dspy.evaluation.run_folder.RunFolder`).
 
     Raises:
         HCQRError: not a run folder, no finished question, unreadable records or judgments.
@@ -75,11 +80,15 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     for r in rows:
         missing = [k for k in ROW_KEYS if k not in r]
         if missing:
-            raise HCQRError(f"{folder.predictions.path}: the row of question {r['qid']!r} lacks {', '.join(missing)} "
-                            "(not written by `hcqr eval`); repair or delete that line")
+            raise HCQRError(
+                f"{folder.predictions.path}: the row of question {r['qid']!r} lacks {', '.join(missing)} "
+                "(not written by `hcqr eval`); repair or delete that line"
+            )
     if any(r.get("gold") is None for r in rows):
-        raise HCQRError(f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
-                        "a comparison needs gold answers")
+        raise HCQRError(
+            f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
+            "a comparison needs gold answers"
+        )
     judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
@@ -98,8 +107,11 @@ def run_label(config: dict[str, Any], path: Path) -> str:
 def unique_labels(runs: Sequence[Run]) -> None:
     """Make the runs' labels unique (reports and ``comparison.json`` are keyed by them): a label shared by
     several runs gets the LM spec, then the folder name, then a number."""
-    for extra in (lambda i, r: (r.config.get("lm") or {}).get("spec") or r.path.name, lambda i, r: r.path.name,
-                  lambda i, r: str(i + 1)):
+    for extra in (
+        lambda i, r: (r.config.get("lm") or {}).get("spec") or r.path.name,
+        lambda i, r: r.path.name,
+        lambda i, r: str(i + 1),
+    ):
         counts: dict[str, int] = {}
         for r in runs:
             counts[r.label] = counts.get(r.label, 0) + 1

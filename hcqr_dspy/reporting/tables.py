@@ -3,7 +3,8 @@ the cache note and the questions answered differently; and the metrics table ``h
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hcqr_dspy.reporting.runs import Run, judged_ids
 from hcqr_dspy.reporting.stats import mcnemar_exact
@@ -57,12 +58,16 @@ def cache_note(runs: Sequence[Run]) -> str:
         cached = [r for r in run.rows if (r.get("cached_lm_calls") or 0) > 0]
         if cached:
             whole = sum(1 for r in cached if not r.get("lm_calls"))
-            notes.append(f"{run.label} ({len(cached)}/{len(run.rows)} questions with cached calls, "
-                         f"{whole} wholly from the cache)")
+            notes.append(
+                f"{run.label} ({len(cached)}/{len(run.rows)} questions with cached calls, "
+                f"{whole} wholly from the cache)"
+            )
     if not notes:
         return ""
-    return ("**Costs and the cache:** tokens and seconds per question count only LM calls that reached the model; "
-            "calls answered by DSPy's cache cost nothing here. Compare costs with care for: " + "; ".join(notes) + ".")
+    return (
+        "**Costs and the cache:** tokens and seconds per question count only LM calls that reached the model; "
+        "calls answered by DSPy's cache cost nothing here. Compare costs with care for: " + "; ".join(notes) + "."
+    )
 
 
 def stage_differences(runs: Sequence[Run], reference: Run) -> str:
@@ -108,7 +113,7 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """Markdown table of accuracy ± standard error, invalid answers and cost per question.
 
     Args:
-        runs: ``(label, metrics)`` pairs, metrics from :func:`hcqr_dspy.metrics.summarize`.
+        runs: ``(label, metrics)`` pairs, metrics from :func:`hcqr_dspy.evaluation.metrics.summarize`.
     """
     lines = [
         "| method | n | accuracy | ± SE | invalid | LM calls/q | prompt tok/q | completion tok/q | s/q |",
@@ -118,7 +123,7 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
         if not m.get("n"):
             lines.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
             continue
-        acc = (f"{m['accuracy']:.1%} | {m['accuracy_se']:.1%}" if "accuracy" in m else "– (no gold answers) | –")
+        acc = f"{m['accuracy']:.1%} | {m['accuracy_se']:.1%}" if "accuracy" in m else "– (no gold answers) | –"
         lines.append(
             f"| {label} | {m['n']} | {acc} | {m['invalid']} "
             f"({m['invalid_rate']:.0%}) | {_calls(m)} | {m['mean_prompt_tokens']:.0f} | "

@@ -36,10 +36,11 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
 from hcqr_dspy.files import file_sha256
@@ -178,7 +179,7 @@ class Retriever(ABC):
 
     @classmethod
     @abstractmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, **options: Any) -> "Retriever":
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, **options: Any) -> Retriever:
         """Rebuild the retriever from ``folder`` (manifest already verified).
 
         ``options``: ``encoder`` (a spec the caller expects, or ``None``) and
@@ -238,8 +239,10 @@ class Retriever(ABC):
                 "store": PASSAGES_FILE,
             },
             **self.describe(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": library_versions("hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy", "pyarrow"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "versions": library_versions(
+                "hcqr-dspy", "faiss-cpu", "bm25s", "sentence-transformers", "numpy", "pyarrow"
+            ),
             "files": files,
             "file_bytes": sizes,
         }
@@ -329,12 +332,17 @@ def read_manifest(path: str | Path, verify_files: bool | None = None) -> dict[st
             raise RetrievalIndexError(f"index {path} is incomplete: {name} is missing")
         size = f.stat().st_size
         if name in sizes and size != sizes[name]:
-            raise RetrievalIndexError(f"index {path} is corrupted: {name} has {size:,} bytes, its manifest records "
-                                      f"{sizes[name]:,}; rebuild the index")
+            raise RetrievalIndexError(
+                f"index {path} is corrupted: {name} has {size:,} bytes, its manifest records "
+                f"{sizes[name]:,}; rebuild the index"
+            )
         total += size
     if verify_files is None and total > FULL_VERIFY_MAX_BYTES:
-        log.warning("index %s: %.1f GB of files checked by size, not SHA-256 (load_index(..., verify_files=True) "
-                    "hashes them)", path, total / 1e9)
+        log.warning(
+            "index %s: %.1f GB of files checked by size, not SHA-256 (load_index(..., verify_files=True) hashes them)",
+            path,
+            total / 1e9,
+        )
         return manifest
     for name, digest in files.items():
         if file_sha256(path / name) != digest:

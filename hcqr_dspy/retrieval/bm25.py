@@ -81,8 +81,13 @@ class BM25Retriever(Retriever):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"stopwords": STOPWORDS, "stemmer": f"PyStemmer:{STEMMER_LANGUAGE}", "k1": self.model.k1, "b": self.model.b,
-                "method": self.model.method}
+        return {
+            "stopwords": STOPWORDS,
+            "stemmer": f"PyStemmer:{STEMMER_LANGUAGE}",
+            "k1": self.model.k1,
+            "b": self.model.b,
+            "method": self.model.method,
+        }
 
     def _write(self, folder: Path) -> None:
         self.model.save(str(folder / "bm25"))

@@ -20,8 +20,8 @@ loaded corpus holds a constant number of Python objects whatever its size.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from hcqr_dspy.errors import CorpusError
 from hcqr_dspy.retrieval.store import PassageStore
@@ -140,6 +140,7 @@ def load_corpus(
         raise CorpusError(f"duplicate_ids must be one of {', '.join(DUPLICATE_POLICIES)}, got {duplicate_ids!r}")
     path = Path(source)
     if path.is_file():
+
         def rows():
             return _read_jsonl(path)
     elif path.is_dir():
@@ -154,6 +155,7 @@ def load_corpus(
         if not (text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.suffix):
             raise CorpusError(f"corpus {text!r} not found: give a .jsonl file, a folder of them, or a hub dataset name")
         hub = _hub_rows(text, split)
-        return Corpus.build(hub, store, source=text, duplicate_ids=duplicate_ids,
-                            relocate=lambda: _hub_rows(text, split))
+        return Corpus.build(
+            hub, store, source=text, duplicate_ids=duplicate_ids, relocate=lambda: _hub_rows(text, split)
+        )
     return Corpus.build(rows(), store, source=str(path), duplicate_ids=duplicate_ids, relocate=rows)

@@ -16,8 +16,9 @@ the vector index chunk by chunk.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
@@ -89,15 +90,21 @@ class DenseRetriever(Retriever):
             options = dict(backend_options or {})
             backend_cls.check_settings(self.encoder.dimension, **options)  # before any encoding
             store = EmbeddingStore.open(corpus, self.encoder, embeddings_dir, chunk_size)
-            self.build_stats = {"embeddings": str(store.folder), "chunk_size": store.chunk_size,
-                                **store.fill(corpus, self.encoder, batch_size=batch_size, show_progress=show_progress)}
+            self.build_stats = {
+                "embeddings": str(store.folder),
+                "chunk_size": store.chunk_size,
+                **store.fill(corpus, self.encoder, batch_size=batch_size, show_progress=show_progress),
+            }
             index = backend_cls.build(store, show_progress=show_progress, corpus=corpus, **options)
             self.build_stats.update(getattr(index, "build_stats", {}))
         if index.ntotal != len(corpus):
-            raise RetrievalIndexError(f"vector index holds {index.ntotal} vectors but the corpus has {len(corpus)} passages")
+            raise RetrievalIndexError(
+                f"vector index holds {index.ntotal} vectors but the corpus has {len(corpus)} passages"
+            )
         if index.dimension != self.encoder.dimension:
             raise RetrievalIndexError(
-                f"vector index has dimension {index.dimension} but encoder {self.encoder.spec.name!r} gives {self.encoder.dimension}"
+                f"vector index has dimension {index.dimension} but encoder {self.encoder.spec.name!r} gives "
+                f"{self.encoder.dimension}"
             )
         self.index = index
         self.dimension = index.dimension
@@ -129,17 +136,28 @@ class DenseRetriever(Retriever):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"encoder": self.encoder_name, "encoders": self.encoder.spec.describe(),
-                "encoder_paths": self.encoder.spec.paths(), "dimension": self.dimension,
-                "vector_index": self.index.describe()}
+        return {
+            "encoder": self.encoder_name,
+            "encoders": self.encoder.spec.describe(),
+            "encoder_paths": self.encoder.spec.paths(),
+            "dimension": self.dimension,
+            "vector_index": self.index.describe(),
+        }
 
     def _write(self, folder: Path) -> None:
         self.index.write(folder)
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, encoder: Any = None,
-              search_options: Mapping[str, int] | None = None, encoder_backend: str | None = None,
-              **_: Any) -> "DenseRetriever":
+    def _read(
+        cls,
+        folder: Path,
+        manifest: dict[str, Any],
+        corpus: PassageStore,
+        encoder: Any = None,
+        search_options: Mapping[str, int] | None = None,
+        encoder_backend: str | None = None,
+        **_: Any,
+    ) -> DenseRetriever:
         built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
         if built.describe() != manifest["encoders"]:
             raise RetrievalIndexError(
@@ -158,5 +176,7 @@ class DenseRetriever(Retriever):
         record = manifest["vector_index"]
         index = get_backend_class(record["backend"]).read(folder, record)
         if index.dimension != manifest["dimension"]:
-            raise RetrievalIndexError(f"{folder}: vector index has dimension {index.dimension}, manifest says {manifest['dimension']}")
+            raise RetrievalIndexError(
+                f"{folder}: vector index has dimension {index.dimension}, manifest says {manifest['dimension']}"
+            )
         return cls(corpus, encoder=built, index=index, search_options=search_options)

@@ -31,8 +31,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,7 +59,9 @@ def default_embeddings_root() -> Path:
 
 def embeddings_key(corpus_fingerprint: str, count: int, passage_encoder: dict[str, Any]) -> str:
     """Folder name of a corpus's embeddings under one passage encoder: 24 hex digits of a SHA-256."""
-    blob = json.dumps({"corpus": corpus_fingerprint, "count": count, "passage_encoder": passage_encoder}, sort_keys=True)
+    blob = json.dumps(
+        {"corpus": corpus_fingerprint, "count": count, "passage_encoder": passage_encoder}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
 
 
@@ -91,11 +94,11 @@ class EmbeddingStore:
     @classmethod
     def open(
         cls,
-        corpus: "PassageStore",
-        encoder: "Encoder",
+        corpus: PassageStore,
+        encoder: Encoder,
         root: str | Path | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-    ) -> "EmbeddingStore":
+    ) -> EmbeddingStore:
         """The embedding store of ``corpus`` under ``encoder``'s passage side, created if absent.
 
         An existing store keeps its own chunk size (resuming must not move
@@ -113,18 +116,27 @@ class EmbeddingStore:
         folder = Path(root) if root is not None else default_embeddings_root()
         folder = folder / key
         record_path = folder / RECORD_FILE
-        expected = {"format": EMBEDDINGS_FORMAT, "format_version": EMBEDDINGS_FORMAT_VERSION, "key": key,
-                    "corpus_fingerprint": corpus.fingerprint, "count": len(corpus), "passage_encoder": passage,
-                    "dimension": encoder.dimension}
+        expected = {
+            "format": EMBEDDINGS_FORMAT,
+            "format_version": EMBEDDINGS_FORMAT_VERSION,
+            "key": key,
+            "corpus_fingerprint": corpus.fingerprint,
+            "count": len(corpus),
+            "passage_encoder": passage,
+            "dimension": encoder.dimension,
+        }
         if record_path.is_file():
             try:
                 record = json.loads(record_path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise RetrievalIndexError(f"{record_path} is unreadable ({exc}); delete {folder} to re-encode") from None
+                raise RetrievalIndexError(
+                    f"{record_path} is unreadable ({exc}); delete {folder} to re-encode"
+                ) from None
             for field, value in expected.items():
                 if record.get(field) != value:
                     raise RetrievalIndexError(
-                        f"{record_path} records {field} {record.get(field)!r}, expected {value!r}; delete {folder} to re-encode"
+                        f"{record_path} records {field} {record.get(field)!r}, expected {value!r}; "
+                        f"delete {folder} to re-encode"
                     )
             return cls(folder, record)
         try:
@@ -163,16 +175,20 @@ class EmbeddingStore:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise RetrievalIndexError(f"embedding chunk {path} is unreadable ({exc}); delete it to re-encode it") from None
+            raise RetrievalIndexError(
+                f"embedding chunk {path} is unreadable ({exc}); delete it to re-encode it"
+            ) from None
         if arr.dtype != np.float32 or arr.shape != (stop - start, self.dimension):
             raise RetrievalIndexError(
-                f"embedding chunk {path} holds {arr.dtype} {arr.shape}, expected float32 {(stop - start, self.dimension)}; "
+                f"embedding chunk {path} holds {arr.dtype} {arr.shape}, "
+                f"expected float32 {(stop - start, self.dimension)}; "
                 "delete it to re-encode it"
             )
         return arr
 
-    def fill(self, corpus: "PassageStore", encoder: "Encoder", batch_size: int = 64, show_progress: bool = True
-             ) -> dict[str, int]:
+    def fill(
+        self, corpus: PassageStore, encoder: Encoder, batch_size: int = 64, show_progress: bool = True
+    ) -> dict[str, int]:
         """Encode every chunk not yet on disk, in order, writing each as it finishes.
 
         Returns:
@@ -190,8 +206,14 @@ class EmbeddingStore:
         if not todo:
             return {"encoded_chunks": 0, "reused_chunks": len(done)}
         done_rows = sum(self.chunk_rows(i)[1] - self.chunk_rows(i)[0] for i in done)
-        bar = tqdm(total=self.count, initial=done_rows, unit="passage", desc="encoding passages",
-                   disable=not show_progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.count,
+            initial=done_rows,
+            unit="passage",
+            desc="encoding passages",
+            disable=not show_progress,
+            dynamic_ncols=True,
+        )
         step = batch_size * ENCODE_SLICE_BATCHES
         try:
             for i in todo:
@@ -199,7 +221,7 @@ class EmbeddingStore:
                 out = np.empty((stop - start, self.dimension), dtype=np.float32)
                 for first, _ids, titles, contents in corpus.iter_batches(step, start, stop):
                     emb = encoder.encode_passages(titles, contents, batch_size=batch_size)
-                    out[first - start:first - start + len(titles)] = emb
+                    out[first - start : first - start + len(titles)] = emb
                     bar.update(len(titles))
                 self._write_chunk(i, out)
         finally:

@@ -17,8 +17,9 @@ Passages are always embedded by PyTorch.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Encoder:
         dimension: Embedding size ``d``.
     """
 
-    def __init__(self, spec: EncoderSpec, model: "SentenceTransformer", runtime: Any = None):
+    def __init__(self, spec: EncoderSpec, model: SentenceTransformer, runtime: Any = None):
         self.spec = spec
         self.model = model
         self.runtime = runtime  # a QueryRuntime when spec.query_runtime is not torch
@@ -77,8 +78,13 @@ class Encoder:
         """
         if self.runtime is not None:
             return self.runtime.encode(queries)
-        emb = self.model.encode_query(list(queries), batch_size=batch_size, convert_to_numpy=True,
-                                      normalize_embeddings=self.spec.normalize, show_progress_bar=False)
+        emb = self.model.encode_query(
+            list(queries),
+            batch_size=batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=self.spec.normalize,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def passage_inputs(self, titles: Sequence[str], contents: Sequence[str]) -> list:
@@ -87,8 +93,9 @@ class Encoder:
             return [[t, c] for t, c in zip(titles, contents)]
         return [f"{t}\n{c}" if t else c for t, c in zip(titles, contents)]
 
-    def encode_passages(self, titles: Sequence[str], contents: Sequence[str], batch_size: int = 64,
-                        show_progress: bool = False) -> np.ndarray:
+    def encode_passages(
+        self, titles: Sequence[str], contents: Sequence[str], batch_size: int = 64, show_progress: bool = False
+    ) -> np.ndarray:
         """Embed passages (aligned titles and contents) through the passage side.
 
         Returns:
@@ -96,14 +103,18 @@ class Encoder:
         """
         if len(titles) != len(contents):
             raise ValueError(f"{len(titles)} titles but {len(contents)} contents")
-        emb = self.model.encode_document(self.passage_inputs(titles, contents), batch_size=batch_size,
-                                         convert_to_numpy=True, normalize_embeddings=self.spec.normalize,
-                                         show_progress_bar=show_progress)
+        emb = self.model.encode_document(
+            self.passage_inputs(titles, contents),
+            batch_size=batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=self.spec.normalize,
+            show_progress_bar=show_progress,
+        )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
 
 _cache: dict[tuple, Encoder] = {}
-_models: dict[tuple, "SentenceTransformer"] = {}
+_models: dict[tuple, SentenceTransformer] = {}
 _lock = threading.Lock()
 
 
@@ -123,7 +134,7 @@ def resolve_encoder_path(name: str | None) -> str:
     return name
 
 
-def load_encoder(spec: "str | EncoderSpec | None" = None, device: str = "cpu") -> Encoder:
+def load_encoder(spec: str | EncoderSpec | None = None, device: str = "cpu") -> Encoder:
     """Load (once per process) an encoder.
 
     The weights are loaded once per process whatever the query runtime: an
@@ -152,10 +163,12 @@ def load_encoder(spec: "str | EncoderSpec | None" = None, device: str = "cpu") -
             model = _models[(base, device)]
             runtime = None
             if spec.query_runtime != "torch":
-                weights = spec.query.path or (resolve_encoder_path(spec.query.model) if not spec.paired
-                                              else spec.query.model)
-                runtime = load_query_runtime(spec.query_runtime, model, {**spec.query.describe(), "name": spec.name},
-                                             weights, spec.normalize)
+                weights = spec.query.path or (
+                    resolve_encoder_path(spec.query.model) if not spec.paired else spec.query.model
+                )
+                runtime = load_query_runtime(
+                    spec.query_runtime, model, {**spec.query.describe(), "name": spec.name}, weights, spec.normalize
+                )
             _cache[key] = Encoder(spec, model, runtime)
         return _cache[key]
 
@@ -165,7 +178,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _build_model(spec: EncoderSpec, device: str) -> "SentenceTransformer":
+def _build_model(spec: EncoderSpec, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
     if spec.name == MEDCPT:
@@ -181,17 +194,18 @@ def _build_model(spec: EncoderSpec, device: str) -> "SentenceTransformer":
     return _check_pair(spec, SentenceTransformer(modules=[router], device=device))
 
 
-def _load_st(name: str, path: str, device: str) -> "SentenceTransformer":
+def _load_st(name: str, path: str, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
     try:
         return SentenceTransformer(path, device=device)
     except Exception as exc:
-        raise EncoderError(f"cannot load sentence-transformers encoder {name!r} from {path!r}: "
-                           f"{_first_line(exc)}") from None
+        raise EncoderError(
+            f"cannot load sentence-transformers encoder {name!r} from {path!r}: {_first_line(exc)}"
+        ) from None
 
 
-def _build_medcpt(spec: EncoderSpec, device: str) -> "SentenceTransformer":
+def _build_medcpt(spec: EncoderSpec, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Router, Transformer
 
@@ -212,7 +226,7 @@ def _build_medcpt(spec: EncoderSpec, device: str) -> "SentenceTransformer":
     return _check_pair(spec, SentenceTransformer(modules=[router], device=device))
 
 
-def _check_pair(spec: EncoderSpec, model: "SentenceTransformer") -> "SentenceTransformer":
+def _check_pair(spec: EncoderSpec, model: SentenceTransformer) -> SentenceTransformer:
     router = model[0]
     dims = {route: _route_dimension(modules) for route, modules in router.sub_modules.items()}
     if len(set(dims.values())) != 1:

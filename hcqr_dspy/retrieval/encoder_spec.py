@@ -84,8 +84,11 @@ class EncoderSide:
     max_length: int | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.model, "pooling": self.pooling or "model's own",
-                "max_length": self.max_length or "model's own"}
+        return {
+            "model": self.model,
+            "pooling": self.pooling or "model's own",
+            "max_length": self.max_length or "model's own",
+        }
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,11 @@ class EncoderSpec:
 
     def passage_description(self) -> dict[str, Any]:
         """What passage embeddings depend on (the key of saved embeddings): the passage side only."""
-        return {"passage_encoder": self.passage.describe(), "normalize": self.normalize,
-                "passage_input": self.passage_input}
+        return {
+            "passage_encoder": self.passage.describe(),
+            "normalize": self.normalize,
+            "passage_input": self.passage_input,
+        }
 
     def paths(self) -> dict[str, str | None]:
         """Where the weights were read from (recorded beside :meth:`describe`, not compared)."""
@@ -146,7 +152,7 @@ class EncoderSpec:
             return repr(self.name)
         return f"{self.name!r} (query encoder {self.query.model}, passage encoder {self.passage.model})"
 
-    def with_runtime(self, runtime: str | None) -> "EncoderSpec":
+    def with_runtime(self, runtime: str | None) -> EncoderSpec:
         """The same encoder with its queries run by ``runtime`` (``None`` keeps the current one).
 
         Raises:
@@ -156,12 +162,15 @@ class EncoderSpec:
             return self
         return replace(self, query_runtime=check_runtime(runtime))
 
-    def with_paths(self, paths: dict[str, str | None] | None) -> "EncoderSpec":
+    def with_paths(self, paths: dict[str, str | None] | None) -> EncoderSpec:
         """The same encoder read from other places (as recorded by :meth:`paths`)."""
         if not paths:
             return self
-        return replace(self, query=replace(self.query, path=paths.get("query")),
-                       passage=replace(self.passage, path=paths.get("passage")))
+        return replace(
+            self,
+            query=replace(self.query, path=paths.get("query")),
+            passage=replace(self.passage, path=paths.get("passage")),
+        )
 
 
 def canonical_encoder_name(name: str | None) -> str:
@@ -169,7 +178,7 @@ def canonical_encoder_name(name: str | None) -> str:
     return parse_encoder(name).name
 
 
-def parse_encoder(spec: "str | EncoderSpec | None") -> EncoderSpec:
+def parse_encoder(spec: str | EncoderSpec | None) -> EncoderSpec:
     """Parse an encoder spec (see the module docstring) without loading anything.
 
     Raises:
@@ -184,7 +193,7 @@ def parse_encoder(spec: "str | EncoderSpec | None") -> EncoderSpec:
     if spec == MEDCPT or spec.startswith(MEDCPT + ":"):
         paths: list[str | None] = [None, None]
         if spec != MEDCPT:
-            paths = [p.strip() for p in spec[len(MEDCPT) + 1:].split(",")]
+            paths = [p.strip() for p in spec[len(MEDCPT) + 1 :].split(",")]
             if len(paths) != 2 or not all(paths):
                 raise EncoderError(
                     f"encoder {spec!r}: write medcpt:QUERY_DIR,ARTICLE_DIR "

@@ -36,12 +36,14 @@ from hcqr_dspy.errors import RetrievalIndexError
 
 SQ_TYPES = ("SQ4", "SQ6", "SQ8", "SQfp16", "SQbf16")
 HNSW_M = (2, 512)
-MAX_LISTS = 2 ** 20  # faiss's wiki suggests IVF1048576 for up to a billion vectors
+MAX_LISTS = 2**20  # faiss's wiki suggests IVF1048576 for up to a billion vectors
 PQ_BITS = (1, 24)
-SUPPORTED = ("Flat, SQ<t>, PQ<m>[x<bits>][np], HNSW[<M>][,CODE], IVF<lists>[_HNSW[<M>]],CODE with CODE one of "
-             "Flat, SQ<t>, PQ<m>[x<bits>][np]; each optionally after OPQ<m>[_<dim>], "
-             "(before a PQ) and before ,RFlat; t: 4, 6, 8, fp16, bf16; e.g. Flat, HNSW32, IVF1024,PQ32, "
-             "IVF4096,SQ8, IVF1024,PQ96,RFlat")
+SUPPORTED = (
+    "Flat, SQ<t>, PQ<m>[x<bits>][np], HNSW[<M>][,CODE], IVF<lists>[_HNSW[<M>]],CODE with CODE one of "
+    "Flat, SQ<t>, PQ<m>[x<bits>][np]; each optionally after OPQ<m>[_<dim>], "
+    "(before a PQ) and before ,RFlat; t: 4, 6, 8, fp16, bf16; e.g. Flat, HNSW32, IVF1024,PQ32, "
+    "IVF4096,SQ8, IVF1024,PQ96,RFlat"
+)
 
 _HNSW = re.compile(r"HNSW([0-9]*)")
 _IVF = re.compile(r"IVF([0-9]+)(?:_HNSW([0-9]*))?")
@@ -66,8 +68,10 @@ def check_factory(factory: str, dimension: int) -> str:
     try:
         _check(text.split(","), int(dimension))
     except _Refused as reason:
-        raise RetrievalIndexError(f"--faiss {factory!r} is not a faiss index_factory string usable with {dimension}-d "
-                                  f"vectors ({reason}); supported: {SUPPORTED}") from None
+        raise RetrievalIndexError(
+            f"--faiss {factory!r} is not a faiss index_factory string usable with {dimension}-d "
+            f"vectors ({reason}); supported: {SUPPORTED}"
+        ) from None
     return text
 
 

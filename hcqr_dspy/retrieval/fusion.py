@@ -20,8 +20,9 @@ retrieved it and at which rank.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from hcqr_dspy.errors import QueryError
 from hcqr_dspy.retrieval.base import Hit

@@ -15,8 +15,9 @@ folder, and shared by every component.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
@@ -90,15 +91,30 @@ class HybridRetriever(Retriever):
         (folder / COMPONENTS_FILE).write_text(json.dumps(names), encoding="utf-8")
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, encoder: Any = None,
-              search_options: Any = None, **options: Any):
+    def _read(
+        cls,
+        folder: Path,
+        manifest: dict[str, Any],
+        corpus: PassageStore,
+        encoder: Any = None,
+        search_options: Any = None,
+        **options: Any,
+    ):
         parts = []
         for name in json.loads((folder / COMPONENTS_FILE).read_text(encoding="utf-8")):
             sub = folder / name
             sub_manifest = {**manifest, **json.loads((sub / "component.json").read_text(encoding="utf-8"))}
             component = get_retriever_class(sub_manifest["retriever"])
-            parts.append(component._read(sub, sub_manifest, corpus, encoder=encoder if component.uses_encoder else None,
-                                         search_options=search_options if component.uses_encoder else None, **options))
+            parts.append(
+                component._read(
+                    sub,
+                    sub_manifest,
+                    corpus,
+                    encoder=encoder if component.uses_encoder else None,
+                    search_options=search_options if component.uses_encoder else None,
+                    **options,
+                )
+            )
         if search_options and not any(p.search_options for p in parts):
             raise RetrievalIndexError(f"index {folder} has no dense component: search options apply to dense indexes")
         return cls(parts, rrf_k=manifest["rrf_k"], pool_k=manifest["pool_k"])

@@ -9,8 +9,9 @@ comes from its manifest too. Nothing here names a retriever class but
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Retriever, check_corpus, read_manifest
@@ -82,13 +83,16 @@ def _check_backend(path: Path, manifest: dict[str, Any], cls: type, encoder_back
 
     encoder_backend = check_runtime(encoder_backend)
     if encoder_backend != "torch" and not cls.uses_encoder:
-        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and embeds no queries: "
-                                  f"--encoder-backend {encoder_backend} does not apply")
+        raise RetrievalIndexError(
+            f"index {path} is a {manifest['retriever']} index and embeds no queries: "
+            f"--encoder-backend {encoder_backend} does not apply"
+        )
     return encoder_backend
 
 
-def check_index_options(path: str | Path, search_options: Mapping[str, int] | None = None,
-                        encoder_backend: str | None = None) -> None:
+def check_index_options(
+    path: str | Path, search_options: Mapping[str, int] | None = None, encoder_backend: str | None = None
+) -> None:
     """Refuse what :func:`load_index` would refuse for these options, from the manifest alone (nothing loaded).
 
     For ``hcqr experiment --check``: the manifest is read without hashing
@@ -113,8 +117,10 @@ def check_index_options(path: str | Path, search_options: Mapping[str, int] | No
         factory = record.get("factory", "Flat")
         FaissIndex(FaissIndex.make(factory, manifest["dimension"]), factory).set_search_options(options)
     elif options and not cls.uses_encoder:
-        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index: search options "
-                                  f"({', '.join(options)}) apply to dense indexes")
+        raise RetrievalIndexError(
+            f"index {path} is a {manifest['retriever']} index: search options "
+            f"({', '.join(options)}) apply to dense indexes"
+        )
 
 
 def load_index(
@@ -171,11 +177,15 @@ def load_index(
     cls = get_retriever_class(manifest["retriever"])
     search_options = check_search_options(search_options)
     if encoder is not None and not cls.uses_encoder:
-        raise RetrievalIndexError(f"index {path} is a {manifest['retriever']} index and uses no encoder (asked for {encoder!r})")
+        raise RetrievalIndexError(
+            f"index {path} is a {manifest['retriever']} index and uses no encoder (asked for {encoder!r})"
+        )
     encoder_backend = _check_backend(path, manifest, cls, encoder_backend)
     store = Corpus.open(path)
     if store.fingerprint != manifest["corpus"]["fingerprint"] or len(store) != manifest["corpus"]["count"]:
-        raise RetrievalIndexError(f"index {path} is inconsistent: its passage store is not the corpus its manifest records; rebuild it")
+        raise RetrievalIndexError(
+            f"index {path} is inconsistent: its passage store is not the corpus its manifest records; rebuild it"
+        )
     if corpus is not None:
         if not isinstance(corpus, PassageStore):
             corpus = load_corpus(corpus, duplicate_ids=manifest["corpus"].get("duplicate_ids", "error"))

@@ -41,8 +41,9 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -79,16 +80,24 @@ def export_key(query_side: dict[str, Any], weights_path: str | None) -> str:
     """The cache folder name of one encoder's query-side export: 24 hex digits of a SHA-256."""
     import torch
 
-    blob = json.dumps({"format": EXPORT_FORMAT_VERSION, "query_encoder": query_side, "weights": weights_path,
-                       "files": _weights_fingerprint(weights_path), "torch": torch.__version__, "opset": ONNX_OPSET},
-                      sort_keys=True)
+    blob = json.dumps(
+        {
+            "format": EXPORT_FORMAT_VERSION,
+            "query_encoder": query_side,
+            "weights": weights_path,
+            "files": _weights_fingerprint(weights_path),
+            "torch": torch.__version__,
+            "opset": ONNX_OPSET,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
 
 
 class _QuerySide:
     """The query path of a SentenceTransformer as a module of tensors -> sentence embeddings (for export)."""
 
-    def __new__(cls, model: "SentenceTransformer", input_names: Sequence[str]):
+    def __new__(cls, model: SentenceTransformer, input_names: Sequence[str]):
         import torch
 
         class QuerySide(torch.nn.Module):
@@ -105,7 +114,7 @@ class _QuerySide:
         return QuerySide().eval()
 
 
-def preprocess_queries(model: "SentenceTransformer", queries: Sequence[str]) -> dict[str, Any]:
+def preprocess_queries(model: SentenceTransformer, queries: Sequence[str]) -> dict[str, Any]:
     """The encoder's own tokenization of queries (``task="query"``): name -> int64 tensor ``(n, seq)``."""
     features = model.preprocess(list(queries), task="query")
     return {k: v for k, v in features.items() if hasattr(v, "shape")}
@@ -121,8 +130,9 @@ def _atomic(path: Path, write) -> None:
             tmp.unlink()
 
 
-def export_onnx(model: "SentenceTransformer", folder: Path, query_side: dict[str, Any], weights_path: str | None
-                ) -> dict[str, Any]:
+def export_onnx(
+    model: SentenceTransformer, folder: Path, query_side: dict[str, Any], weights_path: str | None
+) -> dict[str, Any]:
     """``query.onnx`` (fp32) and ``export.json``, unless already there."""
     record_path = folder / RECORD_FILE
     if (folder / ONNX_FILE).is_file() and record_path.is_file():
@@ -130,8 +140,13 @@ def export_onnx(model: "SentenceTransformer", folder: Path, query_side: dict[str
     import torch
 
     # Two queries of different lengths: a padded batch, so nothing is traced as if every row had the same length.
-    sample = preprocess_queries(model, ["digoxin toxicity visual changes", "iron deficiency anemia versus anemia of "
-                                        "chronic disease in an elderly woman with fatigue"])
+    sample = preprocess_queries(
+        model,
+        [
+            "digoxin toxicity visual changes",
+            "iron deficiency anemia versus anemia of chronic disease in an elderly woman with fatigue",
+        ],
+    )
     names = list(sample)
     module = _QuerySide(model, names)
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
@@ -139,12 +154,29 @@ def export_onnx(model: "SentenceTransformer", folder: Path, query_side: dict[str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TracerWarnings about shape-dependent branches (constant for this model)
         with torch.no_grad():
-            _atomic(folder / ONNX_FILE, lambda tmp: torch.onnx.export(
-                module, tuple(sample[n] for n in names), str(tmp), dynamo=False, input_names=names,
-                output_names=[OUTPUT_NAME], dynamic_axes=axes, opset_version=ONNX_OPSET, do_constant_folding=True))
-    record = {"format_version": EXPORT_FORMAT_VERSION, "query_encoder": query_side, "weights": weights_path,
-              "input_names": names, "opset": ONNX_OPSET, "torch": torch.__version__,
-              "exporter": "torch.onnx (TorchScript)"}
+            _atomic(
+                folder / ONNX_FILE,
+                lambda tmp: torch.onnx.export(
+                    module,
+                    tuple(sample[n] for n in names),
+                    str(tmp),
+                    dynamo=False,
+                    input_names=names,
+                    output_names=[OUTPUT_NAME],
+                    dynamic_axes=axes,
+                    opset_version=ONNX_OPSET,
+                    do_constant_folding=True,
+                ),
+            )
+    record = {
+        "format_version": EXPORT_FORMAT_VERSION,
+        "query_encoder": query_side,
+        "weights": weights_path,
+        "input_names": names,
+        "opset": ONNX_OPSET,
+        "torch": torch.__version__,
+        "exporter": "torch.onnx (TorchScript)",
+    }
     _atomic(record_path, lambda tmp: tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8"))
     return record
 
@@ -155,8 +187,10 @@ def quantize_int8(folder: Path) -> None:
         return
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    _atomic(folder / ONNX_INT8_FILE, lambda tmp: quantize_dynamic(str(folder / ONNX_FILE), str(tmp),
-                                                                  weight_type=QuantType.QInt8))
+    _atomic(
+        folder / ONNX_INT8_FILE,
+        lambda tmp: quantize_dynamic(str(folder / ONNX_FILE), str(tmp), weight_type=QuantType.QInt8),
+    )
 
 
 def convert_openvino(folder: Path) -> None:

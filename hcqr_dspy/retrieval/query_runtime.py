@@ -52,8 +52,9 @@ hits with PyTorch's on the shared queries and keeps only those at or above
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -78,8 +79,12 @@ RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
 DEFAULT_RUNTIME = "torch"
 MAX_COMPILED_SHAPES = 4  # OpenVINO: compiled (batch, sequence) shapes kept per runtime, least recently used dropped
 # What each runtime needs beyond the project's base dependencies (pyproject extra "onnx" / "openvino").
-_NEEDS = {"onnx": ("onnx", "onnxruntime"), "onnx-int8": ("onnx", "onnxruntime"), "openvino": ("onnx", "openvino"),
-          "openvino-bf16": ("onnx", "openvino")}
+_NEEDS = {
+    "onnx": ("onnx", "onnxruntime"),
+    "onnx-int8": ("onnx", "onnxruntime"),
+    "openvino": ("onnx", "openvino"),
+    "openvino-bf16": ("onnx", "openvino"),
+}
 _OPENVINO_PRECISION = {"openvino": "f32", "openvino-bf16": "bf16"}
 
 
@@ -121,8 +126,7 @@ class QueryRuntime:
         input_names: The graph's inputs, as the tokenizer names them.
     """
 
-    def __init__(self, runtime: str, model: "SentenceTransformer", folder: Path, input_names: list[str],
-                 normalize: bool):
+    def __init__(self, runtime: str, model: SentenceTransformer, folder: Path, input_names: list[str], normalize: bool):
         self.runtime = runtime
         self.model = model
         self.folder = folder
@@ -139,8 +143,9 @@ class QueryRuntime:
             self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             self._run = lambda feeds: self._session.run([OUTPUT_NAME], feeds)[0]
         else:
-            self._openvino = _StaticShapes(folder / OPENVINO_XML, _OPENVINO_PRECISION[runtime], input_names,
-                                           _max_length(model))
+            self._openvino = _StaticShapes(
+                folder / OPENVINO_XML, _OPENVINO_PRECISION[runtime], input_names, _max_length(model)
+            )
             self._run = self._openvino.infer
 
     def encode(self, queries: Sequence[str]) -> np.ndarray:
@@ -171,7 +176,7 @@ def cpu_has_bf16(core: Any = None) -> bool:
     return "BF16" in (core or ov.Core()).get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
-def _max_length(model: "SentenceTransformer") -> int | None:
+def _max_length(model: SentenceTransformer) -> int | None:
     """The query side's token limit, as its own tokenization truncates a very long query; ``None`` where it does not."""
     length = preprocess_queries(model, ["word " * 4096])["input_ids"].shape[1]
     return int(length) if length < 4096 else None
@@ -187,8 +192,10 @@ class _StaticShapes:
 
         self.core = ov.Core()
         if precision == "bf16" and not cpu_has_bf16(self.core):
-            raise QueryRuntimeError("encoder backend 'openvino-bf16' needs a CPU with bf16 instructions "
-                                    "(AVX512_BF16 or AMX), which this one lacks; use --encoder-backend openvino (fp32)")
+            raise QueryRuntimeError(
+                "encoder backend 'openvino-bf16' needs a CPU with bf16 instructions "
+                "(AVX512_BF16 or AMX), which this one lacks; use --encoder-backend openvino (fp32)"
+            )
         self.model = self.core.read_model(str(xml))
         self.config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         self.input_names = input_names
@@ -216,8 +223,14 @@ class _StaticShapes:
 _export_lock = threading.Lock()
 
 
-def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: dict[str, Any], weights_path: str | None,
-                       normalize: bool, cache_root: str | Path | None = None) -> QueryRuntime:
+def load_query_runtime(
+    runtime: str,
+    model: SentenceTransformer,
+    query_side: dict[str, Any],
+    weights_path: str | None,
+    normalize: bool,
+    cache_root: str | Path | None = None,
+) -> QueryRuntime:
     """Export (once, cached) and load the query side of ``model`` for ``runtime``.
 
     Args:
@@ -245,8 +258,11 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
             cached = folder.is_dir() and any(folder.iterdir())
         except OSError:  # unreadable: the export below says why
             cached = False
-        damaged = (f"; {folder} holds an earlier export that may be damaged: delete that folder to export again"
-                   if cached else "")
+        damaged = (
+            f"; {folder} holds an earlier export that may be damaged: delete that folder to export again"
+            if cached
+            else ""
+        )
         try:
             folder.mkdir(parents=True, exist_ok=True)
             record = export_onnx(model, folder, query_side, weights_path)
@@ -260,13 +276,16 @@ def load_query_runtime(runtime: str, model: "SentenceTransformer", query_side: d
             raise QueryRuntimeError(f"cannot write the {runtime} export into {folder}: {exc.strerror or exc}") from None
         except Exception as exc:  # exporters raise many types; one line, naming the step
             text = " ".join(str(exc).split())[:300]
-            raise QueryRuntimeError(f"exporting the query encoder to {runtime} failed ({type(exc).__name__}: {text})"
-                                    f"{damaged}") from None
+            raise QueryRuntimeError(
+                f"exporting the query encoder to {runtime} failed ({type(exc).__name__}: {text}){damaged}"
+            ) from None
         try:
             return QueryRuntime(runtime, model, folder, record["input_names"], normalize)
         except QueryRuntimeError:
             raise
         except Exception as exc:  # a truncated or foreign file in the cache: ONNX Runtime / OpenVINO parse errors
             text = " ".join(str(exc).split())[:300]
-            raise QueryRuntimeError(f"the cached {runtime} export in {folder} cannot be loaded ({type(exc).__name__}: "
-                                    f"{text}); delete that folder to export again") from None
+            raise QueryRuntimeError(
+                f"the cached {runtime} export in {folder} cannot be loaded ({type(exc).__name__}: "
+                f"{text}); delete that folder to export again"
+            ) from None

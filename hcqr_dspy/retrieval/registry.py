@@ -24,7 +24,8 @@ registers by being imported before :func:`load_index` is called.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hcqr_dspy.errors import RetrievalIndexError
 
@@ -111,7 +112,8 @@ def get_backend_class(name: Any) -> type:
         return _BACKENDS[name]
     except (KeyError, TypeError):
         raise RetrievalIndexError(
-            f"unknown vector-index backend {name!r}; known backends: {', '.join(sorted(_BACKENDS)) or '(none registered)'}"
+            f"unknown vector-index backend {name!r}; "
+            f"known backends: {', '.join(sorted(_BACKENDS)) or '(none registered)'}"
         ) from None
 
 

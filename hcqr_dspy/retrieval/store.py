@@ -30,8 +30,9 @@ import json
 import os
 import shutil
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,10 @@ class _StringColumn:
         if fd is not None:
             self._offset = np.array([ch.offset for ch in self._chunks], dtype=np.int64)
             self._offsets_at = np.array([ch.buffers()[1].address - base for ch in self._chunks], dtype=np.int64)
-            self._data_at = np.array([(ch.buffers()[2].address - base) if ch.buffers()[2] is not None else -1
-                                      for ch in self._chunks], dtype=np.int64)
+            self._data_at = np.array(
+                [(ch.buffers()[2].address - base) if ch.buffers()[2] is not None else -1 for ch in self._chunks],
+                dtype=np.int64,
+            )
 
     def __getitem__(self, row: int) -> str:
         k = int(np.searchsorted(self._starts, row, side="right")) - 1
@@ -113,13 +116,22 @@ class PassageStore:
         renamed: How many passages had a repeated id renamed ``<id>#N``.
     """
 
-    def __init__(self, table: Any, id_hashes: np.ndarray, id_rows: np.ndarray, meta: dict[str, Any],
-                 folder: Path | None = None, fd: int | None = None, base: int | None = None):
+    def __init__(
+        self,
+        table: Any,
+        id_hashes: np.ndarray,
+        id_rows: np.ndarray,
+        meta: dict[str, Any],
+        folder: Path | None = None,
+        fd: int | None = None,
+        base: int | None = None,
+    ):
         self._table = table
         self._fd = fd
         if table.column("id").null_count or table.column("title").null_count or table.column("content").null_count:
-            raise RetrievalIndexError(f"passage store {folder or '<memory>'} holds null strings; "
-                                      "rebuild it with `hcqr index`")
+            raise RetrievalIndexError(
+                f"passage store {folder or '<memory>'} holds null strings; rebuild it with `hcqr index`"
+            )
         self._ids = _StringColumn(table.column("id"), fd, base)
         self._titles = _StringColumn(table.column("title"), fd, base)
         self._contents = _StringColumn(table.column("content"), fd, base)
@@ -141,7 +153,7 @@ class PassageStore:
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def open(cls, folder: str | Path) -> "PassageStore":
+    def open(cls, folder: str | Path) -> PassageStore:
         """Open the store in ``folder``, memory-mapped (nothing but the metadata is read).
 
         Raises:
@@ -152,8 +164,9 @@ class PassageStore:
         folder = Path(folder)
         missing = [f for f in STORE_FILES if not (folder / f).is_file()]
         if missing:
-            raise RetrievalIndexError(f"{folder} holds no passage store ({', '.join(missing)} missing); "
-                                      "rebuild it with `hcqr index`")
+            raise RetrievalIndexError(
+                f"{folder} holds no passage store ({', '.join(missing)} missing); rebuild it with `hcqr index`"
+            )
         try:
             meta = json.loads((folder / STORE_META_FILE).read_text(encoding="utf-8"))
             if meta.get("format") != STORE_FORMAT or meta.get("format_version", 0) > STORE_FORMAT_VERSION:
@@ -166,15 +179,16 @@ class PassageStore:
             rows = np.load(folder / ID_ROW_FILE, mmap_mode="r", allow_pickle=False)
             fd = os.open(folder / PASSAGES_FILE, os.O_RDONLY) if hasattr(os, "pread") else None
         except (OSError, ValueError, json.JSONDecodeError, pa.ArrowException) as exc:
-            raise RetrievalIndexError(f"passage store {folder} is unreadable ({exc}); "
-                                      "rebuild it with `hcqr index`") from None
+            raise RetrievalIndexError(
+                f"passage store {folder} is unreadable ({exc}); rebuild it with `hcqr index`"
+            ) from None
         store = cls._from_parts(table, hashes, rows, meta, folder, fd, base if fd is not None else None)
         if fd is not None:
             weakref.finalize(store, os.close, fd)
         return store
 
     @classmethod
-    def _from_parts(cls, table, hashes, rows, meta, folder, fd=None, base=None) -> "PassageStore":
+    def _from_parts(cls, table, hashes, rows, meta, folder, fd=None, base=None) -> PassageStore:
         store = cls.__new__(cls)
         PassageStore.__init__(store, table, hashes, rows, meta, folder, fd, base)
         return store
@@ -188,7 +202,7 @@ class PassageStore:
         source: str = "<memory>",
         duplicate_ids: str = "error",
         relocate: Callable[[], Iterable[tuple[Passage, str]]] | None = None,
-    ) -> "PassageStore":
+    ) -> PassageStore:
         """Write passages into a new store and open it.
 
         Args:
@@ -296,8 +310,9 @@ class PassageStore:
         """Passage ids at the given rows, in that order (rows must be in range)."""
         return self._ids.take(rows) if len(rows) else []
 
-    def iter_batches(self, batch_size: int = 4096, start: int = 0, stop: int | None = None
-                     ) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
+    def iter_batches(
+        self, batch_size: int = 4096, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
         """Rows ``start..stop`` in slices: ``(first row, ids, titles, contents)``, at most ``batch_size`` rows each.
 
         Only one slice's strings exist as Python objects at a time.
@@ -305,8 +320,12 @@ class PassageStore:
         stop = self._n if stop is None else min(stop, self._n)
         for first in range(start, stop, batch_size):
             part = self._table.slice(first, min(batch_size, stop - first))
-            yield (first, part.column("id").to_pylist(), part.column("title").to_pylist(),
-                   part.column("content").to_pylist())
+            yield (
+                first,
+                part.column("id").to_pylist(),
+                part.column("title").to_pylist(),
+                part.column("content").to_pylist(),
+            )
 
     def texts(self, batch_size: int = 4096) -> Iterator[str]:
         """Every passage's :attr:`Passage.text`, in order, streamed."""

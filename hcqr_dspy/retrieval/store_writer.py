@@ -62,8 +62,12 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
 
     def flush() -> None:
         if ids:
-            writer.write_batch(pa.record_batch([pa.array(ids, pa.string()), pa.array(titles, pa.string()),
-                                                pa.array(contents, pa.string())], schema=schema))
+            writer.write_batch(
+                pa.record_batch(
+                    [pa.array(ids, pa.string()), pa.array(titles, pa.string()), pa.array(contents, pa.string())],
+                    schema=schema,
+                )
+            )
             hash_parts.append(np.fromiter((id_hash(i) for i in ids), dtype=np.uint64, count=len(ids)))
             ids.clear()
             titles.clear()
@@ -106,9 +110,16 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
         order = np.argsort(hashes, kind="stable")
     sorted_hashes = np.ascontiguousarray(hashes[order])
     order = order.astype(np.int64)
-    meta = {"format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION, "count": count,
-            "fingerprint": fingerprint.hexdigest(), "source": source, "duplicate_ids": duplicate_ids,
-            "renamed": renamed, "id_hash": "blake2b-64"}
+    meta = {
+        "format": STORE_FORMAT,
+        "format_version": STORE_FORMAT_VERSION,
+        "count": count,
+        "fingerprint": fingerprint.hexdigest(),
+        "source": source,
+        "duplicate_ids": duplicate_ids,
+        "renamed": renamed,
+        "id_hash": "blake2b-64",
+    }
     if folder is None:
         return table, sorted_hashes, order, meta, None
     np.save(folder / ID_HASH_FILE, sorted_hashes, allow_pickle=False)
@@ -188,8 +199,16 @@ def _rewrite_ids(table, new_ids: dict[int, str], folder: Path | None, schema):
             titles, contents = part.column("title").to_pylist(), part.column("content").to_pylist()
             for pid, title, content in zip(ids, titles, contents):
                 fingerprint.add(pid, title, content)
-            writer.write_batch(pa.record_batch([pa.array(ids, pa.string()), part.column("title").combine_chunks(),
-                                                part.column("content").combine_chunks()], schema=schema))
+            writer.write_batch(
+                pa.record_batch(
+                    [
+                        pa.array(ids, pa.string()),
+                        part.column("title").combine_chunks(),
+                        part.column("content").combine_chunks(),
+                    ],
+                    schema=schema,
+                )
+            )
     if folder is not None:
         sink.close()
         del table

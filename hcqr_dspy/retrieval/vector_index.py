@@ -37,12 +37,14 @@ searches keep their recall, reading pages from disk (bench/RESULTS.md,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from hcqr_dspy.errors import RetrievalIndexError
+from hcqr_dspy.retrieval.faiss_internals import code_bytes, faiss_reason, min_training_points, skip_polysemous_training
 from hcqr_dspy.retrieval.registry import register_backend
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,11 +94,13 @@ class VectorIndex(ABC):
         Raises:
             RetrievalIndexError: a setting this backend cannot build with.
         """
+        return None  # the default accepts every setting; a backend overrides it to refuse some
 
     @classmethod
     @abstractmethod
-    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, corpus: Any = None,
-              **settings: Any) -> "VectorIndex":
+    def build(
+        cls, embeddings: EmbeddingStore, show_progress: bool = True, corpus: Any = None, **settings: Any
+    ) -> VectorIndex:
         """Build from finished embeddings (``embeddings.complete``); ``settings`` are the backend's build options.
 
         ``corpus`` is the passage store the rows belong to, for backends that
@@ -141,7 +145,7 @@ class VectorIndex(ABC):
 
     @classmethod
     @abstractmethod
-    def read(cls, folder: Path, record: dict[str, Any]) -> "VectorIndex":
+    def read(cls, folder: Path, record: dict[str, Any]) -> VectorIndex:
         """Read an index written by :meth:`write`; ``record`` is its :meth:`describe` from the manifest."""
 
 
@@ -180,13 +184,15 @@ class FaissIndex(VectorIndex):
         import faiss
 
         if not isinstance(factory, str) or not factory.strip():
-            raise RetrievalIndexError(f"--faiss needs a faiss index_factory string (Flat, HNSW32, IVF1024,PQ32 ...), got {factory!r}")
+            raise RetrievalIndexError(
+                f"--faiss needs a faiss index_factory string (Flat, HNSW32, IVF1024,PQ32 ...), got {factory!r}"
+            )
         try:
             return faiss.index_factory(int(dimension), factory.strip(), faiss.METRIC_INNER_PRODUCT)
         except (RuntimeError, MemoryError) as exc:  # MemoryError: std::bad_alloc
             raise RetrievalIndexError(
                 f"--faiss {factory!r} is not a faiss index_factory string usable with {dimension}-d vectors "
-                f"({_faiss_reason(exc)}); "
+                f"({faiss_reason(exc)}); "
                 "examples: Flat, HNSW32, IVF1024,PQ32, IVF4096,SQ8"
             ) from None
 
@@ -203,8 +209,14 @@ class FaissIndex(VectorIndex):
         return min(count, max(MIN_TRAIN, min(MAX_TRAIN, TRAIN_PER_LIST * nlist)))
 
     @classmethod
-    def check_settings(cls, dimension: int, factory: str = DEFAULT_FACTORY, train_size: int | None = None,
-                       seed: int = 0, **unknown: Any) -> None:
+    def check_settings(
+        cls,
+        dimension: int,
+        factory: str = DEFAULT_FACTORY,
+        train_size: int | None = None,
+        seed: int = 0,
+        **unknown: Any,
+    ) -> None:
         """Refuse bad build settings before anything is read or encoded: unknown options, a bad ``train_size``,
         and a factory string that is not one of the forms hcqr builds with its numbers in range
         (:func:`~hcqr_dspy.retrieval.faiss_factory.check_factory`: faiss itself aborts the process on some,
@@ -216,15 +228,26 @@ class FaissIndex(VectorIndex):
         from hcqr_dspy.retrieval.faiss_factory import check_factory
 
         if unknown:
-            raise RetrievalIndexError(f"unknown faiss build option(s) {', '.join(sorted(unknown))}; known: factory, train_size, seed")
-        if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1):
+            raise RetrievalIndexError(
+                f"unknown faiss build option(s) {', '.join(sorted(unknown))}; known: factory, train_size, seed"
+            )
+        if train_size is not None and (
+            isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1
+        ):
             raise RetrievalIndexError(f"train_size must be a positive integer, got {train_size!r}")
         cls.make(check_factory(factory or DEFAULT_FACTORY, dimension), dimension)
 
     @classmethod
-    def build(cls, embeddings: "EmbeddingStore", show_progress: bool = True, corpus: Any = None,
-              factory: str = DEFAULT_FACTORY, train_size: int | None = None, seed: int = 0,
-              **unknown: Any) -> "FaissIndex":
+    def build(
+        cls,
+        embeddings: EmbeddingStore,
+        show_progress: bool = True,
+        corpus: Any = None,
+        factory: str = DEFAULT_FACTORY,
+        train_size: int | None = None,
+        seed: int = 0,
+        **unknown: Any,
+    ) -> FaissIndex:
         """Build from ``embeddings``: make, train on a seeded sample if needed, add chunk by chunk.
 
         Args:
@@ -237,30 +260,40 @@ class FaissIndex(VectorIndex):
             RetrievalIndexError: unknown setting, bad factory string, or too
                 few passages to train (e.g. fewer than ``nlist``).
         """
-        import faiss
         from tqdm.auto import tqdm
 
         cls.check_settings(embeddings.dimension, factory, train_size, seed, **unknown)
         factory = (factory or DEFAULT_FACTORY).strip()
         index = cls.make(factory, embeddings.dimension)
-        _skip_polysemous_training(index)
+        skip_polysemous_training(index)
         trained_on = 0
         if not index.is_trained:
-            n = cls.default_train_size(index, embeddings.count) if train_size is None else min(int(train_size), embeddings.count)
-            needed = _min_training_points(index)
+            n = (
+                cls.default_train_size(index, embeddings.count)
+                if train_size is None
+                else min(int(train_size), embeddings.count)
+            )
+            needed = min_training_points(index)
             if n < needed:
                 raise RetrievalIndexError(
                     f"faiss {factory!r} needs at least {needed} training vectors but the corpus has {embeddings.count} "
-                    f"passages{'' if train_size is None else f' (train_size {train_size})'}; pick a smaller nlist/codebook "
-                    "or Flat/HNSW for a corpus this small"
+                    f"passages{'' if train_size is None else f' (train_size {train_size})'}; "
+                    "pick a smaller nlist/codebook or Flat/HNSW for a corpus this small"
                 )
             try:
                 index.train(embeddings.sample(n, seed))
             except RuntimeError as exc:
-                raise RetrievalIndexError(f"faiss {factory!r} could not be trained on {n} vectors: {_faiss_reason(exc)}") from None
+                raise RetrievalIndexError(
+                    f"faiss {factory!r} could not be trained on {n} vectors: {faiss_reason(exc)}"
+                ) from None
             trained_on = n
-        with tqdm(total=embeddings.count, unit="vector", desc=f"adding to faiss {factory}", disable=not show_progress,
-                  dynamic_ncols=True) as bar:
+        with tqdm(
+            total=embeddings.count,
+            unit="vector",
+            desc=f"adding to faiss {factory}",
+            disable=not show_progress,
+            dynamic_ncols=True,
+        ) as bar:
             for _, chunk in embeddings.iter_chunks():
                 index.add(np.ascontiguousarray(chunk, dtype=np.float32))
                 bar.update(len(chunk))
@@ -296,10 +329,17 @@ class FaissIndex(VectorIndex):
     def describe(self) -> dict[str, Any]:
         import faiss
 
-        return {"backend": "faiss", "factory": self.factory, "type": type(self.index).__name__,
-                "metric": "inner_product", "ntotal": self.ntotal, "trained_on": self.trained_on, "seed": self.seed,
-                "code_bytes_per_vector": _code_bytes(self.index),
-                "memory_mapped": _is_refine(type(faiss.downcast_index(self.index)).__name__)}
+        return {
+            "backend": "faiss",
+            "factory": self.factory,
+            "type": type(self.index).__name__,
+            "metric": "inner_product",
+            "ntotal": self.ntotal,
+            "trained_on": self.trained_on,
+            "seed": self.seed,
+            "code_bytes_per_vector": code_bytes(self.index),
+            "memory_mapped": _is_refine(type(faiss.downcast_index(self.index)).__name__),
+        }
 
     def write(self, folder: Path) -> None:
         import faiss
@@ -307,7 +347,7 @@ class FaissIndex(VectorIndex):
         faiss.write_index(self.index, str(folder / FAISS_FILE))
 
     @classmethod
-    def read(cls, folder: Path, record: dict[str, Any]) -> "FaissIndex":
+    def read(cls, folder: Path, record: dict[str, Any]) -> FaissIndex:
         import faiss
 
         # faiss.read_index parses faiss's own binary format; it does not unpickle. A refine index is mapped, not
@@ -316,65 +356,7 @@ class FaissIndex(VectorIndex):
         try:
             index = faiss.read_index(str(folder / FAISS_FILE), flags)
         except RuntimeError as exc:
-            raise RetrievalIndexError(f"{folder / FAISS_FILE} is not a readable faiss index: {_faiss_reason(exc)}") from None
+            raise RetrievalIndexError(
+                f"{folder / FAISS_FILE} is not a readable faiss index: {faiss_reason(exc)}"
+            ) from None
         return cls(index, record.get("factory", DEFAULT_FACTORY), record.get("trained_on", 0), record.get("seed", 0))
-
-
-def _min_training_points(index: Any) -> int:
-    import faiss
-
-    try:
-        return int(faiss.extract_index_ivf(index).nlist)
-    except RuntimeError:
-        return 1
-
-
-def _skip_polysemous_training(index: Any) -> None:
-    """Turn off faiss's polysemous training of PQ codes (``IndexPQ``, ``IndexIVFPQ``), as the factory suffix ``np`` does.
-
-    faiss trains PQ codebooks and then, by default, reorders their centroids so that
-    Hamming distances between codes track real distances (polysemous codes, Douze,
-    Jegou & Perronnin, ECCV 2016; ``do_polysemous_training``). That simulated annealing
-    only serves polysemous search (``polysemous_ht``), which hcqr never uses: it searches
-    by asymmetric distance, whose results the reordering does not change. With many
-    sub-quantizers it is most of the build (``IVF256,PQ96`` over 41k 384-d vectors:
-    minutes of annealing after seconds of k-means).
-    """
-    import faiss
-
-    parts = [faiss.downcast_index(index)]
-    if isinstance(parts[0], faiss.IndexPreTransform):
-        parts.append(faiss.downcast_index(parts[0].index))
-    try:
-        parts.append(faiss.downcast_index(faiss.extract_index_ivf(index)))
-    except RuntimeError:  # not an IVF index
-        pass
-    for part in parts:
-        if hasattr(part, "do_polysemous_training"):
-            part.do_polysemous_training = False
-
-def _faiss_reason(exc: BaseException) -> str:
-    """The useful clause of a faiss C++ error (after ``failed:`` or the last ``: ``), at most 200 characters."""
-    text = " ".join(str(exc).split())
-    if "failed: " in text:
-        text = text.split("failed: ", 1)[1]
-    elif ": " in text:
-        text = text.rsplit(": ", 1)[1]
-    return text[:200]
-
-
-def _code_bytes(index: Any) -> float | None:
-    """Bytes of each stored vector's code (faiss ``code_size``; for IVF types the inverted lists' codes),
-    not counting the 8-byte ids of IVF lists nor HNSW graph links."""
-    import faiss
-
-    try:
-        return float(faiss.extract_index_ivf(index).code_size)
-    except RuntimeError:
-        pass
-    for candidate in (index, getattr(faiss.downcast_index(index), "storage", None)):  # HNSW: its storage's codes
-        try:
-            return float(candidate.sa_code_size())
-        except (RuntimeError, AttributeError):
-            continue
-    return None

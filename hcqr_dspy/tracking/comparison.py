@@ -46,14 +46,21 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
     first = folders[ref].config if (folders[ref].path / "config.json").is_file() else {}
     dataset = Path(first.get("dataset", "")).stem or "?"
     lm = (first.get("lm") or {}).get("spec") or "?"
-    run_ids = {label: (f.config.get("mlflow_run_id") if (f.path / "config.json").is_file() else None)
-               for label, f in folders.items()}
+    run_ids = {
+        label: (f.config.get("mlflow_run_id") if (f.path / "config.json").is_file() else None)
+        for label, f in folders.items()
+    }
     name = f"compare {' vs '.join(labels)} · {dataset} · {lm}"
-    tags = {"kind": "comparison", "reference": ref, "dataset": dataset,
-            "runs": ",".join(r for r in run_ids.values() if r),
-            **{f"run.{_metric_label(label)}": rid for label, rid in run_ids.items() if rid}}
-    with mlflow_run(name, {"reference": ref, "questions": summary["questions"]}, tags=tags,
-                    store=mlflow_dir, traces=False) as run:
+    tags = {
+        "kind": "comparison",
+        "reference": ref,
+        "dataset": dataset,
+        "runs": ",".join(r for r in run_ids.values() if r),
+        **{f"run.{_metric_label(label)}": rid for label, rid in run_ids.items() if rid},
+    }
+    with mlflow_run(
+        name, {"reference": ref, "questions": summary["questions"]}, tags=tags, store=mlflow_dir, traces=False
+    ) as run:
         metrics: dict[str, float] = {}
         ref_acc = summary["runs"][ref].get("accuracy")
         for label, info in summary["runs"].items():
@@ -66,8 +73,12 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
                 metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
                 metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
         mlflow.log_metrics(metrics)
-        lines = [f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).", "",
-                 "| run | accuracy | Δ vs reference | McNemar p | MLflow run |", "|---|---:|---:|---:|---|"]
+        lines = [
+            f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).",
+            "",
+            "| run | accuracy | Δ vs reference | McNemar p | MLflow run |",
+            "|---|---:|---:|---:|---|",
+        ]
         for label in labels:
             info = summary["runs"][label]
             delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"

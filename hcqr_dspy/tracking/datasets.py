@@ -23,8 +23,9 @@ def questions_dataset(questions, name: str, experiment_id: str):
     from mlflow.genai import datasets
 
     def find():
-        found = datasets.search_datasets(experiment_ids=[experiment_id], filter_string=f"name = '{name}'",
-                                         max_results=1)
+        found = datasets.search_datasets(
+            experiment_ids=[experiment_id], filter_string=f"name = '{name}'", max_results=1
+        )
         return found[0] if found else None
 
     dataset = find()
@@ -47,10 +48,14 @@ def _fill_dataset(dataset, questions, name: str, experiment_id: str, find):
             dataset = find()
             if dataset is None:
                 raise
-    dataset.merge_records([
-        {"inputs": {"question": q.question, "options": dict(q.options)},
-         **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
-         "tags": {"qid": str(q.qid)}}
-        for q in questions
-    ])
+    dataset.merge_records(
+        [
+            {
+                "inputs": {"question": q.question, "options": dict(q.options)},
+                **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
+                "tags": {"qid": str(q.qid)},
+            }
+            for q in questions
+        ]
+    )
     return dataset

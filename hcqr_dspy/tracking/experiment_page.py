@@ -32,7 +32,8 @@ KEY_METRICS = ("accuracy", "accuracy_se", "invalid_rate", "dur", "mean_lm_calls"
 KEY_VIEW = "hcqr-key-metrics"
 KEY_VIEW_STATE = {
     "selectedColumns": [*(f"metrics.`{m}`" for m in KEY_METRICS), "tags.`program`", "attributes.`Dataset`"],
-    "orderByKey": "attributes.start_time", "orderByAsc": False,
+    "orderByKey": "attributes.start_time",
+    "orderByAsc": False,
 }
 
 
@@ -46,8 +47,11 @@ def set_experiment_page(client: Any, experiment_id: str) -> None:
     """
     tags = client.get_experiment(experiment_id).tags
     if "mlflow.note.content" not in tags:  # a description a user wrote is kept
-        client.set_experiment_tag(experiment_id, "mlflow.note.content",
-                                  EXPERIMENT_DESCRIPTION.format(experiment_id=experiment_id, view=KEY_VIEW))
+        client.set_experiment_tag(
+            experiment_id,
+            "mlflow.note.content",
+            EXPERIMENT_DESCRIPTION.format(experiment_id=experiment_id, view=KEY_VIEW),
+        )
     view = json.dumps(KEY_VIEW_STATE)
     if tags.get(f"mlflow.sharedViewState.{KEY_VIEW}") != view:
         client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{KEY_VIEW}", view)

@@ -3,9 +3,10 @@ DSPy traces recorded while it runs, and its description."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.tracking.experiment_page import EXPERIMENT
@@ -129,19 +130,27 @@ def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") 
 
     client = mlflow.MlflowClient()
     q = config.get("questions") or {}
-    lines = [f"**{config['method']}** on {q.get('count')} questions of `{config['dataset']}` "
-             f"({'scored against gold answers' if kind == 'evaluation' else 'no gold answers: predictions only'}), "
-             f"LM `{(config.get('lm') or {}).get('spec')}`."]
+    lines = [
+        f"**{config['method']}** on {q.get('count')} questions of `{config['dataset']}` "
+        f"({'scored against gold answers' if kind == 'evaluation' else 'no gold answers: predictions only'}), "
+        f"LM `{(config.get('lm') or {}).get('spec')}`."
+    ]
     saved = config.get("saved_program")
     if saved:
         compile_id = saved.get("compile_run_id")
         link = run_link(compile_id) if compile_id else None
-        lines.append(f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
-                     f"{saved.get('train_count')} {saved.get('train_dataset')} questions, "
-                     f"from `{saved.get('source')}`; "
-                     + (f"compile run {link}." if link
-                        else f"compile run `{compile_id}` (not in this store)." if compile_id
-                        else "no compile run recorded."))
+        lines.append(
+            f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
+            f"{saved.get('train_count')} {saved.get('train_dataset')} questions, "
+            f"from `{saved.get('source')}`; "
+            + (
+                f"compile run {link}."
+                if link
+                else f"compile run `{compile_id}` (not in this store)."
+                if compile_id
+                else "no compile run recorded."
+            )
+        )
         if compile_id:
             client.set_tag(run_id, "compile_run_id", compile_id)
     else:

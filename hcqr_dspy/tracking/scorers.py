@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
-from typing import Any, Sequence
+from typing import Any
 
 import dspy
 import mlflow
@@ -58,8 +59,9 @@ def correct(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedback |
         return None  # an unlabelled question: nothing to score
     answer = outputs.get("answer")
     value = is_correct(answer, bool(outputs.get("valid")), gold)
-    return Feedback(name="correct", value=value, source=CODE,
-                    rationale=f"answered {answer or 'nothing valid'}, gold {gold}")
+    return Feedback(
+        name="correct", value=value, source=CODE, rationale=f"answered {answer or 'nothing valid'}, gold {gold}"
+    )
 
 
 @scorer(name="valid", description="The reply was one of the question's option letters.")
@@ -68,16 +70,22 @@ def valid(outputs: dict[str, Any]) -> Feedback:
     return Feedback(name="valid", value=ok, source=CODE, rationale=None if ok else outputs.get("error"))
 
 
-@scorer(name="hypothesis", description="HCQR: how the final answer relates to the working hypothesis (kept_right, "
-                                       "kept_wrong, fixed, broke, changed_wrong_to_wrong, invalid_answer).")
+@scorer(
+    name="hypothesis",
+    description="HCQR: how the final answer relates to the working hypothesis (kept_right, "
+    "kept_wrong, fixed, broke, changed_wrong_to_wrong, invalid_answer).",
+)
 def hypothesis(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedback | None:
     h = (outputs.get("hypothesis") or {}).get("working_hypothesis")
     outcome = hypothesis_outcome(h, outputs.get("answer"), bool(outputs.get("valid")), _gold(expectations))
     if outcome is None:
         return None
-    return Feedback(name="hypothesis", value=outcome, source=CODE,
-                    rationale=f"hypothesis {h}, answer {outputs.get('answer') or 'invalid'}, "
-                              f"gold {_gold(expectations)}")
+    return Feedback(
+        name="hypothesis",
+        value=outcome,
+        source=CODE,
+        rationale=f"hypothesis {h}, answer {outputs.get('answer') or 'invalid'}, gold {_gold(expectations)}",
+    )
 
 
 def run_scorers(labelled: bool = True) -> list[Scorer]:
@@ -120,8 +128,11 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
     judge = DURJudge("context", reasoning)
     source = AssessmentSource(source_type="LLM_JUDGE", source_id=judge_lm or getattr(lm, "model", str(lm)))
 
-    @scorer(name="dur", description="Decision-Useful Rate judge: ENTAILED / USEFUL / NOT_USEFUL for the context "
-                                    "the answer step saw, given the gold answer (HCQR paper).")
+    @scorer(
+        name="dur",
+        description="Decision-Useful Rate judge: ENTAILED / USEFUL / NOT_USEFUL for the context "
+        "the answer step saw, given the gold answer (HCQR paper).",
+    )
     def dur(inputs: dict[str, Any], expectations: dict[str, Any], trace: Any) -> list[Feedback] | None:
         gold = _gold(expectations)
         context = answer_context(trace)
@@ -132,8 +143,11 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
         if pred.label is None:
             from mlflow.entities.assessment_error import AssessmentError
 
-            label = Feedback(name="dur", source=source, error=AssessmentError(error_code="INVALID_JUDGMENT",
-                                                                               error_message=str(pred.error)))
+            label = Feedback(
+                name="dur",
+                source=source,
+                error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(pred.error)),
+            )
         else:
             label = Feedback(name="dur", value=pred.label, rationale=pred.rationale, source=source)
         return [label, Feedback(name="dur_positive_control", value=pred.positive_label, source=source)]
@@ -141,8 +155,9 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
     return dur
 
 
-def score_run(rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: bool = True,
-              scorers: Sequence[Scorer] | None = None) -> dict[str, float]:
+def score_run(
+    rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: bool = True, scorers: Sequence[Scorer] | None = None
+) -> dict[str, float]:
     """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
 
     Args:
@@ -161,8 +176,11 @@ def score_run(rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: boo
     ids = [r["trace_id"] for r in rows if r.get("trace_id")]
     found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids) if t is not None]
     if len(found) < len(ids):
-        print(f"hcqr: note: {len(ids) - len(found)} of {len(ids)} question traces are not in this MLflow store; "
-              "they are not scored", file=sys.stderr)
+        print(
+            f"hcqr: note: {len(ids) - len(found)} of {len(ids)} question traces are not in this MLflow store; "
+            "they are not scored",
+            file=sys.stderr,
+        )
     if not found:
         return {}
     data = pd.DataFrame({"trace": found})
@@ -174,8 +192,11 @@ def score_run(rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: boo
     with redirect_stdout(chatter), redirect_stderr(chatter):
         result = mlflow.genai.evaluate(data=data, scorers=list(scorers or run_scorers(labelled)))
     metrics = {k: float(v) for k, v in result.metrics.items()}
-    print(f"scored {len(found)} question traces with mlflow.genai.evaluate: "
-          + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())), file=sys.stderr)
+    print(
+        f"scored {len(found)} question traces with mlflow.genai.evaluate: "
+        + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())),
+        file=sys.stderr,
+    )
     return metrics
 
 

@@ -75,8 +75,12 @@ MODEL_CODE = Path(__file__).with_name("served_model.py")
 # local model on a CPU (three LM calls, minutes each), which it answers with "Request processing time exceeded
 # limit" (HTTP 504).
 SERVE_TIMEOUT_S = 1800
-ENV_OVERRIDES = {"lm": "HCQR_SERVE_LM", "index": "HCQR_SERVE_INDEX", "api_base": "HCQR_SERVE_API_BASE",
-                 "api_key_env": "HCQR_SERVE_API_KEY_ENV"}
+ENV_OVERRIDES = {
+    "lm": "HCQR_SERVE_LM",
+    "index": "HCQR_SERVE_INDEX",
+    "api_base": "HCQR_SERVE_API_BASE",
+    "api_key_env": "HCQR_SERVE_API_KEY_ENV",
+}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -108,9 +112,13 @@ class ProgramModel:
                 raise HCQRError(f"the {meta['method']} program needs an index: set {ENV_OVERRIDES['index']}")
             retriever = load_index(index)
         self.program, self.meta = load_program(folder, retriever)
-        self.lm = build_lm(config["lm"], max_tokens=int(config.get("max_tokens") or 1024),
-                           n_ctx=int(config.get("n_ctx") or 8192), api_base=config.get("api_base"),
-                           api_key_env=config.get("api_key_env"))
+        self.lm = build_lm(
+            config["lm"],
+            max_tokens=int(config.get("max_tokens") or 1024),
+            n_ctx=int(config.get("n_ctx") or 8192),
+            api_base=config.get("api_base"),
+            api_key_env=config.get("api_key_env"),
+        )
 
     def predict(self, context, model_input, params=None) -> list[dict[str, Any]]:
         """Answer a batch of questions: ``model_input`` is a DataFrame (``dataframe_records``), a list of
@@ -132,9 +140,21 @@ class ProgramModel:
                 continue
             with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
                 pred = self.program(question=ex.question, options=ex.options)
-            out.append({**answer_record(qid, ex.options, pred.get("answer"), bool(pred.get("valid")), pred.get("error"),
-                                        pred.get("hypothesis"), pred.get("queries"), pred.get("passages")),
-                        "rejected": None})
+            out.append(
+                {
+                    **answer_record(
+                        qid,
+                        ex.options,
+                        pred.get("answer"),
+                        bool(pred.get("valid")),
+                        pred.get("error"),
+                        pred.get("hypothesis"),
+                        pred.get("queries"),
+                        pred.get("passages"),
+                    ),
+                    "rejected": None,
+                }
+            )
         return out
 
 
@@ -175,8 +195,9 @@ def request_records(model_input: Any) -> list[Any]:
         model_input = model_input.tolist()
     if isinstance(model_input, (list, tuple)):
         return list(model_input)
-    raise request_rejected([(None, None, "request", f"must be records {{question, options[, qid]}}, not "
-                                                    f"{_kind(model_input)}")])
+    raise request_rejected(
+        [(None, None, "request", f"must be records {{question, options[, qid]}}, not {_kind(model_input)}")]
+    )
 
 
 def record_qid(row: int, record: Any) -> str:
@@ -209,8 +230,9 @@ def record_fault(record: Any) -> tuple[str, str] | None:
         return "options", f"at most {len(LETTERS)} are allowed (A to Z), got {len(options)}"
     labels = sorted(str(k).strip().upper() for k in options)
     if labels != list(LETTERS[: len(labels)]):
-        return "options", (f"labels must be the letters {', '.join(LETTERS[: len(labels)])}, "
-                           f"got {', '.join(map(str, options))}")
+        return "options", (
+            f"labels must be the letters {', '.join(LETTERS[: len(labels)])}, got {', '.join(map(str, options))}"
+        )
     for key, text in options.items():
         if not isinstance(text, str):
             return f"options.{key}", f"must be text, not {_kind(text)}"
@@ -226,8 +248,9 @@ def check_record(row: int, record: Any):
     if fault:
         return qid, None, fault
     try:
-        ex = check_question(qid, {"question": record["question"], "options": record["options"]}, f"record {row}",
-                            labelled=False)
+        ex = check_question(
+            qid, {"question": record["question"], "options": record["options"]}, f"record {row}", labelled=False
+        )
     except DataError as exc:  # a rule of check_question that record_fault does not know
         return qid, None, ("record", str(exc))
     return qid, ex, None
@@ -238,8 +261,10 @@ def request_rejected(faults: list[tuple[int | None, str | None, str, str]]) -> E
     (row and qid ``None`` for the request as a whole): an ``MlflowException`` (and :class:`HCQRError`) with
     error code ``INVALID_PARAMETER_VALUE``, which MLflow's scoring server answers with HTTP 400 and the body
     ``{error_code, message, rejected: [{row, qid, field, reason}], sqlstate, error_class}``."""
-    said = [f"{field}: {reason}" if row is None else f"record {row} (qid {qid!r}): {field}: {reason}"
-            for row, qid, field, reason in faults]
+    said = [
+        f"{field}: {reason}" if row is None else f"record {row} (qid {qid!r}): {field}: {reason}"
+        for row, qid, field, reason in faults
+    ]
     more = f"; and {len(said) - MESSAGE_FAULTS} more (see 'rejected')" if len(said) > MESSAGE_FAULTS else ""
     message = "no record of the request can be answered: " + "; ".join(said[:MESSAGE_FAULTS]) + more
     rejected = [{"row": row, "qid": qid, "field": field, "reason": reason} for row, qid, field, reason in faults]
@@ -256,9 +281,18 @@ def python_model():
     return PyfuncProgramModel()
 
 
-def log_program_model(folder: str | Path, lm: str, index: str | None = None, register: str | None = None,
-                      alias: str | None = None, max_tokens: int = 1024, n_ctx: int = 8192, api_base: str | None = None,
-                      api_key_env: str | None = None, name: str = "program") -> dict[str, Any]:
+def log_program_model(
+    folder: str | Path,
+    lm: str,
+    index: str | None = None,
+    register: str | None = None,
+    alias: str | None = None,
+    max_tokens: int = 1024,
+    n_ctx: int = 8192,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    name: str = "program",
+) -> dict[str, Any]:
     """Log a saved program as a pyfunc model of the active MLflow run, and register it if asked.
 
     Args:
@@ -288,19 +322,39 @@ def log_program_model(folder: str | Path, lm: str, index: str | None = None, reg
             artifacts["index"], index_ref = str(Path(index).resolve()), "bundled"
         else:
             index_ref = str(Path(index).resolve())
-    config = {"method": meta["method"], "index": index_ref, "lm": lm, "api_base": api_base, "api_key_env": api_key_env,
-              "max_tokens": max_tokens, "n_ctx": n_ctx}
+    config = {
+        "method": meta["method"],
+        "index": index_ref,
+        "lm": lm,
+        "api_base": api_base,
+        "api_key_env": api_key_env,
+        "max_tokens": max_tokens,
+        "n_ctx": n_ctx,
+    }
     info = mlflow.pyfunc.log_model(
-        name=name, python_model=str(MODEL_CODE), artifacts=artifacts, model_config=config,
-        pip_requirements=[f"hcqr-dspy=={__version__}"], registered_model_name=register,
-        metadata={"hcqr_dspy_program": {"method": meta["method"], "optimizer": meta.get("optimizer"),
-                                        "recipe": (meta.get("recipe") or {}).get("name")}},
+        name=name,
+        python_model=str(MODEL_CODE),
+        artifacts=artifacts,
+        model_config=config,
+        pip_requirements=[f"hcqr-dspy=={__version__}"],
+        registered_model_name=register,
+        metadata={
+            "hcqr_dspy_program": {
+                "method": meta["method"],
+                "optimizer": meta.get("optimizer"),
+                "recipe": (meta.get("recipe") or {}).get("name"),
+            }
+        },
     )
     version = getattr(info, "registered_model_version", None)
     if register and alias:
         mlflow.MlflowClient().set_registered_model_alias(register, alias, str(version))
-    return {"model_uri": info.model_uri, "registered": f"models:/{register}/{version}" if register else None,
-            "version": version, "index": index_ref}
+    return {
+        "model_uri": info.model_uri,
+        "registered": f"models:/{register}/{version}" if register else None,
+        "version": version,
+        "index": index_ref,
+    }
 
 
 def program_folder_of_model(model_dir: str | Path) -> Path:
@@ -318,6 +372,8 @@ def program_folder_of_model(model_dir: str | Path) -> Path:
         raise HCQRError(f"{model_dir} is not an MLflow model ({exc})") from None
     program = (flavor.get("artifacts") or {}).get("program")
     if not program:
-        raise HCQRError(f"the MLflow model at {model_dir} holds no hcqr-dspy program (no 'program' artifact); "
-                        "log programs with `hcqr compile --register NAME`")
+        raise HCQRError(
+            f"the MLflow model at {model_dir} holds no hcqr-dspy program (no 'program' artifact); "
+            "log programs with `hcqr compile --register NAME`"
+        )
     return model_dir / program["path"]

@@ -12,9 +12,9 @@ import fcntl
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from hcqr_dspy.errors import DiskFullError, HCQRError
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
@@ -74,7 +74,8 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
             experiment_id = found.experiment_id
         else:
             experiment_id = mlflow.create_experiment(
-                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri())
+                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri()
+            )
         set_experiment_page(mlflow.MlflowClient(), experiment_id)
     mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
     return experiment_id
@@ -122,8 +123,9 @@ def open_store(path: str | Path | None = None) -> str:
         if disk_full(exc):
             raise disk_full_error(exc, f"the MLflow store {store_dir(path)} could not be written") from None
         first = (str(exc).splitlines() or [""])[0][:300]
-        raise HCQRError(f"the MLflow store {tracking_uri(path)} cannot be used: {type(exc).__name__}: "
-                        f"{first}") from None
+        raise HCQRError(
+            f"the MLflow store {tracking_uri(path)} cannot be used: {type(exc).__name__}: {first}"
+        ) from None
 
 
 @contextmanager
@@ -140,8 +142,9 @@ def store_outages(path: str | Path | None = None) -> Iterator[None]:
         if said is not None:
             raise said from None
         if not isinstance(exc, HCQRError) and disk_full(exc):
-            raise disk_full_error(exc, f"rows written so far are saved; the MLflow store is "
-                                       f"{store_dir(path)}") from None
+            raise disk_full_error(
+                exc, f"rows written so far are saved; the MLflow store is {store_dir(path)}"
+            ) from None
         raise
 
 
@@ -156,6 +159,6 @@ def store_lock(name: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    with open(Path(uri[len("sqlite:///"):]).parent / name, "a") as fh:
+    with open(Path(uri[len("sqlite:///") :]).parent / name, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
         yield

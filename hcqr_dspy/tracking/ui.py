@@ -44,8 +44,9 @@ def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int 
     """
     check_port(host, port)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(ui_command(path, host, port, workers), env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        ui_command(path, host, port, workers), env=env, start_new_session=True, preexec_fn=_die_with_parent
+    )
     stopped: list[int] = []
 
     def on_signal(signum, _frame):
@@ -86,22 +87,38 @@ def check_port(host: str, port: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
     except socket.gaierror as exc:
-        raise HCQRError(f"cannot serve on {host}:{port}: {host!r} is not a known host name ({exc.strerror}); "
-                        "give --host an address of this machine") from None
+        raise HCQRError(
+            f"cannot serve on {host}:{port}: {host!r} is not a known host name ({exc.strerror}); "
+            "give --host an address of this machine"
+        ) from None
     except OverflowError:
         raise HCQRError(f"cannot serve on {host}:{port}: a port is 1 to 65535") from None
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise HCQRError(f"port {port} on {host} is already in use by another program; stop it or choose another "
-                            "--port") from None
+            raise HCQRError(
+                f"port {port} on {host} is already in use by another program; stop it or choose another --port"
+            ) from None
         raise HCQRError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def ui_command(path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000,
-               workers: int = 1) -> list[str]:
+def ui_command(
+    path: str | Path | None = None, host: str = "127.0.0.1", port: int = 5000, workers: int = 1
+) -> list[str]:
     """The ``mlflow server`` command line of :func:`serve_ui`."""
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(path),
-            "--host", host, "--port", str(port), "--workers", str(workers)]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        tracking_uri(path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
 
 
 def _die_with_parent() -> None:

@@ -75,6 +75,7 @@ class CompileSpec:
     register: str | None = None
     alias: str | None = None
 
+
 def probe_writable(folder: Path) -> None:
     """Check that ``folder`` can be created and written, leaving nothing behind that was not there.
 
@@ -122,8 +123,9 @@ def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
                     folder.rmdir()
 
 
-def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None,
-                     reflection_lm=None) -> dict[str, Any]:
+def compile_and_save(
+    spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None, reflection_lm=None
+) -> dict[str, Any]:
     """Compile a program with a recipe, save it, and track the compile in MLflow (call :func:`run_compile`).
 
     Every input is checked before the first LM call: the recipe, the method,
@@ -166,11 +168,17 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
     reflection_spec = spec.reflection_lm or recipe.reflection_lm
     if recipe.optimizer == "GEPA":
         if reflection_lm is None and not reflection_spec:
-            raise RecipeError(f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set "
-                              "reflection_lm in the recipe")
+            raise RecipeError(
+                f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set "
+                "reflection_lm in the recipe"
+            )
         if reflection_spec:
-            parse_lm_spec(reflection_spec, api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env,
-                          option="--reflection-lm")
+            parse_lm_spec(
+                reflection_spec,
+                api_base=spec.reflection_api_base,
+                api_key_env=spec.reflection_api_key_env,
+                option="--reflection-lm",
+            )
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
         raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
@@ -182,11 +190,18 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
     retriever, index_info = open_index(spec.method, spec.index)
     student = make_program(spec.method, retriever, **spec.program_options)
     probe_writable(out)  # a compile can run for hours: find an unwritable --out now, not when saving
-    lm = lm or build_lm(spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
-                        api_key_env=spec.api_key_env)
+    lm = lm or build_lm(
+        spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base, api_key_env=spec.api_key_env
+    )
     if recipe.optimizer == "GEPA" and reflection_lm is None:
-        reflection_lm = build_lm(reflection_spec, temperature=1.0, max_tokens=2048, n_ctx=spec.n_ctx,
-                                 api_base=spec.reflection_api_base, api_key_env=spec.reflection_api_key_env)
+        reflection_lm = build_lm(
+            reflection_spec,
+            temperature=1.0,
+            max_tokens=2048,
+            n_ctx=spec.n_ctx,
+            api_base=spec.reflection_api_base,
+            api_key_env=spec.reflection_api_key_env,
+        )
     meta = {
         "optimizer": recipe.optimizer,
         "recipe": recipe.record(),
@@ -195,8 +210,12 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
         "demo_context_tokens": recipe.demo_context_tokens,
         "index": index_info,
         # Every question the optimizer saw (training and validation): what later evaluations are checked against.
-        "train": {**keys, "file": str(Path(spec.train).resolve()) if Path(spec.train).exists() else spec.train,
-                  "train_count": len(trainset), "val_count": len(valset)},
+        "train": {
+            **keys,
+            "file": str(Path(spec.train).resolve()) if Path(spec.train).exists() else spec.train,
+            "train_count": len(trainset),
+            "val_count": len(valset),
+        },
     }
 
     def _compile():
@@ -232,14 +251,28 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
         import mlflow
         import mlflow.dspy
 
-        params = {"recipe": recipe.record(), "method": spec.method, "program": student.settings(),
-                  "lm": lm_cfg.params(),
-                  "train": {"file": meta["train"]["file"], "count": len(trainset), "val_count": len(valset)},
-                  "index": index_info}
-        with mlflow_run(f"compile · {spec.method} · {recipe.name} · {spec.lm}", params,
-                                 tags={"kind": "compile", "method": spec.method, "optimizer": recipe.optimizer,
-                                       "recipe": recipe.name, "lm": spec.lm, "dataset": train_name},
-                                 store=mlflow_dir, traces=False) as run:
+        params = {
+            "recipe": recipe.record(),
+            "method": spec.method,
+            "program": student.settings(),
+            "lm": lm_cfg.params(),
+            "train": {"file": meta["train"]["file"], "count": len(trainset), "val_count": len(valset)},
+            "index": index_info,
+        }
+        with mlflow_run(
+            f"compile · {spec.method} · {recipe.name} · {spec.lm}",
+            params,
+            tags={
+                "kind": "compile",
+                "method": spec.method,
+                "optimizer": recipe.optimizer,
+                "recipe": recipe.name,
+                "lm": spec.lm,
+                "dataset": train_name,
+            },
+            store=mlflow_dir,
+            traces=False,
+        ) as run:
             run_id = run.info.run_id
             mlflow.dspy.autolog(log_compiles=True, log_traces=False, log_traces_from_compile=False, silent=True)
             try:
@@ -250,21 +283,37 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
             mlflow.log_artifacts(str(out), artifact_path="program")
             mlflow.log_artifact(recipe.path, artifact_path="recipe")
             scores = optimizer_scores(compiled)
-            mlflow.log_metrics({**scores, "train_size": len(trainset), "val_size": len(valset),
-                                **{f"demos.{name}": len(p.demos) for name, p in compiled.named_predictors()},
-                                **{f"instructions_changed.{name}":
-                                   float(p.signature.instructions != q.signature.instructions)
-                                   for (name, p), (_, q) in zip(compiled.named_predictors(),
-                                                                student.named_predictors())}})
+            mlflow.log_metrics(
+                {
+                    **scores,
+                    "train_size": len(trainset),
+                    "val_size": len(valset),
+                    **{f"demos.{name}": len(p.demos) for name, p in compiled.named_predictors()},
+                    **{
+                        f"instructions_changed.{name}": float(p.signature.instructions != q.signature.instructions)
+                        for (name, p), (_, q) in zip(compiled.named_predictors(), student.named_predictors())
+                    },
+                }
+            )
             if not scores:
                 mlflow.set_tag("val_score", f"none: {recipe.optimizer} does not score candidates on a validation set")
-            logged = log_program_model(out, lm=spec.lm, index=spec.index, register=spec.register, alias=spec.alias,
-                                       max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base,
-                                       api_key_env=spec.api_key_env, name=spec.method)
+            logged = log_program_model(
+                out,
+                lm=spec.lm,
+                index=spec.index,
+                register=spec.register,
+                alias=spec.alias,
+                max_tokens=spec.max_tokens,
+                n_ctx=spec.n_ctx,
+                api_base=spec.api_base,
+                api_key_env=spec.api_key_env,
+                name=spec.method,
+            )
             model_uri, registered = logged["model_uri"], logged["registered"]
             if registered:
-                mlflow.MlflowClient().set_model_version_tag(spec.register, str(logged["version"]), "recipe",
-                                                            recipe.name)
+                mlflow.MlflowClient().set_model_version_tag(
+                    spec.register, str(logged["version"]), "recipe", recipe.name
+                )
     else:
         compiled = _compile()
         save_program(compiled, out, mlflow_run_id=None, **meta)
@@ -274,11 +323,19 @@ def compile_and_save(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=
     predictors = {
         name: {
             "demos": len(after[name].get("demos") or []),
-            "instructions_changed": (after[name]["signature"]["instructions"]
-                                     != before[name]["signature"]["instructions"]),
+            "instructions_changed": (
+                after[name]["signature"]["instructions"] != before[name]["signature"]["instructions"]
+            ),
         }
         for name in before
     }
-    return {"out": str(out), "mlflow_run_id": run_id, "model_uri": model_uri, "registered": registered,
-            "scores": scores,
-            "train": len(trainset), "val": len(valset), "predictors": predictors}
+    return {
+        "out": str(out),
+        "mlflow_run_id": run_id,
+        "model_uri": model_uri,
+        "registered": registered,
+        "scores": scores,
+        "train": len(trainset),
+        "val": len(valset),
+        "predictors": predictors,
+    }

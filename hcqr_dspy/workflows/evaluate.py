@@ -46,7 +46,11 @@ def default_run_dir(spec: EvalSpec, config: dict[str, Any]) -> Path:
 
 
 def run_evaluation(
-    spec: EvalSpec, mlflow_dir: str | Path | None = None, progress: bool = True, track: bool = True, lm: Any = None,
+    spec: EvalSpec,
+    mlflow_dir: str | Path | None = None,
+    progress: bool = True,
+    track: bool = True,
+    lm: Any = None,
     on_row: Any = None,
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming the run folder if it has rows) and track one evaluation as an MLflow run.
@@ -86,8 +90,12 @@ def run_evaluation(
     try:
         if lm is None:
             lm = build_lm(
-                spec.lm, temperature=spec.temperature, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx,
-                api_base=spec.api_base, api_key_env=spec.api_key_env,
+                spec.lm,
+                temperature=spec.temperature,
+                max_tokens=spec.max_tokens,
+                n_ctx=spec.n_ctx,
+                api_base=spec.api_base,
+                api_key_env=spec.api_key_env,
             )
             check_lm(lm)
         if track:  # a store that cannot be used is refused before the run folder is written
@@ -100,15 +108,24 @@ def run_evaluation(
                 result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
             return result, folder.path, None
         with store_outages(mlflow_dir):
-            return _tracked_evaluation(spec, config, questions, program_module, lm, folder, mlflow_dir, progress,
-                                       on_row)
+            return _tracked_evaluation(
+                spec, config, questions, program_module, lm, folder, mlflow_dir, progress, on_row
+            )
     finally:
         folder.release()
 
 
-def _tracked_evaluation(spec: EvalSpec, config: dict[str, Any], questions: list[dspy.Example], program_module: Any,
-                        lm: Any, folder: RunFolder, mlflow_dir: str | Path | None, progress: bool,
-                        on_row: Any) -> tuple[EvalResult, Path, str | None]:
+def _tracked_evaluation(
+    spec: EvalSpec,
+    config: dict[str, Any],
+    questions: list[dspy.Example],
+    program_module: Any,
+    lm: Any,
+    folder: RunFolder,
+    mlflow_dir: str | Path | None,
+    progress: bool,
+    on_row: Any,
+) -> tuple[EvalResult, Path, str | None]:
     """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces and scores."""
     old_id = existing_run_id(folder.mlflow_run_id, mlflow_dir)
     labelled = all(q.answer is not None for q in questions)
@@ -127,15 +144,30 @@ def _tracked_evaluation(spec: EvalSpec, config: dict[str, Any], questions: list[
         if old_id is None:
             describe_run(run_id, config, kind)
         questions_ds = questions_dataset(
-            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id)
+            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id
+        )
         if old_id is None:
             mlflow.log_input(questions_ds, context=kind)
-        trace_tags = {"method": spec.method, "dataset": dname, "run_folder": str(folder.path.resolve()),
-                      "lm": spec.lm, "program": program, "mlflow_run_id": run_id}
+        trace_tags = {
+            "method": spec.method,
+            "dataset": dname,
+            "run_folder": str(folder.path.resolve()),
+            "lm": spec.lm,
+            "program": program,
+            "mlflow_run_id": run_id,
+        }
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             try:
-                result = evaluate(program=program_module, examples=questions, folder=folder, method=spec.method,
-                                  num_threads=spec.num_threads, progress=progress, on_row=on_row, trace_tags=trace_tags)
+                result = evaluate(
+                    program=program_module,
+                    examples=questions,
+                    folder=folder,
+                    method=spec.method,
+                    num_threads=spec.num_threads,
+                    progress=progress,
+                    on_row=on_row,
+                    trace_tags=trace_tags,
+                )
             except BaseException:
                 # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
                 # replaced by this logging's failure; the next run logs them again
@@ -162,8 +194,11 @@ def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
     earlier = [machine_key(s) for s in folder.sessions()[:-1] if s.get("command") == "eval"]
     other = [k for k in dict.fromkeys(earlier) if k != now]
     if other:
-        print(f"hcqr: note: {folder.path}: earlier rows were written on another machine or LM stack ({other[-1]}); "
-              f"this session runs on {now}; `hcqr compare` reports it", file=sys.stderr)
+        print(
+            f"hcqr: note: {folder.path}: earlier rows were written on another machine or LM stack ({other[-1]}); "
+            f"this session runs on {now}; `hcqr compare` reports it",
+            file=sys.stderr,
+        )
 
 
 def program_label(config: dict[str, Any]) -> str:
@@ -209,24 +244,34 @@ def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Se
         r = by_qid.get(q.qid)
         if r is None:
             continue
-        record = answer_record(q.qid, q.options, r.get("prediction"), r["valid"], r.get("error"), r.get("hypothesis"),
-                               r.get("queries"), r.get("passages"))
+        record = answer_record(
+            q.qid,
+            q.options,
+            r.get("prediction"),
+            r["valid"],
+            r.get("error"),
+            r.get("hypothesis"),
+            r.get("queries"),
+            r.get("passages"),
+        )
         if q.answer is not None:
             record.update(gold=q.answer, correct=r["correct"])
         records.append(record)
     path = Path(out)
     tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".json":
-        tmp.write_text(json.dumps({r["qid"]: r for r in records}, indent=2, ensure_ascii=False) + "\n",
-                       encoding="utf-8")
+        tmp.write_text(
+            json.dumps({r["qid"]: r for r in records}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     else:
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     tmp.replace(path)
     return path
 
 
-def run_prediction(spec: EvalSpec, out: str | Path, mlflow_dir: str | Path | None = None,
-                   track: bool = True) -> tuple[EvalResult, Path, str | None, Path]:
+def run_prediction(
+    spec: EvalSpec, out: str | Path, mlflow_dir: str | Path | None = None, track: bool = True
+) -> tuple[EvalResult, Path, str | None, Path]:
     """Answer a file of questions (``spec.labelled`` false: gold answers optional) and write the answers.
 
     ``out`` is checked (:func:`answers_target`) before anything else; then :func:`run_evaluation` runs, and

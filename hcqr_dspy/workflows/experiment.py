@@ -27,8 +27,13 @@ from hcqr_dspy.workflows.judge import judge_and_track
 from hcqr_dspy.workflows.specs import EvalSpec
 
 
-def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", mlflow_dir: str | Path | None = None,
-                   progress: bool = True, lm: Any = None) -> dict[str, Any]:
+def run_experiment(
+    exp: Experiment,
+    runs_root: str | Path = "runs/experiments",
+    mlflow_dir: str | Path | None = None,
+    progress: bool = True,
+    lm: Any = None,
+) -> dict[str, Any]:
     """Run every cell (dataset x method), then compare each dataset's run folders.
 
     Args:
@@ -53,8 +58,14 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     params = {k: v for k, v in exp.__dict__.items() if k not in ("description",)}
     out: dict[str, Any] = {"cells": {}, "reports": {}}
-    with mlflow_run(f"experiment {exp.name}", params, tags={"kind": "experiment"},
-                             run_id=state.get("parent_run_id"), store=mlflow_dir, traces=False) as parent:
+    with mlflow_run(
+        f"experiment {exp.name}",
+        params,
+        tags={"kind": "experiment"},
+        run_id=state.get("parent_run_id"),
+        store=mlflow_dir,
+        traces=False,
+    ) as parent:
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
         for dname, dfile in exp.datasets.items():
@@ -62,12 +73,20 @@ def run_experiment(exp: Experiment, runs_root: str | Path = "runs/experiments", 
             run_dirs = []
             for method in exp.methods:
                 spec = EvalSpec(
-                    method=method, dataset=dfile, index=exp.index, lm=exp.lm,
-                    limit=exp.questions.get("limit"), seed=int(exp.questions.get("seed", 0)),
+                    method=method,
+                    dataset=dfile,
+                    index=exp.index,
+                    lm=exp.lm,
+                    limit=exp.questions.get("limit"),
+                    seed=int(exp.questions.get("seed", 0)),
                     ids=exp.questions.get("ids"),
                     program_options={"budget": exp.budget, **exp.method_options.get(method, {})},
-                    max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env,
-                    num_threads=exp.threads, run_dir=str(root / dname / method),
+                    max_tokens=exp.max_tokens,
+                    n_ctx=exp.n_ctx,
+                    api_base=exp.api_base,
+                    api_key_env=exp.api_key_env,
+                    num_threads=exp.threads,
+                    run_dir=str(root / dname / method),
                     search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
                     encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
                 )
@@ -89,11 +108,27 @@ def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = No
     """Judge the cells' run folders through the one judging path (:func:`hcqr_dspy.workflows.judge.judge_and_track`)."""
     spec = exp.judge.get("lm") or exp.lm
     if lm is None:
-        lm = build_lm(spec, max_tokens=exp.judge.get("max_tokens", 512), n_ctx=exp.n_ctx, api_base=exp.api_base,
-                      api_key_env=exp.api_key_env)
-    retriever = (load_index(exp.index, search_options=exp.search_options, encoder_backend=exp.encoder_backend)
-                 if exp.index else None)
+        lm = build_lm(
+            spec,
+            max_tokens=exp.judge.get("max_tokens", 512),
+            n_ctx=exp.n_ctx,
+            api_base=exp.api_base,
+            api_key_env=exp.api_key_env,
+        )
+    retriever = (
+        load_index(exp.index, search_options=exp.search_options, encoder_backend=exp.encoder_backend)
+        if exp.index
+        else None
+    )
     for run_dir in run_dirs:
-        judge_and_track(run_dir, judge_lm=spec, lm=lm, mode=exp.judge.get("mode", "context"),
-                        reasoning=exp.judge.get("reasoning", True), retriever=retriever, mlflow_dir=mlflow_dir,
-                        limit=exp.judge.get("limit"), seed=exp.judge.get("seed", 0))
+        judge_and_track(
+            run_dir,
+            judge_lm=spec,
+            lm=lm,
+            mode=exp.judge.get("mode", "context"),
+            reasoning=exp.judge.get("reasoning", True),
+            retriever=retriever,
+            mlflow_dir=mlflow_dir,
+            limit=exp.judge.get("limit"),
+            seed=exp.judge.get("seed", 0),
+        )

@@ -197,8 +197,9 @@ class Experiment(BaseModel):
 
     @field_validator("method_options")
     @classmethod
-    def _accepted_options(cls, method_options: dict[str, dict[str, Any]],
-                          info: ValidationInfo) -> dict[str, dict[str, Any]]:
+    def _accepted_options(
+        cls, method_options: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
         if "methods" not in info.data:  # the methods are wrong: that error is the one reported
             return method_options
         methods = info.data["methods"]
@@ -246,7 +247,10 @@ class Experiment(BaseModel):
 
 
 def load_experiment(
-    path: str | Path, limit: int | None = None, lm: str | None = None, only_datasets: list[str] | None = None,
+    path: str | Path,
+    limit: int | None = None,
+    lm: str | None = None,
+    only_datasets: list[str] | None = None,
     encoder_backend: str | None = None,
 ) -> Experiment:
     """Read and validate an experiment file (no LM call, no index load).
@@ -282,8 +286,11 @@ def load_experiment(
         validate(Experiment, raw, file, ExperimentError, node)  # raises: the file is not a mapping of keys
     named = raw.get("datasets") if isinstance(raw.get("datasets"), dict) else {}
     bad = [d for d in only_datasets or [] if d not in named]
-    unknown = (f"{file}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(named)}"
-               if only_datasets is not None and (bad or not only_datasets) else None)
+    unknown = (
+        f"{file}: unknown dataset(s) {', '.join(bad) or '(none given)'}; the file has {', '.join(named)}"
+        if only_datasets is not None and (bad or not only_datasets)
+        else None
+    )
     try:
         exp = Experiment.model_validate(raw, context={"base": base})
     except ValidationError as exc:

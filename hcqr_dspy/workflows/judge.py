@@ -76,19 +76,29 @@ def judge_and_track(
     """
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
     if not judgeable(folder):
-        print(f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
-              file=sys.stderr)
+        print(
+            f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
+            file=sys.stderr,
+        )
         return None
     with WriterLock(folder.path, "judge"):  # one writer: a second judge (or an eval) of the folder is refused
         if retriever is None:
             retriever = load_index(check_judge_index(folder, index))
         lm, spec = _judge_lm(folder, judge_lm, lm, max_tokens, n_ctx, api_base, api_key_env)
-        return _judge_and_track(folder, retriever, lm, spec, mode, reasoning, mlflow_dir, track, num_threads, progress,
-                                limit, seed, ids)
+        return _judge_and_track(
+            folder, retriever, lm, spec, mode, reasoning, mlflow_dir, track, num_threads, progress, limit, seed, ids
+        )
 
 
-def _judge_lm(folder: RunFolder, judge_lm: str | None, lm: Any, max_tokens: int, n_ctx: int | None,
-              api_base: str | None, api_key_env: str | None) -> tuple[Any, str | None]:
+def _judge_lm(
+    folder: RunFolder,
+    judge_lm: str | None,
+    lm: Any,
+    max_tokens: int,
+    n_ctx: int | None,
+    api_base: str | None,
+    api_key_env: str | None,
+) -> tuple[Any, str | None]:
     """The judge's ``dspy.LM`` and spec: ``judge_lm``, or the run's own LM at the run's own endpoint (its
     ``api_base`` and key variable, unless given), never a provider's default endpoint in its place. The endpoint
     is said on stderr before the LM is asked anything.
@@ -105,30 +115,71 @@ def _judge_lm(folder: RunFolder, judge_lm: str | None, lm: Any, max_tokens: int,
     if lm is None:
         if not spec:
             raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
-        lm = build_lm(spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base,
-                      api_key_env=api_key_env)
+        lm = build_lm(
+            spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env
+        )
         print(f"hcqr judge: {folder.path}: judge LM {spec} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
         check_lm(lm)
     return lm, spec
 
 
-def _judge_and_track(folder: RunFolder, retriever: Retriever, lm: Any, spec: str | None, mode: str, reasoning: bool,
-                     mlflow_dir: str | Path | None, track: bool, num_threads: int, progress: bool, limit: int | None,
-                     seed: int, ids: Sequence[str] | None) -> dict[str, Any]:
+def _judge_and_track(
+    folder: RunFolder,
+    retriever: Retriever,
+    lm: Any,
+    spec: str | None,
+    mode: str,
+    reasoning: bool,
+    mlflow_dir: str | Path | None,
+    track: bool,
+    num_threads: int,
+    progress: bool,
+    limit: int | None,
+    seed: int,
+    ids: Sequence[str] | None,
+) -> dict[str, Any]:
     """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
     run_id = folder.mlflow_run_id
     tracked = bool(track and run_id and existing_run_id(run_id, mlflow_dir))
     if not tracked:
-        return judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
-                         num_threads=num_threads, progress=progress, limit=limit, seed=seed, ids=ids)
+        return judge_run(
+            folder,
+            retriever,
+            lm,
+            mode=mode,
+            reasoning=reasoning,
+            judge_lm=spec,
+            num_threads=num_threads,
+            progress=progress,
+            limit=limit,
+            seed=seed,
+            ids=ids,
+        )
     import mlflow
 
-    trace_tags = {"kind": "dur_judge", "judged_run_id": run_id, "method": folder.method, "dataset": folder.dataset_name,
-                  "run_folder": str(folder.path.resolve()), "judge_lm": spec}
+    trace_tags = {
+        "kind": "dur_judge",
+        "judged_run_id": run_id,
+        "method": folder.method,
+        "dataset": folder.dataset_name,
+        "run_folder": str(folder.path.resolve()),
+        "judge_lm": spec,
+    }
     with dspy_tracing():
-        metrics = judge_run(folder, retriever, lm, mode=mode, reasoning=reasoning, judge_lm=spec,
-                            num_threads=num_threads, progress=progress, trace_tags=trace_tags,
-                            limit=limit, seed=seed, ids=ids)
+        metrics = judge_run(
+            folder,
+            retriever,
+            lm,
+            mode=mode,
+            reasoning=reasoning,
+            judge_lm=spec,
+            num_threads=num_threads,
+            progress=progress,
+            trace_tags=trace_tags,
+            limit=limit,
+            seed=seed,
+            ids=ids,
+        )
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         log_metrics(metrics)
         # tags, not params: MLflow params never change, and a run may be judged again with other settings
@@ -168,23 +219,47 @@ def log_dur_feedback(folder: RunFolder) -> int:
         if trace is None:
             continue
         source = AssessmentSource(source_type="LLM_JUDGE", source_id=str(j.get("judge_lm")))
-        meta = {"source": JUDGE_FEEDBACK_SOURCE, "mode": str(j.get("mode")), "reasoning": str(j.get("reasoning")),
-                **({"judge_trace_id": j["judge_trace_id"]} if j.get("judge_trace_id") else {})}
-        ours = [a for a in trace.info.assessments if a.name in ("dur", "dur_positive_control", "dur_negative_control")
-                and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE]
+        meta = {
+            "source": JUDGE_FEEDBACK_SOURCE,
+            "mode": str(j.get("mode")),
+            "reasoning": str(j.get("reasoning")),
+            **({"judge_trace_id": j["judge_trace_id"]} if j.get("judge_trace_id") else {}),
+        }
+        ours = [
+            a
+            for a in trace.info.assessments
+            if a.name in ("dur", "dur_positive_control", "dur_negative_control")
+            and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE
+        ]
         if any(a.name == "dur" and a.metadata == meta and a.source.source_id == source.source_id for a in ours):
             continue  # this judgment is already on the trace
         for old in ours:  # labels of an earlier judging (other settings, or judged again): replaced
             mlflow.delete_assessment(trace_id=trace_id, assessment_id=old.assessment_id)
         if j["valid"]:
-            mlflow.log_feedback(trace_id=trace_id, name="dur", value=j["label"], rationale=j.get("rationale"),
-                                source=source, metadata=meta)
+            mlflow.log_feedback(
+                trace_id=trace_id,
+                name="dur",
+                value=j["label"],
+                rationale=j.get("rationale"),
+                source=source,
+                metadata=meta,
+            )
         else:
-            mlflow.log_feedback(trace_id=trace_id, name="dur", source=source, metadata=meta,
-                                error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(j.get("error"))))
+            mlflow.log_feedback(
+                trace_id=trace_id,
+                name="dur",
+                source=source,
+                metadata=meta,
+                error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(j.get("error"))),
+            )
         for side in ("positive", "negative"):
             if j.get(f"{side}_label"):
-                mlflow.log_feedback(trace_id=trace_id, name=f"dur_{side}_control", value=j[f"{side}_label"],
-                                    source=source, metadata=meta)
+                mlflow.log_feedback(
+                    trace_id=trace_id,
+                    name=f"dur_{side}_control",
+                    value=j[f"{side}_label"],
+                    source=source,
+                    metadata=meta,
+                )
         logged += 1
     return logged

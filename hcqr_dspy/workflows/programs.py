@@ -43,8 +43,9 @@ def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = Non
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
     except Exception as exc:  # MlflowException, OSError: both mean "not there"
         first = (str(exc).splitlines() or [""])[0][:300]
-        raise ProgramFormatError(f"cannot fetch saved program {text} from {tracking_uri(mlflow_dir)}: "
-                                 f"{first}") from None
+        raise ProgramFormatError(
+            f"cannot fetch saved program {text} from {tracking_uri(mlflow_dir)}: {first}"
+        ) from None
     if uri.startswith("models:/"):
         try:
             return program_folder_of_model(local)

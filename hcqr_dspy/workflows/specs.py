@@ -90,12 +90,15 @@ def check_program_options(method: str, options: dict[str, Any], flags: bool = Tr
     bad = sorted(set(options) - valid)
     if bad:
         name = (lambda k: "--" + k.replace("_", "-")) if flags else str
-        raise HCQRError(f"{', '.join(map(name, bad))} does not apply to method {method!r} "
-                        f"(it takes: {', '.join(map(name, sorted(valid - {'max_context_tokens'}))) or 'none'})")
+        raise HCQRError(
+            f"{', '.join(map(name, bad))} does not apply to method {method!r} "
+            f"(it takes: {', '.join(map(name, sorted(valid - {'max_context_tokens'}))) or 'none'})"
+        )
 
 
-def resolve_method(method: str | None, program: str | None, program_options: dict[str, Any],
-                   mlflow_dir: str | Path | None = None) -> tuple[str, dict[str, Any] | None, Path | None]:
+def resolve_method(
+    method: str | None, program: str | None, program_options: dict[str, Any], mlflow_dir: str | Path | None = None
+) -> tuple[str, dict[str, Any] | None, Path | None]:
     """The method to run, checked with its options; a saved program's own method when ``program`` is given.
 
     Args:
@@ -121,14 +124,17 @@ def resolve_method(method: str | None, program: str | None, program_options: dic
     if method not in PROGRAMS:
         raise HCQRError(f"unknown method {method!r}; choose one of {', '.join(PROGRAMS)}")
     if saved and program_options:
-        raise HCQRError(f"{program} is a saved program: its options come with it; drop "
-                        + ", ".join("--" + k.replace("_", "-") for k in sorted(program_options)))
+        raise HCQRError(
+            f"{program} is a saved program: its options come with it; drop "
+            + ", ".join("--" + k.replace("_", "-") for k in sorted(program_options))
+        )
     check_program_options(method, program_options)
     return method, saved, folder
 
 
-def build_program(method: str, retriever: Any, program_options: dict[str, Any],
-                  folder: Path | None = None) -> tuple[Any, dict[str, Any] | None]:
+def build_program(
+    method: str, retriever: Any, program_options: dict[str, Any], folder: Path | None = None
+) -> tuple[Any, dict[str, Any] | None]:
     """A fresh ``method`` program over ``retriever``, or the saved program in ``folder``.
 
     Returns:
@@ -162,8 +168,9 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     """
     spec.method, saved, folder = resolve_method(spec.method, spec.program, spec.program_options, mlflow_dir)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
-    questions = select(load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed,
-                       ids=spec.ids)
+    questions = select(
+        load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids
+    )
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
     retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
@@ -173,8 +180,12 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "program": program.settings(),
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
-        "questions": {**question_fingerprint(questions), "limit": spec.limit, "seed": spec.seed,
-                      **({} if spec.labelled else {"labelled": False})},
+        "questions": {
+            **question_fingerprint(questions),
+            "limit": spec.limit,
+            "seed": spec.seed,
+            **({} if spec.labelled else {"labelled": False}),
+        },
         "index": index_info,
         "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
         "adapter": "JSONAdapter",
@@ -183,8 +194,9 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     return config, questions, program
 
 
-def check_retrieval_inputs(method: str, index: str | None, search_options: dict[str, int] | None = None,
-                           encoder_backend: str | None = None) -> bool:
+def check_retrieval_inputs(
+    method: str, index: str | None, search_options: dict[str, int] | None = None, encoder_backend: str | None = None
+) -> bool:
     """Whether ``method`` retrieves; refuse an index it lacks, or search options it cannot use.
 
     Raises:
@@ -193,8 +205,9 @@ def check_retrieval_inputs(method: str, index: str | None, search_options: dict[
     """
     if not PROGRAMS[method].uses_retrieval:
         if search_options:
-            raise HCQRError(f"method {method!r} retrieves nothing: search options ({', '.join(search_options)}) "
-                            "do not apply")
+            raise HCQRError(
+                f"method {method!r} retrieves nothing: search options ({', '.join(search_options)}) do not apply"
+            )
         if encoder_backend not in (None, "torch"):
             raise HCQRError(f"method {method!r} retrieves nothing: --encoder-backend does not apply")
         return False
@@ -203,8 +216,9 @@ def check_retrieval_inputs(method: str, index: str | None, search_options: dict[
     return True
 
 
-def open_index(method: str, index: str | None, search_options: dict[str, int] | None = None,
-               encoder_backend: str | None = None) -> tuple[Any, dict[str, Any] | None]:
+def open_index(
+    method: str, index: str | None, search_options: dict[str, int] | None = None, encoder_backend: str | None = None
+) -> tuple[Any, dict[str, Any] | None]:
     """The retriever a method needs and the index record run folders keep; ``(None, None)`` without retrieval.
 
     ``search_options`` (``nprobe``, ``efSearch``, ``k_factor``) are applied to the index
@@ -218,8 +232,11 @@ def open_index(method: str, index: str | None, search_options: dict[str, int] | 
     if not check_retrieval_inputs(method, index, search_options, encoder_backend):
         return None, None
     retriever = load_index(index, search_options=search_options, encoder_backend=encoder_backend)
-    runtimes = {p.encoder.spec.query_runtime for p in [retriever, *getattr(retriever, "retrievers", [])]
-                if getattr(p, "encoder", None) is not None}
+    runtimes = {
+        p.encoder.spec.query_runtime
+        for p in [retriever, *getattr(retriever, "retrievers", [])]
+        if getattr(p, "encoder", None) is not None
+    }
     manifest = read_manifest(index, verify_files=False)
     dense = manifest if manifest["retriever"] == "dense" else None
     return retriever, {

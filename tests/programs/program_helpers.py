@@ -29,7 +29,7 @@ class PoolRetriever(SpyRetriever):
 
     def _search(self, queries, k):
         ids = [p.id for p in self.corpus]
-        rotated = [(ids[j % len(ids):] + ids[: j % len(ids)])[:k] for j in range(len(queries))]
+        rotated = [(ids[j % len(ids) :] + ids[: j % len(ids)])[:k] for j in range(len(queries))]
         return [[Hit(pid, float(k - i)) for i, pid in enumerate(hits)] for hits in rotated]
 
 

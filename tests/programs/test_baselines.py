@@ -9,8 +9,8 @@ from programs.program_helpers import ANSWER, QUESTION, full_prompts, prompts, ru
 
 from hcqr_dspy.errors import HCQRError, LMCapabilityError
 from hcqr_dspy.programs import PROGRAMS, HyDE, MainRAG, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
-from hcqr_dspy.programs.main_rag import yes_no_margin
 from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs.main_rag import yes_no_margin
 
 PASSAGE = "Digoxin toxicity causes nausea, vomiting and yellow-green vision; hypokalemia worsens it."
 REWRITES = [
@@ -328,7 +328,9 @@ def test_main_rag_vote_mode_never_asks_for_logprobs(pool):
     assert judge_calls and not any(h["kwargs"].get("logprobs") for h in judge_calls)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"pool_k": 0}, "pool_k"), ({"scoring": "soft"}, "scoring must be one of")])
+@pytest.mark.parametrize(
+    "kwargs, message", [({"pool_k": 0}, "pool_k"), ({"scoring": "soft"}, "scoring must be one of")]
+)
 def test_main_rag_bad_arguments(pool, kwargs, message):
     with pytest.raises(ValueError, match=message):
         MainRAG(pool, **kwargs)
@@ -376,7 +378,9 @@ class LogprobJudge:
         usage = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
         if "`judgment`" not in prompt:
             text = '{"reasoning": "r", "answer": "A"}'
-            return Response(id=None, model="lp", message=Message.assistant([TextPart(text)]), finish_reason="stop", usage=usage)
+            return Response(
+                id=None, model="lp", message=Message.assistant([TextPart(text)]), finish_reason="stop", usage=usage
+            )
         y = next((v for phrase, v in self.yes_logprob.items() if phrase in prompt), math.log(0.5))
         n = math.log(1 - math.exp(y))
         label = "Yes" if y >= n else "No"
@@ -385,9 +389,15 @@ class LogprobJudge:
             TokenLogprob(token=label, logprob=max(y, n), top=(TopLogprob("Yes", y), TopLogprob("No", n))),
             TokenLogprob(token='"}', logprob=-0.01),
         )
-        text = '{"judgment": "%s"}' % label
-        return Response(id=None, model="lp", message=Message.assistant([TextPart(text)]), finish_reason="stop",
-                        usage=usage, logprobs=steps)
+        text = f'{{"judgment": "{label}"}}'
+        return Response(
+            id=None,
+            model="lp",
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=usage,
+            logprobs=steps,
+        )
 
     def stream(self, request):
         raise NotImplementedError

@@ -8,9 +8,9 @@ from dspy.utils import DummyLM
 from programs.program_helpers import ANSWER, OPTIONS, QUESTION, SpyRetriever, full_prompts, run
 
 from hcqr_dspy.programs import (
-    CoT,
     HCQR,
     PROGRAMS,
+    CoT,
     HCQRNoSupport,
     HCQRShowHypothesis,
     SimpleRAG,
@@ -143,7 +143,10 @@ def test_context_is_cut_to_the_token_budget(spy):
     cut = pred.context_cut
     assert cut["tokens_before"] > 20 and cut["tokens_after"] <= 20 + 3 and cut["tokens_dropped"] > 0
     assert cut["passages_kept"] == len(pred.passages) and cut["passages_dropped"] == len(pred.dropped_passages)
-    assert cut["passages_dropped"] > 0 and pred.fallbacks == {"context_cut": 1, "passages_dropped": cut["passages_dropped"]}
+    assert cut["passages_dropped"] > 0 and pred.fallbacks == {
+        "context_cut": 1,
+        "passages_dropped": cut["passages_dropped"],
+    }
 
 
 def test_registry_and_construction_errors(spy):
@@ -158,7 +161,11 @@ def test_registry_and_construction_errors(spy):
 
 # Another corpus on the same topics, with other ids and texts: a saved program must retrieve from it once loaded.
 OTHER_ROWS = [
-    ("q1", "Cardiac glycoside poisoning", "Digoxin excess: nausea, yellow vision and arrhythmia, worse with hypokalemia."),
+    (
+        "q1",
+        "Cardiac glycoside poisoning",
+        "Digoxin excess: nausea, yellow vision and arrhythmia, worse with hypokalemia.",
+    ),
     ("q2", "Thyroid eye disease", "Graves disease gives exophthalmos through TSH receptor antibodies."),
     ("q3", "Neuromuscular junction", "Myasthenia gravis: fatigable ptosis from acetylcholine receptor antibodies."),
     ("q4", "Microcytic anemia", "Iron deficiency with low ferritin and high iron-binding capacity."),
@@ -173,8 +180,15 @@ def test_saved_program_holds_no_corpus_and_runs_against_another_retriever(tmp_pa
     program = HCQR(first, budget=4, k_per_query=2)
     used = run(program, scripted())  # it has searched its own retriever
     assert used.passages and {p["id"] for p in used.passages} <= {p.id for p in tiny_corpus}
-    program.answer.demos = [dspy.Example(question="Demo question?", options="A. x\nB. y", context="Document [1] (Title: T) c",
-                                         reasoning="r", answer="A")]
+    program.answer.demos = [
+        dspy.Example(
+            question="Demo question?",
+            options="A. x\nB. y",
+            context="Document [1] (Title: T) c",
+            reasoning="r",
+            answer="A",
+        )
+    ]
     save_program(program, tmp_path / "saved")
     saved = "\n".join(f.read_text() for f in sorted((tmp_path / "saved").iterdir()))
     for passage in tiny_corpus:  # nothing of the retriever or its corpus travels with the program
@@ -241,17 +255,24 @@ def test_clean_query(raw, expected):
 
 def test_every_prompt_example_query_is_in_a_prompt():
     """clean_query refuses copies of the prompts' example queries: the list must follow the prompts."""
-    from hcqr_dspy.programs.signatures import PROMPT_EXAMPLE_QUERIES, RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions
+    from hcqr_dspy.programs.signatures import (
+        PROMPT_EXAMPLE_QUERIES,
+        RewriteQueries,
+        RewriteQuestion,
+        RewriteQuestionWithOptions,
+    )
 
     prompts = " ".join(s.instructions for s in (RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions))
     assert all(f'"{q}"' in prompts for q in PROMPT_EXAMPLE_QUERIES)
 
 
 def test_yes_no_options_build_queries_from_the_question_not_the_option():
-    from hcqr_dspy.programs.hcqr import hypothesis_queries
+    from hcqr_dspy.programs.hypothesis import hypothesis_queries
 
     h = {"working_hypothesis": "B", "discriminating_features": "A; B", "confirming_evidence": "Yes"}
-    queries = hypothesis_queries(h, {"A": "yes", "B": "no", "C": "maybe"}, "Is metformin first-line therapy in type 2 diabetes?")
+    queries = hypothesis_queries(
+        h, {"A": "yes", "B": "no", "C": "maybe"}, "Is metformin first-line therapy in type 2 diabetes?"
+    )
     assert all("metformin first-line therapy type diabetes" in q for q in queries)
     assert not any(q.lower() in ("no yes", "yes", "no") or "versus alternatives a" in q.lower() for q in queries)
 
@@ -260,8 +281,12 @@ def test_content_free_rewrites_on_yes_no_questions_fall_back_and_are_counted(spy
     """Rewritten queries made only of option words ("no Yes", "yes or no", "Yes, B") are unusable: HCQR
     builds its queries from the question's key terms instead and counts it, never searching "no Yes"."""
     lm = scripted(
-        hypothesis={"discriminating_features": "no versus yes", "reasoning": "r", "working_hypothesis": "B",
-                    "confirming_evidence": "maybe yes"},
+        hypothesis={
+            "discriminating_features": "no versus yes",
+            "reasoning": "r",
+            "working_hypothesis": "B",
+            "confirming_evidence": "maybe yes",
+        },
         queries={"support_query": "no Yes", "distinction_query": "yes or no", "key_feature_query": "Yes, B"},
         answer={"reasoning": "r", "answer": "B"},
     )
@@ -274,8 +299,10 @@ def test_content_free_rewrites_on_yes_no_questions_fall_back_and_are_counted(spy
 
 
 def test_rewrite_that_always_fails_runs_on_hypothesis_queries_and_counts_it(spy):
-    lm = DummyLM({"`support_query`": {"oops": "unparseable"}, "`discriminating_features`": HYPOTHESIS, "`answer`": ANSWER},
-                 adapter=dspy.JSONAdapter())
+    lm = DummyLM(
+        {"`support_query`": {"oops": "unparseable"}, "`discriminating_features`": HYPOTHESIS, "`answer`": ANSWER},
+        adapter=dspy.JSONAdapter(),
+    )
     pred = run(HCQR(spy), lm)
     assert pred.valid and pred.query_sources == ["hypothesis"] * 3
     assert pred.fallbacks == {"rewrite_failed": 1, "queries_from_hypothesis": 3}
@@ -297,7 +324,12 @@ Q1, Q2, Q3 = QUERIES.values()
 def test_dropping_a_role_sends_two_queries_and_keeps_the_budget(spy, method, roles, queries):
     program = make_program(method, spy)
     settings = program.settings()
-    assert (settings["method"], settings["roles"], settings["k_per_query"], settings["budget"]) == (method, roles, 8, 15)
+    assert (settings["method"], settings["roles"], settings["k_per_query"], settings["budget"]) == (
+        method,
+        roles,
+        8,
+        15,
+    )
     pred = run(program, scripted())
     # k per query = ceil(15 / 2) = 8, one batched call, the dropped query never reaches the retriever
     assert spy.calls == [(queries, 8)]
@@ -327,7 +359,9 @@ def test_fallback_rule_is_decided_on_all_three_rewritten_queries(spy):
 
 
 @pytest.mark.parametrize(
-    "roles", [(), ("support", "support"), ("support", "diagnosis"), "support"], ids=["empty", "repeated", "unknown", "string"]
+    "roles",
+    [(), ("support", "support"), ("support", "diagnosis"), "support"],
+    ids=["empty", "repeated", "unknown", "string"],
 )
 def test_bad_roles_are_refused(spy, roles):
     with pytest.raises(ValueError, match="roles must be"):
@@ -367,7 +401,7 @@ def test_show_hypothesis_registered_and_recorded(spy):
 
 
 def test_hypothesis_queries_use_the_question_key_terms_when_fields_are_empty():
-    from hcqr_dspy.programs.hcqr import hypothesis_queries
+    from hcqr_dspy.programs.hypothesis import hypothesis_queries
 
     empty = {"working_hypothesis": "A", "discriminating_features": "", "confirming_evidence": ""}
     queries = hypothesis_queries(empty, {"A": "No", "B": "Yes"}, "Does aspirin prevent stroke recurrence?")
@@ -389,12 +423,23 @@ def test_working_hypothesis_answers_with_hcqrs_own_hypothesis_prompt(spy):
 
 
 def test_options_first_style_reviews_the_options_before_the_letter(spy):
-    review = {"option_review": "A: fits; B: no", "working_hypothesis": "A", "discriminating_features": "yellow vision",
-              "confirming_evidence": "low potassium", "reasoning": "glycoside"}
-    lm = DummyLM({"`option_review`": review, "`support_query`": QUERIES, "`answer`": ANSWER}, adapter=dspy.JSONAdapter())
+    review = {
+        "option_review": "A: fits; B: no",
+        "working_hypothesis": "A",
+        "discriminating_features": "yellow vision",
+        "confirming_evidence": "low potassium",
+        "reasoning": "glycoside",
+    }
+    lm = DummyLM(
+        {"`option_review`": review, "`support_query`": QUERIES, "`answer`": ANSWER}, adapter=dspy.JSONAdapter()
+    )
     pred = run(HCQR(spy, hypothesis_style="options_first"), lm)
     assert pred.valid and pred.hypothesis["option_review"] == "A: fits; B: no"
     prompt = lm.history[0]["messages"][-1]["content"]
-    assert prompt.index("`option_review`") < prompt.index("`working_hypothesis`") < prompt.index("`discriminating_features`")
+    assert (
+        prompt.index("`option_review`")
+        < prompt.index("`working_hypothesis`")
+        < prompt.index("`discriminating_features`")
+    )
     with pytest.raises(ValueError, match="unknown hypothesis_style 'x'"):
         HCQR(spy, hypothesis_style="x")

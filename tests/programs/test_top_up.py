@@ -4,33 +4,45 @@ import dspy
 from dspy.utils import DummyLM
 from programs.program_helpers import ANSWER, PoolRetriever, SpyRetriever, run
 
-from hcqr_dspy.evaluation.rows import prediction_row
 from hcqr_dspy.evaluation.metrics import summarize
+from hcqr_dspy.evaluation.rows import prediction_row
 from hcqr_dspy.programs import HCQR
 from hcqr_dspy.retrieval import Corpus, Passage
 
 OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Iron deficiency anemia", "D": "Myasthenia gravis"}
 QUESTION = "A 70-year-old woman on digoxin reports nausea and yellow-tinted vision. What explains this?"
 # Hypothesis fields that name nothing: every query the hypothesis builds is the hypothesised option's text.
-EMPTY_HYPOTHESIS = {"discriminating_features": "A; B", "reasoning": "r", "working_hypothesis": "A",
-                    "confirming_evidence": "Yes"}
+EMPTY_HYPOTHESIS = {
+    "discriminating_features": "A; B",
+    "reasoning": "r",
+    "working_hypothesis": "A",
+    "confirming_evidence": "Yes",
+}
 # Three copies of one query: two are unusable repeats, so all three are built from the hypothesis (all the same).
-SAME_QUERIES = {"support_query": "digoxin toxicity", "distinction_query": "Digoxin toxicity",
-                "key_feature_query": "digoxin  toxicity"}
+SAME_QUERIES = {
+    "support_query": "digoxin toxicity",
+    "distinction_query": "Digoxin toxicity",
+    "key_feature_query": "digoxin  toxicity",
+}
 
 
 def corpus(matching: int, other: int = 10) -> Corpus:
     """``matching`` passages about digoxin toxicity and ``other`` about something else."""
-    rows = [Passage(f"d{i:02d}", f"Digoxin toxicity {i}", f"Digoxin toxicity case {i}: nausea, arrhythmia, halo {i}.")
-            for i in range(matching)]
-    rows += [Passage(f"o{i:02d}", f"Thyroid note {i}", f"Graves disease with exophthalmos, note {i}.")
-             for i in range(other)]
+    rows = [
+        Passage(f"d{i:02d}", f"Digoxin toxicity {i}", f"Digoxin toxicity case {i}: nausea, arrhythmia, halo {i}.")
+        for i in range(matching)
+    ]
+    rows += [
+        Passage(f"o{i:02d}", f"Thyroid note {i}", f"Graves disease with exophthalmos, note {i}.") for i in range(other)
+    ]
     return Corpus(rows, source=f"top-up-{matching}")
 
 
 def lm(queries=SAME_QUERIES, hypothesis=EMPTY_HYPOTHESIS):
-    return DummyLM({"`support_query`": queries, "`discriminating_features`": hypothesis, "`answer`": ANSWER},
-                   adapter=dspy.JSONAdapter())
+    return DummyLM(
+        {"`support_query`": queries, "`discriminating_features`": hypothesis, "`answer`": ANSWER},
+        adapter=dspy.JSONAdapter(),
+    )
 
 
 def row_and_metrics(pred):
@@ -61,8 +73,12 @@ def test_an_index_with_too_few_matches_says_the_budget_was_not_filled():
     assert spy.calls == [(["Digoxin toxicity"], 15)]
     assert len(pred.passages) == 9  # BM25 matches only the nine digoxin passages
     row, metrics = row_and_metrics(pred)
-    assert row["fallbacks"] == {"rewrite_failed": 0, "queries_from_hypothesis": 3, "queries_collapsed": 2,
-                                "budget_unfilled": 6}
+    assert row["fallbacks"] == {
+        "rewrite_failed": 0,
+        "queries_from_hypothesis": 3,
+        "queries_collapsed": 2,
+        "budget_unfilled": 6,
+    }
     assert row["top_up"]["passages"] == 9 and row["top_up"]["target"] == 15
     assert metrics["fallback_budget_unfilled_questions"] == 1 and metrics["fallback_budget_unfilled_total"] == 6
 
@@ -70,8 +86,11 @@ def test_an_index_with_too_few_matches_says_the_budget_was_not_filled():
 def test_two_distinct_queries_whose_hits_overlap_are_searched_deeper_until_the_budget_fills():
     # q1 and q3 are the same text; the pool gives the two distinct queries lists that overlap in all but one passage
     pool = PoolRetriever(corpus(matching=20))
-    queries = {"support_query": "digoxin toxicity nausea", "distinction_query": "digoxin versus hypokalemia",
-               "key_feature_query": "Digoxin toxicity nausea"}
+    queries = {
+        "support_query": "digoxin toxicity nausea",
+        "distinction_query": "digoxin versus hypokalemia",
+        "key_feature_query": "Digoxin toxicity nausea",
+    }
     hypothesis = {**EMPTY_HYPOTHESIS, "discriminating_features": "digoxin toxicity nausea"}
     pred = run(HCQR(pool), lm(queries, hypothesis))
     assert pred.queries == ["digoxin toxicity nausea", "digoxin versus hypokalemia", "digoxin toxicity nausea"]
@@ -85,8 +104,11 @@ def test_two_distinct_queries_whose_hits_overlap_are_searched_deeper_until_the_b
 
 def test_distinct_queries_keep_the_reference_path():
     spy = SpyRetriever(corpus(matching=20))
-    queries = {"support_query": "digoxin toxicity nausea", "distinction_query": "digoxin arrhythmia",
-               "key_feature_query": "halo digoxin"}
+    queries = {
+        "support_query": "digoxin toxicity nausea",
+        "distinction_query": "digoxin arrhythmia",
+        "key_feature_query": "halo digoxin",
+    }
     pred = run(HCQR(spy), lm(queries))
     assert spy.calls == [(list(queries.values()), 5)] and pred.top_up is None
     assert "queries_collapsed" not in pred.fallbacks and "budget_unfilled" not in pred.fallbacks

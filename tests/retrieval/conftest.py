@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_ROWS, snippet, write_jsonl
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-EXTRA_WORDS = "microcytic low ferritin fatigable ptosis acetylcholine receptor antibodies exophthalmos tsh yellow vision".split()
+EXTRA_WORDS = (
+    "microcytic low ferritin fatigable ptosis acetylcholine receptor antibodies exophthalmos tsh yellow vision".split()
+)
 
 
 def vocabulary() -> list[str]:
@@ -29,8 +30,14 @@ def make_tiny_bert(folder: Path, seed: int, hidden: int = 16) -> Path:
     vocab.write_text("\n".join(vocabulary()) + "\n", encoding="utf-8")
     BertTokenizer(str(vocab), do_lower_case=True).save_pretrained(str(folder))
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocabulary()), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=2 * hidden, max_position_embeddings=600)
+    config = BertConfig(
+        vocab_size=len(vocabulary()),
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=600,
+    )
     BertModel(config).eval().save_pretrained(str(folder))
     return folder
 
@@ -46,8 +53,14 @@ class BruteForce:
     def __init__(self, query_dir: Path, article_dir: Path):
         from transformers import BertModel, BertTokenizer
 
-        self.q_tok, self.q_model = BertTokenizer.from_pretrained(str(query_dir)), BertModel.from_pretrained(str(query_dir)).eval()
-        self.a_tok, self.a_model = BertTokenizer.from_pretrained(str(article_dir)), BertModel.from_pretrained(str(article_dir)).eval()
+        self.q_tok, self.q_model = (
+            BertTokenizer.from_pretrained(str(query_dir)),
+            BertModel.from_pretrained(str(query_dir)).eval(),
+        )
+        self.a_tok, self.a_model = (
+            BertTokenizer.from_pretrained(str(article_dir)),
+            BertModel.from_pretrained(str(article_dir)).eval(),
+        )
 
     def queries(self, queries):
         import torch
@@ -60,7 +73,9 @@ class BruteForce:
         import torch
 
         with torch.no_grad():
-            enc = self.a_tok(list(titles), list(contents), truncation=True, padding=True, max_length=512, return_tensors="pt")
+            enc = self.a_tok(
+                list(titles), list(contents), truncation=True, padding=True, max_length=512, return_tensors="pt"
+            )
             return self.a_model(**enc).last_hidden_state[:, 0].numpy()
 
     def search(self, queries, passages, k):
@@ -95,9 +110,15 @@ def medcpt_spec(tiny_pair):
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     """``n`` passages of 5-30 words drawn (seeded) from the tiny vocabulary."""
     rng = random.Random(seed)
-    words = vocabulary()[len(SPECIAL):-4]
-    return [snippet(f"s{i}", " ".join(rng.choices(words, k=rng.randint(1, 4))),
-                    " ".join(rng.choices(words, k=rng.randint(5, 30)))) for i in range(n)]
+    words = vocabulary()[len(SPECIAL) : -4]
+    return [
+        snippet(
+            f"s{i}",
+            " ".join(rng.choices(words, k=rng.randint(1, 4))),
+            " ".join(rng.choices(words, k=rng.randint(5, 30))),
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
-
 import pytest
-
 from helpers import TINY_ROWS, snippet, write_jsonl
+
 from hcqr_dspy.errors import CorpusError
 from hcqr_dspy.retrieval import Corpus, Passage, load_corpus
 
@@ -47,7 +46,12 @@ def test_numeric_ids_become_strings(tmp_path):
         (['{"id": "a", "title": "t", "content": "   "}'], "no 'content'"),
         (['{"title": "t", "content": "c"}'], "no 'id'"),
         (['{"id": "a", "content": "c"}', '{"id": "a", "content": "d"}'], "duplicate passage id 'a'"),
-        (['{"id": "a", "content": "c"', ], "not valid JSON"),
+        (
+            [
+                '{"id": "a", "content": "c"',
+            ],
+            "not valid JSON",
+        ),
         (['["a", "b"]'], "expected a JSON object"),
     ],
 )
@@ -100,8 +104,10 @@ def test_real_textbook_file_loads(shared_data):
 
 
 def test_duplicate_ids_can_be_renamed_losslessly(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "A", "one"), snippet("y", "B", "two"), snippet("x", "C", "three"),
-                                              snippet("x", "D", "four")])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [snippet("x", "A", "one"), snippet("y", "B", "two"), snippet("x", "C", "three"), snippet("x", "D", "four")],
+    )
     with pytest.raises(CorpusError, match="duplicate passage id 'x'.*--duplicate-ids rename"):
         load_corpus(path)
     corpus = load_corpus(path, duplicate_ids="rename")
@@ -114,7 +120,9 @@ def test_duplicate_ids_can_be_renamed_losslessly(tmp_path):
 def test_renamed_index_reloads_its_corpus_with_the_same_policy(tmp_path):
     from hcqr_dspy.retrieval import BM25Retriever, load_index
 
-    path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "Anemia", "iron deficiency"), snippet("x", "Thyroid", "graves")])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [snippet("x", "Anemia", "iron deficiency"), snippet("x", "Thyroid", "graves")]
+    )
     out = BM25Retriever(load_corpus(path, duplicate_ids="rename"), show_progress=False).save(tmp_path / "idx")
     r = load_index(out)
     assert r.search(["graves"], 1)[0][0].passage_id == "x#2"

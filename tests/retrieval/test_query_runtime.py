@@ -1,4 +1,5 @@
-"""Query runtimes: tiny encoders exported to ONNX / int8 ONNX / OpenVINO in the test, against PyTorch's vectors and hits."""
+"""Query runtimes: tiny encoders exported to ONNX / int8 ONNX / OpenVINO in the test, against PyTorch's vectors
+and hits."""
 
 import json
 
@@ -38,7 +39,9 @@ def torch_index(tiny_model, tiny_corpus, tmp_path_factory):
 @pytest.mark.parametrize("runtime", ["onnx", "openvino"])
 def test_fp32_runtimes_give_pytorchs_vectors_and_hits(runtime, tiny_model, torch_index, tiny_corpus):
     if runtime == "openvino":
-        pytest.importorskip("openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')")
+        pytest.importorskip(
+            "openvino", reason="the openvino runtime needs openvino (pip install 'hcqr-dspy[openvino]')"
+        )
     reference = load_encoder(tiny_model)
     other = load_encoder(parse_encoder(tiny_model).with_runtime(runtime))
     assert other.runtime is not None and other.model is reference.model  # one set of weights, another engine
@@ -97,7 +100,18 @@ def test_openvino_compiles_one_shape_per_sequence_bucket(tiny_model):
 def test_sequence_buckets_grow_with_the_query_and_stop_at_the_models_limit():
     from hcqr_dspy.retrieval.query_runtime import sequence_bucket
 
-    assert [sequence_bucket(n, 512) for n in (1, 8, 9, 32, 33, 64, 65, 129, 500, 512)] == [8, 8, 16, 32, 48, 64, 96, 192, 512, 512]
+    assert [sequence_bucket(n, 512) for n in (1, 8, 9, 32, 33, 64, 65, 129, 500, 512)] == [
+        8,
+        8,
+        16,
+        32,
+        48,
+        64,
+        96,
+        192,
+        512,
+        512,
+    ]
     assert sequence_bucket(60, 64) == 64 and sequence_bucket(63, 62) == 63  # MedCPT queries: 64 tokens at most
     assert sequence_bucket(13, None) == 13  # no known limit: no padding
 
@@ -118,7 +132,9 @@ def test_a_damaged_export_cache_is_one_line_naming_the_folder(tiny_model, tmp_pa
         assert f"the cached {runtime} export in {folder} cannot be loaded" in str(err.value)
         assert str(err.value).endswith("delete that folder to export again") and "\n" not in str(err.value)
     (folder / "export.json").write_text("{")
-    with pytest.raises(QueryRuntimeError, match="failed .*JSONDecodeError.* holds an earlier export that may be damaged"):
+    with pytest.raises(
+        QueryRuntimeError, match="failed .*JSONDecodeError.* holds an earlier export that may be damaged"
+    ):
         load_query_runtime("onnx", model, side, tiny_model, True, cache_root=tmp_path)
 
 
@@ -131,8 +147,10 @@ def test_openvino_bf16_stays_close_to_pytorch(tiny_model, torch_index):
     cosine = (got * reference).sum(axis=1)
     assert got.dtype == np.float32 and got.shape == reference.shape and np.all(cosine > 0.99)
     assert np.abs(got - reference).max() > 1e-6  # bf16 products: close, not the fp32 vectors (fp32 OpenVINO: ~6e-8)
-    assert [r.get_compiled_model().get_property("INFERENCE_PRECISION_HINT").get_type_name()
-            for r in encoder.runtime._openvino.requests.values()] == ["bf16"]
+    assert [
+        r.get_compiled_model().get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        for r in encoder.runtime._openvino.requests.values()
+    ] == ["bf16"]
 
 
 def test_openvino_bf16_is_refused_on_a_cpu_without_bf16(tiny_model, monkeypatch, tmp_path):
@@ -142,8 +160,12 @@ def test_openvino_bf16_is_refused_on_a_cpu_without_bf16(tiny_model, monkeypatch,
     model = load_encoder(tiny_model).model
     spec = parse_encoder(tiny_model)
     monkeypatch.setattr(query_runtime, "cpu_has_bf16", lambda core=None: False)  # the CPU, not the code under test
-    with pytest.raises(QueryRuntimeError, match="'openvino-bf16' needs a CPU with bf16 instructions .* use --encoder-backend openvino"):
-        query_runtime.load_query_runtime("openvino-bf16", model, spec.query.describe(), tiny_model, True, cache_root=tmp_path)
+    with pytest.raises(
+        QueryRuntimeError, match="'openvino-bf16' needs a CPU with bf16 instructions .* use --encoder-backend openvino"
+    ):
+        query_runtime.load_query_runtime(
+            "openvino-bf16", model, spec.query.describe(), tiny_model, True, cache_root=tmp_path
+        )
     query_runtime.load_query_runtime("openvino", model, spec.query.describe(), tiny_model, True, cache_root=tmp_path)
 
 
@@ -183,7 +205,9 @@ def test_bad_runtimes_are_one_line(tiny_model, tmp_path, tiny_corpus):
     with pytest.raises(QueryRuntimeError, match="unknown encoder backend 'tensorrt'; choose one of torch, onnx"):
         parse_encoder(tiny_model).with_runtime("tensorrt")
     bm25 = BM25Retriever(tiny_corpus, show_progress=False).save(tmp_path / "bm25")
-    with pytest.raises(RetrievalIndexError, match="bm25 index and embeds no queries: --encoder-backend onnx does not apply"):
+    with pytest.raises(
+        RetrievalIndexError, match="bm25 index and embeds no queries: --encoder-backend onnx does not apply"
+    ):
         load_index(bm25, encoder_backend="onnx")
     load_index(bm25, encoder_backend="torch")  # the default is no change
     assert issubclass(QueryRuntimeError, HCQRError)

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from hcqr_dspy.errors import RetrievalIndexError
-from hcqr_dspy.retrieval import Hit, Retriever, load_index, read_manifest, register
-from hcqr_dspy.retrieval import registry
+from hcqr_dspy.retrieval import Hit, Retriever, load_index, read_manifest, register, registry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,9 +50,14 @@ def test_unknown_kind_or_backend_in_a_manifest_is_one_line(substring_kind, tiny_
     out = SubstringRetriever(tiny_corpus).save(tmp_path / "idx")
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "retriever": "colbert"}))
-    with pytest.raises(RetrievalIndexError, match=r"unknown retriever kind 'colbert'; known kinds: bm25, dense, hybrid, milvus, substring"):
+    with pytest.raises(
+        RetrievalIndexError,
+        match=r"unknown retriever kind 'colbert'; known kinds: bm25, dense, hybrid, milvus, substring",
+    ):
         load_index(out)
-    with pytest.raises(RetrievalIndexError, match=r"unknown vector-index backend 'vespa'; known backends: faiss, milvus"):
+    with pytest.raises(
+        RetrievalIndexError, match=r"unknown vector-index backend 'vespa'; known backends: faiss, milvus"
+    ):
         registry.get_backend_class("vespa")
     with pytest.raises(ValueError, match="already registered"):
         register("bm25")(SubstringRetriever)
@@ -79,7 +83,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                found.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"

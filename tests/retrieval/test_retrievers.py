@@ -6,11 +6,11 @@ import logging
 import pytest
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
-from hcqr_dspy.retrieval import base
 from hcqr_dspy.retrieval import (
     BM25Retriever,
     DenseRetriever,
     HybridRetriever,
+    base,
     build_retriever,
     load_corpus,
     load_index,
@@ -74,9 +74,16 @@ def test_bad_k(retriever, k):
         retriever.search(["anemia"], k=k)
 
 
-@pytest.mark.parametrize("queries, message", [([], "no queries"), (["ok", "  "], "query 2 is empty"), ("anemia", "not one string"),
-                                             (["ok", "\u200b\u200b"], "query 2 is empty"),
-                                             (["ok", 5], r"query 2 is not a string \(int\)")])
+@pytest.mark.parametrize(
+    "queries, message",
+    [
+        ([], "no queries"),
+        (["ok", "  "], "query 2 is empty"),
+        ("anemia", "not one string"),
+        (["ok", "\u200b\u200b"], "query 2 is empty"),
+        (["ok", 5], r"query 2 is not a string \(int\)"),
+    ],
+)
 def test_bad_queries(retriever, queries, message):
     with pytest.raises(QueryError, match=message):
         retriever.search(queries, k=2)
@@ -116,14 +123,19 @@ def test_refuses_another_corpus(tmp_path, tiny_corpus_file, bm25):
     rows = [json.loads(line) for line in tiny_corpus_file.read_text().splitlines()][:-1]
     smaller = tmp_path / "smaller.jsonl"
     smaller.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(RetrievalIndexError, match=r"built for corpus 'tiny' \(8 passages.*given corpus .*smaller\.jsonl' \(7 passages"):
+    with pytest.raises(
+        RetrievalIndexError, match=r"built for corpus 'tiny' \(8 passages.*given corpus .*smaller\.jsonl' \(7 passages"
+    ):
         load_index(out, corpus=smaller)
 
 
 def test_refuses_another_encoder(tmp_path, dense):
     out = dense.save(tmp_path / "idx")
     load_index(out, corpus=dense.corpus, encoder="all-MiniLM-L6-v2")  # alias of the default: accepted
-    with pytest.raises(RetrievalIndexError, match=r"built with encoder 'sentence-transformers/all-MiniLM-L6-v2', not 'BAAI/bge-small-en'"):
+    with pytest.raises(
+        RetrievalIndexError,
+        match=r"built with encoder 'sentence-transformers/all-MiniLM-L6-v2', not 'BAAI/bge-small-en'",
+    ):
         load_index(out, corpus=dense.corpus, encoder="BAAI/bge-small-en")
 
 
@@ -136,7 +148,9 @@ def test_corrupted_or_truncated_file_detected(tmp_path, dense):
     with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index does not match its checksum"):
         load_index(out, corpus=dense.corpus)
     f.write_bytes(bytes(data[:-100]))
-    with pytest.raises(RetrievalIndexError, match=r"corrupted: faiss.index has [\d,]+ bytes, its manifest records [\d,]+"):
+    with pytest.raises(
+        RetrievalIndexError, match=r"corrupted: faiss.index has [\d,]+ bytes, its manifest records [\d,]+"
+    ):
         load_index(out, corpus=dense.corpus)
     f.unlink()
     with pytest.raises(RetrievalIndexError, match="incomplete: faiss.index is missing"):
@@ -199,7 +213,9 @@ def test_bm25_refuses_a_corpus_without_words(tmp_path):
     from hcqr_dspy.retrieval import Corpus, Passage
 
     with pytest.raises(CorpusError, match="no passage has an indexable word"):
-        BM25Retriever(Corpus([Passage("a", "", "x"), Passage("b", "", "the of")], source="wordless"), show_progress=False)
+        BM25Retriever(
+            Corpus([Passage("a", "", "x"), Passage("b", "", "the of")], source="wordless"), show_progress=False
+        )
 
 
 def test_manifest_missing_fields_and_missing_folder(tmp_path, bm25):

@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from helpers import TINY_ROWS, snippet, write_jsonl
+
 from hcqr_dspy.errors import CorpusError, RetrievalIndexError
 from hcqr_dspy.retrieval import BM25Retriever, Corpus, Passage, PassageStore, build_retriever, load_corpus, load_index
 
@@ -25,14 +25,19 @@ def reference_fingerprint(rows):
 
 
 def big_corpus_file(path, n):
-    return write_jsonl(path, [snippet(f"doc-{i}", f"Title {i % 97}", f"passage {i} " + "lorem ipsum dolor " * 20)
-                              for i in range(n)])
+    return write_jsonl(
+        path, [snippet(f"doc-{i}", f"Title {i % 97}", f"passage {i} " + "lorem ipsum dolor " * 20) for i in range(n)]
+    )
 
 
 def test_store_on_disk_round_trips_and_looks_ids_up(tmp_path, tiny_corpus_file):
     corpus = load_corpus(tiny_corpus_file, store=tmp_path / "store")
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [
-        "passage_ids.hash.npy", "passage_ids.row.npy", "passages.arrow", "passages.json"]
+        "passage_ids.hash.npy",
+        "passage_ids.row.npy",
+        "passages.arrow",
+        "passages.json",
+    ]
     assert corpus.fingerprint == reference_fingerprint(TINY_ROWS)  # same definition as index format 1
     opened = PassageStore.open(tmp_path / "store")
     assert len(opened) == 8 and [p.id for p in opened] == [r[0] for r in TINY_ROWS]
@@ -89,8 +94,16 @@ def test_random_gets_map_no_text_pages_into_the_process(tmp_path):
 
 
 def test_repeated_ids_renamed_in_order_never_onto_an_existing_id(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", [snippet("x", "A", "one"), snippet("x", "B", "two"), snippet("x#2", "C", "three"),
-                                              snippet("y", "D", "four"), snippet("x", "E", "five")])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            snippet("x", "A", "one"),
+            snippet("x", "B", "two"),
+            snippet("x#2", "C", "three"),
+            snippet("y", "D", "four"),
+            snippet("x", "E", "five"),
+        ],
+    )
     with pytest.raises(CorpusError, match=r"d\.jsonl:2: duplicate passage id 'x' \(first seen at .*d\.jsonl:1\)"):
         load_corpus(path)
     corpus = load_corpus(path, duplicate_ids="rename", store=tmp_path / "s")
@@ -121,7 +134,9 @@ def test_format_1_index_is_refused_with_a_rebuild_hint(tmp_path, tiny_corpus):
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["format_version"] = 1
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(RetrievalIndexError, match=r"older hcqr-dspy \(index format 1.*rebuild it with `hcqr index`") as err:
+    with pytest.raises(
+        RetrievalIndexError, match=r"older hcqr-dspy \(index format 1.*rebuild it with `hcqr index`"
+    ) as err:
         load_index(out)
     assert "\n" not in str(err.value)
 

@@ -154,8 +154,13 @@ class LocalMilvusServer:
         ...     MilvusClient(uri=server.uri).list_collections()
     """
 
-    def __init__(self, venv: str | Path | None = None, data_dir: str | Path | None = None, auth: bool = False,
-                 startup_timeout: float = 180.0):
+    def __init__(
+        self,
+        venv: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        auth: bool = False,
+        startup_timeout: float = 180.0,
+    ):
         self.venv = Path(venv or os.environ.get("HCQR_MILVUS_SERVER_VENV") or DEFAULT_VENV)
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else None
@@ -209,8 +214,14 @@ class LocalMilvusServer:
             ports["proxy_port"] = self._proxy_port
             _wait_bindable(self._proxy_port, PORT_REUSE_SECONDS)
         self._proxy_port = ports["proxy_port"]
-        args = {"data_dir": str(self.data_dir), "ports": ports, "auth": self.auth, "components": COMPONENTS,
-                "bin_base": str(self.venv / SERVER_BIN_FOLDER), "graceful_stop_seconds": GRACEFUL_STOP_SECONDS}
+        args = {
+            "data_dir": str(self.data_dir),
+            "ports": ports,
+            "auth": self.auth,
+            "components": COMPONENTS,
+            "bin_base": str(self.venv / SERVER_BIN_FOLDER),
+            "graceful_stop_seconds": GRACEFUL_STOP_SECONDS,
+        }
         prep = subprocess.run([str(py), "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True)
         if prep.returncode != 0:
             raise MilvusServerError(f"could not prepare the Milvus server config: {_last_line(prep.stderr)}")
@@ -230,9 +241,15 @@ class LocalMilvusServer:
         logs = Path(info["logs"])
         self._logs = [open(logs / "milvus-stdout.log", "ab"), open(logs / "milvus-stderr.log", "ab")]
         t0 = time.monotonic()
-        self.process = subprocess.Popen([str(exe), "run", "standalone"], cwd=self.data_dir, env=env,
-                                        stdout=self._logs[0], stderr=self._logs[1], stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            [str(exe), "run", "standalone"],
+            cwd=self.data_dir,
+            env=env,
+            stdout=self._logs[0],
+            stderr=self._logs[1],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.port = ports["proxy_port"]
         try:
             self._wait_ready(t0)
@@ -319,7 +336,7 @@ class LocalMilvusServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
 
-    def __enter__(self) -> "LocalMilvusServer":
+    def __enter__(self) -> LocalMilvusServer:
         self.start()
         return self
 

@@ -89,23 +89,36 @@ class CollectionBuild:
         if s.dense:
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=int(dimension))
         if s.bm25:
-            schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, enable_analyzer=True,
-                             analyzer_params=bm25_analyzer())
+            schema.add_field(
+                "text",
+                DataType.VARCHAR,
+                max_length=MAX_TEXT_BYTES,
+                enable_analyzer=True,
+                analyzer_params=bm25_analyzer(),
+            )
             schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-            schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
-                                         input_field_names=["text"], output_field_names=["sparse"]))
+            schema.add_function(
+                Function(
+                    name="bm25",
+                    function_type=FunctionType.BM25,
+                    input_field_names=["text"],
+                    output_field_names=["sparse"],
+                )
+            )
         props = {PROPERTY_PREFIX + k: v for k, v in {**identity, "complete": "false"}.items()}
         try:
-            self.client.create_collection(self.name, schema=schema, consistency_level=SEARCH_CONSISTENCY,
-                                          properties=props)
+            self.client.create_collection(
+                self.name, schema=schema, consistency_level=SEARCH_CONSISTENCY, properties=props
+            )
         except Exception as exc:
             raise RetrievalIndexError(
                 f"{self.engine} at {s.uri} refused to create collection {self.name!r}: {one_line(exc)}"
             ) from None
         return 0
 
-    def fill(self, identity: dict[str, str], corpus: Any, embeddings: Any = None, show_progress: bool = True
-             ) -> dict[str, Any]:
+    def fill(
+        self, identity: dict[str, str], corpus: Any, embeddings: Any = None, show_progress: bool = True
+    ) -> dict[str, Any]:
         """Create (or resume) the collection and insert every passage not yet in it; then :meth:`finish`.
 
         Args:
@@ -129,24 +142,38 @@ class CollectionBuild:
         row_bytes = (dimension or 0) * 4 + (1200 if s.bm25 else 64)
         batch = max(1, min(50_000, INSERT_BATCH_BYTES // row_bytes))
         inserted = 0
-        with tqdm(total=n, initial=start, unit="passage", desc=f"inserting into Milvus {self.name}",
-                  disable=not show_progress or start >= n, dynamic_ncols=True) as bar:
+        with tqdm(
+            total=n,
+            initial=start,
+            unit="passage",
+            desc=f"inserting into Milvus {self.name}",
+            disable=not show_progress or start >= n,
+            dynamic_ncols=True,
+        ) as bar:
             for lo in range(start, n, batch):
                 hi = min(n, lo + batch)
                 columns: dict[str, list] = {"row": list(range(lo, hi))}
                 if s.dense:
                     columns["vector"] = embeddings.rows(np.arange(lo, hi)).tolist()
                 if s.bm25:
-                    columns["text"] = [_passage_text(t, c) for _, _, titles, contents in
-                                       corpus.iter_batches(hi - lo, lo, hi) for t, c in zip(titles, contents)]
+                    columns["text"] = [
+                        _passage_text(t, c)
+                        for _, _, titles, contents in corpus.iter_batches(hi - lo, lo, hi)
+                        for t, c in zip(titles, contents)
+                    ]
                     _check_text_sizes(columns["text"], lo, corpus)
                 self.insert([{k: v[i] for k, v in columns.items()} for i in range(hi - lo)])
                 inserted += hi - lo
                 bar.update(hi - lo)
         t_insert = time.perf_counter() - t0
         self.finish(n)
-        return {"engine": self.engine, "resumed_from_row": start, "inserted": inserted,
-                "insert_seconds": round(t_insert, 3), "milvus_build_seconds": round(time.perf_counter() - t0, 3)}
+        return {
+            "engine": self.engine,
+            "resumed_from_row": start,
+            "inserted": inserted,
+            "insert_seconds": round(t_insert, 3),
+            "milvus_build_seconds": round(time.perf_counter() - t0, 3),
+        }
 
     def insert(self, rows: list[dict[str, Any]]) -> None:
         try:
@@ -168,15 +195,21 @@ class CollectionBuild:
         self.client.flush(self.name)
         wanted = self.client.prepare_index_params()
         if s.dense:
-            wanted.add_index(field_name="vector", index_name="vector", index_type=s.index_type, metric_type=METRIC,
-                             params=s.index_params)
+            wanted.add_index(
+                field_name="vector",
+                index_name="vector",
+                index_type=s.index_type,
+                metric_type=METRIC,
+                params=s.index_params,
+            )
             # pymilvus 3 sends build parameters as flat key/value pairs (M=32, ...), which Milvus servers read;
             # Milvus Lite 3.2.2 reads only a JSON "params" pair (the older wire form, which servers accept too)
             # and silently builds with its defaults otherwise (measured: nlist=128 for nlist=16). Send both.
             wanted[-1].get_index_configs()["params"] = dict(s.index_params)
         if s.bm25:
-            wanted.add_index(field_name="sparse", index_name="sparse", index_type="SPARSE_INVERTED_INDEX",
-                             metric_type="BM25")
+            wanted.add_index(
+                field_name="sparse", index_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25"
+            )
         present = set(self.client.list_indexes(self.name))
         if present:
             self.client.release_collection(self.name)

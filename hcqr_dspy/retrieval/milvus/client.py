@@ -78,8 +78,11 @@ def connect(target: MilvusTarget, timeout: float = 20.0, create: bool = False) -
                 f"Milvus Lite database {target.uri} is open in another process (Milvus Lite serves one process at a "
                 "time; share an index between processes through a Milvus server)"
             ) from None
-        hint = ("" if target.is_lite or target.token_env
-                else " (if it requires a token, name its variable with --milvus-token-env)")
+        hint = (
+            ""
+            if target.is_lite or target.token_env
+            else " (if it requires a token, name its variable with --milvus-token-env)"
+        )
         raise MilvusUnavailableError(f"cannot reach Milvus at {target.uri}: {one_line(exc)}{hint}") from None
     return client, str(version)
 

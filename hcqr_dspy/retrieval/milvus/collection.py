@@ -37,7 +37,7 @@ class MilvusCollection(CollectionBuild):
         self.retry_seconds, self.search_timeout = retry_settings()
 
     @classmethod
-    def connect(cls, settings: MilvusSettings, create: bool = False) -> "MilvusCollection":
+    def connect(cls, settings: MilvusSettings, create: bool = False) -> MilvusCollection:
         """Connect to ``settings.uri`` (see :func:`~hcqr_dspy.retrieval.milvus.client.connect`)."""
         client, version = connect(settings.target, create=create)
         return cls(settings, client, version)
@@ -50,7 +50,7 @@ class MilvusCollection(CollectionBuild):
     def properties(self) -> dict[str, str]:
         desc = self.client.describe_collection(self.name)
         props = desc.get("properties") or {}
-        return {k[len(PROPERTY_PREFIX):]: v for k, v in props.items() if k.startswith(PROPERTY_PREFIX)}
+        return {k[len(PROPERTY_PREFIX) :]: v for k, v in props.items() if k.startswith(PROPERTY_PREFIX)}
 
     def check_identity(self, expected: dict[str, str]) -> dict[str, str]:
         """Refuse a collection built from another corpus, passage encoder or for another retrieval mode.
@@ -161,37 +161,72 @@ class MilvusCollection(CollectionBuild):
         Raises:
             MilvusOutageError: Milvus still failed when the window closed, or refused the request.
         """
-        return call_with_retries(f"Milvus {what} in collection {self.name!r} at {self.settings.uri}", fn, *args,
-                                 retry_seconds=self.retry_seconds, timeout=self.search_timeout, **kwargs)
+        return call_with_retries(
+            f"Milvus {what} in collection {self.name!r} at {self.settings.uri}",
+            fn,
+            *args,
+            retry_seconds=self.retry_seconds,
+            timeout=self.search_timeout,
+            **kwargs,
+        )
 
     def search_dense(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """One ``search`` call for all query vectors: ``(row, inner product)`` lists, best first."""
-        res = self._call("search", self.client.search, self.name, data=np.asarray(vectors, dtype=np.float32).tolist(),
-                         anns_field="vector", limit=k, search_params=self._dense_params(k), output_fields=[],
-                         consistency_level=SEARCH_CONSISTENCY)
+        res = self._call(
+            "search",
+            self.client.search,
+            self.name,
+            data=np.asarray(vectors, dtype=np.float32).tolist(),
+            anns_field="vector",
+            limit=k,
+            search_params=self._dense_params(k),
+            output_fields=[],
+            consistency_level=SEARCH_CONSISTENCY,
+        )
         return [[(int(h.id), float(h.distance)) for h in hits] for hits in res]
 
     def search_bm25(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
         """One full-text ``search`` call for all queries: ``(row, BM25 score)`` lists, best first."""
-        res = self._call("BM25 search", self.client.search, self.name, data=queries, anns_field="sparse", limit=k,
-                         search_params={"metric_type": "BM25"}, output_fields=[], consistency_level=SEARCH_CONSISTENCY)
+        res = self._call(
+            "BM25 search",
+            self.client.search,
+            self.name,
+            data=queries,
+            anns_field="sparse",
+            limit=k,
+            search_params={"metric_type": "BM25"},
+            output_fields=[],
+            consistency_level=SEARCH_CONSISTENCY,
+        )
         # Milvus servers return BM25 scores (>= 0, larger is better); Milvus Lite 3.2.2 returns them negated
         # (its internal smaller-is-better distance), in the same best-first order. The score is its magnitude.
         return [[(int(h.id), abs(float(h.distance))) for h in hits] for hits in res]
 
-    def search_hybrid(self, vectors: np.ndarray, queries: list[str], k: int, pool: int
-                      ) -> list[list[tuple[int, float]]]:
+    def search_hybrid(
+        self, vectors: np.ndarray, queries: list[str], k: int, pool: int
+    ) -> list[list[tuple[int, float]]]:
         """One ``hybrid_search`` call: dense and BM25 candidates (``pool`` each) fused by RRF inside Milvus."""
         from pymilvus import AnnSearchRequest, RRFRanker
 
         requests = [
-            AnnSearchRequest(data=np.asarray(vectors, dtype=np.float32).tolist(), anns_field="vector",
-                             param=self._dense_params(pool), limit=pool),
+            AnnSearchRequest(
+                data=np.asarray(vectors, dtype=np.float32).tolist(),
+                anns_field="vector",
+                param=self._dense_params(pool),
+                limit=pool,
+            ),
             AnnSearchRequest(data=queries, anns_field="sparse", param={"metric_type": "BM25"}, limit=pool),
         ]
-        res = self._call("hybrid search", self.client.hybrid_search, self.name, requests,
-                         ranker=RRFRanker(self.settings.rrf_k), limit=k, output_fields=[],
-                         consistency_level=SEARCH_CONSISTENCY)
+        res = self._call(
+            "hybrid search",
+            self.client.hybrid_search,
+            self.name,
+            requests,
+            ranker=RRFRanker(self.settings.rrf_k),
+            limit=k,
+            output_fields=[],
+            consistency_level=SEARCH_CONSISTENCY,
+        )
         return [[(int(h.id), float(h.distance)) for h in hits] for hits in res]
 
     def close(self) -> None:

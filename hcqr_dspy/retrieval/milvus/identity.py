@@ -17,8 +17,9 @@ PROPERTY_PREFIX = "hcqr."
 COLLECTION_FORMAT = "hcqr-milvus/1"
 
 
-def collection_identity(corpus: Any, retrieval: str, passage_encoder: dict[str, Any] | None,
-                        dimension: int | None) -> dict[str, str]:
+def collection_identity(
+    corpus: Any, retrieval: str, passage_encoder: dict[str, Any] | None, dimension: int | None
+) -> dict[str, str]:
     """The collection properties that name what it was built from (all strings, as Milvus properties are).
 
     Args:

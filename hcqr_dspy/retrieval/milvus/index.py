@@ -50,8 +50,13 @@ class MilvusIndex(VectorIndex):
     ``index_timeout`` (see :class:`~hcqr_dspy.retrieval.milvus.settings.MilvusSettings`).
     """
 
-    def __init__(self, collection: MilvusCollection, dimension: int, identity: dict[str, str],
-                 build_stats: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        collection: MilvusCollection,
+        dimension: int,
+        identity: dict[str, str],
+        build_stats: dict[str, Any] | None = None,
+    ):
         self.collection = collection
         self._dimension = int(dimension)
         self.identity = identity
@@ -66,7 +71,7 @@ class MilvusIndex(VectorIndex):
         MilvusCollection.connect(s, create=True).check_capabilities()
 
     @classmethod
-    def build(cls, embeddings: Any, show_progress: bool = True, corpus: Any = None, **settings: Any) -> "MilvusIndex":
+    def build(cls, embeddings: Any, show_progress: bool = True, corpus: Any = None, **settings: Any) -> MilvusIndex:
         s = _settings("dense", dict(settings))
         if corpus is None:
             raise RetrievalIndexError("a Milvus index is built with its corpus (the passage store)")
@@ -98,15 +103,21 @@ class MilvusIndex(VectorIndex):
         return self._dimension
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "milvus", **self.collection.settings.describe(), "engine": self.collection.engine,
-                "client": library_versions("pymilvus", "milvus-lite"), "ntotal": self.ntotal,
-                "dimension": self._dimension, "identity": self.identity}
+        return {
+            "backend": "milvus",
+            **self.collection.settings.describe(),
+            "engine": self.collection.engine,
+            "client": library_versions("pymilvus", "milvus-lite"),
+            "ntotal": self.ntotal,
+            "dimension": self._dimension,
+            "identity": self.identity,
+        }
 
     def write(self, folder: Path) -> None:
         """Nothing to write: the vectors live in Milvus, and the manifest records where."""
 
     @classmethod
-    def read(cls, folder: Path, record: dict[str, Any]) -> "MilvusIndex":
+    def read(cls, folder: Path, record: dict[str, Any]) -> MilvusIndex:
         settings = MilvusSettings.from_manifest(record, retrieval="dense")
         collection = MilvusCollection.connect(settings)
         collection.open(record["identity"])

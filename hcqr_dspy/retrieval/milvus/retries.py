@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hcqr_dspy.errors import HCQRError, MilvusOutageError
 
@@ -102,8 +103,9 @@ def call_failure(exc: BaseException) -> str:
     return one_line(exc)
 
 
-def call_with_retries(what: str, fn: Callable[..., Any], *args: Any, retry_seconds: float, timeout: float,
-                      **kwargs: Any) -> Any:
+def call_with_retries(
+    what: str, fn: Callable[..., Any], *args: Any, retry_seconds: float, timeout: float, **kwargs: Any
+) -> Any:
     """``fn(*args, timeout=timeout, **kwargs)``, tried again while Milvus is not answering.
 
     A failure that may pass (:func:`transient`: the server down, hung, restarting, reloading or shedding load)

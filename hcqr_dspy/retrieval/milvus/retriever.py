@@ -56,9 +56,18 @@ class MilvusRetriever(Retriever):
     required_fields = ("milvus.uri", "milvus.collection", "milvus.retrieval")
     uses_encoder = True  # hybrid does; a bm25 index refuses an encoder in _read
 
-    def __init__(self, corpus: Any, settings: MilvusSettings, encoder: Any = None, *, batch_size: int = 64,
-                 chunk_size: int | None = None, embeddings_dir: str | Path | None = None,
-                 show_progress: bool = True, open_existing: bool = False):
+    def __init__(
+        self,
+        corpus: Any,
+        settings: MilvusSettings,
+        encoder: Any = None,
+        *,
+        batch_size: int = 64,
+        chunk_size: int | None = None,
+        embeddings_dir: str | Path | None = None,
+        show_progress: bool = True,
+        open_existing: bool = False,
+    ):
         super().__init__(corpus)
         if settings.retrieval not in ("bm25", "hybrid"):
             raise HCQRError(
@@ -79,9 +88,11 @@ class MilvusRetriever(Retriever):
         embeddings = None
         if self.encoder is not None:
             embeddings = EmbeddingStore.open(corpus, self.encoder, embeddings_dir, chunk_size or DEFAULT_CHUNK_SIZE)
-            self.build_stats = {"embeddings": str(embeddings.folder), "chunk_size": embeddings.chunk_size,
-                                **embeddings.fill(corpus, self.encoder, batch_size=batch_size,
-                                                  show_progress=show_progress)}
+            self.build_stats = {
+                "embeddings": str(embeddings.folder),
+                "chunk_size": embeddings.chunk_size,
+                **embeddings.fill(corpus, self.encoder, batch_size=batch_size, show_progress=show_progress),
+            }
         self.build_stats.update(self.collection.fill(self.identity(), corpus, embeddings, show_progress=show_progress))
 
     @property
@@ -120,19 +131,36 @@ class MilvusRetriever(Retriever):
         return out
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"milvus": {**self.settings.describe(), "engine": self.collection.engine,
-                                          "client": library_versions("pymilvus", "milvus-lite")}}
+        out: dict[str, Any] = {
+            "milvus": {
+                **self.settings.describe(),
+                "engine": self.collection.engine,
+                "client": library_versions("pymilvus", "milvus-lite"),
+            }
+        }
         if self.encoder is not None:
-            out.update(encoder=self.encoder_name, encoders=self.encoder.spec.describe(),
-                       encoder_paths=self.encoder.spec.paths(), dimension=self.dimension)
+            out.update(
+                encoder=self.encoder_name,
+                encoders=self.encoder.spec.describe(),
+                encoder_paths=self.encoder.spec.paths(),
+                dimension=self.dimension,
+            )
         return out
 
     def _write(self, folder: Path) -> None:
         """Nothing to write: the collection lives in Milvus, and the manifest records where."""
 
     @classmethod
-    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Any, encoder: Any = None,
-              search_options: Any = None, encoder_backend: str | None = None, **_: Any) -> "MilvusRetriever":
+    def _read(
+        cls,
+        folder: Path,
+        manifest: dict[str, Any],
+        corpus: Any,
+        encoder: Any = None,
+        search_options: Any = None,
+        encoder_backend: str | None = None,
+        **_: Any,
+    ) -> MilvusRetriever:
         settings = MilvusSettings.from_manifest(manifest["milvus"])
         built = None
         if settings.dense:
@@ -156,8 +184,10 @@ class MilvusRetriever(Retriever):
                 f"index {folder} is a Milvus bm25 index and uses no encoder (asked for {encoder!r})"
             )
         elif encoder_backend not in (None, "torch"):
-            raise RetrievalIndexError(f"index {folder} is a Milvus bm25 index and embeds no queries: "
-                                      f"--encoder-backend {encoder_backend} does not apply")
+            raise RetrievalIndexError(
+                f"index {folder} is a Milvus bm25 index and embeds no queries: "
+                f"--encoder-backend {encoder_backend} does not apply"
+            )
         retriever = cls(corpus, settings, encoder=built, open_existing=True)
         if search_options:
             retriever.set_search_options(search_options)

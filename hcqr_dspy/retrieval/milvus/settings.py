@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from hcqr_dspy.errors import HCQRError
@@ -57,7 +58,7 @@ class MilvusTarget:
     token_env: str | None = None
 
     @classmethod
-    def parse(cls, uri: str, token_env: str | None = None) -> "MilvusTarget":
+    def parse(cls, uri: str, token_env: str | None = None) -> MilvusTarget:
         """Check a URI.
 
         Raises:
@@ -193,8 +194,12 @@ class MilvusSettings:
             "token_env": self.token_env,
         }
         if self.dense:
-            out.update(index_type=self.index_type, index_params=self.index_params,
-                       search_params=self.search_params, metric=METRIC)
+            out.update(
+                index_type=self.index_type,
+                index_params=self.index_params,
+                search_params=self.search_params,
+                metric=METRIC,
+            )
         if self.bm25:
             out["analyzer"] = bm25_analyzer()
         if self.retrieval == "hybrid":
@@ -203,14 +208,29 @@ class MilvusSettings:
 
     def options(self) -> dict[str, Any]:
         """The dense backend's build options (``DenseRetriever(backend="milvus", backend_options=...)``)."""
-        return {"uri": self.uri, "collection": self.collection, "index_type": self.index_type,
-                "index_params": dict(self.index_params), "search_params": dict(self.search_params),
-                "token_env": self.token_env, "index_timeout": self.index_timeout}
+        return {
+            "uri": self.uri,
+            "collection": self.collection,
+            "index_type": self.index_type,
+            "index_params": dict(self.index_params),
+            "search_params": dict(self.search_params),
+            "token_env": self.token_env,
+            "index_timeout": self.index_timeout,
+        }
 
     @classmethod
-    def from_manifest(cls, record: dict[str, Any], **overrides: Any) -> "MilvusSettings":
-        keys = ("uri", "collection", "retrieval", "index_type", "index_params", "search_params", "token_env",
-                "rrf_k", "pool_k")
+    def from_manifest(cls, record: dict[str, Any], **overrides: Any) -> MilvusSettings:
+        keys = (
+            "uri",
+            "collection",
+            "retrieval",
+            "index_type",
+            "index_params",
+            "search_params",
+            "token_env",
+            "rrf_k",
+            "pool_k",
+        )
         values = {k: record[k] for k in keys if k in record}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
