@@ -23,6 +23,7 @@ from pathlib import Path
 
 import dspy
 
+from hcqr_dspy.config import read_text
 from hcqr_dspy.errors import DataError
 
 LETTERS = string.ascii_uppercase
@@ -132,8 +133,6 @@ def load_questions(source: str | Path, split: str = "test", labelled: bool = Tru
     if path.is_file() and path.suffix == ".jsonl":
         return _from_mapping(_read_jsonl(path), str(path), labelled)
     if path.is_file():
-        from hcqr_dspy.config import read_text
-
         text = read_text(path, DataError, "question file")  # not UTF-8: the line and column are named
         try:
             data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
@@ -163,8 +162,6 @@ def _read_jsonl(path: Path) -> list[dict]:
     Raises:
         DataError: unreadable, not UTF-8, or a line that is not a JSON object (file and line named).
     """
-    from hcqr_dspy.config import read_text
-
     rows = []
     lines = read_text(path, DataError, "question file").splitlines()
     for lineno, line in enumerate(lines, start=1):

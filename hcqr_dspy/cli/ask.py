@@ -1,5 +1,9 @@
 """``hcqr ask``: answer one question and show how (hypothesis, queries, passages, answer), with what the
-command is doing on stderr. It makes the checks of an evaluation (:mod:`hcqr_dspy.workflows.specs`)."""
+command is doing on stderr. It makes the checks of an evaluation (:mod:`hcqr_dspy.workflows.specs`).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """``hcqr compare``: compare run folders on the same questions (:mod:`hcqr_dspy.reporting`) and track the
-comparison as an MLflow run."""
+comparison as an MLflow run.
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

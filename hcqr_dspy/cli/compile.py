@@ -1,4 +1,8 @@
-"""``hcqr compile``: optimize a program's prompts with a DSPy optimizer recipe, save it and optionally register it."""
+"""``hcqr compile``: optimize a program's prompts with a DSPy optimizer recipe, save it and optionally register it.
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""``hcqr demo``: HCQR, CoT and Simple RAG on the embedded demo questions, one evaluation each, then compared."""
+"""``hcqr demo``: HCQR, CoT and Simple RAG on the embedded demo questions, one evaluation each, then compared.
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """``hcqr eval`` (evaluate a method on a benchmark) and ``hcqr predict`` (answer a file of questions):
-each one evaluation (:mod:`hcqr_dspy.workflows.evaluate`)."""
+each one evaluation (:mod:`hcqr_dspy.workflows.evaluate`).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

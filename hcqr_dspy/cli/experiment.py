@@ -1,5 +1,9 @@
 """``hcqr experiment``: check or run an experiment grid (methods x datasets) from a YAML file
-(:mod:`hcqr_dspy.workflows.experiment`)."""
+(:mod:`hcqr_dspy.workflows.experiment`).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

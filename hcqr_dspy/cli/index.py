@@ -1,4 +1,8 @@
-"""``hcqr index`` (build a retrieval index over a corpus) and ``hcqr search`` (query one)."""
+"""``hcqr index`` (build a retrieval index over a corpus) and ``hcqr search`` (query one).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

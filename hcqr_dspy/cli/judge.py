@@ -1,5 +1,9 @@
 """``hcqr judge``: label the retrieved context of each question of run folders with the DUR judge
-(:mod:`hcqr_dspy.workflows.judge`)."""
+(:mod:`hcqr_dspy.workflows.judge`).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""``hcqr ui``: the MLflow UI for the tracking store (127.0.0.1 by default)."""
+"""``hcqr ui``: the MLflow UI for the tracking store (127.0.0.1 by default).
+
+Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
+DSPy, MLflow or torch.
+"""
 
 from __future__ import annotations
 

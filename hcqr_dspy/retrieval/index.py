@@ -19,6 +19,7 @@ from hcqr_dspy.retrieval.bm25 import BM25Retriever
 from hcqr_dspy.retrieval.corpus import Corpus, load_corpus
 from hcqr_dspy.retrieval.dense import DenseRetriever
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
+from hcqr_dspy.retrieval.query_runtime import check_runtime
 from hcqr_dspy.retrieval.registry import get_retriever_class
 from hcqr_dspy.retrieval.store import PassageStore
 from hcqr_dspy.retrieval.vector_index import check_search_options
@@ -79,8 +80,6 @@ def build_retriever(
 def _check_backend(path: Path, manifest: dict[str, Any], cls: type, encoder_backend: str | None) -> str | None:
     if encoder_backend is None:
         return None
-    from hcqr_dspy.retrieval.query_runtime import check_runtime
-
     encoder_backend = check_runtime(encoder_backend)
     if encoder_backend != "torch" and not cls.uses_encoder:
         raise RetrievalIndexError(

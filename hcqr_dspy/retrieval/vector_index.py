@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from hcqr_dspy.errors import RetrievalIndexError
+from hcqr_dspy.retrieval.faiss_factory import check_factory
 from hcqr_dspy.retrieval.faiss_internals import code_bytes, faiss_reason, min_training_points, skip_polysemous_training
 from hcqr_dspy.retrieval.registry import register_backend
 
@@ -225,8 +226,6 @@ class FaissIndex(VectorIndex):
         Raises:
             RetrievalIndexError: one line.
         """
-        from hcqr_dspy.retrieval.faiss_factory import check_factory
-
         if unknown:
             raise RetrievalIndexError(
                 f"unknown faiss build option(s) {', '.join(sorted(unknown))}; known: factory, train_size, seed"
