@@ -309,3 +309,25 @@ def test_check_lists_every_problem_one_line_each(setup, capsys):
     assert main(["experiment", str(exp)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert re.search(r"exp.yaml:7: datasets.d1: file .*nope.json not found \(and 4 more problems\)$", line), line
+
+
+def test_check_also_lists_problems_that_need_other_fields_valid(setup, capsys):
+    """A repeated method, a reference and method options that depend on the methods, and a file-wide check:
+    all in one --check, not one fix-and-recheck round each."""
+    from hcqr_dspy.cli import main
+
+    exp = setup / "exp.yaml"
+    exp.write_text(
+        GRID.format(budget=15, limit=1, d1="d1.json").replace("[cot, simple_rag]", "[cot, cot, simple_rag]")
+        + "reference: hyde\nmethod_options:\n  simple_rag: {fusion: bogus}\n"
+    )
+    assert main(["experiment", str(exp), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = [
+        r"exp.yaml:8: methods: .*method\(s\) cot listed twice",
+        r"exp.yaml:10: method_options: simple_rag: unknown simple_rag option\(s\) fusion",
+        r"exp.yaml:9: reference: .*'hyde' is not one of the methods \(cot, simple_rag\)",
+    ]
+    assert len(err) == len(expected), err
+    for line, pattern in zip(err, expected):
+        assert line.startswith(f"hcqr: error: {exp}") and re.search(pattern, line), (line, pattern)

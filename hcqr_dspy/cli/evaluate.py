@@ -21,15 +21,11 @@ from hcqr_dspy.cli.common import (
 )
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    # imported when the command runs: dspy and the workflow's layers take seconds, `hcqr --help` none
-    from hcqr_dspy.reporting import metrics_table
-    from hcqr_dspy.workflows.evaluate import run_evaluation
-    from hcqr_dspy.workflows.specs import EvalSpec
-
-    spec = EvalSpec(
+def _spec(spec_class, args: argparse.Namespace, dataset: str, labelled: bool):
+    """The ``EvalSpec`` of an ``eval`` or ``predict`` command line (``spec_class``: imported by the caller)."""
+    return spec_class(
         method=args.method if args.program else (args.method or "hcqr"),
-        dataset=args.dataset,
+        dataset=dataset,
         index=args.index,
         lm=args.lm,
         limit=args.limit,
@@ -45,7 +41,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         program=args.program,
         search_options=_search_options(args),
         encoder_backend=args.encoder_backend,
+        labelled=labelled,
     )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    # imported when the command runs: dspy and the workflow's layers take seconds, `hcqr --help` none
+    from hcqr_dspy.reporting import metrics_table
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    spec = _spec(EvalSpec, args, args.dataset, labelled=True)
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
@@ -60,26 +66,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.evaluate import run_prediction
     from hcqr_dspy.workflows.specs import EvalSpec
 
-    spec = EvalSpec(
-        method=args.method if args.program else (args.method or "hcqr"),
-        dataset=args.input,
-        index=args.index,
-        lm=args.lm,
-        limit=args.limit,
-        seed=args.seed,
-        ids=_id_list(args.ids),
-        program_options=_program_options(args),
-        max_tokens=args.max_tokens,
-        n_ctx=args.n_ctx,
-        api_base=args.api_base,
-        api_key_env=args.api_key_env,
-        num_threads=args.threads,
-        run_dir=args.run_dir,
-        program=args.program,
-        search_options=_search_options(args),
-        encoder_backend=args.encoder_backend,
-        labelled=False,
-    )
+    spec = _spec(EvalSpec, args, args.input, labelled=False)
     result, run_dir, run_id, out = run_prediction(spec, args.out, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     scored = "accuracy" in result.metrics

@@ -82,7 +82,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             if value is not None
         ]
         if given:
-            raise HCQRError(f"{', '.join(given)} apply to dense and hybrid indexes, not --retriever bm25")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise HCQRError(f"{', '.join(given)} {verb} to dense and hybrid indexes, not --retriever bm25")
     encoder = None
     options: dict = {}
     if dense:
@@ -90,7 +91,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         options = {"batch_size": args.batch_size, "chunk_size": args.chunk_size, "embeddings_dir": args.embeddings}
         if milvus is None:
             backend_options = {
-                "factory": args.faiss or "Flat",
+                "factory": "Flat" if args.faiss is None else args.faiss,
                 **({"train_size": args.train_size} if args.train_size else {}),
             }
             FaissIndex.check_settings(encoder.dimension, **backend_options)

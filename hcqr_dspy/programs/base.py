@@ -201,18 +201,8 @@ class MCQProgram(dspy.Module):
         self, passage_ids: list[str], budget: int | None = None
     ) -> tuple[str, dict[str, int], dict[int, int]]:
         """MedRAG's context format, ``Document [i] (Title: t) text``, cut to the token budget
-        (:func:`~hcqr_dspy.programs.context.fit_documents`; ``budget`` default: ``max_context_tokens``).
-
-        Whole passages are kept from the top while they fit; the passage that
-        crosses the budget keeps the head of its text when more than 50 tokens
-        are left, and the rest are dropped.
-
-        Returns:
-            The context string; the cut (``passages_kept``, ``passages_dropped``,
-            ``tokens_before``, ``tokens_after``, ``tokens_dropped``; 0 dropped when
-            nothing was cut); and ``{position: characters of content shown}`` for
-            a passage cut short.
-        """
+        (:func:`~hcqr_dspy.programs.context.fit_documents`, which says how a passage is cut and what is
+        returned; ``budget`` default: ``max_context_tokens``)."""
         passages = [self.retriever.get(pid) for pid in passage_ids]
         return fit_documents(passages, self.max_context_tokens if budget is None else budget, dspy.settings.lm)
 

@@ -21,7 +21,8 @@ numbers in range, and refuses any other string in one line that lists them
 Ranges: HNSW's ``M`` (neighbours per node) 2 to 512 (0 aborts faiss, 1
 crashes it; its wiki uses 4 to 64); ``lists`` 1 to 2^20 (its largest suggestion, for a billion vectors); PQ's ``m``
 (sub-quantizers) at least 1 and a divisor of the dimension it encodes,
-``bits`` 1 to 24 (0 crashes faiss; faiss refuses more than 24); OPQ's ``m``
+``bits`` 1 to 16 (0 crashes faiss; it trains 2^bits centroids per sub-quantizer, so 24 bits asks
+about 25 GB of codebooks at 384-d before failing, and 16 is the most its PQ codes use in practice); OPQ's ``m``
 at least 1, its output ``dim`` 1 to the vectors' dimension and a multiple of
 its ``m``, and it must come before a PQ (the PQ then encodes ``dim``
 dimensions); ``,RFlat`` (exact re-ranking, ``IndexRefineFlat``) follows any
@@ -37,7 +38,7 @@ from hcqr_dspy.errors import RetrievalIndexError
 SQ_TYPES = ("SQ4", "SQ6", "SQ8", "SQfp16", "SQbf16")
 HNSW_M = (2, 512)
 MAX_LISTS = 2**20  # faiss's wiki suggests IVF1048576 for up to a billion vectors
-PQ_BITS = (1, 24)
+PQ_BITS = (1, 16)
 SUPPORTED = (
     "Flat, SQ<t>, PQ<m>[x<bits>][np], HNSW[<M>][,CODE], IVF<lists>[_HNSW[<M>]],CODE with CODE one of "
     "Flat, SQ<t>, PQ<m>[x<bits>][np]; each optionally after OPQ<m>[_<dim>], "
@@ -62,10 +63,10 @@ def check_factory(factory: str, dimension: int) -> str:
     Raises:
         RetrievalIndexError: anything else, in one line: the string, the reason and the supported forms.
     """
-    if not isinstance(factory, str) or not factory.strip():
-        raise RetrievalIndexError(f"--faiss needs a faiss index_factory string ({SUPPORTED}), got {factory!r}")
-    text = factory.strip()
+    text = factory.strip() if isinstance(factory, str) else ""
     try:
+        if not text:
+            raise _Refused("empty")
         _check(text.split(","), int(dimension))
     except _Refused as reason:
         raise RetrievalIndexError(

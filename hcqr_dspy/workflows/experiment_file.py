@@ -294,7 +294,8 @@ def load_experiment(
     try:
         exp = Experiment.model_validate(raw, context={"base": base})
     except ValidationError as exc:
-        problems = problem_lines(exc, file, node) + ([unknown] if unknown else [])
+        problems = problem_lines(exc, file, node) + later_problems(exc, raw, base, file, node)
+        problems += [unknown] if unknown else []
         raise ExperimentError(describe(exc, file, Experiment, node), problems=problems) from None
     if unknown:
         raise ExperimentError(unknown)
@@ -303,11 +304,55 @@ def load_experiment(
     return exp
 
 
+# Keys the file-wide checks (Experiment._index_for_retrieval) read: they run only when every field is valid.
+FILE_WIDE_KEYS = frozenset({"index", "methods", "search_options", "encoder_backend", "budget", "method_options"})
+CHECK_PASSES = 5
+
+
+def later_problems(exc: ValidationError, raw: dict[str, Any], base: Path, file: str | Path, node: Any) -> list[str]:
+    """The problems a first validation could not reach: checks that need other fields valid (options of the
+    methods listed, the reference method, the file-wide checks) run again with the failed keys left out (a
+    repeated method listed once instead), up to :data:`CHECK_PASSES` times; a key found missing only because
+    it was left out is not a problem, and file-wide checks count only while none of their keys is left out."""
+    found: list[str] = []
+    failed = {e["loc"][0] for e in exc.errors() if e["loc"]}
+    trial = dict(raw)
+    for _ in range(CHECK_PASSES):
+        for key in failed:
+            value = trial.pop(key, None)
+            if key == "methods" and isinstance(value, list) and all(isinstance(m, str) for m in value):
+                trial["methods"] = list(dict.fromkeys(value))  # the repeat is reported; check the rest as listed once
+        try:
+            Experiment.model_validate(trial, context={"base": base})
+            return found
+        except ValidationError as again:
+            errors = [
+                e
+                for e in again.errors()
+                if e["type"] != "missing"
+                and (e["loc"] or not (FILE_WIDE_KEYS & set(raw) - set(trial)))
+                and (not e["loc"] or e["loc"][0] not in failed)
+            ]
+            if not errors:
+                return found
+            lines = error_lines(errors, file, node)
+            found += [line for line in lines if line not in found]
+            failed |= {e["loc"][0] for e in errors if e["loc"]}
+            if not any(e["loc"] for e in errors):
+                return found
+    return found
+
+
 def problem_lines(exc: ValidationError, file: str | Path, node: Any = None) -> list[str]:
     """Every problem of a pydantic ``ValidationError`` over an experiment file, one line each, as
     :func:`hcqr_dspy.config.describe` words its first: ``<file>:<line>: <field>: <what is wrong and allowed>``."""
+    return error_lines(exc.errors(include_url=False), file, node)
+
+
+def error_lines(errors: list[Any], file: str | Path, node: Any = None) -> list[str]:
+    """Pydantic error records as :func:`problem_lines` words them."""
     lines = []
-    for error in exc.errors(include_url=False):
+    for error in errors:
         loc = tuple(error["loc"])
         line = line_of(node, loc) if node is not None else None
         lines.append(f"{f'{file}:{line}' if line else file}: {_problem(error, Experiment, loc)}")

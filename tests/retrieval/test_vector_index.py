@@ -204,7 +204,7 @@ def test_cli_index_faiss_and_search_ef_search(medcpt_spec, synthetic_corpus_file
         )
         == 2
     )
-    assert "--faiss apply to dense and hybrid indexes, not --retriever bm25" in capsys.readouterr().err
+    assert "--faiss applies to dense and hybrid indexes, not --retriever bm25" in capsys.readouterr().err
     assert (
         main(
             [
@@ -270,12 +270,14 @@ BAD_FACTORIES = [
     ("IVF0,Flat", r"\(IVF0: IVF's lists must be 1 to 1,048,576, got 0\)"),
     ("IVF4,PQ0", r"\(PQ0: PQ's sub-quantizers must be 1 to 16, got 0\)"),
     ("IVF4,PQ5", r"\(PQ5: the dimension \(16\) must be a multiple of the number of subquantizers \(5\)\)"),
-    ("PQ4x0", r"\(PQ4x0: PQ's bits per code must be 1 to 24, got 0\)"),
+    ("PQ4x0", r"\(PQ4x0: PQ's bits per code must be 1 to 16, got 0\)"),
+    ("IVF1,PQ8x24", r"\(PQ8x24: PQ's bits per code must be 1 to 16, got 24\)"),  # 2^24 centroids: ~25 GB at 384-d
     ("OPQ4_0,PQ4", r"\(OPQ4_0: OPQ's output dimension must be 1 to 16, got 0\)"),
     ("IVF4,SQ0", r"\(SQ0: IVF stores Flat, SQ<t> \(t: 4, 6, 8, fp16, bf16\) or PQ<m>\[x<bits>\]\[np\] codes\)"),
     ("IVF1e3,Flat", r"\(not one of the supported forms\)"),
     ("HNSW-1", r"\(not one of the supported forms\)"),
     ("PCA8,Flat", r"\(not one of the supported forms\)"),
+    ("", r"\(empty\)"),  # never the default Flat in silence
 ]
 # Builds every factory string given in one child process, so that a string faiss aborts on fails this test
 # (the child's exit status) instead of killing the test session.
