@@ -234,7 +234,7 @@ class FaissIndex(VectorIndex):
             isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1
         ):
             raise RetrievalIndexError(f"train_size must be a positive integer, got {train_size!r}")
-        cls.make(check_factory(factory or DEFAULT_FACTORY, dimension), dimension)
+        cls.make(check_factory(DEFAULT_FACTORY if factory is None else factory, dimension), dimension)
 
     @classmethod
     def build(
