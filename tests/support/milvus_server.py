@@ -68,6 +68,8 @@ PORT_KEYS = (
 # Milvus's default (common.gracefulStopTimeout, 1800 s) lets a standalone query node with loaded collections wait
 # for a peer to hand its segments to, which never comes: SIGTERM then hangs. A test server has nothing to hand over.
 GRACEFUL_STOP_SECONDS = 3
+# Tries at free ports for the components when one is taken between being found free and bound.
+PORT_ATTEMPTS = 3
 PORT_REUSE_SECONDS = 90  # a restart waits this long for its proxy port to leave TIME_WAIT (60 s on Linux)
 COMPONENTS = ("rootCoord", "proxy", "queryCoord", "queryNode", "indexNode", "dataCoord", "dataNode")
 
@@ -208,21 +210,26 @@ class LocalMilvusServer:
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="hcqr-milvus-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        ports = {key: _free_port() for key in PORT_KEYS}
-        peer_port, self.metrics_port = _free_port(), _free_port()
-        if self._proxy_port is not None:  # a restart serves the same address, as a user's server does
-            ports["proxy_port"] = self._proxy_port
-            _wait_bindable(self._proxy_port, PORT_REUSE_SECONDS)
+        for _attempt in range(PORT_ATTEMPTS):
+            ports = {key: _free_port() for key in PORT_KEYS}
+            peer_port, self.metrics_port = _free_port(), _free_port()
+            if self._proxy_port is not None:  # a restart serves the same address, as a user's server does
+                ports["proxy_port"] = self._proxy_port
+                _wait_bindable(self._proxy_port, PORT_REUSE_SECONDS)
+            args = {
+                "data_dir": str(self.data_dir),
+                "ports": ports,
+                "auth": self.auth,
+                "components": COMPONENTS,
+                "bin_base": str(self.venv / SERVER_BIN_FOLDER),
+                "graceful_stop_seconds": GRACEFUL_STOP_SECONDS,
+            }
+            prep = subprocess.run([str(py), "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True)
+            # a free port found here can be taken by another process (a server another test worker starts)
+            # before the config is written: take other free ports then
+            if prep.returncode == 0 or "bind failed" not in prep.stderr:
+                break
         self._proxy_port = ports["proxy_port"]
-        args = {
-            "data_dir": str(self.data_dir),
-            "ports": ports,
-            "auth": self.auth,
-            "components": COMPONENTS,
-            "bin_base": str(self.venv / SERVER_BIN_FOLDER),
-            "graceful_stop_seconds": GRACEFUL_STOP_SECONDS,
-        }
-        prep = subprocess.run([str(py), "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True)
         if prep.returncode != 0:
             raise MilvusServerError(f"could not prepare the Milvus server config: {_last_line(prep.stderr)}")
         info = json.loads(prep.stdout.strip().splitlines()[-1])
