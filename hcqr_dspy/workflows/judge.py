@@ -141,32 +141,9 @@ def _judge_and_track(
     """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
     run_id = folder.mlflow_run_id
     tracked = bool(track and run_id and existing_run_id(run_id, mlflow_dir))
-    if not tracked:
-        return judge_run(
-            folder,
-            retriever,
-            lm,
-            mode=mode,
-            reasoning=reasoning,
-            judge_lm=spec,
-            num_threads=num_threads,
-            progress=progress,
-            limit=limit,
-            seed=seed,
-            ids=ids,
-        )
-    import mlflow
 
-    trace_tags = {
-        "kind": "dur_judge",
-        "judged_run_id": run_id,
-        "method": folder.method,
-        "dataset": folder.dataset_name,
-        "run_folder": str(folder.path.resolve()),
-        "judge_lm": spec,
-    }
-    with dspy_tracing():
-        metrics = judge_run(
+    def judge(trace_tags: dict[str, str] | None = None) -> dict[str, Any]:
+        return judge_run(
             folder,
             retriever,
             lm,
@@ -180,6 +157,21 @@ def _judge_and_track(
             seed=seed,
             ids=ids,
         )
+
+    if not tracked:
+        return judge()
+    import mlflow
+
+    trace_tags = {
+        "kind": "dur_judge",
+        "judged_run_id": run_id,
+        "method": folder.method,
+        "dataset": folder.dataset_name,
+        "run_folder": str(folder.path.resolve()),
+        "judge_lm": spec,
+    }
+    with dspy_tracing():
+        metrics = judge(trace_tags)
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         log_metrics(metrics)
         # tags, not params: MLflow params never change, and a run may be judged again with other settings
