@@ -138,14 +138,19 @@ def _add_mlflow_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
 
 
+def _add_endpoint_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "the LM") -> None:
+    """``--{prefix}api-base`` and ``--{prefix}api-key-env``: where a LiteLLM model is served and its key's variable."""
+    p.add_argument(f"--{prefix}api-base", default=None, help=f"API base URL of {who} (default: the provider's)")
+    p.add_argument(
+        f"--{prefix}api-key-env",
+        default=None,
+        help=f"name of the environment variable holding {who}'s API key, never the key itself (default: none)",
+    )
+
+
 def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
-    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM model (default: the provider's)")
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        help="name of the environment variable holding the API key, never the key itself (default: none)",
-    )
+    _add_endpoint_args(p)
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
 

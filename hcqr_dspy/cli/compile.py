@@ -12,6 +12,7 @@ from collections.abc import Callable
 from hcqr_dspy.cli.common import (
     FUSION_STRATEGIES,
     METHODS,
+    _add_endpoint_args,
     _add_lm_args,
     _add_mlflow_args,
     _non_negative_int,
@@ -129,12 +130,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="alias of the registered version, e.g. champion (--program models:/NAME@ALIAS; default: none)",
     )
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
-    p.add_argument("--reflection-api-base", default=None, help="API base of the reflection LM (default: none)")
-    p.add_argument(
-        "--reflection-api-key-env",
-        default=None,
-        help="name of the environment variable holding the reflection LM's API key (default: none)",
-    )
+    _add_endpoint_args(p, prefix="reflection-", who="the reflection LM")
     _add_mlflow_args(p)
     _add_lm_args(p)
     p.set_defaults(func=cmd_compile)

@@ -22,30 +22,33 @@ from hcqr_dspy.retrieval.milvus import MilvusRetriever, MilvusSettings, parse_pa
 from hcqr_dspy.retrieval.vector_index import FaissIndex
 
 
+def _given(args: argparse.Namespace, *flags: str, given=lambda value: value is not None) -> list[str]:
+    """The ``flags`` given on the command line: those whose value passes ``given`` (default: not ``None``)."""
+    return [flag for flag in flags if given(getattr(args, flag[2:].replace("-", "_")))]
+
+
 def _milvus_settings(args: argparse.Namespace):
     """The Milvus settings of `hcqr index` (checked, nothing contacted), or None for faiss/bm25s files.
 
     Raises:
         HCQRError: Milvus flags without --backend milvus, faiss flags with it, or bad Milvus settings.
     """
-    given = [
-        flag
-        for flag, value in (
-            ("--milvus-uri", args.milvus_uri),
-            ("--collection", args.collection),
-            ("--milvus-index", args.milvus_index),
-            ("--milvus-index-param", args.milvus_index_param),
-            ("--milvus-search-param", args.milvus_search_param),
-            ("--milvus-token-env", args.milvus_token_env),
-            ("--milvus-index-timeout", args.milvus_index_timeout),
-        )
-        if value
-    ]
+    given = _given(
+        args,
+        "--milvus-uri",
+        "--collection",
+        "--milvus-index",
+        "--milvus-index-param",
+        "--milvus-search-param",
+        "--milvus-token-env",
+        "--milvus-index-timeout",
+        given=bool,
+    )
     if args.backend != "milvus":
         if given:
             raise HCQRError(f"{', '.join(given)} only apply with --backend milvus")
         return None
-    faiss_flags = [f for f, v in (("--faiss", args.faiss), ("--train-size", args.train_size)) if v is not None]
+    faiss_flags = _given(args, "--faiss", "--train-size")
     if faiss_flags:
         raise HCQRError(
             f"{', '.join(faiss_flags)} apply to the faiss backend, not --backend milvus (see --milvus-index)"
@@ -71,16 +74,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     out = check_index_target(args.out)  # fail before minutes of encoding, not after
     dense = args.retriever != "bm25"
     if not dense:
-        given = [
-            flag
-            for flag, value in (
-                ("--encoder", args.encoder),
-                ("--faiss", args.faiss),
-                ("--train-size", args.train_size),
-                ("--embeddings", args.embeddings),
-            )
-            if value is not None
-        ]
+        given = _given(args, "--encoder", "--faiss", "--train-size", "--embeddings")
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             raise HCQRError(f"{', '.join(given)} {verb} to dense and hybrid indexes, not --retriever bm25")

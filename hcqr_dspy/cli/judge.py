@@ -11,7 +11,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_mlflow_args, _id_list, _positive_int
+from hcqr_dspy.cli.common import _add_endpoint_args, _add_mlflow_args, _id_list, _positive_int
 from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.lm import parse_lm_spec
 
@@ -59,12 +59,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("judge", help="label each run question's retrieved context with the DUR judge")
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
-    p.add_argument(
-        "--mode",
-        choices=["context", "passage"],
-        default="context",
-        help="judge the shown context (default) or each shown passage",
-    )
+    modes = ["context", "passage"]
+    p.add_argument("--mode", choices=modes, default="context", help="judge the shown context (default) or each passage")
     p.add_argument(
         "--no-reasoning",
         action="store_true",
@@ -84,12 +80,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     sample.add_argument("--ids", default=None, help="judge only these comma-separated question ids (default: all)")
     p.add_argument("--seed", type=int, default=None, help="seed of the --limit sample (default 0)")
     _add_mlflow_args(p)
-    p.add_argument("--api-base", default=None, help="API base URL of a LiteLLM judge (default: the provider's)")
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        help="name of the environment variable holding the judge's API key (default: none)",
-    )
+    _add_endpoint_args(p, who="the judge")
     p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
     p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)

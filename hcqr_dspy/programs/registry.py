@@ -9,18 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import hcqr_dspy.programs.hcqr as hcqr_family
 from hcqr_dspy.config import check_arguments
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.programs.hcqr import (
-    HCQR,
-    HCQRNoDistinction,
-    HCQRNoKeyFeatures,
-    HCQRNoSupport,
-    HCQRShowHypothesis,
-    WorkingHypothesis,
-)
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.main_rag import MainRAG
 from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
@@ -32,17 +25,17 @@ PROGRAMS: dict[str, type[MCQProgram]] = {
     for cls in (
         CoT,
         SimpleRAG,
-        HCQR,
+        hcqr_family.HCQR,
         HyDE,
         QueryRewrite,
         QueryRewriteOptions,
         RerankRAG,
         MainRAG,
-        HCQRNoSupport,
-        HCQRNoDistinction,
-        HCQRNoKeyFeatures,
-        HCQRShowHypothesis,
-        WorkingHypothesis,
+        hcqr_family.HCQRNoSupport,
+        hcqr_family.HCQRNoDistinction,
+        hcqr_family.HCQRNoKeyFeatures,
+        hcqr_family.HCQRShowHypothesis,
+        hcqr_family.WorkingHypothesis,
     )
 }
 

@@ -24,7 +24,7 @@ from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
 from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
-from hcqr_dspy.retrieval.encoder_spec import EncoderSpec, parse_encoder
+from hcqr_dspy.retrieval.encoder_spec import EncoderSpec, encoder_of_index, parse_encoder
 from hcqr_dspy.retrieval.registry import get_backend_class, register
 from hcqr_dspy.retrieval.store import PassageStore
 from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options
@@ -148,31 +148,10 @@ class DenseRetriever(Retriever):
         self.index.write(folder)
 
     @classmethod
-    def _read(
-        cls,
-        folder: Path,
-        manifest: dict[str, Any],
-        corpus: PassageStore,
-        encoder: Any = None,
-        search_options: Mapping[str, int] | None = None,
-        encoder_backend: str | None = None,
-        **_: Any,
-    ) -> DenseRetriever:
-        built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
-        if built.describe() != manifest["encoders"]:
-            raise RetrievalIndexError(
-                f"index {folder} records encoder {manifest['encoder']!r} with settings this hcqr-dspy does not "
-                "reproduce; rebuild the index with `hcqr index`"
-            )
-        if encoder is not None:
-            wanted = parse_encoder(encoder)
-            if wanted.describe() != built.describe():
-                raise RetrievalIndexError(
-                    f"index {folder} was built with encoder {built.label()}, not {wanted.label()}; "
-                    "queries must be embedded by the query side of the encoder the passages were embedded with"
-                )
-            built = wanted  # same encoder, possibly read from other folders
-        built = built.with_runtime(encoder_backend)  # what runs the query side: not part of the encoder's identity
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, **options: Any) -> DenseRetriever:
+        encoder, search_options = options.get("encoder"), options.get("search_options")
+        encoder_backend = options.get("encoder_backend")
+        built = encoder_of_index(folder, manifest, encoder, encoder_backend)
         record = manifest["vector_index"]
         index = get_backend_class(record["backend"]).read(folder, record)
         if index.dimension != manifest["dimension"]:

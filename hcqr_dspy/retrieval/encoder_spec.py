@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hcqr_dspy.errors import EncoderError
+from hcqr_dspy.errors import EncoderError, RetrievalIndexError
 from hcqr_dspy.retrieval.query_runtime import check_runtime
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -212,3 +212,31 @@ def parse_encoder(spec: str | EncoderSpec | None) -> EncoderSpec:
             raise EncoderError(f"encoder {spec!r}: a pair is QUERY_MODEL,PASSAGE_MODEL (two names or folders)")
         return EncoderSpec(",".join(parts), EncoderSide(parts[0]), EncoderSide(parts[1]))
     return EncoderSpec(spec, EncoderSide(spec), EncoderSide(spec))
+
+
+def encoder_of_index(
+    folder: Any, manifest: dict[str, Any], encoder: Any = None, runtime: str | None = None
+) -> EncoderSpec:
+    """The encoder a dense index's queries go through: the one its manifest records, or ``encoder`` when that is the
+    same encoder (read from other folders), run by ``runtime`` (what runs the query side is not part of the
+    encoder's identity).
+
+    Raises:
+        RetrievalIndexError: the manifest records an encoder this version does not reproduce, or ``encoder``
+            differs from it (queries must be embedded by the query side of the passages' encoder).
+    """
+    built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
+    if built.describe() != manifest["encoders"]:
+        raise RetrievalIndexError(
+            f"index {folder} records encoder {manifest['encoder']!r} with settings this hcqr-dspy does not "
+            "reproduce; rebuild the index with `hcqr index`"
+        )
+    if encoder is not None:
+        wanted = parse_encoder(encoder)
+        if wanted.describe() != built.describe():
+            raise RetrievalIndexError(
+                f"index {folder} was built with encoder {built.label()}, not {wanted.label()}; "
+                "queries must be embedded by the query side of the encoder the passages were embedded with"
+            )
+        built = wanted
+    return built.with_runtime(runtime)

@@ -91,15 +91,8 @@ class HybridRetriever(Retriever):
         (folder / COMPONENTS_FILE).write_text(json.dumps(names), encoding="utf-8")
 
     @classmethod
-    def _read(
-        cls,
-        folder: Path,
-        manifest: dict[str, Any],
-        corpus: PassageStore,
-        encoder: Any = None,
-        search_options: Any = None,
-        **options: Any,
-    ):
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: PassageStore, **options: Any):
+        encoder, search_options = options.pop("encoder", None), options.pop("search_options", None)
         parts = []
         for name in json.loads((folder / COMPONENTS_FILE).read_text(encoding="utf-8")):
             sub = folder / name

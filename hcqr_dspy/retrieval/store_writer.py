@@ -16,20 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+import hcqr_dspy.retrieval.store_format as fmt
 from hcqr_dspy.errors import CorpusError
-from hcqr_dspy.retrieval.store_format import (
-    BATCH_ROWS,
-    ID_HASH_FILE,
-    ID_ROW_FILE,
-    PASSAGES_FILE,
-    STORE_FILES,
-    STORE_FORMAT,
-    STORE_FORMAT_VERSION,
-    STORE_META_FILE,
-    Fingerprint,
-    arrow_schema,
-    id_hash,
-)
+from hcqr_dspy.retrieval.store_format import Fingerprint, arrow_schema, id_hash
 
 
 def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relocate):
@@ -46,9 +35,9 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
     schema = arrow_schema()
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        for name in STORE_FILES:
+        for name in fmt.STORE_FILES:
             (folder / name).unlink(missing_ok=True)
-        path = folder / PASSAGES_FILE
+        path = folder / fmt.PASSAGES_FILE
         sink = pa.OSFile(str(path), "wb")
     else:
         sink = pa.BufferOutputStream()
@@ -80,7 +69,7 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
             contents.append(passage.content)
             fingerprint.add(passage.id, passage.title, passage.content)
             count += 1
-            if len(ids) == BATCH_ROWS:
+            if len(ids) == fmt.BATCH_ROWS:
                 flush()
         flush()
         writer.close()
@@ -111,8 +100,8 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
     sorted_hashes = np.ascontiguousarray(hashes[order])
     order = order.astype(np.int64)
     meta = {
-        "format": STORE_FORMAT,
-        "format_version": STORE_FORMAT_VERSION,
+        "format": fmt.STORE_FORMAT,
+        "format_version": fmt.STORE_FORMAT_VERSION,
         "count": count,
         "fingerprint": fingerprint.hexdigest(),
         "source": source,
@@ -122,9 +111,9 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
     }
     if folder is None:
         return table, sorted_hashes, order, meta, None
-    np.save(folder / ID_HASH_FILE, sorted_hashes, allow_pickle=False)
-    np.save(folder / ID_ROW_FILE, order, allow_pickle=False)
-    (folder / STORE_META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    np.save(folder / fmt.ID_HASH_FILE, sorted_hashes, allow_pickle=False)
+    np.save(folder / fmt.ID_ROW_FILE, order, allow_pickle=False)
+    (folder / fmt.STORE_META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return None  # (PassageStore.build opens the folder)
 
 
@@ -132,7 +121,7 @@ def _read_table(folder, sink):
     import pyarrow as pa
 
     if folder is not None:
-        return pa.ipc.open_file(pa.memory_map(str(folder / PASSAGES_FILE), "r")).read_all()
+        return pa.ipc.open_file(pa.memory_map(str(folder / fmt.PASSAGES_FILE), "r")).read_all()
     return pa.ipc.open_file(sink.getvalue()).read_all()
 
 
@@ -185,13 +174,13 @@ def _rewrite_ids(table, new_ids: dict[int, str], folder: Path | None, schema):
 
     fingerprint = Fingerprint()
     if folder is not None:
-        tmp = folder / (PASSAGES_FILE + ".renaming")
+        tmp = folder / (fmt.PASSAGES_FILE + ".renaming")
         sink = pa.OSFile(str(tmp), "wb")
     else:
         sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema) as writer:
-        for first in range(0, table.num_rows, BATCH_ROWS):
-            part = table.slice(first, BATCH_ROWS)
+        for first in range(0, table.num_rows, fmt.BATCH_ROWS):
+            part = table.slice(first, fmt.BATCH_ROWS)
             ids = part.column("id").to_pylist()
             for row in range(first, first + len(ids)):
                 if row in new_ids:
@@ -212,7 +201,7 @@ def _rewrite_ids(table, new_ids: dict[int, str], folder: Path | None, schema):
     if folder is not None:
         sink.close()
         del table
-        os.replace(tmp, folder / PASSAGES_FILE)
+        os.replace(tmp, folder / fmt.PASSAGES_FILE)
     return _read_table(folder, sink), fingerprint
 
 

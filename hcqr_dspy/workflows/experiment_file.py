@@ -75,6 +75,15 @@ Positive = Annotated[int, Field(ge=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
+def _field_check(check, value, *args, **options):
+    """``check(value, *args, **options)``, its one-line :class:`HCQRError` raised as the ``ValueError`` pydantic
+    reports against the field."""
+    try:
+        return check(value, *args, **options)
+    except HCQRError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class QuestionSample(TypedDict, total=False):
     """``questions:``: the same sample in every cell (:func:`hcqr_dspy.data.select`)."""
 
@@ -153,28 +162,17 @@ class Experiment(BaseModel):
     @field_validator("encoder_backend")
     @classmethod
     def _encoder_backend(cls, name: str | None) -> str | None:
-        if name is None:
-            return None
-        try:
-            return check_runtime(name)
-        except HCQRError as exc:
-            raise ValueError(str(exc)) from None
+        return None if name is None else _field_check(check_runtime, name)
 
     @field_validator("search_options")
     @classmethod
     def _search_options(cls, options: dict[str, int]) -> dict[str, int]:
-        try:
-            return check_search_options(options)
-        except HCQRError as exc:
-            raise ValueError(str(exc)) from None
+        return _field_check(check_search_options, options)
 
     @field_validator("lm")
     @classmethod
     def _lm_spec(cls, lm: str, info: ValidationInfo) -> str:
-        try:
-            parse_lm_spec(lm, api_base=info.data.get("api_base"), api_key_env=info.data.get("api_key_env"))
-        except HCQRError as exc:
-            raise ValueError(str(exc)) from None
+        _field_check(parse_lm_spec, lm, api_base=info.data.get("api_base"), api_key_env=info.data.get("api_key_env"))
         return lm
 
     @field_validator("methods")
@@ -233,10 +231,8 @@ class Experiment(BaseModel):
         if self.encoder_backend not in (None, "torch") and not self.index:
             raise ValueError("'encoder_backend' needs an 'index'")
         if self.index and (self.search_options or self.encoder_backend):
-            try:  # what the run would refuse when it loads the index, found before any LM call
-                check_index_options(self.index, self.search_options, self.encoder_backend)
-            except HCQRError as exc:
-                raise ValueError(str(exc)) from None
+            # what the run would refuse when it loads the index, found before any LM call
+            _field_check(check_index_options, self.index, self.search_options, self.encoder_backend)
         for method in self.methods:  # a method left at its defaults must fit the budget too (rerank_rag's pool_k)
             if method not in self.method_options:
                 try:

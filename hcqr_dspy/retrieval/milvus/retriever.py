@@ -21,7 +21,7 @@ from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval.base import Hit, Retriever, library_versions
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
 from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
-from hcqr_dspy.retrieval.encoder_spec import parse_encoder
+from hcqr_dspy.retrieval.encoder_spec import encoder_of_index, parse_encoder
 from hcqr_dspy.retrieval.milvus.collection import MilvusCollection
 from hcqr_dspy.retrieval.milvus.identity import collection_identity
 from hcqr_dspy.retrieval.milvus.settings import MilvusSettings
@@ -151,34 +151,13 @@ class MilvusRetriever(Retriever):
         """Nothing to write: the collection lives in Milvus, and the manifest records where."""
 
     @classmethod
-    def _read(
-        cls,
-        folder: Path,
-        manifest: dict[str, Any],
-        corpus: Any,
-        encoder: Any = None,
-        search_options: Any = None,
-        encoder_backend: str | None = None,
-        **_: Any,
-    ) -> MilvusRetriever:
+    def _read(cls, folder: Path, manifest: dict[str, Any], corpus: Any, **options: Any) -> MilvusRetriever:
+        encoder, search_options = options.get("encoder"), options.get("search_options")
+        encoder_backend = options.get("encoder_backend")
         settings = MilvusSettings.from_manifest(manifest["milvus"])
         built = None
         if settings.dense:
-            built = parse_encoder(manifest["encoder"]).with_paths(manifest.get("encoder_paths"))
-            if built.describe() != manifest["encoders"]:
-                raise RetrievalIndexError(
-                    f"index {folder} records encoder {manifest['encoder']!r} with settings this hcqr-dspy does not "
-                    "reproduce; rebuild the index with `hcqr index`"
-                )
-            if encoder is not None:
-                wanted = parse_encoder(encoder)
-                if wanted.describe() != built.describe():
-                    raise RetrievalIndexError(
-                        f"index {folder} was built with encoder {built.label()}, not {wanted.label()}; "
-                        "queries must be embedded by the query side of the encoder the passages were embedded with"
-                    )
-                built = wanted
-            built = built.with_runtime(encoder_backend)
+            built = encoder_of_index(folder, manifest, encoder, encoder_backend)
         elif encoder is not None:
             raise RetrievalIndexError(
                 f"index {folder} is a Milvus bm25 index and uses no encoder (asked for {encoder!r})"
