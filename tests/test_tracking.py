@@ -9,7 +9,7 @@ from dspy.utils import DummyLM
 
 from hcqr_dspy.errors import LMUnavailableError
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.tracking.runs import flatten
+from hcqr_dspy.tracking.mlflow_runs import flatten
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
 

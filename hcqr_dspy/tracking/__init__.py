@@ -5,13 +5,13 @@ store is in maintenance mode), where ``<dir>`` is ``--mlflow-dir`` or ``$HCQR_ML
 explicit ``$MLFLOW_TRACKING_URI`` wins (:mod:`~hcqr_dspy.tracking.store`). Each run logs the full configuration
 as params, the metrics of the evaluation, the run folder's ``config.json``, ``predictions.jsonl`` and
 ``metrics.json`` as artifacts, and DSPy traces through ``mlflow.dspy.autolog()``
-(:mod:`~hcqr_dspy.tracking.runs`; each question's trace is built by :mod:`hcqr_dspy.tracing` and scored by
+(:mod:`~hcqr_dspy.tracking.mlflow_runs`; each question's trace is built by :mod:`hcqr_dspy.tracing` and scored by
 :mod:`~hcqr_dspy.tracking.scorers`). A resumed evaluation continues its MLflow run (its id is kept in
 ``config.json``).
 
 Modules: :mod:`~hcqr_dspy.tracking.store` (where the store is, opening it, its locks and outages),
 :mod:`~hcqr_dspy.tracking.experiment_page` (the experiment's description and key-metrics view),
-:mod:`~hcqr_dspy.tracking.runs` (runs, their params, metrics, artifacts and descriptions),
+:mod:`~hcqr_dspy.tracking.mlflow_runs` (runs, their params, metrics, artifacts and descriptions),
 :mod:`~hcqr_dspy.tracking.datasets` (the question set as an MLflow evaluation dataset),
 :mod:`~hcqr_dspy.tracking.scorers` (scoring a run's traces), :mod:`~hcqr_dspy.tracking.comparison` (a
 comparison as a run), :mod:`~hcqr_dspy.tracking.ui` (``hcqr ui``), :mod:`~hcqr_dspy.tracking.serving` (a saved

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hcqr_dspy.evaluation.records import read_json_object
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.tracking.runs import mlflow_run, run_link
+from hcqr_dspy.tracking.mlflow_runs import mlflow_run, mlflow_run_link
 
 
 def _metric_label(label: str) -> str:
@@ -83,7 +83,7 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             info = summary["runs"][label]
             delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"
             p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
-            link = run_link(run_ids[label]) if run_ids[label] else None
+            link = mlflow_run_link(run_ids[label]) if run_ids[label] else None
             lines.append(f"| {label} | {info['accuracy']:.1%} | {delta} | {p} | {link or '–'} |")
         mlflow.set_tag("mlflow.note.content", "\n".join(lines))
         for f in sorted(out.iterdir()):

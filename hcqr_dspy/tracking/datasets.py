@@ -1,4 +1,5 @@
-"""A question set as an MLflow evaluation dataset (``mlflow.genai.datasets``): the input of an evaluation run."""
+"""A question set as an MLflow evaluation dataset (``mlflow.genai.datasets``): the input of an evaluation's
+MLflow run."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""MLflow scorers of a question's trace, and scoring a run's traces with ``mlflow.genai.evaluate``.
+"""MLflow scorers of a question's trace, and scoring an evaluation's traces with ``mlflow.genai.evaluate``.
 
 A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracing`);
-when every question of the run is answered, :func:`score_run` passes those
-traces to ``mlflow.genai.evaluate`` inside the run's MLflow run. MLflow then
+when every question of the run folder is answered, :func:`score_rows` passes those
+traces to ``mlflow.genai.evaluate`` inside the evaluation's MLflow run. MLflow then
 logs each scorer's value as feedback on the question's trace, the scorers'
-means as run metrics (``correct/mean`` ...), marks the run as an evaluation
-run (it is listed under *Evaluation runs*, and its per-question results appear
-in MLflow's evaluation view) and logs the run's questions (the MLflow
+means as MLflow run metrics (``correct/mean`` ...), marks that MLflow run as an
+evaluation run (it is listed under *Evaluation runs*, and its per-question results appear
+in MLflow's evaluation view) and logs the run folder's questions (the MLflow
 evaluation dataset made by :func:`hcqr_dspy.tracking.datasets.questions_dataset`) as
 its input.
 
@@ -24,9 +24,9 @@ trace's root span outputs (:func:`hcqr_dspy.tracing.root_outputs`) and its
   (:func:`hcqr_dspy.evaluation.metrics.hypothesis_outcome`).
 
 The DUR judge is a scorer too (:func:`dur_scorer`): it labels the context the
-trace's ``answer`` span received. ``hcqr judge`` labels runs through
+trace's ``answer`` span received. ``hcqr judge`` labels run folders through
 :func:`hcqr_dspy.workflows.judge.judge_and_track` (with its negative controls, which need
-the other questions of the run) and logs each label on the question's trace.
+the other questions of the run folder) and logs each label on the question's trace.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def hypothesis(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedbac
     )
 
 
-def run_scorers(labelled: bool = True) -> list[Scorer]:
+def evaluation_scorers(labelled: bool = True) -> list[Scorer]:
     """The scorers of a run: ``correct``, ``valid`` and ``hypothesis``; ``valid`` alone without gold answers."""
     return [correct, valid, hypothesis] if labelled else [valid]
 
@@ -155,7 +155,7 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
     return dur
 
 
-def score_run(
+def score_rows(
     rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: bool = True, scorers: Sequence[Scorer] | None = None
 ) -> dict[str, float]:
     """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
@@ -165,7 +165,7 @@ def score_run(
         dataset: The run's MLflow evaluation dataset (:func:`hcqr_dspy.tracking.datasets.questions_dataset`):
             recorded as the evaluation's dataset instead of an anonymous table of traces.
         labelled: The questions have gold answers (else only ``valid`` is scored).
-        scorers: Scorers to use instead of :func:`run_scorers`.
+        scorers: Scorers to use instead of :func:`evaluation_scorers`.
 
     Returns:
         MLflow's aggregated scorer metrics (``correct/mean`` ...); ``{}`` when no trace was found.
@@ -190,7 +190,7 @@ def score_run(
     # warnings, e.g. failed scorer calls, still reach stderr through logging)
     chatter = io.StringIO()
     with redirect_stdout(chatter), redirect_stderr(chatter):
-        result = mlflow.genai.evaluate(data=data, scorers=list(scorers or run_scorers(labelled)))
+        result = mlflow.genai.evaluate(data=data, scorers=list(scorers or evaluation_scorers(labelled)))
     metrics = {k: float(v) for k, v in result.metrics.items()}
     print(
         f"scored {len(found)} question traces with mlflow.genai.evaluate: "

@@ -81,7 +81,7 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
     return experiment_id
 
 
-def existing_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
+def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
     """``run_id`` if the store at ``path`` holds that run, else ``None`` (with a warning).
 
     A run folder remembers its MLflow run to resume it; if the store was

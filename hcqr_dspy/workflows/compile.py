@@ -28,7 +28,7 @@ from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
 from hcqr_dspy.programs import PROGRAMS, make_program
-from hcqr_dspy.tracking.runs import mlflow_run
+from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 

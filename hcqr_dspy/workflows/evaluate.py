@@ -24,8 +24,8 @@ from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.tracking.datasets import questions_dataset
-from hcqr_dspy.tracking.runs import describe_run, log_metrics, log_run_folder, mlflow_run
-from hcqr_dspy.tracking.store import existing_run_id, open_store, store_outages
+from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
+from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
 
 DEFAULT_RUNS = Path("runs")
@@ -70,10 +70,10 @@ def run_evaluation(
         on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluation.evaluate.evaluate`).
 
     Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
-    (:func:`run_name`) and tagged likewise; its description links the compile run of a saved program;
+    (:func:`mlflow_run_name`) and tagged likewise; its description links the MLflow run that compiled a saved program;
     the questions are its input (an MLflow evaluation dataset); each question is a trace
     (:mod:`hcqr_dspy.tracing`); and once every question is answered the traces are scored with
-    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.tracking.scorers.score_run`; once per MLflow run: a rerun that answers
+    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.tracking.scorers.score_rows`; once per MLflow run: a rerun that answers
     nothing new does not score again).
 
     Returns:
@@ -127,12 +127,12 @@ def _tracked_evaluation(
     on_row: Any,
 ) -> tuple[EvalResult, Path, str | None]:
     """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces and scores."""
-    old_id = existing_run_id(folder.mlflow_run_id, mlflow_dir)
+    old_id = existing_mlflow_run_id(folder.mlflow_run_id, mlflow_dir)
     labelled = all(q.answer is not None for q in questions)
     dname = dataset_name(spec.dataset)
     program = program_label(config)
     kind = "evaluation" if labelled else "prediction"
-    name = run_name(spec.method, dname, spec.lm, program, kind)
+    name = mlflow_run_name(spec.method, dname, spec.lm, program, kind)
     tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
@@ -142,7 +142,7 @@ def _tracked_evaluation(
         run_id = run.info.run_id
         folder.set_mlflow_run_id(run_id)
         if old_id is None:
-            describe_run(run_id, config, kind)
+            describe_mlflow_run(run_id, config, kind)
         questions_ds = questions_dataset(
             questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id
         )
@@ -177,9 +177,9 @@ def _tracked_evaluation(
             log_run_folder(folder)
         log_metrics(result.metrics)
         if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
-            from hcqr_dspy.tracking.scorers import score_run  # imports mlflow: only once scoring
+            from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 
-            score_run(result.rows, questions_ds, labelled=labelled)
+            score_rows(result.rows, questions_ds, labelled=labelled)
             mlflow.set_tag(SCORED_TAG, "true")
     return result, folder.path, run_id
 
@@ -209,7 +209,7 @@ def program_label(config: dict[str, Any]) -> str:
     return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
 
 
-def run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
+def mlflow_run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
     """An evaluation's MLflow run name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
     return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])
 

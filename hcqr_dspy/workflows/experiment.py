@@ -20,7 +20,7 @@ from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.comparison import track_comparison
-from hcqr_dspy.tracking.runs import mlflow_run
+from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track

@@ -21,8 +21,8 @@ from hcqr_dspy.judge.judging import check_judge_index, judge_run, judgeable
 from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.retrieval.base import Retriever
-from hcqr_dspy.tracking.runs import dspy_tracing, flatten, log_metrics, log_run_folder
-from hcqr_dspy.tracking.store import existing_run_id
+from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, log_run_folder
+from hcqr_dspy.tracking.store import existing_mlflow_run_id
 
 JUDGE_MAX_TOKENS = 512
 
@@ -140,7 +140,7 @@ def _judge_and_track(
 ) -> dict[str, Any]:
     """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
     run_id = folder.mlflow_run_id
-    tracked = bool(track and run_id and existing_run_id(run_id, mlflow_dir))
+    tracked = bool(track and run_id and existing_mlflow_run_id(run_id, mlflow_dir))
 
     def judge(trace_tags: dict[str, str] | None = None) -> dict[str, Any]:
         return judge_run(

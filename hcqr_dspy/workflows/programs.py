@@ -19,7 +19,7 @@ from hcqr_dspy.tracking.store import configure, tracking_uri
 def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = None) -> Path:
     """A local saved-program folder for a path or an MLflow URI.
 
-    ``runs:/<run_id>`` (or ``runs:/<run_id>/program``) downloads the run's
+    ``runs:/<run_id>`` (or ``runs:/<run_id>/program``) downloads that MLflow run's
     ``program`` artifacts from the tracking store (:mod:`hcqr_dspy.tracking.store`);
     ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` (the Model Registry) and
     ``models:/<model id>`` download the pyfunc model that ``hcqr compile`` logged

@@ -37,15 +37,15 @@ def mlflow_run(
 ) -> Iterator[Any]:
     """Start (or resume, given ``run_id``) an MLflow run with params and tags.
 
-    Started while another run is active (an experiment's parent run), it is
-    a nested child run.
+    Started while another MLflow run is active (an experiment's parent run), it
+    is a nested child run.
 
     Args:
         run_name: Display name.
         params: Configuration, flattened into params (logged once; a resumed
             run keeps its params).
         tags: Extra tags (method, dataset ...).
-        run_id: Resume this run instead of starting a new one.
+        run_id: Resume this MLflow run instead of starting a new one.
         store: Tracking folder (see :func:`store_dir`).
         experiment: MLflow experiment name.
         traces: Record DSPy traces with ``mlflow.dspy.autolog()``.
@@ -106,7 +106,7 @@ def log_run_folder(folder) -> None:
         mlflow.log_artifact(str(f), artifact_path="run")
 
 
-def run_link(run_id: str) -> str | None:
+def mlflow_run_link(run_id: str) -> str | None:
     """A Markdown link to a run of this store for MLflow's UI (``#/experiments/<id>/runs/<id>``); ``None`` if absent."""
     import mlflow
 
@@ -117,9 +117,9 @@ def run_link(run_id: str) -> str | None:
     return f"[{run.info.run_name or run_id}](#/experiments/{run.info.experiment_id}/runs/{run_id})"
 
 
-def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") -> None:
-    """Set an evaluation run's description (MLflow's ``mlflow.note.content``, Markdown) and, for a saved
-    (compiled) program, the tag ``compile_run_id`` linking the run that compiled it.
+def describe_mlflow_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") -> None:
+    """Set an evaluation's MLflow run description (MLflow's ``mlflow.note.content``, Markdown) and, for a saved
+    (compiled) program, the tag ``compile_run_id`` linking the MLflow run of the compile that made it.
 
     Args:
         run_id: The run.
@@ -138,7 +138,7 @@ def describe_run(run_id: str, config: dict[str, Any], kind: str = "evaluation") 
     saved = config.get("saved_program")
     if saved:
         compile_id = saved.get("compile_run_id")
-        link = run_link(compile_id) if compile_id else None
+        link = mlflow_run_link(compile_id) if compile_id else None
         lines.append(
             f"Program: compiled with recipe `{saved.get('recipe')}` ({saved.get('optimizer')}) on "
             f"{saved.get('train_count')} {saved.get('train_dataset')} questions, "
