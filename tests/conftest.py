@@ -109,17 +109,12 @@ def milvus_server():
     Started once per session on free ports with a temporary data folder; stopped (its whole process group)
     at the end. Skips, saying why, when it cannot start (no .venv-milvus: `make setup-milvus-server`).
     """
-    from support.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.milvus_server import LocalMilvusServer, running_or_skip
 
     server = LocalMilvusServer(auth=True)
-    try:
-        server.start()
-    except MilvusServerError as exc:
-        server.stop()
-        pytest.skip(f"the Milvus server cannot start here: {exc}")
-    print(f"\nMilvus {server.version} server on {server.uri} (ready in {server.startup_seconds:.1f} s)")
-    yield server
-    server.stop()
+    with running_or_skip(server):
+        print(f"\nMilvus {server.version} server on {server.uri} (ready in {server.startup_seconds:.1f} s)")
+        yield server
 
 
 @pytest.fixture

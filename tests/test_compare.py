@@ -54,6 +54,39 @@ def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, data
     return folder
 
 
+def judgment(qid, label="USEFUL", **controls):
+    """A context-mode judgment of question ``qid`` (its one passage found by query 0), as `hcqr judge` writes one."""
+    return {
+        "qid": qid,
+        "mode": "context",
+        "label": label,
+        "valid": True,
+        "error": None,
+        "passage_labels": None,
+        "passage_queries": [[0]],
+        "stages": {},
+        "seconds": 1.0,
+        **controls,
+    }
+
+
+def give_each_row_a_passage(folder):
+    rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["passages"] = [{"id": "p1", "queries": [0]}]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_judgments(folder, judged):
+    (folder / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
+
+
+def judgments_for(folder, qids):
+    """Write context-mode judgments (USEFUL, controls judged) of ``qids`` into a run folder; give its rows a passage."""
+    give_each_row_a_passage(folder)
+    write_judgments(folder, [judgment(q, positive_label="USEFUL", negative_label="NOT_USEFUL") for q in qids])
+
+
 def test_report_table_and_plots(tmp_path):
     a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13)
     b = make_run(
@@ -154,26 +187,9 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
     a = make_run(tmp_path / "a", "simple_rag", [True, False, True, False])
     b = make_run(tmp_path / "b", "hcqr", [True, True, False, False])
     for folder in (a, b):
-        rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
-        for r in rows:
-            r["passages"] = [{"id": "p1", "queries": [0]}]
-        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        give_each_row_a_passage(folder)
     # a judge stopped after 2 of 4 questions: judgments.jsonl only, no dur.json yet
-    judged = [
-        {
-            "qid": q,
-            "mode": "context",
-            "label": lab,
-            "valid": True,
-            "error": None,
-            "passage_labels": None,
-            "passage_queries": [[0]],
-            "stages": {},
-            "seconds": 1.0,
-        }
-        for q, lab in (("q0", "USEFUL"), ("q1", "NOT_USEFUL"))
-    ]
-    (b / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
+    write_judgments(b, [judgment("q0", "USEFUL"), judgment("q1", "NOT_USEFUL")])
     report, _ = compare([a, b], out_dir=tmp_path / "out")
     assert "| hcqr | 4 | 50.0% | 25.0% | 0 | 50.0% (2/4 judged) |" in report
     assert "DUR of hcqr is not trustworthy: no control judgments" in report  # judged without controls
@@ -191,17 +207,7 @@ def test_partly_judged_run_shows_dur_from_its_judgments_and_how_many_were_judged
 def test_judgments_that_cannot_be_the_runs_are_refused(tmp_path, lines, message):
     a = make_run(tmp_path / "a", "simple_rag", [True, False])
     b = make_run(tmp_path / "b", "hcqr", [True, True])
-    judgment = {
-        "mode": "context",
-        "label": "USEFUL",
-        "valid": True,
-        "error": None,
-        "passage_labels": None,
-        "passage_queries": [[0]],
-        "stages": {},
-        "seconds": 1.0,
-    }
-    text = {"J0": json.dumps({"qid": "q0", **judgment}), "J9": json.dumps({"qid": "q9", **judgment})}
+    text = {"J0": json.dumps(judgment("q0")), "J9": json.dumps(judgment("q9"))}
     (b / "judgments.jsonl").write_text("".join(text.get(line, line) + "\n" for line in lines))
     with pytest.raises(HCQRError, match=message):
         compare([a, b], out_dir=tmp_path / "out")
@@ -358,7 +364,7 @@ def test_recall_and_ndcg_against_qrels_come_from_ir_measures(tmp_path):
 def test_comparison_run_is_named_after_what_it_compares_links_runs_by_id_and_logs_its_figures(tmp_path, mlflow_store):
     import mlflow
 
-    from hcqr_dspy.tracking import runs as tracking
+    from hcqr_dspy.tracking import mlflow_runs as tracking
     from hcqr_dspy.tracking.comparison import track_comparison
 
     ids = {}
@@ -547,31 +553,6 @@ def test_runs_with_hypotheses_report_how_often_their_upstream_stages_agree(tmp_p
     # one run with hypotheses: no section
     report, _ = compare([cot, base], out_dir=tmp_path / "out2")
     assert "across runs" not in report
-
-
-def judgments_for(folder, qids):
-    """Write context-mode judgments (USEFUL, controls judged) of ``qids`` into a run folder; give its rows a passage."""
-    rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
-    for r in rows:
-        r["passages"] = [{"id": "p1", "queries": [0]}]
-    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    judged = [
-        {
-            "qid": q,
-            "mode": "context",
-            "label": "USEFUL",
-            "valid": True,
-            "error": None,
-            "passage_labels": None,
-            "passage_queries": [[0]],
-            "stages": {},
-            "seconds": 1.0,
-            "positive_label": "USEFUL",
-            "negative_label": "NOT_USEFUL",
-        }
-        for q in qids
-    ]
-    (folder / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judged))
 
 
 def test_durs_judged_on_different_questions_are_warned_and_not_differenced(tmp_path):

@@ -284,6 +284,17 @@ def test_check_accepts_options_the_index_takes(setup, flat_index):
         load_experiment(write_exp(setup, index=str(flat_index), search_options={"nprobe": 4}))
 
 
+def assert_check_lists(capsys, exp, expected, *args):
+    """`hcqr experiment EXP --check ARGS` exits 2 with one line per problem: the patterns ``expected``, in order."""
+    from hcqr_dspy.cli import main
+
+    assert main(["experiment", str(exp), "--check", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == len(expected), err
+    for line, pattern in zip(err, expected):
+        assert line.startswith(f"hcqr: error: {exp}") and re.search(pattern, line), (line, pattern)
+
+
 def test_check_lists_every_problem_one_line_each(setup, capsys):
     from hcqr_dspy.cli import main
 
@@ -292,8 +303,6 @@ def test_check_lists_every_problem_one_line_each(setup, capsys):
         GRID.format(budget=0, limit="zero", d1="nope.json").replace("[cot, simple_rag]", "[cot, magic]")
         + "metods: [cot]\n"
     )
-    assert main(["experiment", str(exp), "--check", "--datasets", "d9"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
     expected = [
         r"exp.yaml:7: datasets.d1: file .*nope.json not found",
         r"exp.yaml:8: methods.1: unknown method 'magic'; allowed: cot, ",
@@ -302,9 +311,7 @@ def test_check_lists_every_problem_one_line_each(setup, capsys):
         r"exp.yaml:9: metods: unknown key; allowed: api_base, ",
         r"exp.yaml: unknown dataset\(s\) d9; the file has d1",
     ]
-    assert len(err) == len(expected), err
-    for line, pattern in zip(err, expected):
-        assert line.startswith(f"hcqr: error: {exp}") and re.search(pattern, line), (line, pattern)
+    assert_check_lists(capsys, exp, expected, "--datasets", "d9")
     # a run (no --check) stops on one line: the first problem and how many more
     assert main(["experiment", str(exp)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
@@ -314,20 +321,14 @@ def test_check_lists_every_problem_one_line_each(setup, capsys):
 def test_check_also_lists_problems_that_need_other_fields_valid(setup, capsys):
     """A repeated method, a reference and method options that depend on the methods, and a file-wide check:
     all in one --check, not one fix-and-recheck round each."""
-    from hcqr_dspy.cli import main
-
     exp = setup / "exp.yaml"
     exp.write_text(
         GRID.format(budget=15, limit=1, d1="d1.json").replace("[cot, simple_rag]", "[cot, cot, simple_rag]")
         + "reference: hyde\nmethod_options:\n  simple_rag: {fusion: bogus}\n"
     )
-    assert main(["experiment", str(exp), "--check"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
     expected = [
         r"exp.yaml:8: methods: .*method\(s\) cot listed twice",
         r"exp.yaml:10: method_options: simple_rag: unknown simple_rag option\(s\) fusion",
         r"exp.yaml:9: reference: .*'hyde' is not one of the methods \(cot, simple_rag\)",
     ]
-    assert len(err) == len(expected), err
-    for line, pattern in zip(err, expected):
-        assert line.startswith(f"hcqr: error: {exp}") and re.search(pattern, line), (line, pattern)
+    assert_check_lists(capsys, exp, expected)

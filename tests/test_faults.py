@@ -10,6 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from stub_server import OPTIONS, SECRET, Stub
+from support.cli_args import eval_argv, stub_args
 
 from hcqr_dspy.errors import LMUnavailableError, RunError
 from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
@@ -238,7 +239,7 @@ def test_cli_ask_and_eval_run_a_saved_program(bench, mlflow_store, capsys):
     save_program(
         program, bench / "prog", optimizer="BootstrapFewShot", recipe=load_recipe("bootstrap_fewshot").record()
     )
-    lm = ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
+    lm = stub_args(stub)
     assert (
         main(
             [
@@ -310,40 +311,20 @@ def cli(capsys, argv):
     return code, captured.err.strip().splitlines()
 
 
-def eval_argv(bench, lm, run_dir, *extra):
-    return [
-        "eval",
-        "--method",
-        "cot",
-        "--dataset",
-        str(bench / "qs.json"),
-        "--lm",
-        lm,
-        "--run-dir",
-        str(run_dir),
-        "--no-mlflow",
-        *extra,
-    ]
-
-
 def test_an_lm_that_cannot_be_used_stops_before_anything_is_written(bench, capsys):
     run_dir = bench / "run"
-    code, err = cli(capsys, eval_argv(bench, "openai-typo/x", run_dir))  # a typo of the provider
+    code, err = cli(capsys, eval_argv(bench, run_dir, "--lm", "openai-typo/x", "--no-mlflow"))  # a typo of the provider
     assert code == 2 and len(err) == 1 and "LiteLLM cannot route this model name" in err[0]
     assert not run_dir.exists()
     stub = Stub()
     stub.mode = "auth"  # the endpoint refuses the key
-    code, err = cli(
-        capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY")
-    )
+    code, err = cli(capsys, eval_argv(bench, run_dir, *stub_args(stub), "--no-mlflow"))
     assert code == 2 and len(err) == 1 and "cannot be used" in err[0] and SECRET not in err[0]
     assert not run_dir.exists()
-    code, err = cli(capsys, eval_argv(bench, "gguf:/nonexistent/model.gguf", run_dir))
+    code, err = cli(capsys, eval_argv(bench, run_dir, "--lm", "gguf:/nonexistent/model.gguf", "--no-mlflow"))
     assert code == 2 and "GGUF file /nonexistent/model.gguf not found" in err[0] and not run_dir.exists()
     stub.mode = "ok"  # corrected: the same folder runs, nothing had to be deleted
-    code, _ = cli(
-        capsys, eval_argv(bench, "openai/stub-model", run_dir, "--api-base", stub.base, "--api-key-env", "STUB_KEY")
-    )
+    code, _ = cli(capsys, eval_argv(bench, run_dir, *stub_args(stub), "--no-mlflow"))
     assert code == 0 and len(read_rows(run_dir / PREDICTIONS)) == 6
     stub.stop()
 
@@ -363,12 +344,7 @@ def test_ask_fails_like_eval_when_the_endpoint_is_down(bench, capsys):
             "A=alpha",
             "--option",
             "B=beta",
-            "--lm",
-            "openai/stub-model",
-            "--api-base",
-            stub.base,
-            "--api-key-env",
-            "STUB_KEY",
+            *stub_args(stub),
         ],
     )
     errors = [line for line in err if line.startswith("hcqr: error:")]
@@ -398,12 +374,7 @@ def test_ask_says_what_it_is_doing_and_shows_each_passage_with_its_score_and_fir
             "B=beta",
             "--option",
             "C=gamma",
-            "--lm",
-            "openai/stub-model",
-            "--api-base",
-            stub.base,
-            "--api-key-env",
-            "STUB_KEY",
+            *stub_args(stub),
             "--width",
             "40",
         ]
@@ -440,27 +411,8 @@ def test_k_per_query_reaches_an_ablation_and_its_default_is_hcqrs(bench, capsys,
     """hcqr_no_support sends two queries: k per query each (at most 2k candidates fused, at most 15 kept)."""
     stub = Stub()
     run_dir = bench / f"ablation-{k}"
-    argv = [
-        "eval",
-        "--method",
-        "hcqr_no_support",
-        "--dataset",
-        str(bench / "qs.json"),
-        "--index",
-        str(demo_bm25),
-        "--lm",
-        "openai/stub-model",
-        "--api-base",
-        stub.base,
-        "--api-key-env",
-        "STUB_KEY",
-        "--run-dir",
-        str(run_dir),
-        "--no-mlflow",
-        "--limit",
-        "2",
-        *extra,
-    ]
+    options = ("--index", str(demo_bm25), *stub_args(stub), "--no-mlflow", "--limit", "2", *extra)
+    argv = eval_argv(bench, run_dir, *options, method="hcqr_no_support")
     code, err = cli(capsys, argv)
     assert code == 0, err
     assert RunFolder.open(run_dir).config["program"]["k_per_query"] == k

@@ -58,6 +58,12 @@ def untimed(rows: list[dict]) -> list:
     return strip(rows)
 
 
+def assert_matches_a_fresh_run(bench, stub: Stub, rows: list[dict]) -> None:
+    """``rows`` are those of an uninterrupted run of the same questions (run now, into ``bench/fresh``)."""
+    fresh = run_eval(bench, stub, "fresh")
+    assert untimed(rows) == untimed(fresh.rows)
+
+
 def assert_one_line_outage(message: str, saved: int, capfd) -> None:
     assert "\n" not in message and "this is a bug" not in message, message
     found = re.search(SAVED_AND_RESUME, message)
@@ -118,8 +124,7 @@ def test_a_gateway_turning_to_html_or_cut_json_mid_run_is_retried_then_an_lm_out
         stub.mode = "ok"
         resumed = run_eval(bench, stub, "run")
         assert (resumed.resumed, resumed.ran) == (3, 3)
-        fresh = run_eval(bench, stub, "fresh")
-        assert untimed(resumed.rows) == untimed(fresh.rows)
+        assert_matches_a_fresh_run(bench, stub, resumed.rows)
     finally:
         stub.stop()
 
@@ -130,8 +135,7 @@ def test_a_gateway_that_answers_html_once_is_retried_and_the_run_goes_on(bench, 
     try:
         result = run_eval(bench, stub, "run")
         assert (result.ran, stub.count) == (6, 7)
-        fresh = run_eval(bench, stub, "fresh")
-        assert untimed(result.rows) == untimed(fresh.rows)
+        assert_matches_a_fresh_run(bench, stub, result.rows)
     finally:
         stub.stop()
 
@@ -156,45 +160,30 @@ class Milvus:
 @pytest.fixture(scope="module")
 def milvus(tmp_path_factory):
     from helpers import TINY_ROWS, snippet, write_jsonl
-    from support.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.cli_args import milvus_index_argv
+    from support.milvus_server import LocalMilvusServer, running_or_skip
 
     from hcqr_dspy.cli import main
 
     folder = tmp_path_factory.mktemp("milvus-outages")
     server = LocalMilvusServer(data_dir=folder / "server")
-    try:
-        try:
-            uri = server.start()
-        except MilvusServerError as exc:
-            pytest.skip(f"the Milvus server cannot start here: {exc}")
+    with running_or_skip(server) as uri:
         corpus = write_jsonl(folder / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
-        assert (
-            main(
-                [
-                    "index",
-                    "--corpus",
-                    str(corpus),
-                    "--backend",
-                    "milvus",
-                    "--milvus-uri",
-                    uri,
-                    "--collection",
-                    "tiny",
-                    "--out",
-                    str(folder / "index"),
-                ]
-            )
-            == 0
-        )
+        assert main(milvus_index_argv(corpus, uri, "tiny", folder / "index")) == 0
         yield Milvus(server, folder / "index")
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def milvus_up(milvus):
     milvus.ensure_up()
     return milvus
+
+
+def retry_milvus_searches(monkeypatch, window: str, search_timeout: str | None = None) -> None:
+    """Milvus searches are retried for ``window`` seconds in all, each try given ``search_timeout`` seconds."""
+    monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", window)
+    if search_timeout is not None:
+        monkeypatch.setenv("HCQR_MILVUS_SEARCH_TIMEOUT", search_timeout)
 
 
 def after_rows(n: int, action):
@@ -220,8 +209,7 @@ def test_a_milvus_server_that_stops_answering_mid_eval_is_an_outage_and_the_run_
     stub = Stub()
     try:
         fresh = run_eval(bench, stub, "fresh", "simple_rag", m.index)
-        monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "3")
-        monkeypatch.setenv("HCQR_MILVUS_SEARCH_TIMEOUT", "0.5")
+        retry_milvus_searches(monkeypatch, "3", search_timeout="0.5")
         capfd.readouterr()
         try:
             freeze = after_rows(2, lambda: m.signal(signal.SIGSTOP))
@@ -249,8 +237,7 @@ def test_a_milvus_server_back_within_the_retry_window_lets_the_run_go_on(bench, 
     stub = Stub()
     try:
         fresh = run_eval(bench, stub, "fresh", "simple_rag", m.index)
-        monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "30")
-        monkeypatch.setenv("HCQR_MILVUS_SEARCH_TIMEOUT", "0.5")
+        retry_milvus_searches(monkeypatch, "30", search_timeout="0.5")
         thaw = threading.Timer(2.0, m.signal, (signal.SIGCONT,))
 
         def freeze():
@@ -279,7 +266,7 @@ def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(
     only once its old etcd session has expired, so this test leaves the server down for the fixture to stop.)"""
     m = milvus_up
     stub = Stub()
-    monkeypatch.setenv("HCQR_MILVUS_RETRY_SECONDS", "2")
+    retry_milvus_searches(monkeypatch, "2")
     capfd.readouterr()
     try:
         with pytest.raises(BackendUnavailableError) as stop:

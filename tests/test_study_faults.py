@@ -15,6 +15,8 @@ import mlflow
 import pytest
 from helpers import TINY_ROWS, snippet, write_jsonl
 from stub_server import SECRET, Stub
+from support import cli_args
+from support.cli_args import stub_args
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.evaluation.lock import WRITER_LOCK
@@ -29,22 +31,8 @@ def cli(capsys, argv):
     return code, captured.out, captured.err.strip().splitlines()
 
 
-def stub_args(stub):
-    return ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
-
-
 def eval_argv(bench, run_dir, stub, *extra):
-    return [
-        "eval",
-        "--method",
-        "cot",
-        "--dataset",
-        str(bench / "qs.json"),
-        "--run-dir",
-        str(run_dir),
-        *stub_args(stub),
-        *extra,
-    ]
+    return cli_args.eval_argv(bench, run_dir, *stub_args(stub), *extra)
 
 
 def retrieving_bench(bench):

@@ -18,12 +18,15 @@ EMPTY_HYPOTHESIS = {
     "working_hypothesis": "A",
     "confirming_evidence": "Yes",
 }
+
+
+def role_queries(support: str, distinction: str, key_feature: str) -> dict:
+    """The rewrite step's three queries, by role."""
+    return {"support_query": support, "distinction_query": distinction, "key_feature_query": key_feature}
+
+
 # Three copies of one query: two are unusable repeats, so all three are built from the hypothesis (all the same).
-SAME_QUERIES = {
-    "support_query": "digoxin toxicity",
-    "distinction_query": "Digoxin toxicity",
-    "key_feature_query": "digoxin  toxicity",
-}
+SAME_QUERIES = role_queries("digoxin toxicity", "Digoxin toxicity", "digoxin  toxicity")
 
 
 def corpus(matching: int, other: int = 10) -> Corpus:
@@ -86,11 +89,7 @@ def test_an_index_with_too_few_matches_says_the_budget_was_not_filled():
 def test_two_distinct_queries_whose_hits_overlap_are_searched_deeper_until_the_budget_fills():
     # q1 and q3 are the same text; the pool gives the two distinct queries lists that overlap in all but one passage
     pool = PoolRetriever(corpus(matching=20))
-    queries = {
-        "support_query": "digoxin toxicity nausea",
-        "distinction_query": "digoxin versus hypokalemia",
-        "key_feature_query": "Digoxin toxicity nausea",
-    }
+    queries = role_queries("digoxin toxicity nausea", "digoxin versus hypokalemia", "Digoxin toxicity nausea")
     hypothesis = {**EMPTY_HYPOTHESIS, "discriminating_features": "digoxin toxicity nausea"}
     pred = run(HCQR(pool), lm(queries, hypothesis))
     assert pred.queries == ["digoxin toxicity nausea", "digoxin versus hypokalemia", "digoxin toxicity nausea"]
@@ -104,11 +103,7 @@ def test_two_distinct_queries_whose_hits_overlap_are_searched_deeper_until_the_b
 
 def test_distinct_queries_keep_the_reference_path():
     spy = SpyRetriever(corpus(matching=20))
-    queries = {
-        "support_query": "digoxin toxicity nausea",
-        "distinction_query": "digoxin arrhythmia",
-        "key_feature_query": "halo digoxin",
-    }
+    queries = role_queries("digoxin toxicity nausea", "digoxin arrhythmia", "halo digoxin")
     pred = run(HCQR(spy), lm(queries))
     assert spy.calls == [(list(queries.values()), 5)] and pred.top_up is None
     assert "queries_collapsed" not in pred.fallbacks and "budget_unfilled" not in pred.fallbacks

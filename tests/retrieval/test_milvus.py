@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.cli_args import index_argv, milvus_index_argv
 
 from hcqr_dspy.errors import HCQRError, MilvusCapabilityError, MilvusUnavailableError, RetrievalIndexError
 from hcqr_dspy.retrieval import Corpus, DenseRetriever, Passage, load_index
@@ -302,21 +303,7 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
     with pytest.raises(MilvusUnavailableError) as err:
         connect(MilvusTarget.parse(uri))
     assert str(err.value).startswith(f"cannot reach Milvus at {uri}: ") and "\n" not in str(err.value)
-    code = main(
-        [
-            "index",
-            "--corpus",
-            str(tiny_corpus_file),
-            "--backend",
-            "milvus",
-            "--milvus-uri",
-            uri,
-            "--collection",
-            "tiny",
-            "--out",
-            str(tmp_path / "idx"),
-        ]
-    )
+    code = main(milvus_index_argv(tiny_corpus_file, uri, "tiny", tmp_path / "idx"))
     err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("hcqr: error")]
     assert code == 2 and len(err_lines) == 1 and uri in err_lines[0]
     assert not (tmp_path / "idx").exists()
@@ -338,89 +325,34 @@ def test_unreachable_server_is_one_line_naming_the_uri(tmp_path, tiny_corpus_fil
 def test_milvus_flags_without_the_milvus_backend_are_refused(tmp_path, tiny_corpus_file, capsys):
     from hcqr_dspy.cli import main
 
-    assert (
-        main(["index", "--corpus", str(tiny_corpus_file), "--milvus-index", "HNSW", "--out", str(tmp_path / "i")]) == 2
-    )
+    assert main(index_argv(tiny_corpus_file, tmp_path / "i", "--milvus-index", "HNSW")) == 2
     assert "--milvus-index only apply with --backend milvus" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "index",
-                "--corpus",
-                str(tiny_corpus_file),
-                "--backend",
-                "milvus",
-                "--milvus-uri",
-                "x.db",
-                "--collection",
-                "c",
-                "--faiss",
-                "HNSW32",
-                "--out",
-                str(tmp_path / "i"),
-            ]
-        )
-        == 2
-    )
+    assert main(milvus_index_argv(tiny_corpus_file, "x.db", "c", tmp_path / "i", "--faiss", "HNSW32")) == 2
     assert "--faiss apply to the faiss backend" in capsys.readouterr().err
+
+
+def hcqr_process(*argv: str) -> subprocess.CompletedProcess:
+    """`hcqr ARGV` run to its end in a fresh Python process (this checkout's package)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hcqr_dspy.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
 
 
 def test_cli_index_then_search_in_fresh_processes(tmp_path, tiny_corpus_file):
     """`hcqr index --backend milvus` (Milvus Lite) in one process, `hcqr search` on the folder in another."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     db, out = tmp_path / "lite" / "tiny.db", tmp_path / "idx"
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hcqr_dspy.cli",
-            "index",
-            "--corpus",
-            str(tiny_corpus_file),
-            "--backend",
-            "milvus",
-            "--milvus-uri",
-            str(db),
-            "--collection",
-            "tiny",
-            "--milvus-index",
-            "hnsw",
-            "--milvus-index-param",
-            "M=8",
-            "--milvus-search-param",
-            "ef=32",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    hnsw = ("--milvus-index", "hnsw", "--milvus-index-param", "M=8", "--milvus-search-param", "ef=32")
+    built = hcqr_process(*milvus_index_argv(tiny_corpus_file, db, "tiny", out, *hnsw))
     assert built.returncode == 0, built.stderr[-2000:]
     report = json.loads(built.stdout.strip().splitlines()[-1])
     assert report["backend"] == "milvus" and report["passages"] == 8 and report["engine"].startswith("milvus-lite")
     record = json.loads((out / "manifest.json").read_text())["vector_index"]
     assert record["index_params"] == {"M": 8, "efConstruction": 80} and record["search_params"] == {"ef": 32}
-    found = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hcqr_dspy.cli",
-            "search",
-            "--index",
-            str(out),
-            "--k",
-            "2",
-            "--ef-search",
-            "48",
-            "yellow vision digoxin",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    found = hcqr_process("search", "--index", str(out), "--k", "2", "--ef-search", "48", "yellow vision digoxin")
     assert found.returncode == 0, found.stderr[-2000:]
     assert "[p3] Digoxin toxicity" in found.stdout.splitlines()[1]
     with pytest.raises(RetrievalIndexError, match="search option nprobe does not apply to Milvus HNSW indexes"):
@@ -464,15 +396,11 @@ def test_server_parity_with_faiss_flat(
 def test_server_restart_keeps_a_finished_index_usable(tmp_path, pathoma_vectors):
     """A user's server restarts on its data: a finished index opens again with the same hits, although the
     2.3.5 server forgets the collection's last property change (the complete mark, milvus-io/milvus#30144)."""
-    from support.milvus_server import LocalMilvusServer, MilvusServerError
+    from support.milvus_server import LocalMilvusServer, running_or_skip
 
     pv = pathoma_vectors
     server = LocalMilvusServer(data_dir=tmp_path / "server")
-    try:
-        try:
-            uri = server.start()
-        except MilvusServerError as exc:
-            pytest.skip(f"the Milvus server cannot start here: {exc}")
+    with running_or_skip(server) as uri:
         built = build(pv, uri, "pathoma_restart")
         folder = built.save(tmp_path / "index")
         first = load_index(folder)
@@ -484,8 +412,6 @@ def test_server_restart_keeps_a_finished_index_usable(tmp_path, pathoma_vectors)
         reopened = load_index(folder)
         assert reopened.index.collection.properties()["complete"] == "false"  # the engine lost the mark
         assert [[h.passage_id for h in q] for q in reopened.search(pv.texts[:3], 5)] == before
-    finally:
-        server.stop()
 
 
 def test_server_refusals(tmp_path, milvus_server, server_token, monkeypatch):
@@ -529,26 +455,8 @@ def test_server_token_is_never_written(
     monkeypatch.setenv("MILVUS_SECRET_TOKEN", secret)
     monkeypatch.setenv("STUB_KEY", "sk-stub")
     index = tmp_path / "index"
-    assert (
-        main(
-            [
-                "index",
-                "--corpus",
-                str(tiny_corpus_file),
-                "--backend",
-                "milvus",
-                "--milvus-uri",
-                milvus_server.uri,
-                "--collection",
-                f"tiny_{user}",
-                "--milvus-token-env",
-                "MILVUS_SECRET_TOKEN",
-                "--out",
-                str(index),
-            ]
-        )
-        == 0
-    )
+    token = ("--milvus-token-env", "MILVUS_SECRET_TOKEN")
+    assert main(milvus_index_argv(tiny_corpus_file, milvus_server.uri, f"tiny_{user}", index, *token)) == 0
     rows = {
         f"q{i}": {"question": f"Question number {i}? ({uuid.uuid4().hex})", "options": OPTIONS, "answer": "A"}
         for i in range(2)

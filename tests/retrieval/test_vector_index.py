@@ -5,6 +5,7 @@ import json
 import faiss
 import numpy as np
 import pytest
+from support.cli_args import index_argv
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index, read_manifest
@@ -166,61 +167,16 @@ def test_cli_index_faiss_and_search_ef_search(medcpt_spec, synthetic_corpus_file
     from hcqr_dspy.cli import main
 
     out = tmp_path / "idx"
-    assert (
-        main(
-            [
-                "index",
-                "--corpus",
-                str(synthetic_corpus_file),
-                "--encoder",
-                medcpt_spec,
-                "--faiss",
-                "HNSW32",
-                "--embeddings",
-                str(tmp_path / "e"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    hnsw = ("--encoder", medcpt_spec, "--faiss", "HNSW32", "--embeddings", str(tmp_path / "e"))
+    assert main(index_argv(synthetic_corpus_file, out, *hnsw)) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss"] == "HNSW32"
     assert main(["search", "--index", str(out), "--ef-search", "32", "--k", "2", "graves"]) == 0
     assert main(["search", "--index", str(out), "--nprobe", "4", "graves"]) == 2
     assert "search option nprobe does not apply to faiss index 'HNSW32'" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "index",
-                "--corpus",
-                str(synthetic_corpus_file),
-                "--retriever",
-                "bm25",
-                "--faiss",
-                "HNSW32",
-                "--out",
-                str(tmp_path / "b"),
-            ]
-        )
-        == 2
-    )
+    assert main(index_argv(synthetic_corpus_file, tmp_path / "b", "--retriever", "bm25", "--faiss", "HNSW32")) == 2
     assert "--faiss applies to dense and hybrid indexes, not --retriever bm25" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "index",
-                "--corpus",
-                str(synthetic_corpus_file),
-                "--encoder",
-                medcpt_spec,
-                "--faiss",
-                "IVF9999,Flat",
-                "--out",
-                str(tmp_path / "c"),
-            ]
-        )
-        == 2
-    )
+    too_many_lists = ("--encoder", medcpt_spec, "--faiss", "IVF9999,Flat")
+    assert main(index_argv(synthetic_corpus_file, tmp_path / "c", *too_many_lists)) == 2
     assert "needs at least 9999 training vectors" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
@@ -359,23 +315,7 @@ def test_the_smallest_graph_and_a_rotated_refined_pq_still_build(medcpt_spec, sy
 
     for i, factory in enumerate(["HNSW2", "OPQ4_8,IVF4,PQ2x4np,RFlat"]):
         out = tmp_path / str(i)
-        assert (
-            main(
-                [
-                    "index",
-                    "--corpus",
-                    str(synthetic_corpus_file),
-                    "--encoder",
-                    medcpt_spec,
-                    "--faiss",
-                    factory,
-                    "--embeddings",
-                    str(tmp_path / "emb"),
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 0
-        )
+        dense = ("--encoder", medcpt_spec, "--faiss", factory, "--embeddings", str(tmp_path / "emb"))
+        assert main(index_argv(synthetic_corpus_file, out, *dense)) == 0
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss"] == factory
         assert len(load_index(out).search(QUERIES, 5)[0]) == 5

@@ -46,6 +46,8 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
@@ -349,6 +351,22 @@ class LocalMilvusServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextmanager
+def running_or_skip(server: LocalMilvusServer) -> Iterator[str]:
+    """Start ``server`` and give its URI, stopping it on the way out; when it cannot start, skip the test that
+    asked for it, saying why (for tests and fixtures: it imports pytest)."""
+    import pytest
+
+    try:
+        try:
+            uri = server.start()
+        except MilvusServerError as exc:
+            pytest.skip(f"the Milvus server cannot start here: {exc}")
+        yield uri
+    finally:
+        server.stop()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
