@@ -17,7 +17,9 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
     budget; a cut one carries ``shown_chars``), ``dropped_passages`` those fused
     but cut by the budget; ``fallbacks`` counts what the method did instead of
     its main path (see :func:`hcqr_dspy.evaluation.metrics.fallback_summary`);
-    ``invalid_stage`` and ``invalid_cause`` say why an invalid question is invalid.
+    ``invalid_stage`` and ``invalid_cause`` say why an invalid question is invalid; ``option_probs`` is the
+    answer step's letter distribution (:mod:`hcqr_dspy.programs.option_probs`; ``None`` with the reason in
+    ``option_probs_absent``) and ``gold_prob`` the gold option's share of it.
     :func:`~hcqr_dspy.evaluation.evaluate.evaluate` adds ``evidence``
     (:func:`hcqr_dspy.evaluation.evidence.question_evidence` over the shown passages) for retrieval methods.
     """
@@ -46,11 +48,21 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
         "prompt_tokens": sum(s.get("prompt_tokens", 0) for s in stages.values()),
         "completion_tokens": sum(s.get("completion_tokens", 0) for s in stages.values()),
         "seconds": round(seconds, 4),
+        "option_probs": pred.get("option_probs"),
+        "option_probs_absent": pred.get("option_probs_absent"),
+        "gold_prob": gold_probability(pred.get("option_probs"), example.answer),
     }
     for key in pred.keys():  # method-specific fields (hypothetical passage, reranker, query roles ...)
         if key not in row and key not in ("answer", "valid"):
             row[key] = pred.get(key)
     return row
+
+
+def gold_probability(option_probs: dict[str, float] | None, gold: str | None) -> float | None:
+    """The gold option's probability in the answer step's letter distribution; ``None`` without either."""
+    if not option_probs or not gold:
+        return None
+    return option_probs.get(gold)
 
 
 def answer_record(

@@ -11,6 +11,8 @@ Layout (one folder per evaluation)::
                         library versions, LM engine, and how many records existed before it
                         (:mod:`hcqr_dspy.evaluation.provenance`)
     dur.json            summary of the judgments (:func:`hcqr_dspy.judge.metrics.dur_metrics`)
+    option_probs.jsonl  the answer step's letter distribution per question, scored again for rows that lack
+                        it (``hcqr rescore``; :mod:`hcqr_dspy.evaluation.option_probs`)
     tracebacks/<qid>.txt
                         the traceback of a question whose program raised an error that is not a
                         bad LM reply (the run stopped there; nothing was saved for that question)
@@ -50,6 +52,7 @@ METRICS = "metrics.json"
 JUDGMENTS = "judgments.jsonl"
 DUR_METRICS = "dur.json"
 SESSIONS = "sessions.jsonl"
+OPTION_PROBS = "option_probs.jsonl"
 # Keys of config.json that may change between a run and its resumption.
 MUTABLE_KEYS = ("mlflow_run_id",)
 
@@ -70,6 +73,7 @@ class RunFolder:
         self.path = Path(path)
         self.predictions = JsonlTable(self.path / PREDICTIONS, "question")
         self.judgments_table = JsonlTable(self.path / JUDGMENTS, "judgment")
+        self.option_probs_table = JsonlTable(self.path / OPTION_PROBS, "option probabilities")
         self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
         self.writer: WriterLock | None = None
         self._made: list[Path] = []  # folders claim() created, removed by release() until start()

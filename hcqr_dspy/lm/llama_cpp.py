@@ -176,6 +176,74 @@ class LlamaCppEngine:
             ),
         )
 
+    def next_token_logprobs(self, messages: list[dict[str, str]], assistant_prefix: str):
+        """Teacher-forced: the natural-log probabilities of every vocabulary token as the next token, after the
+        chat prompt of ``messages`` and an assistant turn that already holds ``assistant_prefix``.
+
+        One prefill and nothing generated: the prompt is rendered by the GGUF's own chat template (as
+        :meth:`complete` renders it through llama-cpp-python), the prefix is appended as tokens, and the
+        tokens llama.cpp already holds in its KV cache from the previous call (the same prompt just answered)
+        are not evaluated again. The distribution is the model's raw one (no repetition penalty, no grammar).
+
+        Returns:
+            A float64 array of shape ``(n_vocab,)`` (log-softmax of the last position's logits).
+
+        Raises:
+            dspy.lm15.ContextLengthError: the prompt and prefix do not fit ``n_ctx``.
+        """
+        import numpy as np
+        from dspy.lm15 import ContextLengthError
+        from scipy.special import log_softmax
+
+        formatted = self._chat_formatter()(messages=messages)
+        tokens = self.llm.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
+        tokens += self.llm.tokenize(assistant_prefix.encode("utf-8"), add_bos=False, special=False)
+        if len(tokens) >= self.n_ctx:
+            raise ContextLengthError(f"prompt and prefix of {len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+        with self._lock:
+            llm = self.llm
+            held = llm.input_ids[: llm.n_tokens].tolist()
+            same = 0
+            while same < min(len(held), len(tokens) - 1) and held[same] == tokens[same]:
+                same += 1
+            llm.n_tokens = same  # eval() drops the KV cache past this point
+            llm.eval(tokens[same:])
+            # llama-cpp-python keeps no scores without logits_all; the context holds the last position's logits
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+        return log_softmax(logits)
+
+    def letter_tokens(self) -> dict[str, list[int]]:
+        """``{letter: token ids}``: every vocabulary token that reads as one capital letter once spaces and
+        quotes are stripped (``C``, `` C``, ``"C``), for summing a letter's probability over its spellings."""
+        if getattr(self, "_letter_tokens", None) is None:
+            out: dict[str, list[int]] = {}
+            for token_id in range(self.llm.n_vocab()):
+                text = self.llm.detokenize([token_id], special=False).decode("utf-8", errors="ignore")
+                letter = text.strip().strip("\"'").strip()
+                if len(letter) == 1 and "A" <= letter <= "Z":
+                    out.setdefault(letter, []).append(token_id)
+            self._letter_tokens = out
+        return self._letter_tokens
+
+    def _chat_formatter(self):
+        """The GGUF's chat template as llama-cpp-python renders it for :meth:`complete` (``chat_template.default``),
+        or the format llama-cpp-python guessed from it."""
+        from llama_cpp import llama_chat_format
+
+        llm = self.llm
+        template = llm.metadata.get("tokenizer.chat_template")
+        if llm.chat_format == "chat_template.default" and template:
+            eos, bos = llm.token_eos(), llm.token_bos()
+            return llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+                bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+            )
+        raise LMSpecError(
+            f"{self.model_path.name}: teacher-forced scoring needs the GGUF's own chat template "
+            f"(llama-cpp-python uses chat format {llm.chat_format!r})"
+        )
+
     def stream(self, request):
         from dspy.lm15 import response_to_events
 

@@ -45,9 +45,11 @@ from hcqr_dspy.programs.context import (
     demo_text,
     fit_documents,
     passage_records,
+    shown_documents,
     trimmed_demos,
 )
 from hcqr_dspy.programs.costs import lm_costs
+from hcqr_dspy.programs.option_probs import option_probabilities
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import restrict_letters
 from hcqr_dspy.retrieval.base import Hit, Retriever
@@ -254,6 +256,14 @@ class MCQProgram(dspy.Module):
             "fallbacks": fallbacks,
         }
 
+    def answer_inputs(self, row: dict[str, Any], question: str, options: dict[str, str]) -> dict[str, Any]:
+        """The answer step's inputs (besides ``options``) as a run row's question received them: the context
+        rebuilt from the row's shown passages (:func:`~hcqr_dspy.programs.context.shown_documents`) and the
+        demos as shown. Methods that show more (a hypothesis) or no context override it."""
+        context = "\n".join(shown_documents(self.retriever, row.get("passages") or []))
+        demos = {"demos": self.answer_demos()} if self.answer.demos else {}
+        return {"question": question, "context": context, **demos}
+
     def answer_demos(self) -> list[Any]:
         """The answer step's few-shot demos as shown: contexts cut to ``demo_context_tokens``
         (:func:`~hcqr_dspy.programs.context.trimmed_demos`).
@@ -269,24 +279,28 @@ class MCQProgram(dspy.Module):
         """Run an answer predictor with its letter field narrowed to the options.
 
         Returns:
-            ``{"answer", "valid", "reasoning", "error", "invalid_stage", "invalid_cause"}``;
-            a reply that cannot be parsed into one of the letters gives
+            ``{"answer", "valid", "reasoning", "error", "invalid_stage", "invalid_cause", "option_probs",
+            "option_probs_absent"}``; a reply that cannot be parsed into one of the letters gives
             ``answer=None``, ``valid=False`` and the cause (:func:`~hcqr_dspy.programs.replies.bad_reply`).
+            ``option_probs`` is the step's letter distribution after the reasoning it generated
+            (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`), ``None`` with the reason in
+            ``option_probs_absent`` where the LM cannot be scored.
         """
         letters = list(options)
+        signature = restrict_letters(predictor.signature, "answer", letters)
         try:
-            pred = predictor(
-                options=format_options(options),
-                signature=restrict_letters(predictor.signature, "answer", letters),
-                **inputs,
-            )
+            pred = predictor(signature=signature, options=format_options(options), **inputs)
         except BAD_REPLY_ERRORS as exc:
-            return bad_reply("answer", exc)
+            _, absent = self.option_probabilities(predictor, options, None, **inputs)  # why there is none
+            return {**bad_reply("answer", exc), "option_probs": None, "option_probs_absent": absent}
+        probs, absent = self.option_probabilities(predictor, options, pred.reasoning, **inputs)
+        scored = {"option_probs": probs, "option_probs_absent": absent}
         answer = str(pred.answer).strip().upper() if pred.answer is not None else None
         if answer not in letters:
             return {
                 **bad_reply("answer", message=f"{pred.answer!r} is not one of {letters}"),
                 "reasoning": pred.reasoning,
+                **scored,
             }
         return {
             "answer": answer,
@@ -295,7 +309,19 @@ class MCQProgram(dspy.Module):
             "error": None,
             "invalid_stage": None,
             "invalid_cause": None,
+            **scored,
         }
+
+    def option_probabilities(
+        self, predictor: dspy.Predict, options: dict[str, str], reasoning: str | None, **inputs: Any
+    ) -> tuple[dict[str, float] | None, str | None]:
+        """The answer step's letter distribution after ``reasoning``, for the inputs it was called with
+        (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`); ``(None, reason)`` where it cannot be had."""
+        letters = list(options)
+        call = {"options": format_options(options), **inputs}
+        demos = call.pop("demos", None)
+        signature = restrict_letters(predictor.signature, "answer", letters)
+        return option_probabilities(predictor, signature, call, letters, reasoning, demos)
 
 
 def accepted_options(program_cls: type[MCQProgram]) -> set[str]:

@@ -22,6 +22,10 @@ class CoT(MCQProgram):
         super().__init__(retriever=None, budget=budget, **kwargs)
         self.answer = dspy.Predict(AnswerQuestionNoContext)
 
+    def answer_inputs(self, row: dict, question: str, options: dict[str, str]) -> dict:
+        """The answer step sees the question alone (its demos are the predictor's own)."""
+        return {"question": question}
+
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}
         with stage(stages, "answer"):

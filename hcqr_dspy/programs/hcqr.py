@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import dspy
 
@@ -143,6 +144,13 @@ class HCQR(MCQProgram):
             "show_hypothesis": self.show_hypothesis,
             "hypothesis_style": self.hypothesis_style,
         }
+
+    def answer_inputs(self, row: dict[str, Any], question: str, options: dict[str, str]) -> dict[str, Any]:
+        """The context as shown, and for the anchoring ablation the hypothesis the row records, as shown."""
+        inputs = super().answer_inputs(row, question, options)
+        if self.show_hypothesis and row.get("hypothesis"):
+            inputs["hypothesis"] = format_hypothesis(row["hypothesis"], options)
+        return inputs
 
     def forward(self, question: str, options: dict[str, str]) -> dspy.Prediction:
         stages: dict = {}

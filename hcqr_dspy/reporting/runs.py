@@ -13,6 +13,7 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.metrics import summarize
+from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
 from hcqr_dspy.judge.metrics import dur_metrics
 
@@ -74,7 +75,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         HCQRError: not a run folder, no finished question, unreadable records or judgments.
     """
     folder = RunFolder.open(path)
-    rows = folder.rows()
+    rows = folder_rows_with_option_probs(folder)  # with the letter distributions `hcqr rescore` added
     if not rows:
         raise HCQRError(f"run {folder.path} has no finished question")
     for r in rows:

@@ -1,4 +1,5 @@
-"""The paired statistics of a comparison: exact McNemar test and Wilson score interval (statsmodels).
+"""The paired statistics of a comparison: exact McNemar test, Wilson score interval, paired bootstrap interval,
+Wilcoxon signed-rank test and the minimum detectable effect (scipy, statsmodels).
 
 Accuracy differences against a reference run are tested with the exact McNemar test on the discordant pairs
 (``statsmodels.stats.contingency_tables.mcnemar(..., exact=True)``: a two-sided binomial test of b vs c;
@@ -6,6 +7,8 @@ McNemar 1947).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hcqr_dspy.reporting.runs import Run
 
@@ -34,3 +37,68 @@ def wilson_interval(run: Run) -> tuple[float, float]:
 
     lo, hi = proportion_confint(run.metrics["correct"], run.metrics["n"], method="wilson")
     return float(lo), float(hi)
+
+
+# Paired bootstrap resamples (scipy.stats.bootstrap) and their seed: the interval is reproducible.
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+# The power a minimum detectable effect is stated at, and the test's level (Cohen 1988's conventions).
+MDE_POWER = 0.80
+ALPHA = 0.05
+
+
+def paired_difference(reference: Sequence[float], other: Sequence[float]) -> dict[str, float | int | None]:
+    """Paired comparison of one outcome over the same questions: ``other - reference``.
+
+    Returns:
+        ``n``, ``mean_diff``, its 95% paired bootstrap interval ``ci_low``/``ci_high`` (the mean of the
+        per-question differences resampled by question; ``scipy.stats.bootstrap``, BCa,
+        :data:`BOOTSTRAP_RESAMPLES` resamples, seed :data:`BOOTSTRAP_SEED`), the two-sided Wilcoxon
+        signed-rank ``wilcoxon_p`` (``scipy.stats.wilcoxon``, zero differences dropped, Wilcoxon 1945; 1.0
+        when every difference is zero), ``sd_diff`` and ``mde`` (:func:`minimum_detectable_effect`). With
+        fewer than two pairs, the interval, p-value and MDE are ``None``.
+    """
+    import numpy as np
+    from scipy import stats
+
+    diff = np.asarray(other, dtype=float) - np.asarray(reference, dtype=float)
+    n = int(diff.size)
+    out: dict[str, float | int | None] = {"n": n, "mean_diff": float(diff.mean()) if n else None}
+    if n < 2:
+        return {**out, "ci_low": None, "ci_high": None, "wilcoxon_p": None, "sd_diff": None, "mde": None}
+    if np.all(diff == diff[0]):  # no spread: the interval is the point, the test has nothing to rank
+        low = high = float(diff[0])
+    else:
+        ci = stats.bootstrap(
+            (diff,),
+            np.mean,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            method="BCa",
+            random_state=np.random.default_rng(BOOTSTRAP_SEED),
+        ).confidence_interval
+        low, high = float(ci.low), float(ci.high)
+    nonzero = diff[diff != 0]
+    p = float(stats.wilcoxon(nonzero).pvalue) if nonzero.size else 1.0
+    sd = float(diff.std(ddof=1))
+    return {
+        **out,
+        "ci_low": low,
+        "ci_high": high,
+        "wilcoxon_p": p,
+        "sd_diff": sd,
+        "mde": minimum_detectable_effect(n, sd),
+    }
+
+
+def minimum_detectable_effect(n: int, sd_diff: float, power: float = MDE_POWER, alpha: float = ALPHA) -> float | None:
+    """The smallest mean paired difference a two-sided paired t-test at level ``alpha`` detects with
+    ``power`` over ``n`` questions, given the observed standard deviation of the differences:
+    ``d * sd_diff``, where ``d`` solves ``statsmodels.stats.power.TTestPower().solve_power`` (Cohen 1988,
+    ch. 2). For 0/1 correctness this is the normal approximation to McNemar's test on the same pairs.
+    ``None`` for fewer than two questions or no spread."""
+    if n < 2 or not sd_diff:
+        return None
+    from statsmodels.stats.power import TTestPower
+
+    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
+    return float(d) * sd_diff

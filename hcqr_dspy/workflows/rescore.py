@@ -1,0 +1,127 @@
+"""``hcqr rescore``: give a finished run folder's rows the answer step's letter distribution, without generating.
+
+For every row that holds no ``option_probs`` yet, the answer step's prompt is rebuilt as the question saw it
+(the run's program, saved or fresh; the context from the row's shown passages through the run's index; the
+demos as shown; :meth:`hcqr_dspy.programs.base.MCQProgram.answer_inputs`), the reasoning the row records is fed
+back after it, and the letter distribution is read at the answer slot in one prefill
+(:mod:`hcqr_dspy.programs.option_probs`). Records go to the folder's ``option_probs.jsonl`` as they are made
+(resumable; the predictions are not rewritten), under the folder's writer lock.
+
+Only an LM that gives its next-token distribution can score (the in-process llama.cpp engine); the run's own
+LM is used unless another is given, and the record names the scorer (``scored_by``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import HCQRError, LMSpecError, RunError
+from hcqr_dspy.evaluation.lock import WriterLock
+from hcqr_dspy.evaluation.loop import run_resumable
+from hcqr_dspy.evaluation.rows import gold_probability
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.judge.judging import check_judge_index
+from hcqr_dspy.lm import DEFAULT_N_CTX, LlamaCppEngine, build_lm
+from hcqr_dspy.programs import PROGRAMS, make_program
+from hcqr_dspy.programs.base import accepted_options
+from hcqr_dspy.retrieval import load_index
+from hcqr_dspy.workflows.programs import load_program
+
+
+def rescore_run(
+    run: str | Path | RunFolder,
+    lm_spec: str | None = None,
+    lm: Any = None,
+    index: str | Path | None = None,
+    n_ctx: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score every row of ``run`` that lacks the answer step's letter distribution (see the module docstring).
+
+    Args:
+        run: The run folder.
+        lm_spec: The scoring LM's spec (default: the run's own LM).
+        lm: A ready ``dspy.LM`` instead (tests); ``lm_spec`` is still what is recorded.
+        index: The index that resolves the shown passages (default: the run's own; checked against its corpus).
+        n_ctx: Context window of the scoring model (default: the run's).
+        progress: Show a progress bar.
+
+    Returns:
+        ``{"run", "scored", "resumed", "already", "absent", "scored_by"}``: questions scored now, found in
+        ``option_probs.jsonl`` from an earlier call, holding a distribution of their own, and left without one
+        (no reasoning recorded).
+
+    Raises:
+        LMSpecError: the LM gives no next-token distribution (not an in-process llama.cpp model).
+        RunError: not a run folder, a run without an LM, or an index over another corpus.
+    """
+    import dspy
+
+    folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
+    spec = lm_spec or folder.lm_spec
+    if lm is None:
+        if not spec:
+            raise RunError(f"{folder.path}: the run records no LM; give --lm")
+        recorded = folder.config.get("lm") or {}
+        lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
+    if not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
+        raise LMSpecError(
+            f"rescoring needs an LM that gives its next-token distribution (a local or gguf: model), not {spec!r}"
+        )
+    rows = folder.rows()
+    todo = [r for r in rows if r.get("option_probs") is None]
+    with WriterLock(folder.path, "rescore"):
+        program = _run_program(folder, index)
+        questions = folder.load_questions()
+
+        def score(row: dict[str, Any]) -> dict[str, Any]:
+            example = questions[row["qid"]]
+            options = dict(example.options)
+            inputs = program.answer_inputs(row, example.question, options)
+            probs, absent = program.option_probabilities(program.answer, options, row.get("reasoning"), **inputs)
+            return {
+                "qid": row["qid"],
+                "option_probs": probs,
+                "gold_prob": gold_probability(probs, example.answer),
+                "option_probs_absent": absent,
+                "scored_by": spec,
+            }
+
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            records, resumed, now = run_resumable(
+                folder.option_probs_table, todo, lambda r: r["qid"], score, stop_errors=(), progress=progress
+            )
+    summary = {
+        "run": str(folder.path),
+        "scored": now,
+        "resumed": resumed,
+        "already": len(rows) - len(todo),
+        "absent": sum(r["option_probs"] is None for r in records),
+        "scored_by": spec,
+    }
+    print(
+        f"hcqr rescore: {folder.path}: {now} scored now, {resumed} earlier, {summary['already']} held their own, "
+        f"{summary['absent']} without reasoning to score",
+        file=sys.stderr,
+    )
+    return summary
+
+
+def _run_program(folder: RunFolder, index: str | Path | None):
+    """The run's program (its saved program, or a fresh one with its recorded options) over its index."""
+    method = folder.method
+    if method not in PROGRAMS:
+        raise RunError(f"{folder.path}: method {method!r} is not one this hcqr-dspy knows")
+    retriever = load_index(check_judge_index(folder, index)) if PROGRAMS[method].uses_retrieval else None
+    saved = folder.saved_program
+    if saved:
+        program, _ = load_program(saved.get("folder") or saved["source"], retriever, method)
+        return program
+    recorded = folder.config.get("program") or {}
+    options = {k: v for k, v in recorded.items() if k in accepted_options(PROGRAMS[method])}
+    try:
+        return make_program(method, retriever, **options)
+    except (ValueError, TypeError) as exc:
+        raise HCQRError(f"{folder.path}: its program cannot be rebuilt from config.json ({exc})") from None
