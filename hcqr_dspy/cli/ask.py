@@ -55,6 +55,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
     from hcqr_dspy.evaluation.outages import lm_failure
+    from hcqr_dspy.programs import refuse_bound
     from hcqr_dspy.programs.base import observe_stages
     from hcqr_dspy.workflows.specs import build_program, check_retrieval_inputs, resolve_method
 
@@ -66,6 +67,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         _program_options(args),
         getattr(args, "mlflow_dir", None),
     )
+    refuse_bound(method, "hcqr ask")
     retriever = None
     if check_retrieval_inputs(method, args.index, _search_options(args), args.encoder_backend):
         t0 = time.perf_counter()

@@ -27,6 +27,8 @@ METHODS = (
     "hcqr_no_key_features",
     "hcqr_show_hypothesis",
     "hcqr_hypothesis",
+    "oracle_rag",
+    "no_context",
 )
 HYPOTHESIS_STYLES = ("features_first", "options_first")
 FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")

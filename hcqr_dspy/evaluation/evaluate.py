@@ -119,7 +119,8 @@ def evaluate(
     def answer(example: dspy.Example) -> dict[str, Any]:
         def attempt() -> tuple[dspy.Prediction, float]:
             t0 = time.perf_counter()
-            return program(question=example.question, options=example.options), time.perf_counter() - t0
+            gold = {"gold": example.answer} if getattr(program, "uses_answer", False) else {}  # a bound's oracle
+            return program(question=example.question, options=example.options, **gold), time.perf_counter() - t0
 
         # a reply that is not the API's format (a gateway's HTML page, a cut JSON body) is retried with back-off
         # like a refused connection; ``seconds`` is the answering try's

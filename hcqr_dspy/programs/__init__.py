@@ -26,7 +26,7 @@ from hcqr_dspy.programs.hcqr import (
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.main_rag import MainRAG
 from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
-from hcqr_dspy.programs.registry import PROGRAMS, check_option_values, check_options, make_program
+from hcqr_dspy.programs.registry import PROGRAMS, check_option_values, check_options, make_program, refuse_bound
 from hcqr_dspy.programs.rerank_rag import RerankRAG
 from hcqr_dspy.programs.simple_rag import SimpleRAG
 
@@ -50,4 +50,5 @@ __all__ = [
     "SimpleRAG",
     "WorkingHypothesis",
     "make_program",
+    "refuse_bound",
 ]

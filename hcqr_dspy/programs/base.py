@@ -117,6 +117,9 @@ class MCQProgram(dspy.Module):
 
     method: str = "base"
     uses_retrieval: bool = True
+    # A bound, not a method: forward() takes the gold answer (``gold=``); evaluations pass it, and
+    # predict, serving and compiling refuse the method (:mod:`hcqr_dspy.programs.bounds`).
+    uses_answer: bool = False
     # Context tokens a few-shot demo of the answer step keeps when it is shown (see trimmed_demos);
     # set from a compile recipe's demo_context_tokens and saved with the program.
     demo_context_tokens: int = DEMO_CONTEXT_TOKENS

@@ -13,6 +13,7 @@ import hcqr_dspy.programs.hcqr as hcqr_family
 from hcqr_dspy.config import check_arguments
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs.bounds import NoContext, OracleRAG
 from hcqr_dspy.programs.cot import CoT
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.main_rag import MainRAG
@@ -36,6 +37,8 @@ PROGRAMS: dict[str, type[MCQProgram]] = {
         hcqr_family.HCQRNoKeyFeatures,
         hcqr_family.HCQRShowHypothesis,
         hcqr_family.WorkingHypothesis,
+        OracleRAG,
+        NoContext,
     )
 }
 
@@ -63,6 +66,20 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     )
     fixed = frozenset(getattr(cls, "fixed_options", {}))
     return check_arguments(constructors, options, frozenset({"self", "retriever"}) | fixed, f"{method} option(s)")
+
+
+def refuse_bound(method: str, command: str) -> None:
+    """Refuse a bound (a method that reads the gold answer, :mod:`hcqr_dspy.programs.bounds`) where no gold
+    answer may be used: ``hcqr predict``, ``hcqr ask``, serving, ``hcqr compile``.
+
+    Raises:
+        HCQRError: ``method`` uses the gold answer.
+    """
+    if method in PROGRAMS and PROGRAMS[method].uses_answer:
+        raise HCQRError(
+            f"{method} retrieves with the gold answer: it is an upper bound for `hcqr eval` and comparisons, "
+            f"not a method `{command}` can run"
+        )
 
 
 def check_option_values(method: str, options: dict[str, Any], budget: int | None = None) -> None:

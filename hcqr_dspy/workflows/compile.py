@@ -27,7 +27,7 @@ from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
-from hcqr_dspy.programs import PROGRAMS, make_program
+from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.specs import dataset_name, open_index
@@ -164,6 +164,7 @@ def compile_and_save(
         raise HCQRError("--register needs MLflow tracking (drop --no-mlflow)")
     if spec.method not in PROGRAMS:
         raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
+    refuse_bound(spec.method, "hcqr compile")
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     reflection_spec = spec.reflection_lm or recipe.reflection_lm
     if recipe.optimizer == "GEPA":

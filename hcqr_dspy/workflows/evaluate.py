@@ -23,6 +23,7 @@ from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
+from hcqr_dspy.programs import refuse_bound
 from hcqr_dspy.tracking.datasets import questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
 from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
@@ -284,6 +285,7 @@ def run_prediction(
         HCQRError: as :func:`answers_target` and :func:`run_evaluation`.
     """
     path = answers_target(out)
+    refuse_bound(spec.method, "hcqr predict")  # a saved program's method is never a bound (compile refuses them)
     result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_dir, track=track)
     questions = select(load_questions(spec.dataset, labelled=False), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     write_answers(path, result.rows, questions)
