@@ -15,7 +15,7 @@ from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.retrieval import BM25Retriever
 
 
-def judgment(label, queries, passage_labels=None, positive=None, negative=None):
+def judgment(label, queries, passage_labels=None, positive=None, negative=None, on_topic=None):
     return {
         "qid": "x",
         "label": label,
@@ -24,6 +24,7 @@ def judgment(label, queries, passage_labels=None, positive=None, negative=None):
         "passage_labels": passage_labels,
         "positive_label": positive,
         "negative_label": negative,
+        "on_topic_label": on_topic,
     }
 
 
@@ -50,19 +51,30 @@ def test_passage_mode_attributes_to_useful_passages_only():
 
 
 def test_control_rates_and_flags():
-    good = [judgment("USEFUL", [[0]], positive="ENTAILED", negative="NOT_USEFUL") for _ in range(9)]
-    good.append(judgment("USEFUL", [[0]], positive="NOT_USEFUL", negative="USEFUL"))
+    good = [judgment("USEFUL", [[0]], positive="ENTAILED", negative="NOT_USEFUL", on_topic="NOT_USEFUL")] * 9
+    good.append(judgment("USEFUL", [[0]], positive="NOT_USEFUL", negative="USEFUL", on_topic="NOT_USEFUL"))
     m = dur_metrics(good)
-    assert (m["dur_positive_control"], m["dur_negative_control"]) == (0.9, 0.1)
+    assert (m["dur_positive_control"], m["dur_negative_control"], m["dur_on_topic_control"]) == (0.9, 0.1, 0.0)
+    assert m["dur_on_topic_control_n"] == 10
     assert control_flags(m) == []
-    lenient = dur_metrics([judgment("USEFUL", [[0]], positive="USEFUL", negative="USEFUL") for _ in range(4)])
+    lenient = dur_metrics(
+        [judgment("USEFUL", [[0]], positive="USEFUL", negative="USEFUL", on_topic="NOT_USEFUL") for _ in range(4)]
+    )
     assert control_flags(lenient) == [
         "the judge calls 100% of negative controls (another question's context) useful (> 20%)"
     ]
-    blind = dur_metrics([judgment("NOT_USEFUL", [[0]], positive="NOT_USEFUL", negative="NOT_USEFUL")] * 4)
+    never = dict(positive="NOT_USEFUL", negative="NOT_USEFUL", on_topic="NOT_USEFUL")
+    blind = dur_metrics([judgment("NOT_USEFUL", [[0]], **never)] * 4)
     assert "positive controls" in control_flags(blind)[0]
     assert control_flags(dur_metrics([judgment("USEFUL", [[0]])])) == [
         "no control judgments (judged without controls): the judge is unchecked"
+    ]
+    # judged before the on-topic control existed: the two old controls pass, the new one is unchecked
+    old = dur_metrics([judgment("USEFUL", [[0]], positive="USEFUL", negative="NOT_USEFUL")] * 4)
+    assert "dur_on_topic_control" not in old
+    assert control_flags(old) == [
+        "no on-topic control judgments (judged before the on-topic control existed): the judge is unchecked on "
+        "on-topic contexts that do not decide the question"
     ]
 
 
@@ -167,6 +179,12 @@ def test_judge_sees_exactly_the_shown_context_and_judges_controls(run_folder, ti
     # the controls' reasoning is kept too, so a judge that calls a negative control useful can be checked
     assert {js[0]["positive_rationale"], js[0]["negative_rationale"]} <= {"it says so", "glycoside"}
     assert m["dur"] == 1.0 and m["dur_invalid"] == 1 and m["dur_positive_control"] == 1.0
+    # the on-topic control: retrieved with d1's distractor (B. Graves), at most as many passages as d1 showed,
+    # none naming the gold option (p3, Digoxin toxicity, the top hit for the question, is left out)
+    assert (js[0]["on_topic_option"], js[0]["on_topic_error"]) == ("B", None)
+    assert js[0]["on_topic_passages"] == ["p4"]
+    assert (js[0]["on_topic_label"], js[0]["on_topic_rationale"]) == ("ENTAILED", "glycoside")
+    assert m["dur_on_topic_control"] == 1.0 and m["dur_on_topic_control_n"] == 1  # d2's control reply was MAYBE
     prompts = [h["messages"][-1]["content"] for h in lm.history]
     d1 = next(p for p in prompts if "Yellow vision" in p and "Document [1] (Title: Digoxin toxicity)" in p)
     assert (

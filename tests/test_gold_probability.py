@@ -110,3 +110,13 @@ def test_accuracy_mde_brier_and_baselines_match_direct_computation(comparison):
     assert baselines["uniform_accuracy"] == pytest.approx(np.mean([1 / options[q] for q in golds]))
     assert baselines["letters"]["cot (openai/dummy) (other)"] == {"C": N}
     assert f"always answering **{letter}**" in md
+
+
+@pytest.mark.parametrize("correct", [0, 7, 20])
+def test_the_wilson_interval_holds_its_point_at_the_extremes(correct):
+    from types import SimpleNamespace
+
+    from hcqr_dspy.reporting.stats import wilson_interval
+
+    low, high = wilson_interval(SimpleNamespace(metrics={"correct": correct, "n": 20}))
+    assert low <= correct / 20 <= high

@@ -11,6 +11,7 @@ import mlflow
 import pytest
 from dspy.utils import DummyLM
 
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.retrieval import BM25Retriever
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
@@ -199,6 +200,7 @@ def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(t
         tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(), mlflow_dir=tracked_run["store"], progress=False
     )
     assert metrics["dur"] == 1.0 and mlflow.get_run(run_id).data.metrics["dur"] == 1.0
+    judged = {j["qid"]: j for j in RunFolder(tracked_run["run_dir"]).judgments()}
     for trace in traces_of(run_id):
         dur = [a for a in trace.info.assessments if a.name == "dur"]
         assert len(dur) == 1 and dur[0].value == "USEFUL" and "supports it" in dur[0].rationale
@@ -209,7 +211,9 @@ def test_dur_labels_land_on_the_question_traces_and_the_judge_calls_are_traced(t
         assert judge_trace.info.tags["kind"] == "dur_judge" and judge_trace.info.tags["judged_run_id"] == run_id
         assert judge_trace.info.tags["qid"] == trace.info.tags["qid"]
         assert {"judge", "controls"} <= {s.name for s in judge_trace.data.spans}
-        assert sum(s.span_type == "CHAT_MODEL" for s in judge_trace.data.spans) == 3  # context + two controls
+        # the context and the positive and negative controls, and the on-topic control where one could be built
+        built = bool(judged[trace.info.tags["qid"]]["on_topic_passages"])
+        assert sum(s.span_type == "CHAT_MODEL" for s in judge_trace.data.spans) == 3 + built
     # judging again (resumed: nothing new) logs no second label
     judge_and_track(
         tracked_run["run_dir"], judge_lm="openai/judge", lm=judge_lm(), mlflow_dir=tracked_run["store"], progress=False

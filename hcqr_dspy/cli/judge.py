@@ -1,5 +1,6 @@
 """``hcqr judge``: label the retrieved context of each question of run folders with the DUR judge
-(:mod:`hcqr_dspy.workflows.judge`).
+(:mod:`hcqr_dspy.workflows.judge`), and with ``--labelled-set`` measure the judge on hand-labelled contexts
+(:mod:`hcqr_dspy.judge.agreement`), with runs or alone.
 
 Its command imports the workflow it calls when it runs, so that ``hcqr --help`` and a refused flag load no
 DSPy, MLflow or torch.
@@ -10,22 +11,39 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from hcqr_dspy.cli.common import _add_endpoint_args, _add_mlflow_args, _id_list, _positive_int
 from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.lm import parse_lm_spec
 
+# --labelled-set given without a PATH: the shipped set (hcqr_dspy.judge.agreement.default_labelled_set).
+SHIPPED = "shipped"
+
 
 def cmd_judge(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and pydantic take seconds, `hcqr --help` none
     from hcqr_dspy.evaluation.run_folder import RunFolder
+    from hcqr_dspy.judge.agreement import AGREEMENT_FILE, default_labelled_set, load_labelled_set
     from hcqr_dspy.judge.judging import check_judge_index, judgeable
     from hcqr_dspy.workflows.judge import judge_and_track
 
     if args.seed is not None and args.limit is None:
         raise HCQRError("--seed draws the --limit sample: give --limit N with it")
+    if not args.runs and args.labelled_set is None:
+        raise HCQRError("give run folders to judge, or --labelled-set to measure the judge on hand-labelled contexts")
+    if not args.runs and args.judge_lm is None:
+        raise HCQRError("--labelled-set without run folders needs --judge-lm (there is no run LM to default to)")
+    if args.labelled_out is not None and args.labelled_set is None:
+        raise HCQRError("--labelled-out writes the --labelled-set judgments: give --labelled-set with it")
     if args.judge_lm is not None:
         parse_lm_spec(args.judge_lm, api_base=args.api_base, api_key_env=args.api_key_env, option="--judge-lm")
+    labelled = None
+    if args.labelled_set is not None:  # read and resolved before any LM is loaded
+        labelled = default_labelled_set() if args.labelled_set == SHIPPED else args.labelled_set
+        load_labelled_set(labelled)
+    if not args.runs:
+        return _judge_labelled_only(args, labelled)
     for run_dir in args.runs:  # every run checked before any LM is loaded
         folder = RunFolder.open(run_dir)
         if not judgeable(folder):
@@ -48,16 +66,48 @@ def cmd_judge(args: argparse.Namespace) -> int:
             limit=args.limit,
             seed=0 if args.seed is None else args.seed,
             ids=_id_list(args.ids),
+            labelled_set=labelled,
         )
         if metrics is not None:
             print(json.dumps({"run": str(run_dir), **metrics}))
+            if args.labelled_out is not None:
+                _write(args.labelled_out, RunFolder(run_dir).read_json(AGREEMENT_FILE))
     return 0
+
+
+def _judge_labelled_only(args: argparse.Namespace, labelled) -> int:
+    """``hcqr judge --labelled-set [PATH] --judge-lm SPEC`` without run folders: print the agreement."""
+    from hcqr_dspy.judge.agreement import agreement_summary
+    from hcqr_dspy.workflows.judge import judge_labelled
+
+    record = judge_labelled(
+        args.judge_lm,
+        labelled,
+        mode=args.mode,
+        reasoning=not args.no_reasoning,
+        max_tokens=args.max_tokens,
+        n_ctx=args.n_ctx,
+        api_base=args.api_base,
+        api_key_env=args.api_key_env,
+    )
+    if args.labelled_out is not None:
+        _write(args.labelled_out, record)
+    print(json.dumps(agreement_summary(record)))
+    return 0
+
+
+def _write(path: str, record: dict) -> None:
+    """Write an agreement record (with each context's judgment) as JSON to ``path``."""
+    try:
+        Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise HCQRError(f"cannot write --labelled-out {path}: {exc.strerror or exc}") from None
 
 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``judge`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("judge", help="label each run question's retrieved context with the DUR judge")
-    p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
+    p.add_argument("runs", nargs="*", help="run folders (from `hcqr eval`); none with --labelled-set alone")
     p.add_argument("--judge-lm", default=None, help="LM spec of the judge (default: the run's LM)")
     modes = ["context", "passage"]
     p.add_argument("--mode", choices=modes, default="context", help="judge the shown context (default) or each passage")
@@ -79,6 +129,23 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     sample.add_argument("--ids", default=None, help="judge only these comma-separated question ids (default: all)")
     p.add_argument("--seed", type=int, default=None, help="seed of the --limit sample (default 0)")
+    p.add_argument(
+        "--labelled-set",
+        nargs="?",
+        const=SHIPPED,
+        default=None,
+        metavar="PATH",
+        help="also judge hand-labelled contexts (default PATH: the shipped 40 over the demo data) with the same "
+        "judge and record its agreement (accuracy, Cohen's kappa) in each run folder's judge_agreement.json; "
+        "without run folders, print it (needs --judge-lm)",
+    )
+    p.add_argument(
+        "--labelled-out",
+        default=None,
+        metavar="FILE",
+        help="write the --labelled-set agreement with each context's judgment to FILE (JSON; with several run "
+        "folders, the last one's)",
+    )
     _add_mlflow_args(p)
     _add_endpoint_args(p, who="the judge")
     p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")

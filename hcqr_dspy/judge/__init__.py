@@ -11,10 +11,13 @@ kept but the budget dropped.
 
 Judge controls (a DUR means little if the judge calls everything useful; :mod:`~hcqr_dspy.judge.controls`):
 with every question's judgment the judge also labels a *positive control* (a one-document context built to
-decide the question) and a *negative control* (the context another question of the same run retrieved). The
-report gives the judge's useful-rate on both beside the DUR, and ``hcqr compare`` flags a DUR whose judge
-calls more than 20% of negative controls useful or fewer than 80% of positive controls. By default the judge
-reasons before it labels (``dspy.ChainOfThought``); this and the judge LM and mode are recorded in every
+decide the question), a *negative control* (the context another question of the same run retrieved) and an
+*on-topic control* (passages about the question's topic, retrieved with a distractor option, that cannot
+decide it). ``hcqr compare`` gives the judge's accuracy on each beside the DUR and flags a DUR whose judge
+falls outside :data:`~hcqr_dspy.judge.controls.CONTROL_LIMITS` or cannot separate the real contexts from its
+on-topic controls. The judge can also be measured on contexts labelled by hand
+(:mod:`~hcqr_dspy.judge.agreement`: accuracy and Cohen's kappa). By default the judge
+reasons before it labels (``dspy.ChainOfThought``); this and the judge LM, mode and controls are recorded in every
 judgment and in ``dur.json``, and a resumed judging with other settings is refused.
 
 Two modes: ``context`` (one judgment over the shown context, as in the paper) and ``passage`` (each passage
@@ -24,7 +27,8 @@ features) was present.
 
 Modules: :mod:`~hcqr_dspy.judge.labels` (the labels), :mod:`~hcqr_dspy.judge.controls` (the controls and
 their trust limits), :mod:`~hcqr_dspy.judge.judge` (the judge, :class:`~hcqr_dspy.judge.judge.DURJudge`),
-:mod:`~hcqr_dspy.judge.judging` (judging a run folder into ``judgments.jsonl`` and ``dur.json``) and
-:mod:`~hcqr_dspy.judge.metrics` (DUR and its shares). Judging a run and recording it in MLflow (``hcqr
+:mod:`~hcqr_dspy.judge.judging` (judging a run folder into ``judgments.jsonl`` and ``dur.json``),
+:mod:`~hcqr_dspy.judge.metrics` (DUR and its shares) and :mod:`~hcqr_dspy.judge.agreement` (the judge against
+hand-labelled contexts). Judging a run and recording it in MLflow (``hcqr
 judge``) is :mod:`hcqr_dspy.workflows.judge`.
 """

@@ -1,4 +1,4 @@
-"""The DUR judge as a DSPy module: labels one question's context and its two controls.
+"""The DUR judge as a DSPy module: labels one question's context and its controls.
 
 By default the judge reasons before it labels (``dspy.ChainOfThought``); ``reasoning=False`` asks for the
 label alone (``dspy.Predict``). Two modes: ``context`` (one judgment over the shown context, as in the paper)
@@ -53,6 +53,40 @@ class DURJudge(dspy.Module):
         label = pred.label if pred.label in LABELS else None
         return label, pred.get("reasoning"), None if label else f"label {pred.label!r} is not one of {LABELS}"
 
+    def label(self, common: dict[str, str], documents: list[str]) -> dict:
+        """One context judged in this judge's mode (no controls).
+
+        Args:
+            common: ``question``, ``options`` (formatted) and ``correct_answer`` as the signatures take them.
+            documents: The context, one formatted document each.
+
+        Returns:
+            ``label`` (``None`` for a bad reply), ``rationale`` (passage mode: that of the passage whose label is
+            the context's), ``error``, and in passage mode ``passage_labels`` and ``passage_rationales``
+            (``None`` in context mode).
+        """
+        if self.mode == "context":
+            label, rationale, error = self.label_context(common, documents)
+            return dict(label=label, rationale=rationale, error=error, passage_labels=None, passage_rationales=None)
+        passage_labels, passage_rationales = [], []
+        for doc in documents:
+            try:
+                pred = self.judge_passage(passage=doc, **common)
+                lab, why = pred.label, pred.get("reasoning")
+            except BAD_REPLY_ERRORS:
+                lab, why = None, None
+            passage_labels.append(lab if lab in LABELS else None)
+            passage_rationales.append(why if lab in LABELS else None)
+        valid = [i for i, lab in enumerate(passage_labels) if lab]
+        best = min(valid, key=lambda i: LABELS.index(passage_labels[i])) if valid else None
+        return dict(
+            label=passage_labels[best] if best is not None else None,
+            rationale=passage_rationales[best] if best is not None else None,
+            error=None if valid else "no valid passage judgment",
+            passage_labels=passage_labels,
+            passage_rationales=passage_rationales,
+        )
+
     def forward(
         self,
         question: str,
@@ -60,53 +94,33 @@ class DURJudge(dspy.Module):
         answer: str,
         documents: list[str],
         negative_documents: list[str] | None = None,
+        on_topic_documents: list[str] | None = None,
     ) -> dspy.Prediction:
-        """Judge ``documents`` (formatted as the answer step saw them) and the two controls.
+        """Judge ``documents`` (formatted as the answer step saw them) and the controls
+        (:mod:`hcqr_dspy.judge.controls`): the positive control always, the negative and on-topic controls
+        when their documents are given. Controls are judged as one context each, whatever the mode.
 
         Returns:
             ``label`` (or ``None`` for a bad reply), ``rationale`` (passage mode: that of the passage
             whose label is the context's), ``error``, ``passage_labels`` and ``passage_rationales``
             (passage mode), ``positive_label`` / ``positive_rationale``, ``negative_label`` /
-            ``negative_rationale`` (``None`` when there is no negative control), ``stages``.
+            ``negative_rationale`` and ``on_topic_label`` / ``on_topic_rationale`` (``None`` when that
+            control is not given), ``stages``.
         """
         common = dict(
             question=question, options=format_options(options), correct_answer=correct_answer_text(options, answer)
         )
         stages: dict = {}
-        passage_labels = passage_rationales = None
         with stage(stages, "judge"):
-            if self.mode == "context":
-                label, rationale, error = self.label_context(common, documents)
-            else:
-                passage_labels, passage_rationales = [], []
-                for doc in documents:
-                    try:
-                        pred = self.judge_passage(passage=doc, **common)
-                        lab, why = pred.label, pred.get("reasoning")
-                    except BAD_REPLY_ERRORS:
-                        lab, why = None, None
-                    passage_labels.append(lab if lab in LABELS else None)
-                    passage_rationales.append(why if lab in LABELS else None)
-                valid = [i for i, lab in enumerate(passage_labels) if lab]
-                best = min(valid, key=lambda i: LABELS.index(passage_labels[i])) if valid else None
-                label = passage_labels[best] if best is not None else None
-                rationale = passage_rationales[best] if best is not None else None
-                error = None if valid else "no valid passage judgment"
+            judged = self.label(common, documents)
+        controls = {}
         with stage(stages, "controls"):
             positive_document = positive_control_document(question, options, answer)
-            positive, positive_why, _ = self.label_context(common, [positive_document])
-            negative, negative_why, _ = (
-                self.label_context(common, negative_documents) if negative_documents else (None, None, None)
-            )
-        return dspy.Prediction(
-            label=label,
-            rationale=rationale,
-            error=error,
-            passage_labels=passage_labels,
-            passage_rationales=passage_rationales,
-            positive_label=positive,
-            positive_rationale=positive_why,
-            negative_label=negative,
-            negative_rationale=negative_why,
-            stages=stages,
-        )
+            for name, docs in (
+                ("positive", [positive_document]),
+                ("negative", negative_documents),
+                ("on_topic", on_topic_documents),
+            ):
+                label, why, _ = self.label_context(common, docs) if docs else (None, None, None)
+                controls[f"{name}_label"], controls[f"{name}_rationale"] = label, why
+        return dspy.Prediction(**judged, **controls, stages=stages)

@@ -4,7 +4,9 @@ The judge (:class:`~hcqr_dspy.judge.judge.DURJudge`) sees exactly the context th
 shown passages (after the token budget; a cut passage cut where it was cut,
 :func:`hcqr_dspy.programs.context.shown_documents`), never the passages fusion kept but the budget dropped. Each
 judgment records the judge's settings (LM, mode, reasoning, controls); a resumed judging with other settings is
-refused. Recording a judging in MLflow is :mod:`hcqr_dspy.workflows.judge`.
+refused. Each question's on-topic control is retrieved with the same retriever that resolves the run's passages
+(the run's index; :func:`hcqr_dspy.judge.controls.on_topic_contexts`). Recording a judging in MLflow is
+:mod:`hcqr_dspy.workflows.judge`.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
-from hcqr_dspy.judge.controls import CONTROL_SEED, negative_control_pairs
+from hcqr_dspy.judge.controls import CONTROL_SEED, negative_control_pairs, on_topic_contexts
 from hcqr_dspy.judge.judge import DURJudge
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.programs.context import shown_documents
 from hcqr_dspy.retrieval.base import Retriever, read_manifest
+
+# The controls judged with each question, as recorded in every judgment's settings (a judging resumed with
+# judgments recorded under other controls, e.g. ``True`` before the on-topic control existed, is refused).
+JUDGED_CONTROLS = "positive,negative,on_topic"
 
 
 def judged_sample(
@@ -84,6 +90,10 @@ def judge_run(
     """Judge every question of a finished (or partial) run, or a sample of them, with controls; write
     ``judgments.jsonl`` and ``dur.json``.
 
+    Each judgment holds the context's label and the positive, negative and on-topic control labels
+    (``<control>_label`` / ``<control>_rationale``; the on-topic control's distractor letter, passage ids and,
+    when none could be built, why: ``on_topic_option``, ``on_topic_passages``, ``on_topic_error``).
+
     Questions without shown passages (CoT, or nothing retrieved) are not
     judged. Judging resumes: questions already in ``judgments.jsonl`` are
     skipped, if they were judged with the same settings. With a sample
@@ -93,7 +103,7 @@ def judge_run(
 
     Args:
         run: The run folder.
-        retriever: Resolves passage ids (the run's index).
+        retriever: Resolves passage ids and retrieves the on-topic controls (the run's index).
         lm: The judge's ``dspy.LM``.
         mode: ``"context"`` or ``"passage"``.
         reasoning: The judge reasons before it labels.
@@ -129,7 +139,7 @@ def judge_run(
         "judge_lm": judge_lm or getattr(lm, "model", str(lm)),
         "mode": mode,
         "reasoning": bool(reasoning),
-        "controls": True,
+        "controls": JUDGED_CONTROLS,
         "control_seed": CONTROL_SEED,
     }
     done = folder.judgments()
@@ -155,6 +165,12 @@ def judge_run(
 
     donors = negative_control_pairs(todo, gold_in)
     by_qid = {r["qid"]: r for r in todo}
+    judged_before = {j["qid"] for j in done}
+    on_topic = on_topic_contexts(
+        retriever,
+        [(r["qid"], questions[r["qid"]], len(r["passages"])) for r in todo if r["qid"] not in judged_before],
+        CONTROL_SEED,
+    )
 
     def judged(row: dict[str, Any]) -> dict[str, Any]:
         if trace_tags is None:
@@ -162,13 +178,15 @@ def judge_run(
         q = questions[row["qid"]]
         with tracing.question("dur judge", q.question, q.options, {**trace_tags, "qid": row["qid"]}) as trace:
             record = work(row)
-            trace.root.set_outputs({k: record[k] for k in ("label", "rationale", "positive_label", "negative_label")})
+            keys = ("label", "rationale", "positive_label", "negative_label", "on_topic_label")
+            trace.root.set_outputs({k: record[k] for k in keys})
             record["judge_trace_id"] = trace.trace_id
         return record
 
     def work(row: dict[str, Any]) -> dict[str, Any]:
         q = questions[row["qid"]]
         donor = donors.get(row["qid"])
+        topic = on_topic[row["qid"]]
 
         def attempt():
             return judge(
@@ -177,6 +195,7 @@ def judge_run(
                 answer=q.answer,
                 documents=shown_documents(retriever, row["passages"]),
                 negative_documents=shown_documents(retriever, by_qid[donor]["passages"]) if donor else None,
+                on_topic_documents=topic["documents"] or None,
             )
 
         t0 = time.perf_counter()
@@ -196,6 +215,11 @@ def judge_run(
             "negative_label": pred.negative_label,
             "negative_rationale": pred.negative_rationale,
             "negative_from": donor,
+            "on_topic_label": pred.on_topic_label,
+            "on_topic_rationale": pred.on_topic_rationale,
+            "on_topic_option": topic["option"],
+            "on_topic_passages": topic["passages"],
+            "on_topic_error": topic["error"],
             "stages": pred.stages,
             "seconds": round(time.perf_counter() - t0, 4),
         }

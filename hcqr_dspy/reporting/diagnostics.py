@@ -1,14 +1,12 @@
-"""The report's checks on how runs ran: fallbacks taken, invalid answers by cause, the DUR judge's
-controls, and DURs judged on different questions (each with the warnings it raises)."""
+"""The report's checks on how runs ran: fallbacks taken, invalid answers by cause, and DURs judged on different
+questions (each with the warnings it raises). The DUR judge's controls are :mod:`hcqr_dspy.reporting.judge_tables`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from hcqr_dspy.evaluation.metrics import fallback_summary
-from hcqr_dspy.judge.controls import control_flags
 from hcqr_dspy.reporting.runs import Run, judged_ids
-from hcqr_dspy.reporting.tables import dur_cell
 
 # A method "ran mostly on its fallback" when more than this share of its questions (or queries) took it.
 FALLBACK_WARNING = 0.5
@@ -73,30 +71,6 @@ def invalid_table(runs: Sequence[Run]) -> str:
     if not lines:
         return ""
     return "\n".join(["| run | invalid | by stage and cause |", "|---|---:|---|", *lines])
-
-
-def dur_controls_table(runs: Sequence[Run]) -> tuple[str, list[str]]:
-    """Markdown: each judged run's DUR beside its judge's rates on the positive and negative controls,
-    and the flags of :func:`hcqr_dspy.judge.controls.control_flags`; ``("", [])`` when no run is judged."""
-    judged = [r for r in runs if r.dur.get("dur_n")]
-    if not judged:
-        return "", []
-    lines = [
-        "| run | DUR | judged | positive controls useful | negative controls useful | judge |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    flags = []
-    for run in judged:
-        d = run.dur
-        judge = run.judgments[0] if run.judgments else d.get("judge") or {}
-        pos, neg = (
-            f"{d[f'dur_{k}_control']:.0%} (n={d[f'dur_{k}_control_n']})" if f"dur_{k}_control" in d else "–"
-            for k in ("positive", "negative")
-        )
-        who = ", ".join(f"{k}={judge.get(k)}" for k in ("judge_lm", "mode", "reasoning") if judge.get(k) is not None)
-        lines.append(f"| {run.label} | {dur_cell(run)} | {d['dur_n']} | {pos} | {neg} | {who or '–'} |")
-        flags += [f"DUR of {run.label} is not trustworthy: {f}" for f in control_flags(d)]
-    return "\n".join(lines), flags
 
 
 def dur_sample_warning(runs: Sequence[Run]) -> list[str]:

@@ -13,13 +13,21 @@ from hcqr_dspy.evaluation.evidence import qrels_beside
 from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.evaluation.run_folder import CONFIG
 from hcqr_dspy.evaluation.same_questions import check_same_questions
-from hcqr_dspy.judge.controls import CONTROL_LIMITS
-from hcqr_dspy.reporting.diagnostics import dur_controls_table, dur_sample_warning, fallback_table, invalid_table
+from hcqr_dspy.programs import PROGRAMS
+from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
+from hcqr_dspy.reporting.gold_probability import (
+    GOLD_PROBABILITY_NOTE,
+    baselines_and_letters,
+    calibration_table,
+    gold_probability_table,
+)
 from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
+from hcqr_dspy.reporting.judge_tables import controls_note, judge_controls_table
 from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.provenance import provenance_line, session_summary
+from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
 from hcqr_dspy.reporting.runs import Run, load_run, restrict, unique_labels
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
@@ -53,16 +61,6 @@ AGREEMENT_NOTE = (
     "differ, a difference between the runs is not only that of their programs' answer steps (an LM can "
     "give another reply to the same prompt, e.g. in another session)."
 )
-
-
-def _controls_note() -> str:
-    """The note under the DUR judge controls table, with the trust limits of
-    :data:`hcqr_dspy.judge.controls.CONTROL_LIMITS`."""
-    return (
-        "Positive control: a context stating the gold answer and why; negative control: another question's "
-        f"context. A trustworthy judge calls at least {CONTROL_LIMITS['positive_min']:.0%} of positive and at "
-        f"most {CONTROL_LIMITS['negative_max']:.0%} of negative controls useful."
-    )
 
 
 def _section(title: str, body: str | None, note: str = "") -> list[str]:
@@ -156,22 +154,36 @@ def _report(
     fallbacks, warnings = fallback_table(ordered)
     invalid = invalid_table(ordered)
     evidence = evidence_table(ordered, ref)
+    diversity, diversity_figures = query_diversity_section(ordered)
+    gold_md, gold_figures = gold_probability_table(ordered)
+    calibration_md, calibration_figures = calibration_table(ordered)
+    baselines_md, baselines_figures = baselines_and_letters(ordered)
     qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
-    controls, flags = dur_controls_table(ordered)
+    controls, flags, judge_figures = judge_controls_table(ordered)
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
     agreement, agreement_figures = upstream_agreement(ordered)
     warnings += flags + dur_sample_warning(ordered)
+    warnings += [
+        f"{r.label} retrieves with the gold answer (an oracle): an upper bound on what retrieval can give this "
+        "reader, not a method"
+        for r in ordered
+        if r.config.get("method") in PROGRAMS and PROGRAMS[r.config["method"]].uses_answer
+    ]
     sessions = {r.label: session_summary(r) for r in ordered}
     sections = [
         _heading(ref, qids, answered, common),
         comparison_table(ordered, ref),
         MCNEMAR_NOTE + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
         "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
+        *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),
+        *_section("Calibration", calibration_md),
+        *_section("Chance and letter habits", baselines_md),
         *_section("Warnings", "\n".join(f"- **{w}**" for w in warnings)),
         *_section("Invalid answers by stage and cause", invalid),
         *_section("Fallbacks", fallbacks, FALLBACKS_NOTE),
-        *_section("DUR judge controls", controls, _controls_note()),
+        *_section("DUR judge controls", controls, controls_note()),
         *_section("Evidence in the context (judge-free)", evidence, EVIDENCE_NOTE),
+        *_section("Query diversity", diversity, QUERY_DIVERSITY_NOTE),
         *_section("Retrieval against relevance judgments", qrels_md),
         *_section("Working hypothesis vs CoT", h_vs_cot, HYPOTHESIS_VS_COT_NOTE),
         *_section("Working hypothesis vs final answer", hypothesis_table(ordered), HYPOTHESIS_NOTE),
@@ -188,7 +200,12 @@ def _report(
         "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
         "warnings": warnings,
         "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
+        "judge_controls": judge_figures,
         "qrels": qrels_figures,
+        "query_diversity": diversity_figures,
+        "gold_probability": gold_figures,
+        "calibration": calibration_figures,
+        "baselines": baselines_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
         "upstream_agreement": agreement_figures,
         "sessions": sessions,

@@ -35,8 +35,11 @@ def wilson_interval(run: Run) -> tuple[float, float]:
     """95% Wilson score interval of a run's accuracy (statsmodels ``proportion_confint(method="wilson")``)."""
     from statsmodels.stats.proportion import proportion_confint
 
-    lo, hi = proportion_confint(run.metrics["correct"], run.metrics["n"], method="wilson")
-    return float(lo), float(hi)
+    correct, n = run.metrics["correct"], run.metrics["n"]
+    lo, hi = proportion_confint(correct, n, method="wilson")
+    p = correct / n if n else 0.0
+    # at 20/20 statsmodels gives 0.9999999999999999: keep the point inside its interval (plots draw hi - p)
+    return float(min(lo, p)), float(max(hi, p))
 
 
 # Paired bootstrap resamples (scipy.stats.bootstrap) and their seed: the interval is reproducible.

@@ -2,9 +2,11 @@
 
 The one judging path of ``hcqr judge`` and of experiments (:func:`judge_and_track`): the judge LM (the run's own
 at the run's own endpoint unless given), the run's index checked against its corpus, the folder's writer lock,
-the judging itself (:func:`hcqr_dspy.judge.judging.judge_run`), then, for a tracked run, the DUR metrics and the
-judge's settings on its MLflow run, one ``dur judge`` trace per question, and each label logged on the
-question's trace (:func:`log_dur_feedback`).
+the judging itself (:func:`hcqr_dspy.judge.judging.judge_run`), with a labelled set the same judge's agreement
+with hand labels (:func:`hcqr_dspy.judge.agreement.measure_agreement`, written to ``judge_agreement.json``),
+then, for a tracked run, the DUR metrics and the judge's settings on its MLflow run, one ``dur judge`` trace per
+question, and each label logged on the question's trace (:func:`log_dur_feedback`). :func:`judge_labelled`
+measures a judge on a labelled set alone, without a run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any, Literal
 from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.judge.agreement import AGREEMENT_FILE, agreement_summary, measure_agreement
 from hcqr_dspy.judge.judging import check_judge_index, judge_run, judgeable
+from hcqr_dspy.judge.metrics import CONTROLS
 from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.retrieval.base import Retriever
@@ -46,6 +50,7 @@ def judge_and_track(
     limit: int | None = None,
     seed: int = 0,
     ids: Sequence[str] | None = None,
+    labelled_set: str | Path | None = None,
 ) -> dict[str, Any] | None:
     """Judge one run and record the result in its MLflow run: the one judging path of
     ``hcqr judge`` and of experiments.
@@ -66,9 +71,13 @@ def judge_and_track(
         num_threads, progress: See :func:`~hcqr_dspy.judge.judging.judge_run`.
         max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
         limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.judging.judged_sample`); default all.
+        labelled_set: Also judge this labelled set (:mod:`hcqr_dspy.judge.agreement`) with the same judge and
+            write its agreement to the run folder's ``judge_agreement.json`` (replacing an earlier one), where
+            ``hcqr compare`` reads it; ``None``: not measured.
 
     Returns:
-        The DUR metrics, or ``None`` for a run without retrieval (nothing to judge; said on stderr).
+        The DUR metrics (with ``judge_agreement``: :func:`~hcqr_dspy.judge.agreement.agreement_summary`, when
+        a labelled set was judged), or ``None`` for a run without retrieval (nothing to judge; said on stderr).
 
     Raises:
         HCQRError: not a run folder, an unusable judge LM or index, or any error of
@@ -86,7 +95,20 @@ def judge_and_track(
             retriever = load_index(check_judge_index(folder, index))
         lm, spec = _judge_lm(folder, judge_lm, lm, max_tokens, n_ctx, api_base, api_key_env)
         return _judge_and_track(
-            folder, retriever, lm, spec, mode, reasoning, mlflow_dir, track, num_threads, progress, limit, seed, ids
+            folder,
+            retriever,
+            lm,
+            spec,
+            mode,
+            reasoning,
+            mlflow_dir,
+            track,
+            num_threads,
+            progress,
+            limit,
+            seed,
+            ids,
+            labelled_set,
         )
 
 
@@ -137,6 +159,7 @@ def _judge_and_track(
     limit: int | None,
     seed: int,
     ids: Sequence[str] | None,
+    labelled_set: str | Path | None = None,
 ) -> dict[str, Any]:
     """The part of :func:`judge_and_track` that writes, under the folder's writer lock."""
     run_id = folder.mlflow_run_id
@@ -158,8 +181,16 @@ def _judge_and_track(
             ids=ids,
         )
 
+    def agreement(metrics: dict[str, Any]) -> dict[str, Any]:
+        """The same judge on the labelled set, untraced (its calls belong to no question of the run)."""
+        if labelled_set is not None:
+            record = measure_agreement(lm, metrics["judge"]["judge_lm"], mode, reasoning, labelled_set, progress)
+            folder.write_json(AGREEMENT_FILE, record)
+            metrics["judge_agreement"] = agreement_summary(record)
+        return metrics
+
     if not tracked:
-        return judge()
+        return agreement(judge())
     import mlflow
 
     trace_tags = {
@@ -172,8 +203,11 @@ def _judge_and_track(
     }
     with dspy_tracing():
         metrics = judge(trace_tags)
+    metrics = agreement(metrics)
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         log_metrics(metrics)
+        if agreed := metrics.get("judge_agreement"):
+            log_metrics({f"dur_judge_agreement_{k}": agreed[k] for k in ("accuracy", "kappa") if agreed[k] is not None})
         # tags, not params: MLflow params never change, and a run may be judged again with other settings
         mlflow.set_tags(flatten({"dur": metrics["judge"]}))
         if metrics.get("sample"):  # a metric, not a param: a later judging may widen the sample
@@ -192,9 +226,9 @@ def log_dur_feedback(folder: RunFolder) -> int:
     with other settings left there are replaced.
 
     Feedback ``dur`` (the label, the judge's reasoning as rationale; an error for an invalid judgment),
-    ``dur_positive_control`` and ``dur_negative_control``, source ``LLM_JUDGE`` (the judge LM), with
-    metadata naming the judge's settings and its own trace (``judge_trace_id``). Questions without a
-    trace in the current store, and traces that already hold a label from ``hcqr judge``, are skipped.
+    ``dur_positive_control``, ``dur_negative_control`` and ``dur_on_topic_control``, source ``LLM_JUDGE``
+    (the judge LM), with metadata naming the judge's settings and its own trace (``judge_trace_id``). Questions
+    without a trace in the current store, and traces that already hold a label from ``hcqr judge``, are skipped.
 
     Returns:
         How many questions got their labels now.
@@ -220,7 +254,7 @@ def log_dur_feedback(folder: RunFolder) -> int:
         ours = [
             a
             for a in trace.info.assessments
-            if a.name in ("dur", "dur_positive_control", "dur_negative_control")
+            if a.name in ("dur", *(f"dur_{side}_control" for side in CONTROLS))
             and (a.metadata or {}).get("source") == JUDGE_FEEDBACK_SOURCE
         ]
         if any(a.name == "dur" and a.metadata == meta and a.source.source_id == source.source_id for a in ours):
@@ -244,7 +278,7 @@ def log_dur_feedback(folder: RunFolder) -> int:
                 metadata=meta,
                 error=AssessmentError(error_code="INVALID_JUDGMENT", error_message=str(j.get("error"))),
             )
-        for side in ("positive", "negative"):
+        for side in CONTROLS:
             if j.get(f"{side}_label"):
                 mlflow.log_feedback(
                     trace_id=trace_id,
@@ -255,3 +289,40 @@ def log_dur_feedback(folder: RunFolder) -> int:
                 )
         logged += 1
     return logged
+
+
+def judge_labelled(
+    judge_lm: str,
+    labelled_set: str | Path | None = None,
+    lm: Any = None,
+    mode: Literal["context", "passage"] = "context",
+    reasoning: bool = True,
+    progress: bool = True,
+    max_tokens: int = JUDGE_MAX_TOKENS,
+    n_ctx: int | None = None,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+) -> dict[str, Any]:
+    """Measure a judge on a labelled set alone (``hcqr judge --labelled-set --judge-lm SPEC`` without runs).
+
+    Args:
+        judge_lm: The judge's LM spec (recorded; built here unless ``lm`` is given).
+        labelled_set: The set; default the shipped one (:func:`~hcqr_dspy.judge.agreement.default_labelled_set`).
+        lm: A ready judge ``dspy.LM``.
+        mode, reasoning: See :class:`~hcqr_dspy.judge.judge.DURJudge`.
+        progress: Progress bar.
+        max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
+
+    Returns:
+        :func:`~hcqr_dspy.judge.agreement.agreement_record` (written nowhere; the caller decides).
+
+    Raises:
+        DataError: an unreadable labelled set. LMSpecError, LMUnavailableError: an unusable judge LM.
+    """
+    if lm is None:
+        lm = build_lm(
+            judge_lm, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env
+        )
+        print(f"hcqr judge: judge LM {judge_lm} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
+        check_lm(lm)
+    return measure_agreement(lm, judge_lm, mode, reasoning, labelled_set, progress)
