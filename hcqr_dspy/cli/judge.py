@@ -53,26 +53,33 @@ def cmd_judge(args: argparse.Namespace) -> int:
         metrics = judge_and_track(
             run_dir,
             judge_lm=args.judge_lm,
-            mode=args.mode,
-            reasoning=not args.no_reasoning,
             index=args.index,
             mlflow_dir=args.mlflow_dir,
             track=not args.no_mlflow,
             num_threads=args.threads,
-            max_tokens=args.max_tokens,
-            n_ctx=args.n_ctx,
-            api_base=args.api_base,
-            api_key_env=args.api_key_env,
             limit=args.limit,
             seed=0 if args.seed is None else args.seed,
             ids=_id_list(args.ids),
             labelled_set=labelled,
+            **_judge_settings(args),
         )
         if metrics is not None:
             print(json.dumps({"run": str(run_dir), **metrics}))
             if args.labelled_out is not None:
                 _write(args.labelled_out, RunFolder(run_dir).read_json(AGREEMENT_FILE))
     return 0
+
+
+def _judge_settings(args: argparse.Namespace) -> dict:
+    """The judge's own settings from the flags: mode, reasoning, and its LM's tokens, window and endpoint."""
+    return {
+        "mode": args.mode,
+        "reasoning": not args.no_reasoning,
+        "max_tokens": args.max_tokens,
+        "n_ctx": args.n_ctx,
+        "api_base": args.api_base,
+        "api_key_env": args.api_key_env,
+    }
 
 
 def _judge_labelled_only(args: argparse.Namespace, labelled) -> int:
@@ -83,12 +90,7 @@ def _judge_labelled_only(args: argparse.Namespace, labelled) -> int:
     record = judge_labelled(
         args.judge_lm,
         labelled,
-        mode=args.mode,
-        reasoning=not args.no_reasoning,
-        max_tokens=args.max_tokens,
-        n_ctx=args.n_ctx,
-        api_base=args.api_base,
-        api_key_env=args.api_key_env,
+        **_judge_settings(args),
     )
     if args.labelled_out is not None:
         _write(args.labelled_out, record)

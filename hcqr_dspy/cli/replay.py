@@ -45,27 +45,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+HELP = "search runs' recorded queries again with another index (no LM call) and compare the contexts"
+DESCRIPTION = (
+    "Search each run folder's recorded queries again with another index of the same corpus "
+    "(BM25, dense, hybrid, any backend), with the run's fusion and budget and no LM call, and report, per "
+    "run, gold-option coverage and distinct passages of the recorded and the replayed contexts side by "
+    "side, near-duplicate query pairs per question and words per query."
+)
+
+
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``replay`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
-    p = command(
-        "replay",
-        help="search runs' recorded queries again with another index (no LM call) and compare the contexts",
-        description="Search each run folder's recorded queries again with another index of the same corpus "
-        "(BM25, dense, hybrid, any backend), with the run's fusion and budget and no LM call, and report, per "
-        "run, gold-option coverage and distinct passages of the recorded and the replayed contexts side by "
-        "side, near-duplicate query pairs per question and words per query.",
-    )
+    p = command("replay", help=HELP, description=DESCRIPTION)
     p.add_argument("runs", nargs="+", help="run folders of query-planning methods (from `hcqr eval`)")
-    p.add_argument("--index", required=True, help="index folder to search, over the runs' corpus")
-    p.add_argument(
-        "--out", default=None, help="folder for replay.md and replay.json (default: print the Markdown report)"
-    )
-    p.add_argument(
-        "--budget",
-        type=_positive_int,
-        default=None,
-        help="passages per context instead of each run's budget (default: the run's)",
-    )
     p.add_argument(
         "--near-duplicate",
         type=_share,
@@ -74,4 +66,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="two queries of a question are near-duplicates when their stemmed content-word sets have at least "
         "this Jaccard coefficient",
     )
+    p.add_argument("--index", required=True, help="index folder to search, over the runs' corpus")
+    p.add_argument("--out", default=None, help="folder for replay.md and replay.json (default: print the report)")
+    p.add_argument("--budget", type=_positive_int, default=None, help="passages per context (default: each run's)")
     p.set_defaults(func=cmd_replay)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.cot import CoT
 from hcqr_dspy.programs.signatures import AnswerQuestion
 
 
@@ -46,14 +47,13 @@ class OracleRAG(MCQProgram):
         return dspy.Prediction(**self.answer_from_passages(question, options, fused, stages), queries=[query])
 
 
-class NoContext(MCQProgram):
+class NoContext(CoT):
     """Simple RAG's answer step with an empty context (no retrieval)."""
 
     method = "no_context"
-    uses_retrieval = False
 
     def __init__(self, retriever=None, budget: int = 15, **kwargs):
-        super().__init__(retriever=None, budget=budget, **kwargs)
+        super().__init__(retriever, budget, **kwargs)
         self.answer = dspy.Predict(AnswerQuestion)
 
     def answer_inputs(self, row: dict, question: str, options: dict[str, str]) -> dict:
