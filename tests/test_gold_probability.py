@@ -21,7 +21,7 @@ from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
 
-N = 8
+N = 10
 
 
 def cot_run(path, letters):
@@ -55,7 +55,7 @@ def write_distributions(folder, seed):
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory):
     root = tmp_path_factory.mktemp("gold")
-    ref = cot_run(root / "ref", ["A", "B", "C", "D"] * 2)
+    ref = cot_run(root / "ref", (["A", "B", "C", "D"] * 3)[:N])
     other = cot_run(root / "other", ["C"] * N)
     gold_ref, gold_other = write_distributions(ref, 1), write_distributions(other, 2)
     compare([str(ref.path), str(other.path)], out_dir=root / "cmp")
@@ -120,3 +120,17 @@ def test_the_wilson_interval_holds_its_point_at_the_extremes(correct):
 
     low, high = wilson_interval(SimpleNamespace(metrics={"correct": correct, "n": 20}))
     assert low <= correct / 20 <= high
+
+
+def test_a_malformed_or_foreign_rescoring_record_is_refused_naming_the_file():
+    from hcqr_dspy.errors import RunError
+    from hcqr_dspy.evaluation.option_probs import with_option_probs
+
+    rows = [{"qid": "q1", "gold": "A"}]
+    good = {"qid": "q1", "option_probs": {"A": 0.7, "B": 0.3}, "gold_prob": 0.7}
+    assert with_option_probs(rows, [good], "f.jsonl")[0]["gold_prob"] == 0.7
+    for probs in ({"E": 5.0, "A": 0.1}, {"A": 0.5, "B": 0.1}, {"a": 1.0}, [0.5, 0.5]):
+        with pytest.raises(RunError, match="f.jsonl: question 'q1': option_probs is not a distribution"):
+            with_option_probs(rows, [{**good, "option_probs": probs}], "f.jsonl")
+    with pytest.raises(RunError, match="f.jsonl scores 1 question"):
+        with_option_probs(rows, [good, {**good, "qid": "q9"}], "f.jsonl")

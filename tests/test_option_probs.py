@@ -14,7 +14,7 @@ import pytest
 from dspy.utils import DummyLM
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.errors import LMSpecError
+from hcqr_dspy.errors import LMSpecError, RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.programs.option_probs import NO_LOGPROBS, answer_slot_prefix
 from hcqr_dspy.programs.signatures import AnswerQuestionNoContext, restrict_letters
@@ -81,6 +81,11 @@ def test_rows_record_the_letter_distribution_and_rescoring_reads_it_back(tmp_pat
         assert row["gold_prob"] == probs[row["gold"]]
 
     old = stripped_copy(fresh, tmp_path / "old")
+    from hcqr_dspy.lm import build_lm
+
+    with pytest.raises(RunError, match="give --n-ctx of at least the run's"):  # a smaller window: one line
+        rescore_run(old, lm=build_lm("local:smollm2-135m", n_ctx=512, cache=False), progress=False)
+    assert old.option_probs_table.read() == []
     summary = rescore_run(old, lm=smol, lm_spec="local:smollm2-135m", progress=False)
     assert (summary["scored"], summary["resumed"], summary["already"], summary["absent"]) == (1, 0, 0, 0)
     records = {r["qid"]: r for r in old.option_probs_table.read()}

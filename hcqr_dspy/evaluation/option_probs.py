@@ -14,19 +14,25 @@ from typing import Any
 from hcqr_dspy.errors import RunError
 
 
-def with_option_probs(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_option_probs(
+    rows: list[dict[str, Any]], records: list[dict[str, Any]], source: str = "option_probs.jsonl"
+) -> list[dict[str, Any]]:
     """``rows`` with each row's ``option_probs``, ``gold_prob`` and ``option_probs_absent`` taken from its
     rescoring record where the row has no distribution of its own (copies; rows are not changed).
 
     Raises:
-        RunError: a record names a question the rows do not hold (a file copied from another run).
+        RunError: a record names a question the rows do not hold (a file copied from another run), or its
+            distribution is not one (:func:`check_distribution`).
     """
     by_qid = {r["qid"]: r for r in records}
     foreign = sorted(set(by_qid) - {r["qid"] for r in rows})
     if foreign:
         raise RunError(
-            f"option_probs.jsonl scores {len(foreign)} question(s) the run does not hold ({', '.join(foreign[:5])})"
+            f"{source} scores {len(foreign)} question(s) the run does not hold ({', '.join(foreign[:5])}); "
+            "was it copied from another run?"
         )
+    for record in records:
+        check_distribution(record.get("option_probs"), f"{source}: question {record['qid']!r}")
     out = []
     for row in rows:
         record = by_qid.get(row["qid"])
@@ -38,4 +44,24 @@ def with_option_probs(rows: list[dict[str, Any]], records: list[dict[str, Any]])
 
 def folder_rows_with_option_probs(folder: Any) -> list[dict[str, Any]]:
     """A :class:`~hcqr_dspy.evaluation.run_folder.RunFolder`'s rows merged with its rescoring records."""
-    return with_option_probs(folder.rows(), folder.option_probs_table.read())
+    return with_option_probs(folder.rows(), folder.option_probs_table.read(), str(folder.option_probs_table.path))
+
+
+def check_distribution(probs: Any, where: str) -> None:
+    """Refuse what is not a letter distribution: a mapping of capital letters to probabilities in [0, 1]
+    summing to 1 (within 1e-3, the records' rounding). ``None`` (absent) passes.
+
+    Raises:
+        RunError: naming ``where``.
+    """
+    if probs is None:
+        return
+    ok = (
+        isinstance(probs, dict)
+        and probs
+        and all(isinstance(k, str) and len(k) == 1 and k.isupper() for k in probs)
+        and all(isinstance(v, int | float) and 0 <= v <= 1 for v in probs.values())
+        and abs(sum(probs.values()) - 1) <= 1e-3
+    )
+    if not ok:
+        raise RunError(f"{where}: option_probs is not a distribution over option letters; repair or delete that line")

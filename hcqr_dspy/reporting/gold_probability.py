@@ -82,10 +82,14 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
         row += [
             f"{_fmt(p['mean_diff'])} [{_fmt(p['ci_low'])}, {_fmt(p['ci_high'])}]",
             "—" if p["wilcoxon_p"] is None else f"{p['wilcoxon_p']:.3g}",
-            "—" if p["mde"] is None else f"{p['mde']:.3f}",
+            _mde(p["mde"]),
             f"{_fmt(lo['mean_diff'], 2)} [{_fmt(lo['ci_low'], 2)}, {_fmt(lo['ci_high'], 2)}]",
             "—" if lo["wilcoxon_p"] is None else f"{lo['wilcoxon_p']:.3g}",
-            "—" if acc_mde is None else f"{acc_mde * 100:.1f}" if acc_mde <= 1 else "> 100 (undetectable)",
+            "— (no discordant pair)"
+            if acc_mde is None
+            else f"{acc_mde * 100:.1f}"
+            if acc_mde <= 1
+            else "> 100 (undetectable)",
         ]
         lines.append("| " + " | ".join(row) + " |")
         figures[run.label] = {
@@ -96,6 +100,12 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
             "accuracy_mde": acc_mde,
         }
     return "\n".join(lines), figures
+
+
+def _mde(mde: float | None) -> str:
+    if mde is None:
+        return "— (no spread)"
+    return f"{mde:.3f}" if mde <= 1 else "> 1 (undetectable)"
 
 
 def _sd(values: Sequence[float]) -> float | None:

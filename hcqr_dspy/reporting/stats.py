@@ -47,6 +47,9 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 # The power a minimum detectable effect is stated at, and the test's level (Cohen 1988's conventions).
 MDE_POWER = 0.80
+# Fewer pairs than this get no bootstrap interval (BCa needs enough resample variety; at n = 2 it excluded 0
+# where the Wilcoxon p was 0.5).
+MIN_PAIRS_FOR_INTERVAL = 10
 ALPHA = 0.05
 
 
@@ -55,7 +58,8 @@ def paired_difference(reference: Sequence[float], other: Sequence[float]) -> dic
 
     Returns:
         ``n``, ``mean_diff``, its 95% paired bootstrap interval ``ci_low``/``ci_high`` (the mean of the
-        per-question differences resampled by question; ``scipy.stats.bootstrap``, BCa,
+        per-question differences resampled by question; ``None`` under :data:`MIN_PAIRS_FOR_INTERVAL` pairs;
+        ``scipy.stats.bootstrap``, BCa,
         :data:`BOOTSTRAP_RESAMPLES` resamples, seed :data:`BOOTSTRAP_SEED`), the two-sided Wilcoxon
         signed-rank ``wilcoxon_p`` (``scipy.stats.wilcoxon``, zero differences dropped, Wilcoxon 1945; 1.0
         when every difference is zero), ``sd_diff`` and ``mde`` (:func:`minimum_detectable_effect`). With
@@ -69,7 +73,9 @@ def paired_difference(reference: Sequence[float], other: Sequence[float]) -> dic
     out: dict[str, float | int | None] = {"n": n, "mean_diff": float(diff.mean()) if n else None}
     if n < 2:
         return {**out, "ci_low": None, "ci_high": None, "wilcoxon_p": None, "sd_diff": None, "mde": None}
-    if np.all(diff == diff[0]):  # no spread: the interval is the point, the test has nothing to rank
+    if n < MIN_PAIRS_FOR_INTERVAL:  # a bootstrap of a handful of pairs claims far more than it knows
+        low = high = None
+    elif np.all(diff == diff[0]):  # no spread: the interval is the point, the test has nothing to rank
         low = high = float(diff[0])
     else:
         ci = stats.bootstrap(

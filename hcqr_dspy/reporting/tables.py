@@ -66,7 +66,8 @@ def cache_note(runs: Sequence[Run]) -> str:
         return ""
     return (
         "**Costs and the cache:** tokens and seconds per question count only LM calls that reached the model; "
-        "calls answered by DSPy's cache cost nothing here. Compare costs with care for: " + "; ".join(notes) + "."
+        "calls answered by DSPy's cache cost nothing here (the answer step's letter-distribution prefill is never "
+        "cached and shows in the answer stage's seconds). Compare costs with care for: " + "; ".join(notes) + "."
     )
 
 

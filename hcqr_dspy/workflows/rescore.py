@@ -20,6 +20,7 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError, LMSpecError, RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.loop import run_resumable
+from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.rows import gold_probability
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.judging import check_judge_index
@@ -58,6 +59,7 @@ def rescore_run(
         RunError: not a run folder, a run without an LM, or an index over another corpus.
     """
     import dspy
+    from dspy.lm15 import ContextLengthError
 
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
     spec = lm_spec or folder.lm_spec
@@ -71,6 +73,7 @@ def rescore_run(
             f"rescoring needs an LM that gives its next-token distribution (a local or gguf: model), not {spec!r}"
         )
     rows = folder.rows()
+    folder_rows_with_option_probs(folder)  # a malformed or foreign option_probs.jsonl is refused before any work
     todo = [r for r in rows if r.get("option_probs") is None]
     with WriterLock(folder.path, "rescore"):
         program = _run_program(folder, index)
@@ -80,7 +83,13 @@ def rescore_run(
             example = questions[row["qid"]]
             options = dict(example.options)
             inputs = program.answer_inputs(row, example.question, options)
-            probs, absent = program.option_probabilities(program.answer, options, row.get("reasoning"), **inputs)
+            try:
+                probs, absent = program.option_probabilities(program.answer, options, row.get("reasoning"), **inputs)
+            except ContextLengthError as exc:  # a window smaller than the run's: refuse, nothing recorded
+                raise RunError(
+                    f"{folder.path}: question {row['qid']}: {str(exc).splitlines()[0]}; give --n-ctx of at least "
+                    f"the run's ({(folder.config.get('lm') or {}).get('n_ctx', DEFAULT_N_CTX)})"
+                ) from None
             return {
                 "qid": row["qid"],
                 "option_probs": probs,
