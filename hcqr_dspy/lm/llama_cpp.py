@@ -227,7 +227,17 @@ class LlamaCppEngine:
 
     def _chat_formatter(self):
         """The GGUF's chat template as llama-cpp-python renders it for :meth:`complete` (``chat_template.default``),
-        or the format llama-cpp-python guessed from it."""
+        compiled once per engine.
+
+        Raises:
+            LMSpecError: llama-cpp-python uses another chat format for this model (teacher forcing would render a
+                prompt the generation did not see).
+        """
+        if getattr(self, "_formatter", None) is None:
+            self._formatter = self._new_chat_formatter()
+        return self._formatter
+
+    def _new_chat_formatter(self):
         from llama_cpp import llama_chat_format
 
         llm = self.llm
