@@ -18,14 +18,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMPS := $(VENV)/.stamps
-# llama-cpp-python has no binary wheel on PyPI: it is compiled once per machine
-# (4-9 min) and the wheel kept in WHEELHOUSE for later setups and CI runs.
-# Built for portable x86-64 (AVX2/FMA/F16C), not -march=native: a native build on a
-# Xeon with AMX/AVX-512 (this project's machines) segfaults in llama_decode on any
-# prompt longer than one token. --no-cache-dir: pip's own wheel cache ignores CMAKE_ARGS.
+# llama-cpp-python has no binary wheel on PyPI: it is compiled once per machine and build variant (4-9 min) and
+# the wheel kept in $(HCQR_CACHE)/wheels-<variant> for later setups and CI runs. hcqr_dspy/lm/llama_builds.py picks
+# the fastest variant the CPU has (AVX-512 where present, else portable AVX2) and keeps it only if every installed
+# packaged model decodes a multi-token prompt through it; HCQR_LLAMA_BUILD=portable forces the portable one.
 LLAMA_CPP_VERSION := 0.3.36
-LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-WHEELHOUSE ?= $(HOME)/.cache/hcqr-dspy/wheels-portable
 # PyPI's `milvus` package ships a real Milvus standalone server; its launcher needs these pins, which
 # clash with the product's pymilvus 3.x, hence its own virtualenv. The binary is unpacked there once.
 MILVUS_VENV ?= .venv-milvus
@@ -46,21 +43,15 @@ $(STAMPS)/base: pyproject.toml
 
 setup-llm: $(STAMPS)/llm
 $(STAMPS)/llm: $(STAMPS)/base
-	@if ! ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
-	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once for this machine (4-9 min) into $(WHEELHOUSE)"; \
-	  mkdir -p $(WHEELHOUSE) && \
-	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-	    $(PIP) wheel --no-cache-dir --quiet --no-deps -w $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION); \
-	fi
-	$(PIP) install --quiet --no-cache-dir --no-index --force-reinstall --no-deps --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(PIP) install --quiet --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(PY) -m hcqr_dspy.lm.llama_builds setup --version $(LLAMA_CPP_VERSION)
 	@touch $@
 
 setup-model-135m: $(STAMPS)/model-135m
 setup-model-0p5b: $(STAMPS)/model-0p5b
 setup-model-1p5b: $(STAMPS)/model-1p5b
 $(STAMPS)/model-%: $(STAMPS)/llm
-	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[model-$*]'
+	$(PIP) install --quiet -e '.[model-$*]'
+	$(PY) -m hcqr_dspy.lm.llama_builds verify --version $(LLAMA_CPP_VERSION)
 	@touch $@
 
 setup-milvus-server: $(MILVUS_VENV)/.stamps/server

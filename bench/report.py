@@ -99,6 +99,10 @@ def render(results: dict) -> str:
     p = results.get("pipeline")
     if p:
         lines += render_pipeline(p)
+    if results.get("lm"):
+        from lm import render_lm  # bench/lm.py (the bench folder is on sys.path when a bench script runs)
+
+        lines += render_lm(results["lm"])
     return "\n".join(lines)
 
 

@@ -95,8 +95,11 @@ def test_rows_record_the_letter_distribution_and_rescoring_reads_it_back(tmp_pat
         # differently, so they agree to a few hundredths, not to the last digit
         assert max(abs(rescored[x] - row["option_probs"][x]) for x in rescored) < 0.05
         assert records[row["qid"]]["gold_prob"] == rescored[row["gold"]]
+    scoring = [s for s in old.sessions() if s["command"] == "rescore"]
+    assert len(scoring) == 2 and scoring[-1]["engine"]["build"] == smol.engine.build  # the refused one too
     again = rescore_run(old, lm=smol, lm_spec="local:smollm2-135m", progress=False)
     assert (again["scored"], again["resumed"]) == (0, 1)
+    assert len([s for s in old.sessions() if s["command"] == "rescore"]) == 2  # nothing to score: no session
     assert rescore_run(fresh, lm=smol, lm_spec="local:smollm2-135m", progress=False)["already"] == 1
 
 

@@ -76,19 +76,14 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 
 
 def engine_record(lm: Any) -> dict[str, Any] | None:
-    """The in-process llama.cpp engine behind ``lm``: its threads and llama.cpp's ``llama_print_system_info``
-    (the CPU features the build uses); ``None`` for an LM served elsewhere (an API endpoint, DummyLM)."""
+    """The in-process llama.cpp engine behind ``lm``: its context window, its settings
+    (:class:`~hcqr_dspy.lm.engine_settings.EngineSettings`: threads, batches, flash attention, repacking) and
+    llama.cpp's ``llama_print_system_info`` (the CPU features the build uses); ``None`` for an LM served elsewhere
+    (an API endpoint, DummyLM)."""
     engine = getattr(lm, "engine", None)
     if not isinstance(engine, LlamaCppEngine):
         return None
-    import llama_cpp
-
-    info = llama_cpp.llama_print_system_info()
-    return {
-        "n_threads": engine.n_threads,
-        "n_ctx": engine.n_ctx,
-        "system_info": (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip(" |"),
-    }
+    return {**engine.settings.record(), "n_ctx": engine.n_ctx, "build": engine.build, "system_info": engine.system_info}
 
 
 def session_record(command: str, lm: Any = None) -> dict[str, Any]:
@@ -128,7 +123,8 @@ def malformed_fields(record: dict[str, Any]) -> list[str]:
 
 def machine_key(record: dict[str, Any]) -> str:
     """What tells two sessions' machines apart for a report: CPU model and cores, the llama.cpp build's CPU
-    features and threads, and the versions of the LM stack (``dspy``, ``litellm``, ``llama_cpp_python``)."""
+    features, threads and the settings that can change a reply (where the record holds them), and the versions of
+    the LM stack (``dspy``, ``litellm``, ``llama_cpp_python``)."""
     machine = record.get("machine") or {}
     engine = record.get("engine") or {}
     packages = record.get("packages") or {}
@@ -136,7 +132,13 @@ def machine_key(record: dict[str, Any]) -> str:
     if engine:
         parts.append(
             f"llama.cpp {packages.get('llama_cpp_python', '?')}, {engine.get('n_threads', '?')} threads, "
-            f"[{engine.get('system_info', '?')}]"
+            + (
+                f"ubatch {engine['n_ubatch']}, flash_attn {engine.get('flash_attn')}, "
+                f"extra_bufts {engine.get('use_extra_bufts')}, "
+                if "n_ubatch" in engine
+                else ""
+            )
+            + f"[{engine.get('system_info', '?')}]"
         )
     parts.append(f"dspy {packages.get('dspy', '?')}, litellm {packages.get('litellm', '?')}")
     return "; ".join(parts)

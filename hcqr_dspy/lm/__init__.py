@@ -23,6 +23,7 @@ One job per module:
 * :mod:`hcqr_dspy.lm.spec` — parsing ``--lm`` specs (:class:`LMConfig`), naming and checking endpoints;
 * :mod:`hcqr_dspy.lm.packaged` — the packaged GGUF models, assembled and verified;
 * :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
+* :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
 * :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
 * :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried.
@@ -33,11 +34,11 @@ The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
 from hcqr_dspy.errors import LMReplyFormatError, LMSpecError
 from hcqr_dspy.lm.build import build_lm, check_lm, count_tokens, engine_model_name
 from hcqr_dspy.lm.cache import ENDPOINT_KEYS, key_cache_by_endpoint
+from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_threads
 from hcqr_dspy.lm.llama_cpp import (
     DEFAULT_N_CTX,
     DEFAULT_REPEAT_PENALTY,
     LlamaCppEngine,
-    default_threads,
     token_logprobs,
 )
 from hcqr_dspy.lm.packaged import (
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_N_CTX",
     "DEFAULT_REPEAT_PENALTY",
     "ENDPOINT_KEYS",
+    "EngineSettings",
     "PACKAGED_MODELS",
     "LMConfig",
     "LMReplyFormatError",
@@ -66,6 +68,7 @@ __all__ = [
     "cache_dir",
     "call_retrying_bad_replies",
     "check_lm",
+    "build_features",
     "check_route",
     "count_tokens",
     "default_threads",

@@ -105,7 +105,10 @@ def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
     if cfg.kind == "gguf":
         ident = f"{Path(cfg.path).resolve()}:{Path(cfg.path).stat().st_size}"
         name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
-    return f"{name}@n_ctx={engine.n_ctx},repeat_penalty={engine.repeat_penalty},seed={engine.seed}"
+    return (
+        f"{name}@n_ctx={engine.n_ctx},repeat_penalty={engine.repeat_penalty},seed={engine.seed},"
+        f"build={engine.build},{engine.settings.reply_key()}"
+    )
 
 
 def count_tokens(lm, text: str) -> int:

@@ -8,31 +8,17 @@ decoding.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import LMSpecError
+from hcqr_dspy.lm.engine_settings import EngineSettings, build_features
 
 DEFAULT_N_CTX = 8192
 # llama.cpp's repetition penalty; 1.1 stops most temperature-0 loops in free-text
 # reasoning fields (measured in this project's probe).
 DEFAULT_REPEAT_PENALTY = 1.1
-
-
-def default_threads() -> int:
-    """llama.cpp threads: ``$HCQR_N_THREADS`` if set (a positive integer), else every core.
-
-    Raises:
-        LMSpecError: ``HCQR_N_THREADS`` is not a positive integer.
-    """
-    raw = os.environ.get("HCQR_N_THREADS")
-    if raw is None:
-        return os.cpu_count() or 1
-    if not raw.isdigit() or int(raw) < 1:
-        raise LMSpecError(f"HCQR_N_THREADS must be a positive integer, got {raw!r}")
-    return int(raw)
 
 
 class LlamaCppEngine:
@@ -64,6 +50,9 @@ class LlamaCppEngine:
         n_threads: CPU threads (default: ``$HCQR_N_THREADS`` or all cores; llama.cpp
             slows down sharply when another process competes for its cores, so
             lower it when sharing the machine).
+        settings: Batch sizes, flash attention and weight repacking
+            (:class:`~hcqr_dspy.lm.engine_settings.EngineSettings`; default: from the
+            environment, ``n_threads`` overriding its threads).
         repeat_penalty: llama.cpp repetition penalty.
         seed: Sampling seed.
     """
@@ -80,6 +69,7 @@ class LlamaCppEngine:
         n_threads: int | None = None,
         repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
         seed: int = 0,
+        settings: EngineSettings | None = None,
     ):
         if importlib.util.find_spec("llama_cpp") is None:  # fail early, with the setup hint
             raise LMSpecError(
@@ -90,7 +80,8 @@ class LlamaCppEngine:
             raise LMSpecError(f"GGUF file {path} not found")
         self.model_path = path
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or default_threads()
+        self.settings = settings or EngineSettings.from_env(n_threads)
+        self.n_threads = self.settings.n_threads
         self.seed = seed
         self.repeat_penalty = repeat_penalty
         self.llm = self._load(logits_all=False)
@@ -98,19 +89,49 @@ class LlamaCppEngine:
         self._lock = threading.Lock()
 
     def _load(self, logits_all: bool):
+        import llama_cpp.llama_cpp as llama_cpp_c
         from llama_cpp import Llama
 
-        try:
-            return Llama(
-                model_path=str(self.model_path),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                seed=self.seed,
-                logits_all=logits_all,
-                verbose=False,
-            )
-        except Exception as exc:
-            raise LMSpecError(f"llama.cpp cannot load {self.model_path}: {exc}") from None
+        cfg = self.settings
+        defaults = llama_cpp_c.llama_model_default_params
+
+        def model_params():  # Llama() takes no use_extra_bufts; it builds its params from this function
+            params = defaults()
+            params.use_extra_bufts = cfg.use_extra_bufts
+            return params
+
+        with _load_lock:
+            llama_cpp_c.llama_model_default_params = model_params
+            try:
+                return Llama(
+                    model_path=str(self.model_path),
+                    n_ctx=self.n_ctx,
+                    n_threads=cfg.n_threads,
+                    n_threads_batch=cfg.n_threads,
+                    n_batch=cfg.n_batch,
+                    n_ubatch=cfg.n_ubatch,
+                    flash_attn=cfg.flash_attn,
+                    seed=self.seed,
+                    logits_all=logits_all,
+                    verbose=False,
+                )
+            except Exception as exc:
+                raise LMSpecError(f"llama.cpp cannot load {self.model_path}: {exc}") from None
+            finally:
+                llama_cpp_c.llama_model_default_params = defaults
+
+    @property
+    def system_info(self) -> str:
+        """llama.cpp's ``llama_print_system_info``: the CPU features this build uses (``AVX2 = 1 | ...``)."""
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info()
+        return (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip(" |")
+
+    @property
+    def build(self) -> str:
+        """The widest CPU kernels of this llama.cpp build (:func:`~hcqr_dspy.lm.engine_settings.build_features`)."""
+        return build_features(self.system_info)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer."""
@@ -288,6 +309,7 @@ def token_logprobs(payload: dict | None) -> tuple:
     )
 
 
+_load_lock = threading.Lock()  # the model-parameter hook in LlamaCppEngine._load is process-wide
 _engines: dict[tuple, LlamaCppEngine] = {}
 _engines_lock = threading.Lock()
 

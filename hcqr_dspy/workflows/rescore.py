@@ -5,7 +5,8 @@ For every row that holds no ``option_probs`` yet, the answer step's prompt is re
 demos as shown; :meth:`hcqr_dspy.programs.base.MCQProgram.answer_inputs`), the reasoning the row records is fed
 back after it, and the letter distribution is read at the answer slot in one prefill
 (:mod:`hcqr_dspy.programs.option_probs`). Records go to the folder's ``option_probs.jsonl`` as they are made
-(resumable; the predictions are not rewritten), under the folder's writer lock.
+(resumable; the predictions are not rewritten), under the folder's writer lock, and the session that scored is
+recorded in ``sessions.jsonl`` (machine, llama.cpp build and engine settings).
 
 Only an LM that gives its next-token distribution can score (the in-process llama.cpp engine); the run's own
 LM is used unless another is given, and the record names the scorer (``scored_by``).
@@ -98,6 +99,9 @@ def rescore_run(
                 "scored_by": spec,
             }
 
+        scored = {r.get("qid") for r in folder.option_probs_table.read()}
+        if any(r["qid"] not in scored for r in todo):  # which machine and llama.cpp build scored them
+            folder.record_session("rescore", lm)
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             records, resumed, now = run_resumable(
                 folder.option_probs_table, todo, lambda r: r["qid"], score, stop_errors=(), progress=progress

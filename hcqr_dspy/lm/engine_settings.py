@@ -1,0 +1,129 @@
+"""The in-process llama.cpp engine's settings: threads, batch sizes, flash attention and weight repacking.
+
+Every setting has a default measured on this project's machines (``bench/lm.py``, ``bench/RESULTS.md``) and can be
+changed by an environment variable, so a study can be run the same way from any command:
+
+=========================  ======================  =========================================================
+variable                   default                 llama.cpp setting
+=========================  ======================  =========================================================
+``HCQR_N_THREADS``         every core              ``n_threads`` (and ``n_threads_batch``)
+``HCQR_N_BATCH``           512                     ``n_batch``: prompt tokens submitted per ``llama_decode``
+``HCQR_N_UBATCH``          512                     ``n_ubatch``: tokens computed per graph (physical batch)
+``HCQR_FLASH_ATTN``        0                       ``flash_attn``
+``HCQR_EXTRA_BUFTS``       0                       ``llama_model_params.use_extra_bufts`` (weight repacking)
+=========================  ======================  =========================================================
+
+``use_extra_bufts`` (llama.cpp ``llama_model_params``, "use extra buffer types (used for weight repacking)")
+repacks quantised weights at load time into the CPU backend's extra buffer types (the ``CPU_REPACK`` and, where
+built, AMX buffers). On this project's AVX-512 Xeons the AVX-512 build prefilled faster without it, and a native
+build's AMX repack path crashed in ``llama_decode``; so it is off unless asked for. llama-cpp-python 0.3.36's
+``Llama()`` has no argument for it; :meth:`LlamaCppEngine._load <hcqr_dspy.lm.llama_cpp.LlamaCppEngine>` sets the
+field while the model loads.
+
+The settings that can change a reply at temperature 0 (they change the floating-point order of the prompt's
+computation: the build's CPU kernels, repacking, the physical batch and flash attention) are part of the engine's
+model name, which keys DSPy's response cache (:func:`hcqr_dspy.lm.build.engine_model_name`); threads are not
+(ggml splits rows, not reductions, across threads). All are recorded in each session's record
+(:func:`hcqr_dspy.evaluation.provenance.engine_record`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from hcqr_dspy.errors import LMSpecError
+
+DEFAULT_N_BATCH = 512  # llama-cpp-python's default
+DEFAULT_N_UBATCH = 512  # llama-cpp-python's default
+
+
+def _positive_int(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise LMSpecError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw not in ("0", "1"):
+        raise LMSpecError(f"{name} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def default_threads() -> int:
+    """llama.cpp threads: ``$HCQR_N_THREADS`` if set (a positive integer), else every core.
+
+    Raises:
+        LMSpecError: ``HCQR_N_THREADS`` is not a positive integer.
+    """
+    return _positive_int("HCQR_N_THREADS", None) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine runs llama.cpp (see the module's table for each field's variable and source).
+
+    Attributes:
+        n_threads: CPU threads for prompt and generation.
+        n_batch: Logical batch (prompt tokens per ``llama_decode`` call).
+        n_ubatch: Physical batch (at most ``n_batch``).
+        flash_attn: llama.cpp's flash attention.
+        use_extra_bufts: Repack weights into the CPU backend's extra buffer types.
+    """
+
+    n_threads: int
+    n_batch: int = DEFAULT_N_BATCH
+    n_ubatch: int = DEFAULT_N_UBATCH
+    flash_attn: bool = False
+    use_extra_bufts: bool = False
+
+    def __post_init__(self):
+        if min(self.n_threads, self.n_batch, self.n_ubatch) < 1:
+            raise LMSpecError(f"engine settings must be positive: {self}")
+        if self.n_ubatch > self.n_batch:
+            raise LMSpecError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+
+    @classmethod
+    def from_env(cls, n_threads: int | None = None) -> EngineSettings:
+        """The settings from the environment (module table), ``n_threads`` overriding ``HCQR_N_THREADS``.
+
+        Raises:
+            LMSpecError: a variable that is not a positive integer (or 0/1 for a switch), or
+                ``n_ubatch > n_batch``.
+        """
+        n_batch = _positive_int("HCQR_N_BATCH", DEFAULT_N_BATCH)
+        return cls(
+            n_threads=n_threads or default_threads(),
+            n_batch=n_batch,
+            n_ubatch=_positive_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
+            flash_attn=_flag("HCQR_FLASH_ATTN", False),
+            use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", False),
+        )
+
+    def record(self) -> dict:
+        """The settings as a JSON object (for session records)."""
+        return asdict(self)
+
+    def reply_key(self) -> str:
+        """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=0,bufts=0``."""
+        return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},bufts={int(self.use_extra_bufts)}"
+
+
+def build_features(system_info: str) -> str:
+    """The CPU kernels a llama.cpp build uses, from ``llama_print_system_info``: ``amx``, ``avx512``, ``avx2``
+    or ``generic`` (the widest one it reports as on)."""
+    on = set(re.findall(r"(\w+) = 1\b", system_info))
+    if "AMX_INT8" in on:
+        return "amx"
+    if "AVX512" in on:
+        return "avx512"
+    if "AVX2" in on:
+        return "avx2"
+    return "generic"
