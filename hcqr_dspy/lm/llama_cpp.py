@@ -85,6 +85,10 @@ class LlamaCppEngine:
         self.seed = seed
         self.repeat_penalty = repeat_penalty
         self.llm = self._load(logits_all=False)
+        if self.settings.prompt_cache_mb:
+            from llama_cpp import LlamaRAMCache
+
+            self.llm.set_cache(LlamaRAMCache(capacity_bytes=self.settings.prompt_cache_mb << 20))
         self._llm_logprobs = None
         self._lock = threading.Lock()
 
