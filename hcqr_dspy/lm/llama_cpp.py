@@ -89,6 +89,7 @@ class LlamaCppEngine:
             from llama_cpp import LlamaRAMCache
 
             self.llm.set_cache(LlamaRAMCache(capacity_bytes=self.settings.prompt_cache_mb << 20))
+            self.llm.save_state = lambda: save_state_without_scores(self.llm)
         self._llm_logprobs = None
         self._lock = threading.Lock()
 
@@ -286,6 +287,37 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         pass
+
+
+def save_state_without_scores(llm):
+    """``Llama.save_state`` for a model without ``logits_all``, whose ``scores`` array it never writes.
+
+    llama-cpp-python 0.3.36's ``save_state`` copies that array (``n_batch x vocabulary`` float32: 297 MB for
+    Qwen2.5) into every state the prompt cache keeps, which cost more time than the cache saved; this keeps one
+    row of it (``load_state`` broadcasts it back) and the context's own state (KV cache and last logits,
+    ``llama_state_get_data``) copied once.
+
+    Raises:
+        RuntimeError: llama.cpp wrote more state than it said it would.
+    """
+    import ctypes
+
+    import llama_cpp.llama_cpp as llama_cpp_c
+    from llama_cpp.llama import LlamaState
+
+    size = llama_cpp_c.llama_state_get_size(llm._ctx.ctx)
+    buffer = (ctypes.c_uint8 * int(size))()
+    written = int(llama_cpp_c.llama_state_get_data(llm._ctx.ctx, buffer, size))
+    if written > int(size):
+        raise RuntimeError("llama.cpp wrote more state than llama_state_get_size said")
+    return LlamaState(
+        scores=llm.scores[:1, :].copy(),
+        input_ids=llm.input_ids.copy(),
+        n_tokens=llm.n_tokens,
+        llama_state=ctypes.string_at(buffer, written),
+        llama_state_size=written,
+        seed=llm._seed,
+    )
 
 
 def token_logprobs(payload: dict | None) -> tuple:
