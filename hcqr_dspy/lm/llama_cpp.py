@@ -293,7 +293,7 @@ def save_state_without_scores(llm):
     """``Llama.save_state`` for a model without ``logits_all``, whose ``scores`` array it never writes.
 
     llama-cpp-python 0.3.36's ``save_state`` copies that array (``n_batch x vocabulary`` float32: 297 MB for
-    Qwen2.5) into every state the prompt cache keeps, which cost more time than the cache saved; this keeps one
+    Qwen2.5) into every state the prompt cache keeps, which cost about as much time as the cache saved; this keeps one
     row of it (``load_state`` broadcasts it back) and the context's own state (KV cache and last logits,
     ``llama_state_get_data``) copied once.
 
