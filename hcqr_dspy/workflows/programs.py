@@ -1,4 +1,5 @@
-"""Where a saved program comes from: a folder, an MLflow run (``runs:/``) or a logged model (``models:/``).
+"""Where a saved program comes from: a folder, an MLflow run (``runs:/``) or a logged model (``models:/``), and
+the program a finished run folder ran.
 
 The saved-program format itself (two JSON files, read without unpickling anything) is
 :mod:`hcqr_dspy.optimize.saved`; this module only fetches the folder from the MLflow store first.
@@ -9,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import HCQRError, ProgramFormatError
+from hcqr_dspy.errors import HCQRError, ProgramFormatError, RunError
 from hcqr_dspy.optimize import saved
-from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs import PROGRAMS, make_program
+from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.tracking.serving import program_folder_of_model
 from hcqr_dspy.tracking.store import configure, tracking_uri
 
@@ -75,3 +77,35 @@ def load_program(
     """
     program, meta = saved.load_program(resolve_program_path(source, mlflow_dir), retriever, method)
     return program, {**meta, "path": str(source)}
+
+
+def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQProgram:
+    """The program a run folder ran, over ``retriever``: its saved program (a compiled one, say), or its method
+    with the options ``config.json`` records (budget, passages per query, fusion, roles ...).
+
+    Args:
+        folder: The :class:`~hcqr_dspy.evaluation.run_folder.RunFolder`.
+        retriever: The index to retrieve from (``None`` for a method without retrieval).
+        budget: Replaces the run's context budget (the recorded options are used, not a saved program's);
+            passages per query then take the method's default for it (HCQR: ``ceil(budget / roles)``).
+
+    Raises:
+        RunError: a method this hcqr-dspy does not know, or recorded options that no longer build it.
+        ProgramFormatError: the saved program cannot be read.
+    """
+    method = folder.method
+    if method not in PROGRAMS:
+        raise RunError(f"{folder.path}: method {method!r} is not one this hcqr-dspy knows")
+    saved_program = folder.saved_program
+    if saved_program and budget is None:
+        program, _ = load_program(saved_program.get("folder") or saved_program["source"], retriever, method)
+        return program
+    recorded = folder.config.get("program") or {}
+    options = {k: v for k, v in recorded.items() if k in accepted_options(PROGRAMS[method])}
+    if budget is not None:
+        options["budget"] = budget
+        options.pop("k_per_query", None)
+    try:
+        return make_program(method, retriever, **options)
+    except (TypeError, ValueError) as exc:
+        raise RunError(f"{folder.path}: its recorded program options do not build {method}: {exc}") from None

@@ -30,10 +30,10 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError, RunError
 from hcqr_dspy.evaluation.evidence import evidence_summary, paired_evidence_tests, question_evidence
 from hcqr_dspy.evaluation.run_folder import CONFIG, RunFolder
-from hcqr_dspy.programs.base import MCQProgram, accepted_options
+from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.context import passage_records, shown_documents
 from hcqr_dspy.programs.hypothesis import query_names
-from hcqr_dspy.programs.registry import PROGRAMS, make_program
+from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.reporting.query_diversity import (
     NEAR_DUPLICATE_JACCARD,
     distinct_passages,
@@ -44,6 +44,7 @@ from hcqr_dspy.reporting.query_diversity import (
 from hcqr_dspy.reporting.runs import Run, load_run, unique_labels
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.retrieval.base import Retriever, read_manifest
+from hcqr_dspy.workflows.programs import run_program
 
 # Methods whose context is not their queries' fused hits: what chooses their passages after the search.
 NOT_REPLAYABLE = {"rerank_rag": "a cross-encoder", "main_rag": "an LM judge"}
@@ -116,25 +117,6 @@ def _check_run(folder: RunFolder, manifest: dict[str, Any] | None, index: str | 
     folder.load_questions()  # the options and gold answers, from the run's dataset
 
 
-def replay_program(folder: RunFolder, retriever: Retriever, budget: int | None = None) -> MCQProgram:
-    """The run's method over ``retriever``, with the run's recorded options (``config.json``'s ``program``:
-    budget, passages per query, fusion, roles ...); ``budget`` replaces the run's, and passages per query
-    then take the method's default for it (HCQR: ``ceil(budget / roles)``).
-
-    Raises:
-        RunError: the recorded options no longer build the method.
-    """
-    recorded = folder.config.get("program") or {}
-    options = {k: v for k, v in recorded.items() if k in accepted_options(PROGRAMS[folder.method])}
-    if budget is not None:
-        options["budget"] = budget
-        options.pop("k_per_query", None)
-    try:
-        return make_program(folder.method, retriever, **options)
-    except (TypeError, ValueError) as exc:
-        raise RunError(f"{folder.path}: its recorded program options do not build {folder.method}: {exc}") from None
-
-
 def replay_row(program: MCQProgram, row: dict[str, Any], question: str, options: dict[str, str]) -> list[dict]:
     """One row's recorded queries searched again by ``program``: the passage records of the context its answer
     step would see (:func:`~hcqr_dspy.programs.context.passage_records`: ``id``, ``title``, ``score``,
@@ -190,7 +172,7 @@ def replay_run(
     _missing_passages(retriever, run, index)
     folder = run.folder
     questions = folder.load_questions()
-    program = replay_program(folder, retriever, budget)
+    program = run_program(folder, retriever, budget)
     rows = [r for r in run.rows if r.get("queries")]
     recorded_ev: dict[str, dict | None] = {}
     replayed_ev: dict[str, dict | None] = {}

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import HCQRError, LMSpecError, RunError
+from hcqr_dspy.errors import LMSpecError, RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
@@ -26,10 +26,9 @@ from hcqr_dspy.evaluation.rows import gold_probability
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.judging import check_judge_index
 from hcqr_dspy.lm import DEFAULT_N_CTX, LlamaCppEngine, build_lm
-from hcqr_dspy.programs import PROGRAMS, make_program
-from hcqr_dspy.programs.base import accepted_options
+from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.retrieval import load_index
-from hcqr_dspy.workflows.programs import load_program
+from hcqr_dspy.workflows.programs import run_program
 
 
 def rescore_run(
@@ -77,7 +76,10 @@ def rescore_run(
     folder_rows_with_option_probs(folder)  # a malformed or foreign option_probs.jsonl is refused before any work
     todo = [r for r in rows if r.get("option_probs") is None]
     with WriterLock(folder.path, "rescore"):
-        program = _run_program(folder, index)
+        if folder.method in PROGRAMS and PROGRAMS[folder.method].uses_retrieval:
+            program = run_program(folder, load_index(check_judge_index(folder, index)))
+        else:
+            program = run_program(folder)
         questions = folder.load_questions()
 
         def score(row: dict[str, Any]) -> dict[str, Any]:
@@ -120,21 +122,3 @@ def rescore_run(
         file=sys.stderr,
     )
     return summary
-
-
-def _run_program(folder: RunFolder, index: str | Path | None):
-    """The run's program (its saved program, or a fresh one with its recorded options) over its index."""
-    method = folder.method
-    if method not in PROGRAMS:
-        raise RunError(f"{folder.path}: method {method!r} is not one this hcqr-dspy knows")
-    retriever = load_index(check_judge_index(folder, index)) if PROGRAMS[method].uses_retrieval else None
-    saved = folder.saved_program
-    if saved:
-        program, _ = load_program(saved.get("folder") or saved["source"], retriever, method)
-        return program
-    recorded = folder.config.get("program") or {}
-    options = {k: v for k, v in recorded.items() if k in accepted_options(PROGRAMS[method])}
-    try:
-        return make_program(method, retriever, **options)
-    except (ValueError, TypeError) as exc:
-        raise HCQRError(f"{folder.path}: its program cannot be rebuilt from config.json ({exc})") from None
