@@ -202,3 +202,34 @@ def test_corrupted_record_or_config_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{broken")
     with pytest.raises(RunError, match=r"config\.json:1: not valid JSON"):
         RunFolder.create(tmp_path, {"method": "cot", "dataset": "d"})
+
+
+def test_a_slow_question_among_the_last_is_run_and_recorded_once(tmp_path, monkeypatch):
+    """DSPy's ParallelExecutor starts an item again once it has run ``timeout`` seconds (default 120) while at most
+    ``straggler_limit`` remain; the loop must never run a question twice, nor record it twice (a slow remote LM
+    with --threads 3 did). Here a 1 s default stands in for the 120 s one."""
+    import time
+
+    from dspy.utils.parallelizer import ParallelExecutor
+
+    from hcqr_dspy.evaluation import loop
+    from hcqr_dspy.evaluation.records import JsonlTable
+
+    class Impatient(ParallelExecutor):
+        def __init__(self, *args, timeout=1, **kwargs):
+            super().__init__(*args, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(loop, "ParallelExecutor", Impatient)
+    calls = []
+
+    def work(qid):
+        calls.append(qid)
+        time.sleep(2.5 if qid == "q1" else 0.1)
+        return {"qid": qid}
+
+    table = JsonlTable(tmp_path / PREDICTIONS, "question")
+    rows, resumed, ran = loop.run_resumable(table, ["q0", "q1"], str, work, (), num_threads=2, progress=False)
+    time.sleep(3)  # a second run of q1, had one started, would have finished and written by now
+    assert sorted(calls) == ["q0", "q1"] and (resumed, ran) == (0, 2)
+    assert [r["qid"] for r in rows] == ["q0", "q1"]
+    assert [r["qid"] for r in read_rows(tmp_path / PREDICTIONS)] == ["q0", "q1"]

@@ -67,10 +67,17 @@ def run_resumable(
     todo = [item for item in items if key(item) not in done]
     stop = threading.Event()
     failure: list[tuple[Any, BaseException]] = []
+    started: set[str] = set()
+    finished: dict[str, dict[str, Any]] = {}  # the records written now, by key (not the executor's results)
+    started_lock = threading.Lock()
 
     def run_one(item):
         if stop.is_set():
             return None
+        with started_lock:  # one run, and one record, per item, whatever the executor does
+            if key(item) in started:
+                return None
+            started.add(key(item))
         try:
             row = work(item)
         except BaseException as exc:  # noqa: BLE001 - every failure stops the loop; classified below
@@ -84,16 +91,22 @@ def run_resumable(
             error = exc if disk_full(exc) else RunError(f"cannot write {table.path}: {exc.strerror or exc}")
             failure.append((item, error))
             return None
+        with started_lock:
+            finished[key(item)] = row
         if on_row:
             on_row(row)
         return row
 
     new_rows: list[dict[str, Any]] = []
     if todo:
+        # timeout=0: no straggler resubmission. DSPy's ParallelExecutor otherwise starts an item again once it has
+        # run 120 s (its default ``timeout``) while at most 3 remain (dspy/utils/parallelizer.py, _execute_parallel),
+        # which ran a question twice and recorded it twice (a slow remote LM with --threads 3).
         executor = ParallelExecutor(
-            num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1
+            num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1, timeout=0
         )
-        new_rows = [r for r in executor.execute(run_one, todo) if r is not None]
+        executor.execute(run_one, todo)
+        new_rows = [finished[key(item)] for item in todo if key(item) in finished]
     by_key = {**done, **{r["qid"]: r for r in new_rows}}
     rows = [by_key[key(item)] for item in items if key(item) in by_key]
     if failure:
