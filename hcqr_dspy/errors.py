@@ -86,6 +86,12 @@ class LMSpecError(HCQRError):
     """An ``--lm`` spec cannot be resolved (unknown name, missing package, bad checksum)."""
 
 
+class TruncatedReplyError(HCQRError):
+    """An LM reply was cut at ``max_tokens`` (finish reason ``length``): the step that asked is a bad reply of
+    cause ``truncated`` (:func:`hcqr_dspy.programs.replies.bad_reply`), never parsed as if it were whole
+    (:class:`hcqr_dspy.lm.adapter.HCQRAdapter` raises it)."""
+
+
 class LMReplyFormatError(Exception):
     """The LM endpoint kept replying with a body that is not its API's format (HTML, truncated JSON) after
     retries with back-off. Not an :class:`~hcqr_dspy.errors.HCQRError`: it is raised inside a run, where

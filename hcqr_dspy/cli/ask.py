@@ -55,6 +55,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
     from hcqr_dspy.evaluation.outages import lm_failure
+    from hcqr_dspy.lm.adapter import HCQRAdapter
     from hcqr_dspy.programs import refuse_bound
     from hcqr_dspy.programs.base import observe_stages
     from hcqr_dspy.workflows.specs import build_program, check_retrieval_inputs, resolve_method
@@ -84,7 +85,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     )
     check_lm(lm)
     _progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), observe_stages(_stage_progress):
+    with dspy.context(lm=lm, adapter=HCQRAdapter()), observe_stages(_stage_progress):
         try:
             pred = program(question=question, options=options)
         except LM_UNAVAILABLE as exc:

@@ -48,6 +48,7 @@ from hcqr_dspy.judge.judge import DURJudge, correct_answer_text
 from hcqr_dspy.judge.labels import LABELS, USEFUL_LABELS
 from hcqr_dspy.judge.metrics import wilson_interval
 from hcqr_dspy.lm import call_retrying_bad_replies
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs.context import format_document
 from hcqr_dspy.resources import shipped_dir
 
@@ -292,7 +293,7 @@ def measure_agreement(
     items = load_labelled_set(path)
     settings = {"judge_lm": judge_lm or getattr(lm, "model", str(lm)), "mode": mode, "reasoning": bool(reasoning)}
     try:
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=lm, adapter=HCQRAdapter()):
             judged = judge_labelled_set(items, DURJudge(mode, reasoning), progress)
     except LM_UNAVAILABLE as exc:
         raise LMUnavailableError(

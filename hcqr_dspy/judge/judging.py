@@ -31,6 +31,7 @@ from hcqr_dspy.judge.judge import DURJudge
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.lm import call_retrying_bad_replies
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs.context import shown_documents
 from hcqr_dspy.retrieval.base import Retriever, read_manifest
 
@@ -235,7 +236,7 @@ def judge_run(
 
     if {r["qid"] for r in todo} - {j["qid"] for j in done}:
         folder.record_session("judge", lm)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=HCQRAdapter()):
         judgments, _, _ = run_resumable(
             folder.judgments_table,
             todo,

@@ -26,7 +26,9 @@ One job per module:
 * :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
 * :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
-* :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried.
+* :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried;
+* :mod:`hcqr_dspy.lm.adapter` — the JSON adapter every command uses: the output schema sent to remote LMs too,
+  a reply cut at ``max_tokens`` refused (imported on its own: it loads DSPy).
 
 The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
 """

@@ -44,6 +44,7 @@ from mlflow.genai.scorers import Scorer, scorer
 
 from hcqr_dspy.evaluation.metrics import hypothesis_outcome, is_correct
 from hcqr_dspy.judge.judge import DURJudge
+from hcqr_dspy.lm.adapter import HCQRAdapter
 
 CODE = AssessmentSource(source_type="CODE", source_id="hcqr-dspy")
 
@@ -138,7 +139,7 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
         context = answer_context(trace)
         if gold is None or not context:
             return None
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=lm, adapter=HCQRAdapter()):
             pred = judge(question=inputs["question"], options=inputs["options"], answer=gold, documents=[context])
         if pred.label is None:
             from mlflow.entities.assessment_error import AssessmentError

@@ -63,6 +63,7 @@ from hcqr_dspy.data import LETTERS, check_question
 from hcqr_dspy.errors import DataError, HCQRError, request_rejected_class
 from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.lm import build_lm
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.optimize.saved import load_program, read_meta
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
@@ -138,7 +139,7 @@ class ProgramModel:
                 rejected = answer_record(qid, {}, None, False, None, None, None, None)
                 out.append({**rejected, "rejected": ": ".join(fault)})
                 continue
-            with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
+            with dspy.context(lm=self.lm, adapter=HCQRAdapter()):
                 pred = self.program(question=ex.question, options=ex.options)
             out.append(
                 {

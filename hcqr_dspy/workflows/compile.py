@@ -24,6 +24,7 @@ from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.lm import build_lm, parse_lm_spec
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
@@ -238,7 +239,7 @@ def compile_and_save(
 
         callbacks = [*dspy.settings.get("callbacks", []), LMFailures()]
         try:
-            with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), callbacks=callbacks):
+            with dspy.context(lm=lm, adapter=HCQRAdapter(), callbacks=callbacks):
                 compiled = compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
         except LM_UNAVAILABLE as exc:
             raise unavailable(exc) from None

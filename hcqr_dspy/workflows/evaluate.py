@@ -23,6 +23,7 @@ from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
 from hcqr_dspy.tracking.datasets import questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
@@ -105,7 +106,7 @@ def run_evaluation(
         if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
-            with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            with dspy.context(lm=lm, adapter=HCQRAdapter()):
                 result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
             return result, folder.path, None
         with store_outages(mlflow_dir):
@@ -157,7 +158,7 @@ def _tracked_evaluation(
             "program": program,
             "mlflow_run_id": run_id,
         }
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=lm, adapter=HCQRAdapter()):
             try:
                 result = evaluate(
                     program=program_module,

@@ -26,6 +26,7 @@ from hcqr_dspy.evaluation.rows import gold_probability
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.judging import check_judge_index
 from hcqr_dspy.lm import DEFAULT_N_CTX, LlamaCppEngine, build_lm
+from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.workflows.programs import run_program
@@ -104,7 +105,7 @@ def rescore_run(
         scored = {r.get("qid") for r in folder.option_probs_table.read()}
         if any(r["qid"] not in scored for r in todo):  # which machine and llama.cpp build scored them
             folder.record_session("rescore", lm)
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=lm, adapter=HCQRAdapter()):
             records, resumed, now = run_resumable(
                 folder.option_probs_table, todo, lambda r: r["qid"], score, stop_errors=(), progress=progress
             )

@@ -16,6 +16,7 @@ from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
+from hcqr_dspy.lm.adapter import response_format_dialect
 from hcqr_dspy.optimize.saved import load_program, read_meta, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
@@ -187,7 +188,14 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
             **({} if spec.labelled else {"labelled": False}),
         },
         "index": index_info,
-        "lm": {**lm_cfg.params(), "temperature": spec.temperature, "max_tokens": spec.max_tokens, "n_ctx": spec.n_ctx},
+        "lm": {
+            **lm_cfg.params(),
+            "temperature": spec.temperature,
+            "max_tokens": spec.max_tokens,
+            "n_ctx": spec.n_ctx,
+            # how a remote LM is sent the output schema (hcqr_dspy.lm.adapter); in-process engines take it as a grammar
+            "response_format": response_format_dialect() if lm_cfg.kind == "litellm" else None,
+        },
         "adapter": "JSONAdapter",
         "hcqr_dspy_version": __version__,
     }
