@@ -11,6 +11,13 @@ def stub_args(stub) -> list[str]:
     return ["--lm", "openai/stub-model", "--api-base", stub.base, "--api-key-env", "STUB_KEY"]
 
 
+def server_args(prefix: str, server, key_env: str | None = None) -> list[str]:
+    """The flags that point a command at a real OpenAI-compatible server (support/llama_server.py) under the
+    provider prefix ``prefix`` (``hosted_vllm``, ``openai``), with the key variable ``key_env`` if given."""
+    key = ["--api-key-env", key_env] if key_env else []
+    return ["--lm", f"{prefix}/{server.alias}", "--api-base", server.base, *key]
+
+
 def eval_argv(bench: Path, run_dir: Path, *extra: str, method: str = "cot") -> list[str]:
     """`hcqr eval` of ``method`` on the bench's ``qs.json`` into ``run_dir``, then ``extra``."""
     return ["eval", "--method", method, "--dataset", str(bench / "qs.json"), "--run-dir", str(run_dir), *extra]
