@@ -9,7 +9,8 @@
 #               make bench QUICK=1 measures the 1k slice only and skips the LM pipeline
 #               (bench/scale.py and bench/milvus.py: faiss index types, query runtimes, the MedCorp extrapolation and
 #               Milvus Lite / server vs faiss at the real ~41k and a synthetic 1M corpus; reuse the ~41k embeddings)
-#   make bench-scale / bench-milvus   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
+#               and raw llama.cpp prefill / generation rates per cached build variant and model (bench/lm.py)
+#   make bench-scale / bench-milvus / bench-lm   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
 SHELL := /bin/bash
@@ -32,7 +33,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus bench-lm clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -76,7 +77,7 @@ docs: setup
 demo: setup-model-1p5b
 	$(VENV)/bin/hcqr demo
 
-bench: setup-model-0p5b setup-milvus-server
+bench: setup-model-0p5b setup-model-1p5b setup-milvus-server
 ifdef QUICK
 	$(PY) bench/retrieval.py --quick --out bench/quick/results.json
 	$(PY) bench/scale.py --quick --out bench/quick/results.json $(PAUSE_ARG)
@@ -87,11 +88,15 @@ else
 	$(PY) bench/scale.py $(PAUSE_ARG)
 	$(PY) bench/milvus.py $(PAUSE_ARG)
 	$(PY) bench/pipeline.py
+	$(PY) bench/lm.py
 endif
 
 PAUSE_ARG := $(if $(PAUSE),--pause-study $(PAUSE))
 bench-scale: setup
 	$(PY) bench/scale.py $(PAUSE_ARG)
+
+bench-lm: setup-model-1p5b setup-model-0p5b
+	$(PY) bench/lm.py
 
 bench-milvus: setup setup-milvus-server
 	HCQR_MILVUS_SERVER_VENV=$(abspath $(MILVUS_VENV)) $(PY) bench/milvus.py $(PAUSE_ARG)

