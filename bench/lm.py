@@ -6,7 +6,8 @@ Usage:
 Each build variant whose wheel is cached (``$HCQR_CACHE/wheels-<variant>``, made by ``make setup-llm``;
 :mod:`hcqr_dspy.lm.llama_builds`) is unpacked into a temporary folder and measured in its own child process with
 that folder first on ``sys.path``, so the builds are compared on the same machine in one run without reinstalling.
-In the child, for each model and each setting of ``use_extra_bufts`` (:mod:`hcqr_dspy.lm.engine_settings`):
+In the child, for each model and each of :data:`SETTINGS` (weight repacking ``use_extra_bufts`` and flash attention,
+:mod:`hcqr_dspy.lm.engine_settings`; the engine's defaults first, llama-cpp-python's own last):
 
 * prefill: a prompt of N tokens (medical passage text, the shape of our answer step's context) is decoded from an
   empty KV cache with ``Llama.eval`` (``n_batch`` 512): N / seconds, best of ``--repeats``;
@@ -36,20 +37,27 @@ TEXT = (
     "granular casts appear in the urine and the fractional excretion of sodium exceeds two percent. "
 )
 GEN_TOKENS = 64
+# name -> (use_extra_bufts, flash_attn): the engine's defaults, each change alone, llama-cpp-python's defaults
+SETTINGS = {
+    "bufts off, fa on": (False, True),
+    "bufts off, fa off": (False, False),
+    "bufts on, fa on": (True, True),
+    "bufts on, fa off": (True, False),
+}
+ENGINE_DEFAULT, LLAMA_CPP_DEFAULT = "bufts off, fa on", "bufts on, fa off"
 
 
-def measure(model: str, lengths: list[int], repeats: int, use_extra_bufts: bool) -> dict:
+def measure(model: str, lengths: list[int], repeats: int, use_extra_bufts: bool, flash_attn: bool) -> dict:
     """Child side: raw prefill tokens/s per prompt length and generation tokens/s for one model and setting."""
+    from dataclasses import replace
+
     import numpy as np
 
     from hcqr_dspy.lm.engine_settings import EngineSettings
     from hcqr_dspy.lm.llama_cpp import LlamaCppEngine
     from hcqr_dspy.lm.packaged import packaged_model_path
 
-    settings = EngineSettings.from_env()
-    settings = EngineSettings(
-        settings.n_threads, settings.n_batch, settings.n_ubatch, settings.flash_attn, use_extra_bufts
-    )
+    settings = replace(EngineSettings.from_env(), use_extra_bufts=use_extra_bufts, flash_attn=flash_attn)
     engine = LlamaCppEngine(packaged_model_path(model), n_ctx=max(lengths) + GEN_TOKENS + 16, settings=settings)
     llm = engine.llm
     pool = llm.tokenize((TEXT * (max(lengths) // 20 + 1)).encode(), add_bos=False)
@@ -109,12 +117,13 @@ def render_lm(section: dict) -> list[str]:
         "",
         "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
         " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `extra_bufts` is"
-        " llama.cpp's weight repacking (`use_extra_bufts`; off by default, see `hcqr_dspy/lm/engine_settings.py`).",
+        " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
+        f" `{ENGINE_DEFAULT}` (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `{LLAMA_CPP_DEFAULT}`.",
         "",
     ]
     lengths = section["lengths"]
     lines += [
-        "| model | build | extra_bufts | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
+        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
         "|---|---|---|" + "---:|" * (len(lengths) + 1),
     ]
     for build, models in section["builds"].items():
@@ -128,8 +137,8 @@ def render_lm(section: dict) -> list[str]:
     for model, ratio in section.get("fastest_over_portable", {}).items():
         lines.append("")
         lines.append(
-            f"{model}: the default build and settings prefill {ratio['prefill']}x and generate "
-            f"{ratio['generation']}x the portable build's default rate at {lengths[-1]} tokens."
+            f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
+            f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
         )
     return lines + [""]
 
@@ -155,8 +164,7 @@ def main(argv=None) -> int:
             except LMSpecError as exc:  # not installed: said in the results, not measured
                 print(f"bench: {model}: {exc}", file=sys.stderr)
                 continue
-            out[model] = {"off": measure(model, lengths, args.repeats, False)}
-            out[model]["on"] = measure(model, lengths, args.repeats, True)
+            out[model] = {name: measure(model, lengths, args.repeats, *flags) for name, flags in SETTINGS.items()}
         print(json.dumps(out))
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
@@ -185,13 +193,13 @@ def main(argv=None) -> int:
         section["fastest_over_portable"] = {
             model: {
                 "prefill": round(
-                    section["builds"][fastest][model]["off"]["prefill_tokens_per_s"][top]
-                    / portable[model]["on"]["prefill_tokens_per_s"][top],
+                    section["builds"][fastest][model][ENGINE_DEFAULT]["prefill_tokens_per_s"][top]
+                    / portable[model][LLAMA_CPP_DEFAULT]["prefill_tokens_per_s"][top],
                     2,
                 ),
                 "generation": round(
-                    section["builds"][fastest][model]["off"]["generation_tokens_per_s"]
-                    / portable[model]["on"]["generation_tokens_per_s"],
+                    section["builds"][fastest][model][ENGINE_DEFAULT]["generation_tokens_per_s"]
+                    / portable[model][LLAMA_CPP_DEFAULT]["generation_tokens_per_s"],
                     2,
                 ),
             }

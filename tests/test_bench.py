@@ -362,7 +362,10 @@ def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypa
     for name, models in section["builds"].items():
         assert list(models) == ["smollm2-135m"]  # the model that is not installed is left out
         expected = "avx2" if name == "portable" else name.split("-")[0]
+        assert list(models["smollm2-135m"]) == list(lm.SETTINGS)
         for setting, m in models["smollm2-135m"].items():
-            assert m["build"] == expected and m["settings"]["use_extra_bufts"] is (setting == "on")
+            bufts, fa = lm.SETTINGS[setting]
+            assert m["build"] == expected and m["settings"]["use_extra_bufts"] is bufts
+            assert m["settings"]["flash_attn"] is fa
             assert set(m["prefill_tokens_per_s"]) == {"32", "64"} and m["generation_tokens_per_s"] > 0
     assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()

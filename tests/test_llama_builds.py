@@ -68,18 +68,12 @@ def test_engine_settings_from_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HCQR_N_THREADS", "3")
     cfg = EngineSettings.from_env()
-    assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.use_extra_bufts) == (
-        3,
-        512,
-        512,
-        False,
-        False,
-    )
+    assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.use_extra_bufts) == (3, 512, 512, True, False)
     monkeypatch.setenv("HCQR_N_BATCH", "256")
     monkeypatch.setenv("HCQR_EXTRA_BUFTS", "1")
     cfg = EngineSettings.from_env(n_threads=1)
     assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.use_extra_bufts) == (1, 256, 256, True)
-    assert cfg.reply_key() == "ubatch=256,fa=0,bufts=1"
+    assert cfg.reply_key() == "ubatch=256,fa=1,bufts=1"
 
 
 @pytest.mark.parametrize(

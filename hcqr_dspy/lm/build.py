@@ -81,11 +81,18 @@ def check_lm(lm, timeout: float = 60.0) -> None:
     """
     if isinstance(getattr(lm, "engine", None), LlamaCppEngine) or getattr(lm, "hcqr_config", None) is None:
         return
+    import logging
+
+    quiet = logging.getLogger("dspy.clients.lm")  # a 5-token probe may be cut: not the run's business
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         lm("Reply with the word OK.", max_tokens=5, cache=False, timeout=timeout)
     except Exception as exc:  # any failure of a one-word request means the LM cannot be used
         first = (str(exc).splitlines() or [""])[0][:300]
         raise LMSpecError(f"the LM {lm.hcqr_config.spec!r} cannot be used: {type(exc).__name__}: {first}") from None
+    finally:
+        quiet.setLevel(level)
 
 
 def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
@@ -96,10 +103,13 @@ def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
     go into the name: the context window (a smaller window must not be served
     a reply cached under a larger one, whose prompt it would have refused), the
     repetition penalty and the seed. A ``gguf:`` file adds a digest of its path
-    and size, so files that share a stem are told apart.
+    and size, so files that share a stem are told apart. The llama.cpp build's CPU kernels
+    (:func:`~hcqr_dspy.lm.engine_settings.build_features`) and the engine settings that change the
+    prompt's floating-point order (:meth:`~hcqr_dspy.lm.engine_settings.EngineSettings.reply_key`) come
+    last: another build or batch size need not give the same reply at temperature 0.
 
     Example:
-        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0``
+        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0,build=avx512,ubatch=512,fa=1,bufts=0``
     """
     name = cfg.model
     if cfg.kind == "gguf":

@@ -9,17 +9,20 @@ variable                   default                 llama.cpp setting
 ``HCQR_N_THREADS``         every core              ``n_threads`` (and ``n_threads_batch``)
 ``HCQR_N_BATCH``           512                     ``n_batch``: prompt tokens submitted per ``llama_decode``
 ``HCQR_N_UBATCH``          512                     ``n_ubatch``: tokens computed per graph (physical batch)
-``HCQR_FLASH_ATTN``        0                       ``flash_attn``
+``HCQR_FLASH_ATTN``        1                       ``flash_attn``
 ``HCQR_EXTRA_BUFTS``       0                       ``llama_model_params.use_extra_bufts`` (weight repacking)
 ``HCQR_PROMPT_CACHE_MB``   2048                    ``Llama.set_cache(LlamaRAMCache(capacity_bytes))``; 0: off
 =========================  ======================  =========================================================
 
 ``use_extra_bufts`` (llama.cpp ``llama_model_params``, "use extra buffer types (used for weight repacking)")
 repacks quantised weights at load time into the CPU backend's extra buffer types (the ``CPU_REPACK`` and, where
-built, AMX buffers). On this project's AVX-512 Xeons the AVX-512 build prefilled faster without it, and a native
-build's AMX repack path crashed in ``llama_decode``; so it is off unless asked for. llama-cpp-python 0.3.36's
-``Llama()`` has no argument for it; :meth:`LlamaCppEngine._load <hcqr_dspy.lm.llama_cpp.LlamaCppEngine>` sets the
-field while the model loads.
+built, AMX buffers). On this project's machines the AVX-512 build prefilled faster without it (it generates
+faster with it, but a question's time is mostly prefill), and a native build's AMX repack path crashed in
+``llama_decode``; so it is off unless asked for. llama-cpp-python 0.3.36's ``Llama()`` has no argument for it;
+:meth:`LlamaCppEngine._load <hcqr_dspy.lm.llama_cpp.LlamaCppEngine>` sets the field while the model loads.
+
+Flash attention (llama.cpp's fused attention kernel, which llama.cpp itself turns on where the backend supports
+it) prefilled 1,000- and 3,000-token prompts faster on the CPU, so it is on.
 
 The prompt cache is llama-cpp-python's ``LlamaRAMCache``: after each completion the context's state (KV cache and
 the last batch's logits) is kept under its tokens, and a later prompt starts from the kept state that shares its
@@ -28,7 +31,11 @@ reuses only the prefix shared with the previous call; HCQR alternates three stag
 different system messages, so each stage's long fixed prefix (the signature's instructions and field
 descriptions, rendered by DSPy's adapter) would otherwise be computed again for every question. A state of a
 3,000-token prompt holds about 0.4 GB for the 1.5B model (the ``n_batch x vocabulary`` float32 logits and the KV
-cache), so the default capacity keeps a few of them.
+cache), so the default capacity keeps a few of them. A prompt resumed from a kept state computes its remaining
+tokens in other batches than a prompt computed whole, which can turn a near-tie at temperature 0; llama-cpp-python
+already resumes every prompt from the previous call's tokens, so a local reply has always depended on the calls
+before it at that level, and DSPy's response cache (which answers a repeated request with the first reply) is
+what makes a rerun exact.
 
 The settings that can change a reply at temperature 0 (they change the floating-point order of the prompt's
 computation: the build's CPU kernels, repacking, the physical batch and flash attention) are part of the engine's
@@ -102,7 +109,7 @@ class EngineSettings:
     n_threads: int
     n_batch: int = DEFAULT_N_BATCH
     n_ubatch: int = DEFAULT_N_UBATCH
-    flash_attn: bool = False
+    flash_attn: bool = True
     use_extra_bufts: bool = False
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
 
@@ -125,7 +132,7 @@ class EngineSettings:
             n_threads=n_threads or default_threads(),
             n_batch=n_batch,
             n_ubatch=_positive_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
-            flash_attn=_flag("HCQR_FLASH_ATTN", False),
+            flash_attn=_flag("HCQR_FLASH_ATTN", True),
             use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", False),
             prompt_cache_mb=_count("HCQR_PROMPT_CACHE_MB", DEFAULT_PROMPT_CACHE_MB),
         )
@@ -135,7 +142,7 @@ class EngineSettings:
         return asdict(self)
 
     def reply_key(self) -> str:
-        """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=0,bufts=0``."""
+        """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=1,bufts=0``."""
         return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},bufts={int(self.use_extra_bufts)}"
 
 
