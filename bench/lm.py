@@ -37,14 +37,22 @@ TEXT = (
     "granular casts appear in the urine and the fractional excretion of sodium exceeds two percent. "
 )
 GEN_TOKENS = 64
-# name -> (use_extra_bufts, flash_attn): the engine's defaults, each change alone, llama-cpp-python's defaults
+# name -> (use_extra_bufts, flash_attn); llama-cpp-python's defaults last. The engine's defaults: flash attention
+# on, repacking as default_extra_bufts says for the build (off for AVX-512, on for the portable build).
 SETTINGS = {
     "bufts off, fa on": (False, True),
     "bufts off, fa off": (False, False),
     "bufts on, fa on": (True, True),
     "bufts on, fa off": (True, False),
 }
-ENGINE_DEFAULT, LLAMA_CPP_DEFAULT = "bufts off, fa on", "bufts on, fa off"
+LLAMA_CPP_DEFAULT = "bufts on, fa off"
+
+
+def engine_default(build: str) -> str:
+    """The :data:`SETTINGS` name of the engine's defaults on a build (``avx512``, ``avx2``)."""
+    from hcqr_dspy.lm.engine_settings import default_extra_bufts
+
+    return f"bufts {'on' if default_extra_bufts(build) else 'off'}, fa on"
 
 
 def measure(model: str, lengths: list[int], repeats: int, use_extra_bufts: bool, flash_attn: bool) -> dict:
@@ -116,9 +124,10 @@ def render_lm(section: dict) -> list[str]:
         "by `bench/lm.py`)",
         "",
         "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
-        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `extra_bufts` is"
+        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `bufts` is"
         " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
-        f" `{ENGINE_DEFAULT}` (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `{LLAMA_CPP_DEFAULT}`.",
+        " flash attention on and repacking off for AVX-512 builds, on for the others"
+        f" (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `{LLAMA_CPP_DEFAULT}`.",
         "",
     ]
     lengths = section["lengths"]
@@ -190,22 +199,18 @@ def main(argv=None) -> int:
     fastest = next((b for b in section["builds"] if b != "portable" and "error" not in section["builds"][b]), None)
     if fastest and "error" not in portable:
         top = str(lengths[-1])
-        section["fastest_over_portable"] = {
-            model: {
-                "prefill": round(
-                    section["builds"][fastest][model][ENGINE_DEFAULT]["prefill_tokens_per_s"][top]
-                    / portable[model][LLAMA_CPP_DEFAULT]["prefill_tokens_per_s"][top],
-                    2,
-                ),
-                "generation": round(
-                    section["builds"][fastest][model][ENGINE_DEFAULT]["generation_tokens_per_s"]
-                    / portable[model][LLAMA_CPP_DEFAULT]["generation_tokens_per_s"],
-                    2,
-                ),
+        ratios = {}
+        for model in models:
+            if model not in section["builds"][fastest] or model not in portable:
+                continue
+            ours = section["builds"][fastest][model]
+            ours = ours[engine_default(next(iter(ours.values()))["build"])]
+            theirs = portable[model][LLAMA_CPP_DEFAULT]
+            ratios[model] = {
+                "prefill": round(ours["prefill_tokens_per_s"][top] / theirs["prefill_tokens_per_s"][top], 2),
+                "generation": round(ours["generation_tokens_per_s"] / theirs["generation_tokens_per_s"], 2),
             }
-            for model in models
-            if model in section["builds"][fastest] and model in portable
-        }
+        section["fastest_over_portable"] = ratios
     write_results(out_path, section, key="lm")
     print(f"bench: wrote {out_path} and {out_path.with_name('RESULTS.md')}", file=sys.stderr)
     return 0

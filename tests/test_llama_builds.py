@@ -68,7 +68,7 @@ def test_engine_settings_from_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HCQR_N_THREADS", "3")
     cfg = EngineSettings.from_env()
-    assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.use_extra_bufts) == (3, 512, 512, True, False)
+    assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.use_extra_bufts) == (3, 512, 512, True, None)
     monkeypatch.setenv("HCQR_N_BATCH", "256")
     monkeypatch.setenv("HCQR_EXTRA_BUFTS", "1")
     cfg = EngineSettings.from_env(n_threads=1)
@@ -91,6 +91,13 @@ def test_bad_engine_settings_are_one_line(monkeypatch, name, value, message):
         EngineSettings.from_env(n_threads=1)
 
 
+def test_weight_repacking_defaults_to_what_each_build_measured_faster_with():
+    from hcqr_dspy.lm import default_extra_bufts
+
+    assert default_extra_bufts("avx2") is True and default_extra_bufts("generic") is True
+    assert default_extra_bufts("avx512") is False and default_extra_bufts("amx") is False
+
+
 def test_settings_reach_llama_cpp_and_the_cache_key(monkeypatch):
     """The real 135M engine: repacking, batches and flash attention are what llama.cpp was given, and a
     different physical batch is a different cache key."""
@@ -101,7 +108,7 @@ def test_settings_reach_llama_cpp_and_the_cache_key(monkeypatch):
     cfg = parse_lm_spec("local:smollm2-135m")
     names = set()
     for settings in (
-        EngineSettings(n_threads=1),
+        EngineSettings(n_threads=1, use_extra_bufts=False),
         EngineSettings(n_threads=1, n_ubatch=128, use_extra_bufts=True, prompt_cache_mb=0),
     ):
         engine = LlamaCppEngine(path, n_ctx=512, settings=settings)
@@ -112,6 +119,11 @@ def test_settings_reach_llama_cpp_and_the_cache_key(monkeypatch):
         assert engine.llm.context_params.n_threads_batch == settings.n_threads
         names.add(engine_model_name(cfg, engine))
     assert len(names) == 2 and all(f",build={engine.build},ubatch=" in n for n in names)
+    from hcqr_dspy.lm import default_extra_bufts
+
+    engine = LlamaCppEngine(path, n_ctx=512, settings=EngineSettings(n_threads=1))  # repacking left to the build
+    assert engine.settings.use_extra_bufts is default_extra_bufts(engine.build)
+    assert engine.llm.model_params.use_extra_bufts is engine.settings.use_extra_bufts
     import llama_cpp.llama_cpp as llama_cpp_c
 
     assert llama_cpp_c.llama_model_default_params().use_extra_bufts is True  # the hook is removed after loading

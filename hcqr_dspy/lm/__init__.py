@@ -36,7 +36,7 @@ The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
 from hcqr_dspy.errors import LMReplyFormatError, LMSpecError
 from hcqr_dspy.lm.build import build_lm, check_lm, count_tokens, engine_model_name
 from hcqr_dspy.lm.cache import ENDPOINT_KEYS, key_cache_by_endpoint
-from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_threads
+from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts, default_threads
 from hcqr_dspy.lm.llama_cpp import (
     DEFAULT_N_CTX,
     DEFAULT_REPEAT_PENALTY,
@@ -73,6 +73,7 @@ __all__ = [
     "build_features",
     "check_route",
     "count_tokens",
+    "default_extra_bufts",
     "default_threads",
     "describe_endpoint",
     "engine_model_name",

@@ -10,15 +10,16 @@ variable                   default                 llama.cpp setting
 ``HCQR_N_BATCH``           512                     ``n_batch``: prompt tokens submitted per ``llama_decode``
 ``HCQR_N_UBATCH``          512                     ``n_ubatch``: tokens computed per graph (physical batch)
 ``HCQR_FLASH_ATTN``        1                       ``flash_attn``
-``HCQR_EXTRA_BUFTS``       0                       ``llama_model_params.use_extra_bufts`` (weight repacking)
+``HCQR_EXTRA_BUFTS``       per build (see below)   ``llama_model_params.use_extra_bufts`` (weight repacking)
 ``HCQR_PROMPT_CACHE_MB``   2048                    ``Llama.set_cache(LlamaRAMCache(capacity_bytes))``; 0: off
 =========================  ======================  =========================================================
 
 ``use_extra_bufts`` (llama.cpp ``llama_model_params``, "use extra buffer types (used for weight repacking)")
 repacks quantised weights at load time into the CPU backend's extra buffer types (the ``CPU_REPACK`` and, where
 built, AMX buffers). On this project's machines the AVX-512 build prefilled faster without it (it generates
-faster with it, but a question's time is mostly prefill), and a native build's AMX repack path crashed in
-``llama_decode``; so it is off unless asked for. llama-cpp-python 0.3.36's ``Llama()`` has no argument for it;
+faster with it, but a question's time is mostly prefill), the portable AVX2 build faster with it, and a native
+build's AMX repack path crashed in ``llama_decode``; so it is off for AVX-512 and AMX builds and on for the
+others unless asked for (:func:`default_extra_bufts`). llama-cpp-python 0.3.36's ``Llama()`` has no argument for it;
 :meth:`LlamaCppEngine._load <hcqr_dspy.lm.llama_cpp.LlamaCppEngine>` sets the field while the model loads.
 
 Flash attention (llama.cpp's fused attention kernel, which llama.cpp itself turns on where the backend supports
@@ -75,7 +76,7 @@ def _count(name: str, default: int) -> int:
     return int(raw)
 
 
-def _flag(name: str, default: bool) -> bool:
+def _flag(name: str, default: bool | None) -> bool | None:
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -102,7 +103,8 @@ class EngineSettings:
         n_batch: Logical batch (prompt tokens per ``llama_decode`` call).
         n_ubatch: Physical batch (at most ``n_batch``).
         flash_attn: llama.cpp's flash attention.
-        use_extra_bufts: Repack weights into the CPU backend's extra buffer types.
+        use_extra_bufts: Repack weights into the CPU backend's extra buffer types (``None``: the build's default,
+            :func:`default_extra_bufts`, which the engine fills in when it loads).
         prompt_cache_mb: Capacity of the prompt cache in MiB (0: no cache).
     """
 
@@ -110,7 +112,7 @@ class EngineSettings:
     n_batch: int = DEFAULT_N_BATCH
     n_ubatch: int = DEFAULT_N_UBATCH
     flash_attn: bool = True
-    use_extra_bufts: bool = False
+    use_extra_bufts: bool | None = None
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
 
     def __post_init__(self):
@@ -133,7 +135,7 @@ class EngineSettings:
             n_batch=n_batch,
             n_ubatch=_positive_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
             flash_attn=_flag("HCQR_FLASH_ATTN", True),
-            use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", False),
+            use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", None),
             prompt_cache_mb=_count("HCQR_PROMPT_CACHE_MB", DEFAULT_PROMPT_CACHE_MB),
         )
 
@@ -143,7 +145,15 @@ class EngineSettings:
 
     def reply_key(self) -> str:
         """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=1,bufts=0``."""
-        return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},bufts={int(self.use_extra_bufts)}"
+        bufts = "build" if self.use_extra_bufts is None else int(self.use_extra_bufts)
+        return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},bufts={bufts}"
+
+
+def default_extra_bufts(build: str) -> bool:
+    """Weight repacking's measured default for a build's kernels (:func:`build_features`): off for ``avx512``
+    (faster prompts without it) and ``amx`` (its repack path crashed), on otherwise (``bench/RESULTS.md``, LM
+    path: the portable build prefilled and generated faster with it)."""
+    return build not in ("avx512", "amx")
 
 
 def build_features(system_info: str) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import LMSpecError
-from hcqr_dspy.lm.engine_settings import EngineSettings, build_features
+from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts
 
 DEFAULT_N_CTX = 8192
 # llama.cpp's repetition penalty; 1.1 stops most temperature-0 loops in free-text
@@ -81,6 +82,8 @@ class LlamaCppEngine:
         self.model_path = path
         self.n_ctx = n_ctx
         self.settings = settings or EngineSettings.from_env(n_threads)
+        if self.settings.use_extra_bufts is None:
+            self.settings = replace(self.settings, use_extra_bufts=default_extra_bufts(self.build))
         self.n_threads = self.settings.n_threads
         self.seed = seed
         self.repeat_penalty = repeat_penalty
