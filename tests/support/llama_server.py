@@ -34,18 +34,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
+from support import process_group
 
 SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 DEFAULT_MODEL = "smollm2-135m"  # the smallest packaged model
@@ -67,7 +65,7 @@ def missing_server_modules() -> list[str]:
     return [m for m in ("llama_cpp", *SERVER_MODULES) if importlib.util.find_spec(m) is None]
 
 
-class LocalLlamaServer:
+class LocalLlamaServer(process_group.ServerProcess):
     """One ``python -m llama_cpp.server`` process on 127.0.0.1, serving one GGUF model under ``alias``.
 
     Args:
@@ -224,61 +222,14 @@ class LocalLlamaServer:
 
     def _stop_process(self, timeout: float = 20.0) -> None:
         proc, self.process = self.process, None
-        if proc is not None:
-            pgid = proc.pid  # start_new_session: the server leads its own process group
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(pgid, signal.SIGKILL)
-                proc.wait(10)
-            deadline = time.monotonic() + 10
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                _signal_group(pgid, signal.SIGKILL)
-                time.sleep(0.1)
-            if _group_alive(pgid):
-                raise LlamaServerError(f"processes of the llama-cpp-python server's group {pgid} survived SIGKILL")
+        process_group.stop_group(proc, timeout, LlamaServerError, "the llama-cpp-python server")
         self.port = None
 
-    def __enter__(self) -> LocalLlamaServer:
-        self.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-@contextmanager
-def running_or_skip(server: LocalLlamaServer) -> Iterator[str]:
-    """Start ``server`` and give its API base, stopping it on the way out; when it cannot start (the extra or the
-    model is missing), skip the test that asked for it, saying why (for tests and fixtures: it imports pytest)."""
-    import pytest
-
-    try:
-        try:
-            base = server.start()
-        except LlamaServerError as exc:
-            pytest.skip(f"the llama-cpp-python server cannot start here: {exc}")
-        yield base
-    finally:
-        server.stop()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def running_or_skip(server: LocalLlamaServer):
+    """Start ``server`` and give its address, stopping it on the way out; when it cannot start, skip the test
+    that asked for it, saying why (:func:`support.process_group.running_or_skip`)."""
+    return process_group.running_or_skip(server, LlamaServerError, "the llama-cpp-python server")
 
 
 def _last_line(log: Path) -> str:

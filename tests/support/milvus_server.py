@@ -40,17 +40,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
+from support import process_group
 
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-milvus"  # tests/support/ -> the repository root
 SERVER_BIN_FOLDER = "server"  # inside the venv: the unpacked binary, bin/milvus and its libraries
@@ -141,7 +139,7 @@ def server_python(venv: str | Path | None = None) -> Path:
     return py
 
 
-class LocalMilvusServer:
+class LocalMilvusServer(process_group.ServerProcess):
     """One Milvus 2.3.5 standalone server process on 127.0.0.1.
 
     Args:
@@ -323,20 +321,7 @@ class LocalMilvusServer:
         SIGTERM first, SIGKILL after ``timeout`` seconds. Safe to call twice.
         """
         proc, self.process = self.process, None
-        if proc is not None:
-            pgid = proc.pid  # start_new_session: the server leads its own process group
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(pgid, signal.SIGKILL)
-                proc.wait(10)
-            deadline = time.monotonic() + 10
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                _signal_group(pgid, signal.SIGKILL)
-                time.sleep(0.1)
-            if _group_alive(pgid):
-                raise MilvusServerError(f"processes of the Milvus server's group {pgid} survived SIGKILL")
+        process_group.stop_group(proc, timeout, MilvusServerError, "the Milvus server")
         for fh in self._logs:
             fh.close()
         self._logs = []
@@ -345,45 +330,11 @@ class LocalMilvusServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
 
-    def __enter__(self) -> LocalMilvusServer:
-        self.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-@contextmanager
-def running_or_skip(server: LocalMilvusServer) -> Iterator[str]:
-    """Start ``server`` and give its URI, stopping it on the way out; when it cannot start, skip the test that
-    asked for it, saying why (for tests and fixtures: it imports pytest)."""
-    import pytest
-
-    try:
-        try:
-            uri = server.start()
-        except MilvusServerError as exc:
-            pytest.skip(f"the Milvus server cannot start here: {exc}")
-        yield uri
-    finally:
-        server.stop()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def running_or_skip(server: LocalMilvusServer):
+    """Start ``server`` and give its address, stopping it on the way out; when it cannot start, skip the test
+    that asked for it, saying why (:func:`support.process_group.running_or_skip`)."""
+    return process_group.running_or_skip(server, MilvusServerError, "the Milvus server")
 
 
 def _last_line(text: str) -> str:
