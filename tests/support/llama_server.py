@@ -21,9 +21,9 @@ the two can be compared reply for reply:
   keeps no logits either; the server's default is on).
 
 One setting cannot be given: the server loads with llama.cpp's default model parameters, whose
-``use_extra_bufts`` (weight repacking) is on, while the engine's default is off on AVX-512 builds (``HCQR_EXTRA_BUFTS``). Repacking
-changes the arithmetic only of the quantisation types llama.cpp repacks (Q4_0, Q4_K, IQ4_NL ...), not
-SmolLM2-135M's Q4_1.
+``use_extra_bufts`` (weight repacking) is on, while the engine's default is off on AVX-512 builds
+(``HCQR_EXTRA_BUFTS``). Repacking changes the arithmetic only of the quantisation types llama.cpp repacks
+(Q4_0, Q4_K, IQ4_NL ...), not SmolLM2-135M's Q4_1.
 
 :meth:`LocalLlamaServer.stop` ends the server's whole process group (SIGTERM, then SIGKILL) and checks none of it
 is left.
