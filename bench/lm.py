@@ -117,41 +117,6 @@ def run_child(wheel: Path, models: list[str], lengths: list[int], repeats: int) 
     return json.loads(proc.stdout)
 
 
-def render_lm(section: dict) -> list[str]:
-    """RESULTS.md lines of the ``lm`` section."""
-    lines = [
-        f"## LM path: raw llama.cpp rates per build ({section['threads']} threads; measured {section['date']} "
-        "by `bench/lm.py`)",
-        "",
-        "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
-        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `bufts` is"
-        " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
-        " flash attention on and repacking off for AVX-512 builds, on for the others"
-        f" (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `{LLAMA_CPP_DEFAULT}`.",
-        "",
-    ]
-    lengths = section["lengths"]
-    lines += [
-        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
-        "|---|---|---|" + "---:|" * (len(lengths) + 1),
-    ]
-    for build, models in section["builds"].items():
-        if "error" in models:
-            lines.append(f"| – | {build} | – | failed: {models['error']} |")
-            continue
-        for model, by_setting in models.items():
-            for setting, m in by_setting.items():
-                rates = " | ".join(str(m["prefill_tokens_per_s"][str(n)]) for n in lengths)
-                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} |")
-    for model, ratio in section.get("fastest_over_portable", {}).items():
-        lines.append("")
-        lines.append(
-            f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
-            f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
-        )
-    return lines + [""]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen2.5-coder-1.5b,qwen2.5-coder-0.5b,smollm2-135m")

@@ -100,8 +100,6 @@ def render(results: dict) -> str:
     if p:
         lines += render_pipeline(p)
     if results.get("lm"):
-        from lm import render_lm  # bench/lm.py (the bench folder is on sys.path when a bench script runs)
-
         lines += render_lm(results["lm"])
     return "\n".join(lines)
 
@@ -453,3 +451,38 @@ def render_milvus(m: dict) -> list[str]:
         )
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines
+
+
+def render_lm(section: dict) -> list[str]:
+    """RESULTS.md lines of the ``lm`` section."""
+    lines = [
+        f"## LM path: raw llama.cpp rates per build ({section['threads']} threads; measured {section['date']} "
+        "by `bench/lm.py`)",
+        "",
+        "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
+        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `bufts` is"
+        " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
+        " flash attention on and repacking off for AVX-512 builds, on for the others"
+        " (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `bufts on, fa off`.",
+        "",
+    ]
+    lengths = section["lengths"]
+    lines += [
+        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
+        "|---|---|---|" + "---:|" * (len(lengths) + 1),
+    ]
+    for build, models in section["builds"].items():
+        if "error" in models:
+            lines.append(f"| – | {build} | – | failed: {models['error']} |")
+            continue
+        for model, by_setting in models.items():
+            for setting, m in by_setting.items():
+                rates = " | ".join(str(m["prefill_tokens_per_s"][str(n)]) for n in lengths)
+                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} |")
+    for model, ratio in section.get("fastest_over_portable", {}).items():
+        lines.append("")
+        lines.append(
+            f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
+            f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
+        )
+    return lines + [""]

@@ -73,7 +73,9 @@ def test_engine_settings_from_environment(monkeypatch):
     monkeypatch.setenv("HCQR_EXTRA_BUFTS", "1")
     cfg = EngineSettings.from_env(n_threads=1)
     assert (cfg.n_threads, cfg.n_batch, cfg.n_ubatch, cfg.use_extra_bufts) == (1, 256, 256, True)
-    assert cfg.reply_key() == "ubatch=256,fa=1,bufts=1"
+    assert cfg.reply_key() == "ubatch=256,fa=1,threads=1,bufts=1"
+    monkeypatch.setenv("HCQR_FLASH_ATTN", "0")
+    assert EngineSettings.from_env(n_threads=1).reply_key() == "ubatch=256,fa=0,bufts=1"
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
     last: another build or batch size need not give the same reply at temperature 0.
 
     Example:
-        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0,build=avx512,ubatch=512,fa=1,bufts=0``
+        ``llama_cpp/qwen2.5-coder-1.5b@n_ctx=8192,repeat_penalty=1.1,seed=0,build=avx512,ubatch=512,fa=1,threads=2,bufts=0``
     """
     name = cfg.model
     if cfg.kind == "gguf":

@@ -40,8 +40,10 @@ what makes a rerun exact.
 
 The settings that can change a reply at temperature 0 (they change the floating-point order of the prompt's
 computation: the build's CPU kernels, repacking, the physical batch and flash attention) are part of the engine's
-model name, which keys DSPy's response cache (:func:`hcqr_dspy.lm.build.engine_model_name`); threads are not
-(ggml splits rows, not reductions, across threads). All are recorded in each session's record
+model name, which keys DSPy's response cache (:func:`hcqr_dspy.lm.build.engine_model_name`); so are the threads
+when flash attention is on: its sums are split across threads (with it, the in-process engine at 2 threads and
+llama-cpp-python's server at 1 replied differently to the same prompt, and alike at equal threads); without it
+ggml splits rows, not sums, across threads. All are recorded in each session's record
 (:func:`hcqr_dspy.evaluation.provenance.engine_record`).
 """
 
@@ -144,9 +146,11 @@ class EngineSettings:
         return asdict(self)
 
     def reply_key(self) -> str:
-        """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=1,bufts=0``."""
+        """The settings that can change a reply, for the engine's model name: ``ubatch=512,fa=1,threads=2,bufts=0``
+        (threads only with flash attention, whose sums depend on them)."""
         bufts = "build" if self.use_extra_bufts is None else int(self.use_extra_bufts)
-        return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},bufts={bufts}"
+        threads = f"threads={self.n_threads}," if self.flash_attn else ""
+        return f"ubatch={self.n_ubatch},fa={int(self.flash_attn)},{threads}bufts={bufts}"
 
 
 def default_extra_bufts(build: str) -> bool:
