@@ -84,7 +84,7 @@ def test_engine_settings_from_environment(monkeypatch):
         ("HCQR_FLASH_ATTN", "yes", "HCQR_FLASH_ATTN must be 0 or 1, got 'yes'"),
         ("HCQR_N_UBATCH", "0", "HCQR_N_UBATCH must be a positive integer, got '0'"),
         ("HCQR_N_UBATCH", "1024", r"n_ubatch \(1024\) cannot exceed n_batch \(512\)"),
-        ("HCQR_PROMPT_CACHE_MB", "-1", "HCQR_PROMPT_CACHE_MB must be a whole number, got '-1'"),
+        ("HCQR_PROMPT_CACHE_MB", "-1", "HCQR_PROMPT_CACHE_MB must be an integer of at least 0, got '-1'"),
     ],
 )
 def test_bad_engine_settings_are_one_line(monkeypatch, name, value, message):

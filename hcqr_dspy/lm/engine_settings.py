@@ -60,21 +60,18 @@ DEFAULT_N_UBATCH = 512  # llama-cpp-python's default
 DEFAULT_PROMPT_CACHE_MB = 2048  # LlamaRAMCache's own default capacity (2 GiB)
 
 
-def _positive_int(name: str, default: int | None) -> int | None:
+def _env_int(name: str, default: int | None, minimum: int = 1) -> int | None:
+    """``$name`` as an integer of at least ``minimum`` (``default`` when unset).
+
+    Raises:
+        LMSpecError: the variable is not such an integer.
+    """
     raw = os.environ.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise LMSpecError(f"{name} must be a positive integer, got {raw!r}")
-    return int(raw)
-
-
-def _count(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit():
-        raise LMSpecError(f"{name} must be a whole number, got {raw!r}")
+    if not raw.isdigit() or int(raw) < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise LMSpecError(f"{name} must be {kind}, got {raw!r}")
     return int(raw)
 
 
@@ -93,7 +90,7 @@ def default_threads() -> int:
     Raises:
         LMSpecError: ``HCQR_N_THREADS`` is not a positive integer.
     """
-    return _positive_int("HCQR_N_THREADS", None) or os.cpu_count() or 1
+    return _env_int("HCQR_N_THREADS", None) or os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -131,14 +128,14 @@ class EngineSettings:
             LMSpecError: a variable that is not a positive integer (or 0/1 for a switch), or
                 ``n_ubatch > n_batch``.
         """
-        n_batch = _positive_int("HCQR_N_BATCH", DEFAULT_N_BATCH)
+        n_batch = _env_int("HCQR_N_BATCH", DEFAULT_N_BATCH)
         return cls(
             n_threads=n_threads or default_threads(),
             n_batch=n_batch,
-            n_ubatch=_positive_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
+            n_ubatch=_env_int("HCQR_N_UBATCH", min(DEFAULT_N_UBATCH, n_batch)),
             flash_attn=_flag("HCQR_FLASH_ATTN", True),
             use_extra_bufts=_flag("HCQR_EXTRA_BUFTS", None),
-            prompt_cache_mb=_count("HCQR_PROMPT_CACHE_MB", DEFAULT_PROMPT_CACHE_MB),
+            prompt_cache_mb=_env_int("HCQR_PROMPT_CACHE_MB", DEFAULT_PROMPT_CACHE_MB, minimum=0),
         )
 
     def record(self) -> dict:
