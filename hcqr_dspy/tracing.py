@@ -117,7 +117,9 @@ def retriever_spans(
 ) -> None:
     """Record one ``RETRIEVER`` span per query of one batched search under the active span.
 
-    The queries were searched in one call, so each span carries that call's start and end time.
+    The queries were searched in one call, so each span carries that call's start and end time; the i-th
+    span starts i nanoseconds later, because a store orders spans by start time and equal starts come back in
+    any order (the UI and readers then see the queries in search order).
 
     Args:
         retriever: Resolves hit ids to passages.
@@ -132,13 +134,13 @@ def retriever_spans(
     import mlflow
 
     parent = mlflow.get_current_active_span()
-    for query, hits, name in zip(queries, hit_lists, names):
+    for i, (query, hits, name) in enumerate(zip(queries, hit_lists, names)):
         s = mlflow.start_span_no_context(
             name=f"retrieve {name}",
             span_type="RETRIEVER",
             parent_span=parent,
             inputs={"query": query, "k": k},
-            start_time_ns=start_ns,
+            start_time_ns=min(start_ns + i, end_ns),
         )
         docs = [document(retriever.get(h.passage_id), h.score, rank=rank) for rank, h in enumerate(hits, start=1)]
         s.end(outputs=docs, end_time_ns=end_ns)

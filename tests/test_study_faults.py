@@ -123,6 +123,30 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(bench, capsys):
     stub.stop()
 
 
+def test_a_refusal_that_comes_before_the_holder_wrote_its_label_still_names_the_holder(tmp_path):
+    """The holder takes the ``flock`` and only then writes its label: a refused process reading in between
+    waits for the label instead of saying "holder unknown". Here the holder writes it 0.5 s late."""
+    from hcqr_dspy.errors import RunError
+    from hcqr_dspy.evaluation.lock import WriterLock
+
+    holder_code = (
+        "import fcntl, json, sys, time; fh = open(sys.argv[1], 'a+'); fcntl.flock(fh, fcntl.LOCK_EX); "
+        "print('locked', flush=True); time.sleep(0.5); "
+        "fh.write(json.dumps({'pid': 4242, 'host': 'h', 'command': 'eval', 'started': 's'}) + '\\n'); "
+        "fh.flush(); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, str(tmp_path / WRITER_LOCK)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunError, match="pid 4242 on host h, `hcqr eval`"):
+            WriterLock(tmp_path, "eval").acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_live_writer_refuses_judge_and_compile_on_its_folder(bench, capsys):
     """In-process holders are re-entrant, so the live writer here is a second process holding the lock."""
     run_dir = bench / "run"

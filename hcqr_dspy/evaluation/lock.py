@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,8 +65,7 @@ class WriterLock:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
-                    fh.seek(0)
-                    holder = _holder(fh.read())
+                    holder = _read_holder(fh)
                     fh.close()
                     raise RunError(
                         f"{self.folder} is being written by another process ({holder}); wait for it to "
@@ -114,6 +114,22 @@ class WriterLock:
         self.release()
 
 
+def _read_holder(fh, wait_s: float = 2.0) -> str:
+    """The holder named in an open lock file. The holder writes its label right after it takes the ``flock``,
+    so a reader that comes in between finds the file empty (or half written): it reads again for up to
+    ``wait_s`` seconds before it says ``holder unknown``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        fh.seek(0)
+        holder = _holder(fh.read())
+        if holder != _UNKNOWN or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.05)
+
+
+_UNKNOWN = "holder unknown"
+
+
 def _holder(text: str) -> str:
     """``pid 123 on host h, `hcqr eval` since <UTC start>`` from a lock file's label (``holder unknown`` if
     unreadable)."""
@@ -121,4 +137,4 @@ def _holder(text: str) -> str:
         info = json.loads(text)
         return f"pid {info['pid']} on host {info['host']}, `hcqr {info['command']}` since {info['started']}"
     except (ValueError, KeyError, TypeError):
-        return "holder unknown"
+        return _UNKNOWN
