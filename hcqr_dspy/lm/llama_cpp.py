@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import LMSpecError
+from hcqr_dspy.lm import grammar_sampling
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts
 
 DEFAULT_N_CTX = 8192
@@ -111,7 +112,7 @@ class LlamaCppEngine:
         with _load_lock:
             llama_cpp_c.llama_model_default_params = model_params
             try:
-                return Llama(
+                llm = Llama(
                     model_path=str(self.model_path),
                     n_ctx=self.n_ctx,
                     n_threads=cfg.n_threads,
@@ -127,6 +128,8 @@ class LlamaCppEngine:
                 raise LMSpecError(f"llama.cpp cannot load {self.model_path}: {exc}") from None
             finally:
                 llama_cpp_c.llama_model_default_params = defaults
+        grammar_sampling.install(llm)  # greedy JSON replies: the grammar checked on the greedy token first
+        return llm
 
     @property
     def system_info(self) -> str:
