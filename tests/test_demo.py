@@ -89,3 +89,10 @@ def test_demo_against_an_endpoint_shows_the_first_answer_its_pace_and_the_compar
 
 def test_the_default_sample_is_ten_questions():
     assert DEFAULT_LIMIT == 10
+
+
+def test_a_bad_lm_spec_is_refused_before_the_demo_index_is_built(tmp_path, capsys):
+    code = main(["demo", "--lm", "nonsense", "--index", str(tmp_path / "index"), "--runs", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("hcqr: error: unknown --lm spec 'nonsense'")
+    assert not (tmp_path / "index").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 from hcqr_dspy.cli.ask import _show_answer
 from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_lm_args, _positive_int, _progress, _store, _ui_hint
 from hcqr_dspy.errors import RetrievalIndexError
+from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.retrieval import build_retriever, load_corpus, load_index
 
@@ -101,6 +102,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.evaluate import run_evaluation
     from hcqr_dspy.workflows.specs import EvalSpec
 
+    parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)  # a bad --lm refused before the index
     demo_dir = shipped_dir("demo")  # package data: the same from a wheel, an editable install or a checkout
     dataset = demo_dir / "questions.json"
     corpus = load_corpus(demo_dir / "corpus.jsonl")
