@@ -84,9 +84,8 @@ def raw_seconds(model: str, n_ctx: int, lengths: list[int], recorded: dict) -> d
                 llm.eval([int(logits.argmax())])
             best_p, best_g = min(best_p, t1 - t0), min(best_g, (time.perf_counter() - t1) / GEN_TOKENS)
         prefill[n], per_token[n] = best_p, best_g
-    record = {"build": engine.build, "settings": engine.settings.record()}
     engine.close()
-    return {"prefill_s": prefill, "token_s": per_token, **record}
+    return {"prefill_s": prefill, "token_s": per_token}
 
 
 def predicted(raw: dict, prompt: float, completion: float) -> float:

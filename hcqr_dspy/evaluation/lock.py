@@ -114,6 +114,9 @@ class WriterLock:
         self.release()
 
 
+_UNKNOWN = "holder unknown"
+
+
 def _read_holder(fh, wait_s: float = 2.0) -> str:
     """The holder named in an open lock file. The holder writes its label right after it takes the ``flock``,
     so a reader that comes in between finds the file empty (or half written): it reads again for up to
@@ -125,9 +128,6 @@ def _read_holder(fh, wait_s: float = 2.0) -> str:
         if holder != _UNKNOWN or time.monotonic() >= deadline:
             return holder
         time.sleep(0.05)
-
-
-_UNKNOWN = "holder unknown"
 
 
 def _holder(text: str) -> str:

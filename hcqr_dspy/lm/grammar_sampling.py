@@ -2,8 +2,8 @@
 
 llama-cpp-python (0.3.x) samples a grammar-constrained reply with a sampler chain of penalties, the grammar
 and greedy: the grammar sampler matches every vocabulary entry (151,936 for Qwen2.5) against the grammar's
-stacks at every generated token, which measured about 30-40 ms a token on the 1.5B model here, a third to a
-half of the decode itself. llama.cpp's own ``common_sampler_sample`` (``common/sampling.cpp``, with
+stacks at every generated token, a cost of the order of the decode itself (docs/install.md has the figures).
+llama.cpp's own ``common_sampler_sample`` (``common/sampling.cpp``, with
 ``grammar_first`` false) samples first without the grammar and applies it to the full candidates only when the
 token drawn is one the grammar rejects. For greedy decoding this gives the same token: if the highest-scoring
 token is allowed, it is also the highest-scoring allowed token; if it is not, the full grammar pass decides as
@@ -55,12 +55,13 @@ class GrammarLastGreedy:
         self.penalties = llama_cpp.llama_sampler_init_penalties(
             self.n_vocab, penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty
         )
-        # one buffer of llama_token_data (id, logit, p) for the whole vocabulary, and one for a single token
+        # one buffer of llama_token_data (id, logit, p) for the whole vocabulary, and one for a single token; the
+        # ids are written once: the penalties and the grammar change logits only, never the order
         self._data = (llama_cpp.llama_token_data * self.n_vocab)()
         self._view = np.frombuffer(
             self._data, dtype=np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
         )
-        self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        self._view["id"] = np.arange(self.n_vocab, dtype=np.int32)
         self._one = (llama_cpp.llama_token_data * 1)()
         self.grammar_passes = 0  # full-vocabulary grammar passes (the greedy token was rejected)
         self.tokens = 0
@@ -75,9 +76,7 @@ class GrammarLastGreedy:
         lib = self._lib
         logits = lib.llama_get_logits_ith(ctx.ctx, idx)
         view = self._view
-        view["id"] = self._ids
         view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-        view["p"] = 0.0
         full = self._array(self._data, self.n_vocab)
         lib.llama_sampler_apply(self.penalties, ctypes.byref(full))
         token = int(np.argmax(view["logit"]))
@@ -92,14 +91,6 @@ class GrammarLastGreedy:
         lib.llama_sampler_accept(self.penalties, token)
         lib.llama_sampler_accept(self.grammar, token)
         return token
-
-    def accept(self, token: int) -> None:
-        self._lib.llama_sampler_accept(self.penalties, token)
-        self._lib.llama_sampler_accept(self.grammar, token)
-
-    def reset(self) -> None:
-        self._lib.llama_sampler_reset(self.penalties)
-        self._lib.llama_sampler_reset(self.grammar)
 
     def close(self) -> None:
         for s in ("grammar", "penalties"):
