@@ -67,6 +67,7 @@ from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.optimize.saved import load_program, read_meta
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
+from hcqr_dspy.tracking.model_signature import input_example, program_signature
 
 # An index folder up to this size travels with the model as an artifact; a larger one is named by path.
 BUNDLE_INDEX_MAX_BYTES = 64 * 1024 * 1024
@@ -282,6 +283,17 @@ def python_model():
     return PyfuncProgramModel()
 
 
+class _PyfuncFlavor:
+    """``mlflow.pyfunc`` as ``Model.log``'s flavor: ``Model.log`` reads ``validate_serving_input`` from the keyword
+    arguments it passes on to the flavor's ``save_model``, which ``mlflow.pyfunc.save_model`` refuses."""
+
+    @staticmethod
+    def save_model(validate_serving_input: bool = True, **kwargs):
+        import mlflow.pyfunc
+
+        return mlflow.pyfunc.save_model(**kwargs)
+
+
 def log_program_model(
     folder: str | Path,
     lm: str,
@@ -293,8 +305,10 @@ def log_program_model(
     api_base: str | None = None,
     api_key_env: str | None = None,
     name: str = "program",
+    prompts: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """Log a saved program as a pyfunc model of the active MLflow run, and register it if asked.
+    """Log a saved program as a pyfunc model of the active MLflow run, with its signature and input example
+    (:mod:`hcqr_dspy.tracking.model_signature`), and register it if asked.
 
     Args:
         folder: The saved-program folder.
@@ -303,15 +317,18 @@ def log_program_model(
         register: Register it in the Model Registry under this name (a new version).
         alias: Give that version this alias (``models:/NAME@ALIAS``); needs ``register``.
         name: The logged model's name.
+        prompts: Prompt Registry versions (``prompts:/NAME/VERSION`` or ``PromptVersion``) to link to the model.
 
     Returns:
-        ``{"model_uri", "registered": "models:/NAME/VERSION" or None, "version", "index": "bundled"|path|None}``.
+        ``{"model_uri", "model_id" (the LoggedModel's id), "registered": "models:/NAME/VERSION" or None, "version",
+        "index": "bundled"|path|None}``.
 
     Raises:
         HCQRError: ``alias`` without ``register``.
     """
     import mlflow
     import mlflow.pyfunc
+    from mlflow.models import Model
 
     if alias and not register:
         raise HCQRError("an alias needs a registered model name (--register NAME)")
@@ -332,7 +349,16 @@ def log_program_model(
         "max_tokens": max_tokens,
         "n_ctx": n_ctx,
     }
-    info = mlflow.pyfunc.log_model(
+    # Model.log rather than pyfunc.log_model: only it can skip MLflow's check of the input example, which loads the
+    # model and answers the example with the LM (minutes of a local model, a paid call of a remote one).
+    info = Model.log(
+        artifact_path=None,
+        flavor=_PyfuncFlavor,
+        flavor_name="mlflow.pyfunc",
+        validate_serving_input=False,
+        signature=program_signature(),
+        input_example=input_example(),
+        prompts=prompts or None,
         name=name,
         python_model=str(MODEL_CODE),
         artifacts=artifacts,
@@ -352,6 +378,7 @@ def log_program_model(
         mlflow.MlflowClient().set_registered_model_alias(register, alias, str(version))
     return {
         "model_uri": info.model_uri,
+        "model_id": info.model_id,
         "registered": f"models:/{register}/{version}" if register else None,
         "version": version,
         "index": index_ref,
