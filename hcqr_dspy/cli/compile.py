@@ -68,6 +68,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
             f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}"
         )
+    if out["prompts"]:
+        print(
+            "prompts in MLflow's Prompt Registry: " + ", ".join(out["prompts"]) + " (`hcqr prompts NAME` lists "
+            "a stage's versions, `hcqr prompts NAME OLD NEW` shows what changed)"
+        )
     if out["registered"]:
         uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
         print(

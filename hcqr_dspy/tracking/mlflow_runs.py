@@ -156,3 +156,59 @@ def describe_mlflow_run(run_id: str, config: dict[str, Any], kind: str = "evalua
     else:
         lines.append("Program: zero-shot (the method's own instructions, no demos).")
     client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))
+
+
+def drop_autolog_placeholders(run_id: str) -> int:
+    """Delete the placeholder logged models ``mlflow.dspy.autolog(log_compiles=True)`` leaves in run ``run_id``:
+    one named ``dspy``, never finalized (status ``PENDING``), per optimizer ``compile`` call
+    (``mlflow.dspy.util.log_dummy_model_outputs``, logged so that MLflow's UI shows a Run tab). The run's
+    real model is logged beside them.
+
+    Returns:
+        How many were deleted.
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    placeholders = [
+        model
+        for model in mlflow.search_logged_models(
+            experiment_ids=[run.info.experiment_id],
+            filter_string=f"source_run_id = '{run_id}' AND name = 'dspy'",
+            output_format="list",
+        )
+        if str(model.status).upper().endswith("PENDING")
+    ]
+    for model in placeholders:
+        client.delete_logged_model(model.model_id)
+    return len(placeholders)
+
+
+def describe_compile_run(
+    run_id: str,
+    method: str,
+    recipe: Any,
+    train: int,
+    val: int,
+    dataset: str,
+    scores: dict[str, float],
+    prompts: list[str],
+    registered: str | None,
+) -> None:
+    """Set a compile's MLflow run description (``mlflow.note.content``, Markdown): what was compiled with which
+    recipe on which questions, the optimizer's own score, the prompts and the registered version."""
+    import mlflow
+
+    score = scores.get("val_score")
+    lines = [
+        f"**Compile** of `{method}` with recipe `{recipe.name}` ({recipe.optimizer}) on {train} training + {val} "
+        f"validation questions of `{dataset}`.",
+        f"The optimizer's validation score: {score:.1%}."
+        if score is not None
+        else f"{recipe.optimizer} scores no candidate on a validation set.",
+    ]
+    if prompts:
+        lines.append("Prompts: " + ", ".join(f"`{uri}`" for uri in prompts) + ".")
+    lines.append(f"Registered as `{registered}`." if registered else "Not registered (no `--register`).")
+    mlflow.MlflowClient().set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))

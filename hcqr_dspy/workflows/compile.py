@@ -29,7 +29,8 @@ from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
-from hcqr_dspy.tracking.mlflow_runs import mlflow_run
+from hcqr_dspy.tracking.mlflow_runs import describe_compile_run, drop_autolog_placeholders, mlflow_run
+from hcqr_dspy.tracking.prompts import register_program_prompts
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 
@@ -144,13 +145,16 @@ def compile_and_save(
             instructions changed), and the program as an MLflow pyfunc model logged
             from code (:func:`hcqr_dspy.tracking.serving.log_program_model`: no pickle; the model
             config names the index and the LM), registered as ``spec.register`` (with
-            ``spec.alias``) when given.
+            ``spec.alias``) when given; each stage's instructions and demos as a versioned prompt
+            ``<register or out folder name>.<stage>``, linked to the run and the model
+            (:mod:`hcqr_dspy.tracking.prompts`); a run description. The placeholder models that
+            ``mlflow.dspy.autolog`` logs for each optimizer ``compile`` call are deleted.
         lm / reflection_lm: Ready ``dspy.LM`` objects instead of building the specs (tests).
 
     Returns:
         ``{"out", "mlflow_run_id", "model_uri", "registered", "scores", "train", "val", "predictors": {name:
-        {"demos", "instructions_changed"}}}`` (``mlflow_run_id``, ``model_uri`` and ``registered`` are
-        None untracked or unregistered).
+        {"demos", "instructions_changed"}}, "prompts": ["prompts:/NAME/VERSION", ...]}`` (``mlflow_run_id``,
+        ``model_uri`` and ``registered`` are None untracked or unregistered; ``prompts`` is empty untracked).
 
     Raises:
         RecipeError, HCQRError: bad input as listed above, or an unwritable ``out``
@@ -249,6 +253,7 @@ def compile_and_save(
 
     run_id = model_uri = registered = None
     scores: dict[str, float] = {}
+    prompt_uris: list[str] = []
     if track:
         import mlflow
         import mlflow.dspy
@@ -299,8 +304,14 @@ def compile_and_save(
             )
             if not scores:
                 mlflow.set_tag("val_score", f"none: {recipe.optimizer} does not score candidates on a validation set")
+            drop_autolog_placeholders(run_id)
+            prompts = register_program_prompts(
+                compiled, spec.register or out.name, run_id, alias=spec.alias, recipe=recipe.name
+            )
+            prompt_uris = [f"prompts:/{v.name}/{v.version}" for v in prompts]
             logged = log_program_model(
                 out,
+                prompts=prompts,
                 lm=spec.lm,
                 index=spec.index,
                 register=spec.register,
@@ -312,6 +323,9 @@ def compile_and_save(
                 name=spec.method,
             )
             model_uri, registered = logged["model_uri"], logged["registered"]
+            describe_compile_run(
+                run_id, spec.method, recipe, len(trainset), len(valset), train_name, scores, prompt_uris, registered
+            )
             if registered:
                 mlflow.MlflowClient().set_model_version_tag(
                     spec.register, str(logged["version"]), "recipe", recipe.name
@@ -340,4 +354,5 @@ def compile_and_save(
         "train": len(trainset),
         "val": len(valset),
         "predictors": predictors,
+        "prompts": prompt_uris,
     }

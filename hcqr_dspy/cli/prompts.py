@@ -1,0 +1,44 @@
+"""``hcqr prompts``: a compiled program's prompts in the MLflow Prompt Registry: their versions, or the diff of
+two versions of one stage.
+
+Its command imports MLflow when it runs, so that ``hcqr --help`` loads none.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from hcqr_dspy.errors import HCQRError
+
+
+def cmd_prompts(args: argparse.Namespace) -> int:
+    from hcqr_dspy.tracking.prompts import prompt_diff, prompt_versions
+    from hcqr_dspy.tracking.store import configure, store_dir
+
+    if not (store_dir(args.mlflow_dir) / "mlflow.db").exists():
+        raise HCQRError(f"no MLflow store at {store_dir(args.mlflow_dir)}; run `hcqr compile` first")
+    configure(args.mlflow_dir)
+    if (args.old is None) != (args.new is None):
+        raise HCQRError("give two versions to compare (OLD and NEW), or none to list the versions")
+    if args.old is None:
+        for line in prompt_versions(args.name):
+            print(line)
+        return 0
+    diff = prompt_diff(args.name, args.old, args.new)
+    print(diff or f"{args.name}: versions {args.old} and {args.new} are the same")
+    return 0
+
+
+def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add ``prompts`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
+    p = command(
+        "prompts",
+        help="list the versions of a compiled stage's prompt (NAME: <program>.<stage>, e.g. hcqr-medqa.answer), "
+        "or show the diff of two of them",
+    )
+    p.add_argument("name", help="prompt name, <program>.<stage> (`hcqr compile` prints them)")
+    p.add_argument("old", nargs="?", default=None, help="a version number or alias")
+    p.add_argument("new", nargs="?", default=None, help="a version number or alias")
+    p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
+    p.set_defaults(func=cmd_prompts)
