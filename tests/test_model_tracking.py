@@ -6,6 +6,7 @@ import json
 import mlflow
 import mlflow.genai
 from helpers import schema_lm
+from test_judge_controls import ScriptedJudge, reads_the_answer
 from test_optimize import setup, spec  # noqa: F401 (setup is a fixture)
 
 from hcqr_dspy.cli import main
@@ -67,3 +68,78 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
     assert listed[0].startswith("ptest.answer v1  aliases: champion") and listed[1].startswith("ptest.answer v2")
     assert main(["prompts", "ptest.answer", "1", "9", "--mlflow-dir", str(mlflow_store)]) == 2
     assert capsys.readouterr().err.startswith("hcqr: error: no prompt prompts:/ptest.answer/9")
+
+
+def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow_store):  # noqa: F811
+    from hcqr_dspy.tracking.model_links import resolve_model_uri
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.judge import judge_and_track
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    client = mlflow.MlflowClient()
+    run_compile(
+        spec(setup, register="ltest", alias="champion", out=str(setup / "l1")),
+        mlflow_dir=mlflow_store,
+        lm=schema_lm("A"),
+    )
+    run_compile(
+        spec(setup, register="ltest", out=str(setup / "l2"), train_size=4), mlflow_dir=mlflow_store, lm=schema_lm("A")
+    )
+    v1, v2 = (resolve_model_uri(f"models:/ltest/{v}") for v in (1, 2))
+    assert v1["model_id"].startswith("m-") and v1["model_id"] != v2["model_id"]
+    assert mlflow.get_logged_model(v1["model_id"]).source_run_id == client.get_model_version("ltest", "1").run_id
+    common = dict(dataset=str(setup / "medqa.json"), index=str(setup / "idx"), lm="openai/unused")
+
+    def evaluate(name, **kw):
+        result, folder, run_id = run_evaluation(
+            EvalSpec(run_dir=str(setup / "runs" / name), **common, **kw),
+            mlflow_dir=mlflow_store,
+            progress=False,
+            lm=schema_lm("A"),
+        )
+        return result, json.loads((folder / "config.json").read_text()), client.get_run(run_id)
+
+    result, config, run = evaluate("champion-1", method=None, program="models:/ltest@champion")
+    assert config["saved_program"]["model"] == {
+        "uri": "models:/ltest@champion",
+        "name": "ltest",
+        "version": "1",
+        "alias": "champion",
+        "model_id": v1["model_id"],
+    }
+    assert (run.data.tags["model_id"], run.data.tags["model_version"]) == (v1["model_id"], "1")
+    assert [i.model_id for i in run.inputs.model_inputs] == [v1["model_id"]]
+    [accuracy] = [m for m in mlflow.get_logged_model(v1["model_id"]).metrics if m.key == "accuracy"]
+    assert accuracy.value == result.metrics["accuracy"] and accuracy.run_id == run.info.run_id
+    assert accuracy.dataset_name.startswith("medqa-")
+    traces = mlflow.search_traces(model_id=v1["model_id"], return_type="list")
+    assert len(traces) == result.metrics["n"] == 4
+    # `hcqr judge` of that run puts its DUR on the same model and question set
+    metrics = judge_and_track(
+        setup / "runs" / "champion-1",
+        judge_lm="scripted",
+        lm=ScriptedJudge(reads_the_answer),
+        mlflow_dir=mlflow_store,
+        progress=False,
+    )
+    [dur] = [m for m in mlflow.get_logged_model(v1["model_id"]).metrics if m.key == "dur"]
+    assert (dur.value, dur.run_id, dur.dataset_name) == (metrics["dur"], run.info.run_id, accuracy.dataset_name)
+
+    # the alias moves: the same URI now evaluates version 2, and the record says so
+    client.set_registered_model_alias("ltest", "champion", "2")
+    _, config, run = evaluate("champion-2", method=None, program="models:/ltest@champion")
+    assert config["saved_program"]["model"]["version"] == "2" and run.data.tags["model_id"] == v2["model_id"]
+    found = mlflow.search_runs(
+        experiment_ids=[run.info.experiment_id], filter_string="tags.model_version = '2'", output_format="list"
+    )
+    assert [r.info.run_id for r in found] == [run.info.run_id]
+
+    # zero-shot programs are logged models too, one per method, settings and LM, reused by each evaluation
+    options = {"budget": 3, "k_per_query": 1}
+    _, _, zero = evaluate("zero-a", method="hcqr", program_options=options)
+    _, _, again = evaluate("zero-b", method="hcqr", program_options=options)
+    _, _, other = evaluate("zero-c", method="hcqr", program_options={"budget": 2, "k_per_query": 1})
+    model = mlflow.get_logged_model(zero.data.tags["model_id"])
+    assert model.name == "hcqr-zero-shot" and model.model_type == "zero-shot"
+    assert again.data.tags["model_id"] == model.model_id != other.data.tags["model_id"]
+    assert {m.run_id for m in model.metrics if m.key == "accuracy"} == {zero.info.run_id, again.info.run_id}

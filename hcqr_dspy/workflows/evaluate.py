@@ -27,6 +27,7 @@ from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
 from hcqr_dspy.tracking.datasets import questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
+from hcqr_dspy.tracking.model_links import evaluated_model, link_run_to_model, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
 
@@ -150,6 +151,10 @@ def _tracked_evaluation(
         )
         if old_id is None:
             mlflow.log_input(questions_ds, context=kind)
+        model = evaluated_model(config, run.info.experiment_id)
+        if model["model_id"]:
+            link_run_to_model(run_id, model)
+            mlflow.set_active_model(model_id=model["model_id"])  # the traces of this evaluation name the model
         trace_tags = {
             "method": spec.method,
             "dataset": dname,
@@ -177,7 +182,13 @@ def _tracked_evaluation(
                     log_run_folder(folder)
                 raise
             log_run_folder(folder)
+        if model["model_id"]:
+            # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
+            # with the question set, below
+            mlflow.clear_active_model()
         log_metrics(result.metrics)
+        if model["model_id"]:
+            log_model_metrics(model["model_id"], result.metrics, questions_ds)
         if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
             from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 

@@ -26,6 +26,7 @@ from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.retrieval.base import Retriever
 from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, log_run_folder
+from hcqr_dspy.tracking.model_links import judged_dataset, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id
 
 JUDGE_MAX_TOKENS = 512
@@ -212,6 +213,8 @@ def _judge_and_track(
         mlflow.set_tags(flatten({"dur": metrics["judge"]}))
         if metrics.get("sample"):  # a metric, not a param: a later judging may widen the sample
             mlflow.log_metric("dur_sample_n", metrics["sample"]["n"])
+        if model_id := mlflow.get_run(run_id).data.tags.get("model_id"):  # the evaluated model's page shows DUR
+            log_model_metrics(model_id, {k: metrics.get(k) for k in ("dur", "dur_n")}, judged_dataset(run_id))
         log_run_folder(folder)
         log_dur_feedback(folder)
     return metrics

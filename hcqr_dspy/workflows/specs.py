@@ -21,6 +21,7 @@ from hcqr_dspy.optimize.saved import load_program, read_meta, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
 from hcqr_dspy.retrieval import load_index, read_manifest
+from hcqr_dspy.tracking.model_links import resolve_model_uri
 from hcqr_dspy.workflows.programs import resolve_program_path
 
 
@@ -267,7 +268,9 @@ def dataset_name(dataset: str) -> str:
 
 
 def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """What a run folder records about the saved program it ran: where, its optimizer and recipe, its training set."""
+    """What a run folder records about the saved program it ran: where, its optimizer and recipe, its training set,
+    and for a ``models:/`` URI the registered version and LoggedModel it resolved to
+    (:func:`hcqr_dspy.tracking.model_links.resolve_model_uri`)."""
     recipe = meta.get("recipe") or {}
     train = meta.get("train") or {}
     return {
@@ -280,4 +283,6 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
         "train_dataset": train.get("dataset"),
         "train_count": train.get("train_count", len(train.get("ids") or [])),
         "val_count": train.get("val_count", 0),
+        # a models:/ URI as it resolved now: an alias moved later cannot change what this run ran
+        **({"model": resolve_model_uri(source)} if str(source).startswith("models:/") else {}),
     }
