@@ -12,8 +12,9 @@
 #               Milvus Lite / server vs faiss at the real ~41k and a synthetic 1M corpus; reuse the ~41k embeddings)
 #               and raw llama.cpp prefill / generation rates per cached build variant and model (bench/lm.py),
 #               then the product against raw llama.cpp per stage and the cost of 10 demo questions per method with
-#               the 1.5B model (bench/lm_pipeline.py, about 20 minutes)
-#   make bench-scale / bench-milvus / bench-lm   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
+#               the 1.5B model (bench/lm_pipeline.py, about 20 minutes), and requests per minute of a served
+#               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute)
+#   make bench-scale / bench-milvus / bench-lm / bench-serving   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
 SHELL := /bin/bash
@@ -36,7 +37,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus bench-lm clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus bench-lm bench-serving clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -93,6 +94,7 @@ else
 	$(PY) bench/pipeline.py
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
+	$(PY) bench/serving.py
 endif
 
 PAUSE_ARG := $(if $(PAUSE),--pause-study $(PAUSE))
@@ -102,6 +104,9 @@ bench-scale: setup
 bench-lm: setup-model-1p5b setup-model-0p5b
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
+
+bench-serving: setup
+	$(PY) bench/serving.py
 
 bench-milvus: setup setup-milvus-server
 	HCQR_MILVUS_SERVER_VENV=$(abspath $(MILVUS_VENV)) $(PY) bench/milvus.py $(PAUSE_ARG)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from report_lm import render_lm, render_lm_pipeline
+from report_serving import render_serving
 
 REPO = Path(__file__).resolve().parents[1]
 # The retrieval bench's approximate-search settings and recall depth (rendered in the report's headings).
@@ -105,6 +106,8 @@ def render(results: dict) -> str:
         lines += render_lm(results["lm"])
     if results.get("lm_pipeline"):
         lines += render_lm_pipeline(results["lm_pipeline"])
+    if results.get("serving"):
+        lines += render_serving(results["serving"])
     return "\n".join(lines)
 
 

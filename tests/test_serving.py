@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -334,3 +335,79 @@ def test_registered_program_has_a_signature_and_every_request_format_is_answered
         assert (answer["qid"], answer["answer"], answer["valid"]) == ("f1", "B", True), (list(body), answer)
     status, body = post_body(served["url"], {"instances": [record]})
     assert status == 400 and "Expected data to be dictionary" in body["message"]
+
+
+def served_traces(served, qids: set[str], timeout: float = 30.0) -> list:
+    """The traces tagged ``kind=served`` of questions ``qids`` in the served store (waiting for the server's
+    background export)."""
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(served["tracking_uri"])
+    try:
+        experiment = mlflow.get_experiment_by_name("hcqr-dspy")
+        deadline = time.monotonic() + timeout
+        while True:
+            traces = [
+                t
+                for t in mlflow.search_traces(
+                    experiment_ids=[experiment.experiment_id],
+                    filter_string="tags.kind = 'served'",
+                    return_type="list",
+                    max_results=1000,
+                )
+                if t.info.tags.get("qid") in qids
+            ]
+            if len(traces) >= len(qids) or time.monotonic() > deadline:
+                return traces
+            time.sleep(0.5)
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def test_a_request_runs_its_questions_concurrently_and_each_leaves_a_served_trace(served):
+    stub, tag = served["stub"], uuid.uuid4().hex[:8]
+    records = [
+        {"qid": f"c{i}-{tag}", "question": f"Question number {20 + i}? Run {tag}.", "options": OPTIONS}
+        for i in range(8)
+    ]
+    stub.delay = 0.4  # seconds per LM call: 8 questions x 3 calls take 9.6 s one after another
+    try:
+        start = time.monotonic()
+        status, body = post(served["url"], records)
+        wall = time.monotonic() - start
+    finally:
+        stub.delay = 0.0
+    assert status == 200, body
+    assert [a["answer"] for a in body["predictions"]] == ["ABC"[(2 * (20 + i)) % 3] for i in range(8)]
+    assert wall < 9.6 / 2, wall  # concurrent: about 3 x 0.4 s plus overhead
+    traces = served_traces(served, {r["qid"] for r in records})
+    assert len(traces) == 8
+    for trace in traces:
+        tags = trace.info.tags
+        assert (tags["kind"], tags["method"], tags["model_name"], tags["model_version"]) == (
+            "served",
+            "hcqr",
+            "served-hcqr",
+            "1",
+        )
+        assert tags["model_id"].startswith("m-")
+
+
+def test_a_request_deadline_stops_questions_not_yet_started(served):
+    stub, tag = served["stub"], uuid.uuid4().hex[:8]
+    records = [
+        {"qid": f"d{i}", "question": f"Question number {40 + i}? Deadline {tag}.", "options": OPTIONS}
+        for i in range(10)
+    ]
+    stub.delay = 0.4  # a question takes 1.2 s; 8 run at once, the last 2 would start after 1.2 s
+    try:
+        status, body = post_body(served["url"], {"dataframe_records": records, "params": {"deadline_s": 0.6}})
+    finally:
+        stub.delay = 0.0
+    assert status == 200, body
+    answers = body["predictions"]
+    assert [a["valid"] for a in answers] == [True] * 8 + [False] * 2
+    for late in answers[8:]:
+        assert late["answer"] is None and late["rejected"] is None
+        assert late["error"] == "deadline: not started within the request's 0.6 s (deadline_s)"

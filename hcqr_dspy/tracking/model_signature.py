@@ -17,6 +17,9 @@ MLflow enforces the types and required fields before the model sees a request (a
 answered with HTTP 400, ``error_class: SCHEMA_ENFORCEMENT_FAILED``); the model then checks what a schema cannot say
 (labels that skip a letter, empty texts) record by record (:func:`hcqr_dspy.tracking.serving.record_fault`).
 
+Params: ``deadline_s``, the seconds a request may take (:mod:`hcqr_dspy.tracking.serve_runtime`), sent as
+``{"params": {"deadline_s": 120}}`` beside the records.
+
 Outputs are one record per request record, as :func:`hcqr_dspy.evaluation.rows.answer_record` writes it plus
 ``rejected``. MLflow does not enforce output schemas of pyfunc models; this one documents the shape.
 """
@@ -41,7 +44,9 @@ INPUT_EXAMPLE = [
 def program_signature():
     """The ``mlflow.models.ModelSignature`` of a logged program (see the module docstring)."""
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, Array, ColSpec, DataType, Object, Property, Schema
+    from mlflow.types.schema import AnyType, Array, ColSpec, DataType, Object, ParamSchema, ParamSpec, Property, Schema
+
+    from hcqr_dspy.tracking.serve_runtime import DEFAULT_DEADLINE_S
 
     options = Object(
         [Property(letter, DataType.string, required=i < REQUIRED_LETTERS) for i, letter in enumerate(LETTERS)]
@@ -75,7 +80,8 @@ def program_signature():
             ColSpec(DataType.string, "rejected", required=False),
         ]
     )
-    return ModelSignature(inputs=inputs, outputs=outputs)
+    params = ParamSchema([ParamSpec("deadline_s", DataType.double, DEFAULT_DEADLINE_S)])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
 def input_example() -> list[dict[str, Any]]:

@@ -56,18 +56,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-import dspy
-
 from hcqr_dspy import __version__
 from hcqr_dspy.data import LETTERS, check_question
 from hcqr_dspy.errors import DataError, HCQRError, request_rejected_class
-from hcqr_dspy.evaluation.rows import answer_record
-from hcqr_dspy.lm import build_lm
-from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.optimize.saved import load_program, read_meta
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.model_signature import input_example, program_signature
+from hcqr_dspy.tracking.serve_runtime import (
+    answer_all,
+    request_deadline,
+    serve_threads,
+    served_model_tags,
+    start_tracing,
+    tracing_wanted,
+)
 
 # An index folder up to this size travels with the model as an artifact; a larger one is named by path.
 BUNDLE_INDEX_MAX_BYTES = 64 * 1024 * 1024
@@ -114,6 +118,18 @@ class ProgramModel:
                 raise HCQRError(f"the {meta['method']} program needs an index: set {ENV_OVERRIDES['index']}")
             retriever = load_index(index)
         self.program, self.meta = load_program(folder, retriever)
+        self.config = config
+        self.threads = serve_threads(config, parse_lm_spec(config["lm"]).kind)
+        self.trace_tags = None
+        if tracing_wanted():
+            start_tracing()
+            model_dir = Path(context.artifacts["program"]).parent.parent
+            self.trace_tags = {
+                "kind": "served",
+                "method": self.meta["method"],
+                "lm": config["lm"],
+                **served_model_tags(str(model_dir) if (model_dir / "MLmodel").exists() else None),
+            }
         self.lm = build_lm(
             config["lm"],
             max_tokens=int(config.get("max_tokens") or 1024),
@@ -125,7 +141,9 @@ class ProgramModel:
     def predict(self, context, model_input, params=None) -> list[dict[str, Any]]:
         """Answer a batch of questions: ``model_input`` is a DataFrame (``dataframe_records``), a list of
         ``{question, options[, qid]}`` or one such dict; one record per question, answered or rejected (the
-        module docstring gives both shapes). Every record is checked before the LM is asked anything.
+        module docstring gives both shapes). Every record is checked before the LM is asked anything; the
+        questions then run in parallel under the request's deadline, each traced
+        (:mod:`hcqr_dspy.tracking.serve_runtime`; ``params``: ``{"deadline_s": seconds}``).
 
         Raises:
             MlflowException: (HTTP 400, :func:`request_rejected`) no record of the request can be answered.
@@ -134,30 +152,15 @@ class ProgramModel:
         if not any(ex is not None for _, ex, _ in checked):
             faults = [(row, qid, *fault) for row, (qid, _, fault) in enumerate(checked)]
             raise request_rejected(faults or [(None, None, "request", "holds no records")])
-        out = []
-        for qid, ex, fault in checked:
-            if ex is None:
-                rejected = answer_record(qid, {}, None, False, None, None, None, None)
-                out.append({**rejected, "rejected": ": ".join(fault)})
-                continue
-            with dspy.context(lm=self.lm, adapter=HCQRAdapter()):
-                pred = self.program(question=ex.question, options=ex.options)
-            out.append(
-                {
-                    **answer_record(
-                        qid,
-                        ex.options,
-                        pred.get("answer"),
-                        bool(pred.get("valid")),
-                        pred.get("error"),
-                        pred.get("hypothesis"),
-                        pred.get("queries"),
-                        pred.get("passages"),
-                    ),
-                    "rejected": None,
-                }
-            )
-        return out
+        return answer_all(
+            self.program,
+            self.lm,
+            self.meta["method"],
+            checked,
+            self.threads,
+            request_deadline(self.config, params),
+            self.trace_tags,
+        )
 
 
 # -- checking a request's records --------------------------------------------------------------------------------
