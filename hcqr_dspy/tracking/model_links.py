@@ -119,7 +119,7 @@ def compiled_model(compile_run_id: str, experiment_id: str) -> str | None:
             filter_string=f"source_run_id = '{compile_run_id}'",
             output_format="list",
         )
-        if m.name != "dspy"
+        if not str(m.status).upper().endswith("PENDING")  # mlflow.dspy.autolog's placeholders are never finalized
     ]
     return models[0].model_id if models else None
 

@@ -25,9 +25,14 @@ from hcqr_dspy.errors import HCQRError
 NAME_RULE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def safe_name(text: str) -> str:
+    """``text`` with every run of characters a prompt (or logged model) name cannot hold made ``-``."""
+    return NAME_RULE.sub("-", text).strip("-.") or "program"
+
+
 def prompt_name(program: str, stage: str) -> str:
-    """``<program>.<stage>`` with every run of characters a prompt name cannot hold made ``-``."""
-    return NAME_RULE.sub("-", f"{program}.{stage}").strip("-.") or "program"
+    """``<program>.<stage>``, made a valid prompt name (:func:`safe_name`)."""
+    return safe_name(f"{program}.{stage}")
 
 
 def _lines(fields: dict[str, Any], record: Any) -> str:

@@ -30,7 +30,7 @@ from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
 from hcqr_dspy.tracking.mlflow_runs import describe_compile_run, drop_autolog_placeholders, mlflow_run
-from hcqr_dspy.tracking.prompts import register_program_prompts
+from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 
@@ -320,7 +320,8 @@ def compile_and_save(
                 n_ctx=spec.n_ctx,
                 api_base=spec.api_base,
                 api_key_env=spec.api_key_env,
-                name=spec.method,
+                # the logged model's name tells compiles apart in the UI's model list: the folder's name
+                name=safe_name(out.name),
             )
             model_uri, registered = logged["model_uri"], logged["registered"]
             describe_compile_run(
