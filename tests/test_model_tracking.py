@@ -108,6 +108,8 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
         "model_id": v1["model_id"],
     }
     assert (run.data.tags["model_id"], run.data.tags["model_version"]) == (v1["model_id"], "1")
+    assert run.info.run_name == "ltest v1 · medqa · openai/unused"
+    assert run.data.metrics["n_correct"] == result.metrics["correct"] and "correct" not in run.data.metrics
     assert [i.model_id for i in run.inputs.model_inputs] == [v1["model_id"]]
     [accuracy] = [m for m in mlflow.get_logged_model(v1["model_id"]).metrics if m.key == "accuracy"]
     assert accuracy.value == result.metrics["accuracy"] and accuracy.run_id == run.info.run_id
@@ -127,7 +129,11 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
 
     # the alias moves: the same URI now evaluates version 2, and the record says so
     client.set_registered_model_alias("ltest", "champion", "2")
+    first = run
     _, config, run = evaluate("champion-2", method=None, program="models:/ltest@champion")
+    # one question set, one dataset digest (its content's), however many runs used it
+    digests = {i.dataset.digest for r in (first, run) for i in r.inputs.dataset_inputs}
+    assert digests == {config["questions"]["content_sha256"][:8]} and accuracy.dataset_digest in digests
     assert config["saved_program"]["model"]["version"] == "2" and run.data.tags["model_id"] == v2["model_id"]
     found = mlflow.search_runs(
         experiment_ids=[run.info.experiment_id], filter_string="tags.model_version = '2'", output_format="list"

@@ -84,7 +84,7 @@ def test_unlabelled_questions_are_answered_with_hypothesis_queries_and_passages_
     [run] = mlflow.search_runs(
         search_all_experiments=True, filter_string="tags.kind = 'prediction'", output_format="list"
     )
-    assert run.info.run_name == "predict · hcqr · unlabelled · openai/stub-model · saved"
+    assert run.info.run_name == "predict hcqr+saved · unlabelled · openai/stub-model"
     assert run.data.metrics["valid/mean"] == 1.0 and "correct/mean" not in run.data.metrics
     assert "accuracy" not in run.data.metrics and run.data.metrics["n"] == 3
     # the same command resumes: no question is asked again (the LM only gets its one-question check)

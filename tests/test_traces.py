@@ -144,7 +144,7 @@ def test_wrong_hcqr_answers_can_be_filtered_in_the_store(tracked_run):
 
 def test_run_is_an_evaluation_of_its_questions_dataset(tracked_run):
     run = mlflow.get_run(tracked_run["run_id"])
-    assert run.info.run_name == "hcqr · qs · openai/dummy · zero-shot"
+    assert run.info.run_name == "hcqr · qs · openai/dummy"
     assert run.data.tags["mlflow.runType"] == "genai_evaluate"
     assert run.data.metrics["correct/mean"] == pytest.approx(2 / 3) == run.data.metrics["accuracy"]
     assert run.data.metrics["valid/mean"] == 1.0

@@ -60,3 +60,35 @@ def _fill_dataset(dataset, questions, name: str, experiment_id: str, find):
         ]
     )
     return dataset
+
+
+def question_set_entity(dataset, digest: str):
+    """``dataset`` (an MLflow evaluation dataset) as the ``mlflow.entities.Dataset`` a run logs, under ``digest``, a
+    digest of its questions' content.
+
+    MLflow's own digest of an evaluation dataset is the time of its last change (``SqlAlchemyStore``'s
+    ``_compute_dataset_digest``) and changes as evaluations use it, so runs of one question set would show as many
+    digests as runs; this one names the content.
+    """
+    from mlflow.entities import Dataset
+
+    return Dataset(
+        name=dataset.name,
+        digest=digest,
+        source_type=dataset.source_type,
+        source=dataset.source.to_json(),
+        schema=dataset.schema,
+        profile=dataset.profile,
+    )
+
+
+def log_question_set(dataset, digest: str, context: str) -> None:
+    """Log :func:`question_set_entity` as an input of the active run with the input context ``context``
+    (``evaluation`` or ``prediction``). Pass the same digest to :func:`hcqr_dspy.tracking.scorers.score_rows`."""
+    import mlflow
+    from mlflow.entities import DatasetInput, InputTag
+
+    run_id = mlflow.active_run().info.run_id
+    tags = [InputTag(key="mlflow.data.context", value=context)]
+    entity = question_set_entity(dataset, digest)
+    mlflow.MlflowClient().log_inputs(run_id, datasets=[DatasetInput(dataset=entity, tags=tags)])

@@ -157,7 +157,11 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
 
 
 def score_rows(
-    rows: Sequence[dict[str, Any]], dataset: Any = None, labelled: bool = True, scorers: Sequence[Scorer] | None = None
+    rows: Sequence[dict[str, Any]],
+    dataset: Any = None,
+    labelled: bool = True,
+    scorers: Sequence[Scorer] | None = None,
+    digest: str | None = None,
 ) -> dict[str, float]:
     """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
 
@@ -166,6 +170,8 @@ def score_rows(
         dataset: The run's MLflow evaluation dataset (:func:`hcqr_dspy.tracking.datasets.questions_dataset`):
             recorded as the evaluation's dataset instead of an anonymous table of traces.
         labelled: The questions have gold answers (else only ``valid`` is scored).
+        digest: The digest the run logged its dataset under (:func:`hcqr_dspy.tracking.datasets.log_question_set`),
+            so that the evaluation records the same input.
         scorers: Scorers to use instead of :func:`evaluation_scorers`.
 
     Returns:
@@ -186,7 +192,7 @@ def score_rows(
         return {}
     data = pd.DataFrame({"trace": found})
     if dataset is not None:
-        _name_as(data, dataset)
+        _name_as(data, dataset, digest)
     # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
     # warnings, e.g. failed scorer calls, still reach stderr through logging)
     chatter = io.StringIO()
@@ -201,7 +207,7 @@ def score_rows(
     return metrics
 
 
-def _name_as(data: Any, dataset: Any) -> None:
+def _name_as(data: Any, dataset: Any, digest: str | None = None) -> None:
     """Make ``mlflow.genai.evaluate`` record ``dataset`` (an MLflow evaluation dataset) as the evaluation's
     dataset for the table ``data``: the identity ``EvaluationDataset.to_df()`` attaches, over ``data``'s records."""
     from mlflow.genai.datasets.evaluation_dataset import compute_records_sha256
@@ -210,4 +216,6 @@ def _name_as(data: Any, dataset: Any) -> None:
     identity = dict(dataset.to_df().attrs.get(MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY) or {})
     if identity:
         identity["records_sha256"] = compute_records_sha256(data)
+        if digest:
+            identity["digest"] = digest
         data.attrs[MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY] = identity

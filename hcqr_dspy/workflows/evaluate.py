@@ -25,7 +25,7 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
-from hcqr_dspy.tracking.datasets import questions_dataset
+from hcqr_dspy.tracking.datasets import log_question_set, question_set_entity, questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
 from hcqr_dspy.tracking.model_links import evaluated_model, link_run_to_model, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
@@ -135,7 +135,7 @@ def _tracked_evaluation(
     dname = dataset_name(spec.dataset)
     program = program_label(config)
     kind = "evaluation" if labelled else "prediction"
-    name = mlflow_run_name(spec.method, dname, spec.lm, program, kind)
+    name = mlflow_run_name(spec.method, dname, spec.lm, config, kind)
     tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
@@ -149,8 +149,9 @@ def _tracked_evaluation(
         questions_ds = questions_dataset(
             questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id
         )
+        digest = config["questions"]["content_sha256"][:8]
         if old_id is None:
-            mlflow.log_input(questions_ds, context=kind)
+            log_question_set(questions_ds, digest, kind)
         model = evaluated_model(config, run.info.experiment_id)
         if model["model_id"]:
             link_run_to_model(run_id, model)
@@ -186,13 +187,15 @@ def _tracked_evaluation(
             # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
             # with the question set, below
             mlflow.clear_active_model()
-        log_metrics(result.metrics)
+        # the count of right answers as `n_correct`: the scorers log `correct/mean`, and a `correct` beside it reads
+        # as the same figure
+        log_metrics({("n_correct" if k == "correct" else k): v for k, v in result.metrics.items()})
         if model["model_id"]:
-            log_model_metrics(model["model_id"], result.metrics, questions_ds)
+            log_model_metrics(model["model_id"], result.metrics, question_set_entity(questions_ds, digest))
         if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
             from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 
-            score_rows(result.rows, questions_ds, labelled=labelled)
+            score_rows(result.rows, questions_ds, labelled=labelled, digest=digest)
             mlflow.set_tag(SCORED_TAG, "true")
     return result, folder.path, run_id
 
@@ -222,9 +225,20 @@ def program_label(config: dict[str, Any]) -> str:
     return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
 
 
-def mlflow_run_name(method: str, dataset: str, lm: str, program: str, kind: str = "evaluation") -> str:
-    """An evaluation's MLflow run name: ``hcqr · medqa · local · zero-shot`` (``predict`` first for predictions)."""
-    return " · ".join((["predict"] if kind == "prediction" else []) + [method, dataset, lm, program])
+def mlflow_run_name(method: str, dataset: str, lm: str, config: dict[str, Any], kind: str = "evaluation") -> str:
+    """An evaluation's MLflow run name, what tells runs apart first (the UI cuts long names): the program, then the
+    dataset and the LM. The program is the method (``hcqr · medqa · local``) for a zero-shot program,
+    ``<method>+<recipe>`` for a compiled one (``+saved`` without a recipe), ``<name> v<version>`` for a registered
+    version; ``predict `` goes before it for predictions."""
+    saved = config.get("saved_program") or {}
+    model = saved.get("model") or {}
+    if model.get("version"):
+        program = f"{model['name']} v{model['version']}"
+    elif saved:
+        program = f"{method}+{saved.get('recipe') or 'saved'}"
+    else:
+        program = method
+    return " · ".join([f"predict {program}" if kind == "prediction" else program, dataset, lm])
 
 
 def answers_target(out: str | Path) -> Path:
