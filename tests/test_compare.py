@@ -421,13 +421,19 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
     assert ax.get_title().endswith("medqa · LM local · n=2")
     fig = accuracy_vs_cost_figure(runs)
     calls, tokens = fig.axes
-    assert calls.get_xlabel() == "LM calls per question" and "medqa · LM local · n=5" in fig._suptitle.get_text()
+    assert calls.get_xlabel() == "LM calls per question\n(cached calls included)"
+    assert "a cached call counts none" in tokens.get_xlabel() and "medqa · LM local · n=5" in fig._suptitle.get_text()
     points = {c.get_label(): (c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in calls.containers}
     assert points == {"simple_rag": (3.0, 0.4), "hcqr": (3.0, 0.8)}
     assert [c.lines[0].get_xdata()[0] for c in tokens.containers] == [110.0, 110.0]
     # two runs at the same cost: named once each in the figure's legend, no label written over a point
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["simple_rag", "hcqr"]
     assert not calls.texts and not tokens.texts
+    # two runs at the same point (same cost, same accuracy) are drawn side by side, not one over the other
+    twin = make_run(tmp_path / "twin", "simple_rag", [True] * 2 + [False] * 3, dataset="/data/medqa.json")
+    fig = accuracy_vs_cost_figure([runs[0], load_run(twin), runs[1]])
+    xs = [c.lines[0].get_xdata()[0] for c in fig.axes[0].containers]
+    assert xs[0] < 3.0 < xs[1] and xs[2] == 3.0 and xs[1] - xs[0] == pytest.approx(0.03 * 3.0)
     # DUR bars say how many questions were judged; the judge's control rates are markers on them
     judged = make_run(
         tmp_path / "judged",
@@ -451,11 +457,37 @@ def test_plots_count_whole_questions_name_dataset_lm_and_n_and_weigh_accuracy_ag
         dataset="/data/medqa.json",
         dur={"dur_n": 5, "dur_invalid": 1, "dur_useful": 0.5, "dur_not_useful": 0.5, "dur": 0.5},
     )
-    fig = dur_figure([load_run(judged), load_run(old), load_run(a)])
+    good = make_run(
+        tmp_path / "good",
+        "cot",
+        [True] * 5,
+        dataset="/data/medqa.json",
+        dur={
+            "dur_n": 5,
+            "dur_invalid": 0,
+            "dur_useful": 0.8,
+            "dur_not_useful": 0.2,
+            "dur": 0.8,
+            "dur_positive_control": 1.0,
+            "dur_negative_control": 0.0,
+            "dur_on_topic_control": 0.0,
+            "dur_on_topic_control_n": 5,
+        },
+    )
+    fig = dur_figure([load_run(judged), load_run(old), load_run(good), load_run(a)])
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["hcqr\n(4 judged)", "simple_rag\n(5 judged)"]
+    # the first judge called half its negative controls useful (limit 20%), the second had no controls: their bars
+    # and names say the judge is not trusted; the third passed all three controls
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "hcqr\n(4 judged)\nJUDGE NOT TRUSTED",
+        "simple_rag\n(5 judged)\nJUDGE NOT TRUSTED",
+        "cot\n(5 judged)",
+    ]
+    hatched = {round(p.get_x() + p.get_width() / 2) for p in ax.patches if p.get_hatch()}
+    assert hatched == {0, 1}
     markers = {ln.get_label().split(" controls")[0]: (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
-    assert markers == {"positive": ([0], [0.75]), "negative": ([0], [0.5])}  # the run judged without controls: none
+    # the run judged without controls has none
+    assert markers == {"positive": ([0, 2], [0.75, 1.0]), "negative": ([0, 2], [0.5, 0.0]), "on-topic": ([2], [0.0])}
     # written whole: the title fits in the image (bbox_inches="tight"), the plot is among compare's files
     _, files = compare([a, b], out_dir=tmp_path / "out")
     png = next(f for f in files if f.name == "accuracy_vs_cost.png")

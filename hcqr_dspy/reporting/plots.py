@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hcqr_dspy.evaluation.metrics import hypothesis_changes
-from hcqr_dspy.judge.controls import CONTROL_LIMITS
+from hcqr_dspy.judge.controls import CONTROL_LIMITS, control_flags
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import wilson_interval
 
@@ -72,8 +72,10 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
     extra cost (HCQR's three LM calls against Simple RAG's one) paid back in accuracy?
 
     Left: LM calls per question (every request the method makes, served by the model or by DSPy's
-    cache). Right: tokens per question (prompt + completion, counted on calls the model served). Runs are told
-    apart by colour, named in one legend under the axes.
+    cache). Right: tokens per question (prompt + completion, counted on calls the model served: a cached call
+    counts none). The axis labels say so. Runs are told apart by colour and marker, named in one legend under the
+    axes; runs at the same point (equal cost and accuracy, as two variants often are) are drawn side by side
+    (:func:`dodge`) instead of on top of each other.
 
     Returns:
         The matplotlib figure (two axes).
@@ -82,23 +84,25 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharey=True)
     xs = {
-        "LM calls per question": [
+        "LM calls per question\n(cached calls included)": [
             r.metrics["mean_lm_calls"] + (r.metrics.get("mean_cached_lm_calls") or 0) for r in runs
         ],
-        "tokens per question (prompt + completion)": [
+        "tokens per question, prompt + completion\n(calls the model served; a cached call counts none)": [
             r.metrics["mean_prompt_tokens"] + r.metrics["mean_completion_tokens"] for r in runs
         ],
     }
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    accuracies = [r.metrics["accuracy"] for r in runs]
     for ax, (xlabel, x) in zip(axes, xs.items()):
+        shown = dodge(x, accuracies)
         for i, run in enumerate(runs):
             lo, hi = wilson_interval(run)
             acc = run.metrics["accuracy"]
             ax.errorbar(
-                [x[i]],
+                [shown[i]],
                 [acc],
                 yerr=[[acc - lo], [hi - acc]],
-                fmt="o",
+                fmt=MARKERS[i % len(MARKERS)],
                 capsize=4,
                 color=colors[i % len(colors)],
                 label=run.label,
@@ -112,13 +116,30 @@ def accuracy_vs_cost_figure(runs: Sequence[Run]):
     fig.legend(
         *axes[0].get_legend_handles_labels(),
         loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
+        bbox_to_anchor=(0.5, -0.06),  # below the two-line axis labels
         ncol=min(len(runs), 4),
         fontsize=8,
         frameon=False,
     )
     fig.suptitle(f"Accuracy versus cost\n{plot_context(runs)}", fontsize=10)
     return fig
+
+
+MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
+
+
+def dodge(x: Sequence[float], y: Sequence[float], share: float = 0.03) -> list[float]:
+    """``x`` with the points that share an ``(x, y)`` spread side by side: the k-th of m equal points moves by
+    ``(k - (m - 1) / 2) * share`` of the axis span (``max(x)``), so none hides another."""
+    span = max(x) if x and max(x) > 0 else 1.0
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, point in enumerate(zip(x, y)):
+        groups.setdefault((round(point[0], 9), round(point[1], 9)), []).append(i)
+    shown = list(x)
+    for members in groups.values():
+        for k, i in enumerate(members):
+            shown[i] = x[i] + (k - (len(members) - 1) / 2) * share * span
+    return shown
 
 
 def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
@@ -130,8 +151,10 @@ def plot_dur(runs: Sequence[Run], out: Path) -> Path | None:
 def dur_figure(runs: Sequence[Run]):
     """Stacked bars of DUR labels (ENTAILED / USEFUL / NOT_USEFUL / invalid) per judged run, each bar named
     with how many questions were judged, and the judge's control rates (share of positive and of negative
-    controls labelled useful) as markers on the bar; the legend gives the trust limits
-    (:data:`hcqr_dspy.judge.controls.CONTROL_LIMITS`).
+    controls labelled useful, and of on-topic controls where judged) as markers on the bar; the legend gives the
+    trust limits (:data:`hcqr_dspy.judge.controls.CONTROL_LIMITS`). A run whose judge failed its controls
+    or was not checked by them (:func:`hcqr_dspy.judge.controls.control_flags`; the report says why) has hatched,
+    faded bars and a red name saying it is not trusted.
 
     Returns:
         A matplotlib figure, or ``None`` when no run was judged.
@@ -142,7 +165,11 @@ def dur_figure(runs: Sequence[Run]):
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(judged)), 3.8))
-    names = [f"{r.label}\n({r.dur['dur_n']} judged)" for r in judged]
+    flagged = [bool(control_flags(r.dur)) for r in judged]
+    names = [
+        f"{r.label}\n({r.dur['dur_n']} judged)" + ("\nJUDGE NOT TRUSTED" if bad else "")
+        for r, bad in zip(judged, flagged)
+    ]
     bottom = [0.0] * len(judged)
     for key, color in (
         ("entailed", "#2ca02c"),
@@ -154,11 +181,16 @@ def dur_figure(runs: Sequence[Run]):
         for r in judged:
             n, inv = r.dur["dur_n"], r.dur["dur_invalid"]
             vals.append(inv / n if key == "invalid" else r.dur.get(f"dur_{key}", 0.0) * (n - inv) / n)
-        ax.bar(names, vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color, width=0.6)
+        bars = ax.bar(names, vals, bottom=bottom, label=key.replace("_", " ").upper(), color=color, width=0.6)
+        for bar, bad in zip(bars, flagged):
+            if bad:  # an untrustworthy judge's labels: hatched
+                bar.set_hatch("//")
+                bar.set_alpha(0.45)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for key, marker, label in (
         ("positive", "^", f"positive controls useful (trusted ≥ {CONTROL_LIMITS['positive_min']:.0%})"),
         ("negative", "v", f"negative controls useful (trusted ≤ {CONTROL_LIMITS['negative_max']:.0%})"),
+        ("on_topic", "s", f"on-topic controls useful (trusted ≤ {CONTROL_LIMITS['on_topic_max']:.0%})"),
     ):
         points = [(i, r.dur[f"dur_{key}_control"]) for i, r in enumerate(judged) if f"dur_{key}_control" in r.dur]
         if points:
@@ -175,8 +207,19 @@ def dur_figure(runs: Sequence[Run]):
     ax.set_ylabel("share of judged questions")
     ax.set_ylim(0, 1.05)
     ax.set_title(f"Decision-Useful Rate labels and judge controls\n{plot_context(judged)}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # the legend's label swatches plain (the first bar of a label may be a hatched, untrusted one)
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    handles = [
+        Patch(facecolor=h.patches[0].get_facecolor()[:3], label=lab) if hasattr(h, "patches") else h
+        for h, lab in zip(handles, labels)
+    ]
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     plt.xticks(rotation=20, ha="right")
+    for tick, bad in zip(ax.get_xticklabels(), flagged):
+        if bad:
+            tick.set_color("#b00020")
     return fig
 
 
