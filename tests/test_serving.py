@@ -392,6 +392,22 @@ def test_a_request_runs_its_questions_concurrently_and_each_leaves_a_served_trac
             "1",
         )
         assert tags["model_id"].startswith("m-")
+    # `hcqr served` lists them, newest first, filtered by model and version
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        store = ["--mlflow-dir", str(served["store"])]
+        assert main(["served", *store, "--model", "served-hcqr/1", "--limit", "8", "--json"]) == 0
+    listed = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert {r["qid"] for r in listed} == {r["qid"] for r in records}
+    assert {(r["model"], r["valid"]) for r in listed} == {("served-hcqr v1", True)}
+    assert {r["qid"]: r["answer"] for r in listed} == {
+        r["qid"]: a["answer"] for r, a in zip(records, body["predictions"])
+    }
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["served", "--mlflow-dir", str(served["store"]), "--model", "served-hcqr/2"]) == 0
+    assert out.getvalue() == "no served questions of served-hcqr/2\n"
+    assert main(["served", "--mlflow-dir", str(served["store"]), "--model", "x/y"]) == 2
 
 
 def test_a_request_deadline_stops_questions_not_yet_started(served):
