@@ -543,6 +543,8 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
     assert comp_run.info.run_name == "hcqr+bootstrap_fewshot · medqa · openai/unused"
     assert comp_run.data.tags["program"] == "compiled:bootstrap_fewshot"
     assert comp_run.data.tags["compile_run_id"] == out["mlflow_run_id"]
+    # a runs:/ program is evaluated against the model its compile logged
+    assert comp_run.data.tags["model_id"] == mlflow.models.get_model_info(out["model_uri"]).model_id
     assert f"runs/{out['mlflow_run_id']})" in comp_run.data.tags["mlflow.note.content"]
     config = json.loads((comp_dir / "config.json").read_text())
     assert config["method"] == "hcqr" and config["saved_program"]["optimizer"] == "BootstrapFewShot"
