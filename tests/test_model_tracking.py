@@ -5,11 +5,14 @@ import json
 
 import mlflow
 import mlflow.genai
+import pytest
 from helpers import schema_lm
 from test_judge_controls import ScriptedJudge, reads_the_answer
-from test_optimize import setup, spec  # noqa: F401 (setup is a fixture)
+from test_optimize import NoCall, setup, spec  # noqa: F401 (setup is a fixture)
 
 from hcqr_dspy.cli import main
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.tracking.prompts import prompt_name, safe_name
 from hcqr_dspy.workflows.compile import run_compile
 
 
@@ -86,6 +89,7 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
         spec(setup, register="ltest", out=str(setup / "l2"), train_size=4), mlflow_dir=mlflow_store, lm=schema_lm("A")
     )
     v1, v2 = (resolve_model_uri(f"models:/ltest/{v}") for v in (1, 2))
+    assert resolve_model_uri("models:/ltest/latest")["version"] == "2"
     assert v1["model_id"].startswith("m-") and v1["model_id"] != v2["model_id"]
     assert mlflow.get_logged_model(v1["model_id"]).source_run_id == client.get_model_version("ltest", "1").run_id
     common = dict(dataset=str(setup / "medqa.json"), index=str(setup / "idx"), lm="openai/unused")
@@ -149,3 +153,31 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
     assert model.name == "hcqr-zero-shot" and model.model_type == "zero-shot"
     assert again.data.tags["model_id"] == model.model_id != other.data.tags["model_id"]
     assert {m.run_id for m in model.metrics if m.key == "accuracy"} == {zero.info.run_id, again.info.run_id}
+
+
+@pytest.mark.parametrize(
+    "register, alias, message",
+    [
+        ("a/b", None, "--register 'a/b': Invalid model name 'a/b'. Names cannot contain '/' or ':'."),
+        ("", None, "--register '': Missing value"),
+        ("ok", "latest", "--alias 'latest': 'latest' alias name (case insensitive) is reserved."),
+        ("ok", "v2", "--alias 'v2': Version alias name 'v2' is reserved."),
+        ("ok", "bad alias", "--alias 'bad alias': Invalid alias name"),
+    ],
+)
+def test_a_name_the_registry_would_refuse_is_refused_before_the_compile(
+    setup,
+    mlflow_store,
+    register,
+    alias,
+    message,  # noqa: F811
+):
+    with pytest.raises(HCQRError) as refused:
+        run_compile(spec(setup, register=register, alias=alias), mlflow_dir=mlflow_store, lm=NoCall())
+    assert str(refused.value).startswith(message)
+
+
+def test_program_names_that_differ_only_in_characters_a_prompt_name_cannot_hold_stay_apart():
+    assert safe_name("hcqr-medqa_v1.2") == "hcqr-medqa_v1.2"  # a valid name is kept as it is
+    assert safe_name("bad name!") != safe_name("bad name?")
+    assert safe_name("bad name!").startswith("bad-name-") and prompt_name("bad name!", "answer").endswith(".answer")

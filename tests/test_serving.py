@@ -218,6 +218,14 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
             "record 0 (qid 'q-num'): options: labels must be the letters A, B, C, got A, B, D",
         ),
         ({"question": "Q?", "options": {"A": "alpha", "B": " "}}, "record 0 (qid '0'): options.B: empty"),
+        (
+            {"question": "Q?" * 10_001, "options": OPTIONS},
+            "record 0 (qid '0'): question: 20002 characters, more than the 20000 a served question may have",
+        ),
+        (
+            {"question": "Q?", "options": {"A": "a" * 5001, "B": "beta"}},
+            "record 0 (qid '0'): options.A: 5001 characters, more than the 5000 an option may have",
+        ),
     ]
     for record, said in cases:
         status, body = post(url, [record])
@@ -225,6 +233,10 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
         assert "\n" not in message
         [rejected] = body["rejected"]
         assert rejected["row"] == 0 and rejected["field"] == message.split(": ")[2]
+    # a deadline that is not seconds above 0
+    for bad in (-5, 0):
+        status, body = post_body(url, {"dataframe_records": [good], "params": {"deadline_s": bad}})
+        assert status == 400 and body["message"].endswith(f"params.deadline_s: must be seconds above 0, got {bad}")
     # several bad records and no good one: one 400 naming each record (row and qid) and its field
     status, body = post(
         url,

@@ -7,6 +7,7 @@ DSPy, MLflow or torch.
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
@@ -66,7 +67,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if out["mlflow_run_id"]:
         print(
             f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
-            f"`hcqr eval --program {out['out']}` or --program runs:/{out['mlflow_run_id']}"
+            f"`hcqr eval --program {shlex.quote(out['out'])}` or --program runs:/{out['mlflow_run_id']}"
         )
     if out["prompts"]:
         print(
@@ -74,12 +75,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
             "a stage's versions, `hcqr prompts NAME OLD NEW` shows what changed)"
         )
     if out["registered"]:
-        uri = f"models:/{args.register}@{args.alias}" if args.alias else out["registered"]
+        uri = shlex.quote(f"models:/{args.register}@{args.alias}" if args.alias else out["registered"])
         print(
             f"registered as {out['registered']}"
             + (f" (alias {args.alias})" if args.alias else "")
             + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
-            f"  MLFLOW_TRACKING_URI={_store(args)} mlflow models serve -m {uri} --env-manager local "
+            f"  MLFLOW_TRACKING_URI={shlex.quote(_store(args))} mlflow models serve -m {uri} --env-manager local "
             f"-h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
             "  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
             "with a local model on a CPU)"

@@ -51,7 +51,14 @@ def resolve_model_uri(uri: str) -> dict[str, Any] | None:
             version = client.get_model_version_by_alias(name, alias)
         elif "/" in ref:
             name, number = ref.split("/", 1)
-            alias, version = None, client.get_model_version(name, number)
+            alias = None
+            if number == "latest":  # MLflow's models:/NAME/latest: the highest version
+                found = client.search_model_versions(f"name = '{name}'")
+                if not found:
+                    raise ProgramFormatError(f"cannot resolve {uri}: registered model {name!r} has no version")
+                version = max(found, key=lambda v: int(v.version))
+            else:
+                version = client.get_model_version(name, number)
         else:
             model = mlflow.get_logged_model(ref)
             return {"uri": uri, "name": None, "version": None, "alias": None, "model_id": model.model_id}

@@ -8,13 +8,14 @@ gives them back; ``template[0]["content"]`` is the instructions. A compile regis
 only when its template differs from the stage's latest version (else it links that version again), links every
 version to the compile run and the logged model, and gives each the model's alias when it has one.
 
-Prompt names allow letters, digits, ``-``, ``_`` and ``.`` (``mlflow.prompt.registry_utils``); other characters
-of a program's name become ``-``.
+Prompt names allow letters, digits, ``-``, ``_`` and ``.`` (``mlflow.prompt.registry_utils``); a program's name
+with other characters is made one by :func:`safe_name`.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 from typing import Any
 
@@ -26,13 +27,18 @@ NAME_RULE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def safe_name(text: str) -> str:
-    """``text`` with every run of characters a prompt (or logged model) name cannot hold made ``-``."""
-    return NAME_RULE.sub("-", text).strip("-.") or "program"
+    """``text`` as a prompt (or logged model) name: itself when it is one; else every run of characters such a
+    name cannot hold made ``-``, and the first 6 hex digits of ``text``'s SHA-256 added, so that two names that
+    differ only there (``bad name!``, ``bad name?``) stay two names."""
+    clean = NAME_RULE.sub("-", text).strip("-.")
+    if clean == text and text:
+        return text
+    return f"{clean or 'program'}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
 
 
 def prompt_name(program: str, stage: str) -> str:
-    """``<program>.<stage>``, made a valid prompt name (:func:`safe_name`)."""
-    return safe_name(f"{program}.{stage}")
+    """``<program>.<stage>``, the program's name made a valid prompt name (:func:`safe_name`)."""
+    return f"{safe_name(program)}.{stage}"
 
 
 def _lines(fields: dict[str, Any], record: Any) -> str:

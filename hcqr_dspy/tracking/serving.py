@@ -148,23 +148,22 @@ class ProgramModel:
         Raises:
             MlflowException: (HTTP 400, :func:`request_rejected`) no record of the request can be answered.
         """
+        deadline = request_deadline(self.config, params)
+        if not math.isfinite(deadline) or deadline <= 0:
+            raise request_rejected([(None, None, "params.deadline_s", f"must be seconds above 0, got {deadline:g}")])
         checked = [check_record(row, record) for row, record in enumerate(request_records(model_input))]
         if not any(ex is not None for _, ex, _ in checked):
             faults = [(row, qid, *fault) for row, (qid, _, fault) in enumerate(checked)]
             raise request_rejected(faults or [(None, None, "request", "holds no records")])
-        return answer_all(
-            self.program,
-            self.lm,
-            self.meta["method"],
-            checked,
-            self.threads,
-            request_deadline(self.config, params),
-            self.trace_tags,
-        )
+        return answer_all(self.program, self.lm, self.meta["method"], checked, self.threads, deadline, self.trace_tags)
 
 
 # -- checking a request's records --------------------------------------------------------------------------------
 OPTIONS_SHAPE = 'an object of letter -> text such as {"A": "...", "B": "..."}'
+# Characters a served question and each option may have: far above any benchmark's (MedQA-US questions run to about
+# 2,000), and a bound on what one record puts in the LM's prompt and, through every traced step, in the store.
+MAX_QUESTION_CHARS = 20_000
+MAX_OPTION_CHARS = 5_000
 # Faults listed in a 400's message (all of them are in its "rejected" list).
 MESSAGE_FAULTS = 10
 
@@ -175,6 +174,8 @@ def _absent(value: Any) -> bool:
 
 
 def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return "true/false"
     if isinstance(value, numbers.Number):
@@ -225,6 +226,8 @@ def record_fault(record: Any) -> tuple[str, str] | None:
         return "question", "missing"
     if not isinstance(question, str) or not question.strip():
         return "question", "empty" if isinstance(question, str) else f"must be text, not {_kind(question)}"
+    if len(question) > MAX_QUESTION_CHARS:
+        return "question", f"{len(question)} characters, more than the {MAX_QUESTION_CHARS} a served question may have"
     if _absent(options):
         return "options", f"missing; give {OPTIONS_SHAPE}"
     if not isinstance(options, dict):
@@ -243,6 +246,8 @@ def record_fault(record: Any) -> tuple[str, str] | None:
             return f"options.{key}", f"must be text, not {_kind(text)}"
         if not text.strip():
             return f"options.{key}", "empty"
+        if len(text) > MAX_OPTION_CHARS:
+            return f"options.{key}", f"{len(text)} characters, more than the {MAX_OPTION_CHARS} an option may have"
     return None
 
 

@@ -97,6 +97,30 @@ def probe_writable(folder: Path) -> None:
                 pass
 
 
+def check_registry_names(register: str, alias: str | None) -> None:
+    """Refuse a registered model name or alias the Model Registry would refuse, before any LM call (MLflow's own
+    rules: ``mlflow.utils.validation``; a name without ``/`` or ``:``, an alias of letters, digits, ``_`` and ``-``
+    that is neither ``latest`` nor ``v<number>``).
+
+    Raises:
+        HCQRError: the name or the alias, and why.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import validation
+
+    checks = [("--register", register, validation._validate_model_name)]
+    if alias is not None:
+        checks += [
+            ("--alias", alias, validation._validate_model_alias_name),
+            ("--alias", alias, validation._validate_model_alias_name_reserved),
+        ]
+    for option, value, check in checks:
+        try:
+            check(value)
+        except MlflowException as exc:
+            raise HCQRError(f"{option} {value!r}: {exc.message.splitlines()[0]}") from None
+
+
 def run_compile(spec: CompileSpec, mlflow_dir=None, track: bool = True, lm=None, reflection_lm=None) -> dict[str, Any]:
     """:func:`compile_and_save` as the one writer of ``spec.out``: a second compile into the same folder is
     refused at once, naming the process that writes it (:class:`~hcqr_dspy.evaluation.lock.WriterLock`, on
@@ -167,6 +191,8 @@ def compile_and_save(
         raise HCQRError("--alias needs --register NAME")
     if spec.register and not track:
         raise HCQRError("--register needs MLflow tracking (drop --no-mlflow)")
+    if spec.register is not None:
+        check_registry_names(spec.register, spec.alias)
     if spec.method not in PROGRAMS:
         raise HCQRError(f"unknown method {spec.method!r}; choose one of {', '.join(PROGRAMS)}")
     refuse_bound(spec.method, "hcqr compile")

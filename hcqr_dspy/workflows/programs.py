@@ -39,6 +39,12 @@ def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = Non
 
     configure(mlflow_dir)
     uri = text.rstrip("/")
+    ref = uri[len("models:/") :] if uri.startswith("models:/") else None
+    if ref is not None and "/" not in ref and "@" not in ref and not ref.startswith("m-"):
+        raise ProgramFormatError(
+            f"{text}: give a version or an alias (models:/{ref}/VERSION, models:/{ref}/latest, models:/{ref}@ALIAS) "
+            "or a logged model id (models:/m-...)"
+        )
     if uri.startswith("runs:/") and uri.count("/") == 1:  # runs:/<id>
         uri += "/program"
     try:
