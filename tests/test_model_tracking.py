@@ -166,7 +166,7 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
     ],
 )
 def test_a_name_the_registry_would_refuse_is_refused_before_the_compile(
-    setup,
+    setup,  # noqa: F811
     mlflow_store,
     register,
     alias,
