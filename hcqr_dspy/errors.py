@@ -115,7 +115,7 @@ class MilvusOutageError(MilvusUnavailableError, BackendUnavailableError):
 @functools.cache
 def request_rejected_class() -> type:
     """The class ``RequestRejected(MlflowException, HCQRError)``: a serving request none of whose records can be
-    answered (:func:`hcqr_dspy.tracking.serving.request_rejected`), which MLflow's scoring server answers with
+    answered (:func:`hcqr_dspy.tracking.served_requests.request_rejected`), which MLflow's scoring server answers with
     HTTP 400. Built on first use, because its base ``MlflowException`` needs MLflow, which this module does not
     import."""
     from mlflow.exceptions import MlflowException  # heavy: imported only where a model is served

@@ -152,7 +152,9 @@ def test_evaluations_are_logged_against_the_model_version_they_ran(setup, mlflow
     model = mlflow.get_logged_model(zero.data.tags["model_id"])
     assert model.name == "hcqr-zero-shot" and model.model_type == "zero-shot"
     assert again.data.tags["model_id"] == model.model_id != other.data.tags["model_id"]
-    assert {m.run_id for m in model.metrics if m.key == "accuracy"} == {zero.info.run_id, again.info.run_id}
+    # (the store is the session's: another test's evaluation of the same program may share the model)
+    on_model = {m.run_id for m in model.metrics if m.key == "accuracy"}
+    assert {zero.info.run_id, again.info.run_id} <= on_model and other.info.run_id not in on_model
 
 
 @pytest.mark.parametrize(

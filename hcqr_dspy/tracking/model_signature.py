@@ -15,7 +15,7 @@ qid        optional, any type (text or a number, returned as text; a record with
 
 MLflow enforces the types and required fields before the model sees a request (a request that breaks them is
 answered with HTTP 400, ``error_class: SCHEMA_ENFORCEMENT_FAILED``); the model then checks what a schema cannot say
-(labels that skip a letter, empty texts) record by record (:func:`hcqr_dspy.tracking.serving.record_fault`).
+(labels that skip a letter, empty texts) record by record (:func:`hcqr_dspy.tracking.served_requests.record_fault`).
 
 Params: ``deadline_s``, the seconds a request may take (:mod:`hcqr_dspy.tracking.serve_runtime`), sent as
 ``{"params": {"deadline_s": 120}}`` beside the records.

@@ -101,7 +101,7 @@ def answer_all(
     trace_tags: dict[str, str] | None,
 ) -> list[dict[str, Any]]:
     """Answer the checked records of one request (``(qid, example or None, fault or None)``, from
-    :func:`hcqr_dspy.tracking.serving.check_record`) in parallel, in request order.
+    :func:`hcqr_dspy.tracking.served_requests.check_record`) in parallel, in request order.
 
     Returns:
         One record per request record: answered, rejected (``rejected`` says why) or not started before the
