@@ -60,6 +60,12 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
     )
     assert again["prompts"] == second["prompts"]
     assert mlflow.genai.load_prompt("prompts:/ptest.answer@champion").version == 1  # the alias stays where it was
+    # moving the model's alias with `hcqr prompts MODEL VERSION --alias` moves its prompts' alias along
+    assert main(["prompts", "ptest", "2", "--alias", "champion", "--mlflow-dir", str(mlflow_store)]) == 0
+    assert str(mlflow.MlflowClient().get_model_version_by_alias("ptest", "champion").version) == "2"
+    assert {s: mlflow.genai.load_prompt(f"prompts:/ptest.{s}@champion").version for s in ("answer", "rewrite")} == {
+        s: int(next(u for u in second["prompts"] if f".{s}/" in u).rsplit("/", 1)[1]) for s in ("answer", "rewrite")
+    }
 
     capsys.readouterr()
     assert main(["prompts", "ptest.answer", "1", "2", "--mlflow-dir", str(mlflow_store)]) == 0
@@ -68,7 +74,9 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
     assert any(line.startswith("-") and not line.startswith("---") for line in diff.splitlines())
     assert main(["prompts", "ptest.answer", "--mlflow-dir", str(mlflow_store)]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[0].startswith("ptest.answer v1  aliases: champion") and listed[1].startswith("ptest.answer v2")
+    assert listed[0].startswith("ptest.answer v1  aliases: -") and listed[1].startswith(
+        "ptest.answer v2  aliases: champion"
+    )
     assert main(["prompts", "ptest.answer", "1", "9", "--mlflow-dir", str(mlflow_store)]) == 2
     assert capsys.readouterr().err.startswith("hcqr: error: no prompt prompts:/ptest.answer/9")
 

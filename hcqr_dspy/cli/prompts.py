@@ -13,12 +13,19 @@ from hcqr_dspy.errors import HCQRError
 
 
 def cmd_prompts(args: argparse.Namespace) -> int:
-    from hcqr_dspy.tracking.prompts import prompt_diff, prompt_versions
+    from hcqr_dspy.tracking.prompts import move_alias, prompt_diff, prompt_versions
     from hcqr_dspy.tracking.store import configure, store_dir
 
     if not (store_dir(args.mlflow_dir) / "mlflow.db").exists():
         raise HCQRError(f"no MLflow store at {store_dir(args.mlflow_dir)}; run `hcqr compile` first")
     configure(args.mlflow_dir)
+    if args.alias is not None:
+        if args.old is None or args.new is not None:
+            raise HCQRError("--alias ALIAS takes the model version: hcqr prompts MODEL VERSION --alias ALIAS")
+        for uri in move_alias(args.name, args.alias, args.old):
+            print(f"{uri} @{args.alias}")
+        print(f"models:/{args.name}/{args.old} @{args.alias}")
+        return 0
     if (args.old is None) != (args.new is None):
         raise HCQRError("give two versions to compare (OLD and NEW), or none to list the versions")
     if args.old is None:
@@ -35,10 +42,17 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command(
         "prompts",
         help="list the versions of a compiled stage's prompt (NAME: <program>.<stage>, e.g. hcqr-medqa.answer), "
-        "or show the diff of two of them",
+        "show the diff of two of them, or move a registered model's alias with its prompts' "
+        "(hcqr prompts MODEL VERSION --alias ALIAS)",
     )
     p.add_argument("name", help="prompt name, <program>.<stage> (`hcqr compile` prints them)")
     p.add_argument("old", nargs="?", default=None, help="a version number or alias")
     p.add_argument("new", nargs="?", default=None, help="a version number or alias")
+    p.add_argument(
+        "--alias",
+        default=None,
+        help="give registered model NAME's version OLD this alias, and the same alias to the prompt versions "
+        "compiled with it (default: none)",
+    )
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.set_defaults(func=cmd_prompts)

@@ -183,3 +183,37 @@ def prompt_versions(name: str) -> list[str]:
             f"recipe: {tags.get('recipe', '-')}  run: {tags.get('run_id', '-')}"
         )
     return lines
+
+
+def move_alias(model: str, alias: str, version: str) -> list[str]:
+    """Give registered model ``model``'s version ``version`` the alias ``alias``, and the prompts linked to that
+    version's LoggedModel (its ``mlflow.linkedPrompts`` tag: one version per stage) the same alias, so that prompt
+    aliases keep following the model's.
+
+    Returns:
+        The prompt versions that now carry the alias (``prompts:/NAME/VERSION``).
+
+    Raises:
+        HCQRError: no such model version, or an alias the registry refuses.
+    """
+    import json
+
+    import mlflow
+    import mlflow.genai
+    from mlflow.exceptions import MlflowException
+
+    from hcqr_dspy.tracking.model_links import resolve_model_uri
+
+    client = mlflow.MlflowClient()
+    found = resolve_model_uri(f"models:/{model}/{version}")
+    try:
+        client.set_registered_model_alias(model, alias, found["version"])
+    except MlflowException as exc:
+        raise HCQRError(f"alias {alias!r}: {exc.message.splitlines()[0]}") from None
+    linked = []
+    if found["model_id"]:
+        tag = mlflow.get_logged_model(found["model_id"]).tags.get("mlflow.linkedPrompts") or "[]"
+        for prompt in json.loads(tag):
+            mlflow.genai.set_prompt_alias(prompt["name"], alias, int(prompt["version"]))
+            linked.append(f"prompts:/{prompt['name']}/{prompt['version']}")
+    return linked
