@@ -120,7 +120,7 @@ def answer_all(
             return answered(qid, ex)
         with tracing.question(method, ex.question, ex.options, {**trace_tags, "qid": qid}) as trace:
             record = answered(qid, ex)
-            trace.root.set_outputs(record)
+            trace.root.set_outputs({"answer": record["answer"], **record})  # answer first: the Traces tab's response
         return record
 
     def answered(qid: str, ex: Any) -> dict[str, Any]:
