@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.append(str(REPO / "tests"))  # the stub LM server and process helpers are test support
-from helpers import free_port, wait_until_serving  # noqa: E402
+from helpers import free_port, start_scoring_server, stop_process_group  # noqa: E402
 from report import read_results, write_results  # noqa: E402
 from stub_server import OPTIONS, SECRET, Stub  # noqa: E402
 
@@ -71,37 +70,13 @@ def register_program(tmp: Path, stub: Stub) -> str:
 
 
 def serve(tracking_uri: str, threads: int, tmp: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": tracking_uri,
+    args = ["models", "serve", "-m", "models:/bench-hcqr/1", "--env-manager", "local", "-h", "127.0.0.1"]
+    extra = {
         "STUB_KEY": SECRET,
         "HCQR_SERVE_THREADS": str(threads),
         "DSPY_CACHEDIR": str(tmp / f"dspy-cache-{threads}"),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    args = ["models", "serve", "-m", "models:/bench-hcqr/1", "--env-manager", "local", "-h", "127.0.0.1"]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", *args, "-p", str(port), "-t", "1800"],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
-    return server, f"http://127.0.0.1:{port}/invocations"
-
-
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
+    return start_scoring_server([*args, "-p", str(free_port()), "-t", "1800"], tracking_uri, extra)
 
 
 def post(url: str, records: list[dict]) -> float:
@@ -162,7 +137,7 @@ def main(argv=None) -> int:
                         )
                         print(json.dumps(rows[-1]), flush=True)
                 finally:
-                    stop(server)
+                    stop_process_group(server)
     finally:
         stub.stop()
     section = {

@@ -260,3 +260,50 @@ def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 180.0)
         except OSError:
             time.sleep(1)
     raise AssertionError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def start_scoring_server(serve_args: list[str], tracking_uri: str, extra_env: dict | None = None):
+    """Start ``mlflow <serve_args>`` (``models serve -m ... -p PORT ...``) in its own process group, in this
+    interpreter's environment with the repository importable, and wait until it answers ``/ping``.
+
+    Returns:
+        ``(process, invocations URL)``.
+    """
+    import os
+    import sys
+
+    port = serve_args[serve_args.index("-p") + 1]
+    # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+        **(extra_env or {}),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", *serve_args],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
+    return server, f"http://127.0.0.1:{port}/invocations"
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL it after 30 s, and reap ``proc``."""
+    import os
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

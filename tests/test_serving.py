@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,7 +18,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import TINY_ROWS, alive, children, free_port, snippet, wait_until_serving, write_jsonl
+from helpers import (
+    TINY_ROWS,
+    alive,
+    children,
+    free_port,
+    snippet,
+    start_scoring_server,
+    stop_process_group,
+    write_jsonl,
+)
 from stub_server import OPTIONS, SECRET, Stub
 
 from hcqr_dspy.cli import main
@@ -89,25 +97,10 @@ def served(tmp_path_factory):
             tracking_uri = store_var.split("=", 1)[1]
             port = free_port()
             serve_args[serve_args.index("-p") + 1] = str(port)
-            # MLflow's scoring server runs `uvicorn` from PATH: the virtualenv's bin folder, as when it is activated
-            env = {
-                **os.environ,
-                "MLFLOW_TRACKING_URI": tracking_uri,
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            }
-            server = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", *serve_args],
-                env=env,
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            wait_until_serving(f"http://127.0.0.1:{port}/ping", server)
+            server, url = start_scoring_server(serve_args, tracking_uri)
             tree = [server.pid, *children(server.pid)]
             yield {
-                "url": f"http://127.0.0.1:{port}/invocations",
+                "url": url,
                 "stub": stub,
                 "out": out,
                 "store": store,
@@ -116,13 +109,7 @@ def served(tmp_path_factory):
             }
         finally:
             if server is not None:
-                if server.poll() is None:
-                    os.killpg(server.pid, signal.SIGTERM)
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(server.pid, signal.SIGKILL)
-                    server.wait(timeout=30)
+                stop_process_group(server)
             deadline = time.monotonic() + 10
             while any(alive(p) for p in tree) and time.monotonic() < deadline:
                 time.sleep(0.2)

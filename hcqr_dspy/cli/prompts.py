@@ -14,10 +14,9 @@ from hcqr_dspy.errors import HCQRError
 
 def cmd_prompts(args: argparse.Namespace) -> int:
     from hcqr_dspy.tracking.prompts import move_alias, prompt_diff, prompt_versions
-    from hcqr_dspy.tracking.store import configure, store_dir
+    from hcqr_dspy.tracking.store import configure, existing_store
 
-    if not (store_dir(args.mlflow_dir) / "mlflow.db").exists():
-        raise HCQRError(f"no MLflow store at {store_dir(args.mlflow_dir)}; run `hcqr compile` first")
+    existing_store(args.mlflow_dir, "run `hcqr compile`")
     configure(args.mlflow_dir)
     if args.alias is not None:
         if args.old is None or args.new is not None:

@@ -10,16 +10,14 @@ import json
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _positive_int
-from hcqr_dspy.errors import HCQRError
 
 
 def cmd_served(args: argparse.Namespace) -> int:
     from hcqr_dspy.tracking.served_traces import served_filter, served_questions
-    from hcqr_dspy.tracking.store import configure, store_dir
+    from hcqr_dspy.tracking.store import configure, existing_store
 
     served_filter(args.model)  # a malformed --model is refused before the store is opened
-    if not (store_dir(args.mlflow_dir) / "mlflow.db").exists():
-        raise HCQRError(f"no MLflow store at {store_dir(args.mlflow_dir)}; serve with MLFLOW_TRACKING_URI set to it")
+    existing_store(args.mlflow_dir, "serve a model with MLFLOW_TRACKING_URI set to it")
     rows = served_questions(configure(args.mlflow_dir), args.model, args.limit)
     for row in rows:
         if args.json:

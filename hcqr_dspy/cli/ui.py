@@ -11,16 +11,13 @@ import sys
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _positive_int
-from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.tracking.experiment_page import key_metrics_url
-from hcqr_dspy.tracking.store import configure, store_dir
+from hcqr_dspy.tracking.store import configure, existing_store
 from hcqr_dspy.tracking.ui import check_port, serve_ui
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    folder = store_dir(args.mlflow_dir)
-    if not (folder / "mlflow.db").exists():
-        raise HCQRError(f"no MLflow store at {folder} yet; run `hcqr eval` or `make demo` first")
+    folder = existing_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
     check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
     experiment_id = configure(args.mlflow_dir)
     print(

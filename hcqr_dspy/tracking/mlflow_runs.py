@@ -158,6 +158,11 @@ def describe_mlflow_run(run_id: str, config: dict[str, Any], kind: str = "evalua
     client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))
 
 
+def never_finalized(model: Any) -> bool:
+    """Whether a LoggedModel is still ``PENDING``: what ``mlflow.dspy.autolog``'s placeholders stay."""
+    return str(model.status).upper().endswith("PENDING")
+
+
 def drop_autolog_placeholders(run_id: str) -> int:
     """Delete the placeholder logged models ``mlflow.dspy.autolog(log_compiles=True)`` leaves in run ``run_id``:
     one named ``dspy``, never finalized (status ``PENDING``), per optimizer ``compile`` call
@@ -178,7 +183,7 @@ def drop_autolog_placeholders(run_id: str) -> int:
             filter_string=f"source_run_id = '{run_id}' AND name = 'dspy'",
             output_format="list",
         )
-        if str(model.status).upper().endswith("PENDING")
+        if never_finalized(model)
     ]
     for model in placeholders:
         client.delete_logged_model(model.model_id)

@@ -119,6 +119,8 @@ def compiled_model(compile_run_id: str, experiment_id: str) -> str | None:
     not in this store or logged none."""
     import mlflow
 
+    from hcqr_dspy.tracking.mlflow_runs import never_finalized
+
     models = [
         m
         for m in mlflow.search_logged_models(
@@ -126,7 +128,7 @@ def compiled_model(compile_run_id: str, experiment_id: str) -> str | None:
             filter_string=f"source_run_id = '{compile_run_id}'",
             output_format="list",
         )
-        if not str(m.status).upper().endswith("PENDING")  # mlflow.dspy.autolog's placeholders are never finalized
+        if not never_finalized(m)
     ]
     return models[0].model_id if models else None
 

@@ -28,6 +28,18 @@ def store_dir(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get("HCQR_MLFLOW_DIR") or DEFAULT_DIR).resolve()
 
 
+def existing_store(path: str | Path | None, first: str) -> Path:
+    """The tracking folder (:func:`store_dir`) when it holds a store; nothing is created.
+
+    Raises:
+        HCQRError: it holds none; the message says to run ``first`` first.
+    """
+    folder = store_dir(path)
+    if not (folder / "mlflow.db").exists():
+        raise HCQRError(f"no MLflow store at {folder} yet; {first} first")
+    return folder
+
+
 def tracking_uri(path: str | Path | None = None) -> str:
     """``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<store_dir>/mlflow.db``."""
     if os.environ.get("MLFLOW_TRACKING_URI") and path is None:
