@@ -200,9 +200,34 @@ def test_an_old_judged_folder_loads_and_reports_the_on_topic_control_as_not_judg
     row = next(line for line in report.splitlines() if line.startswith("| hcqr | 100.0%"))
     assert "| – (not judged) | not measured |" in row
     assert "DUR of hcqr is not trustworthy: no on-topic control judgments (judged before the on-topic control" in report
-    # judging it again with the new controls is refused, not mixed into the old judgments
+    # another judge is refused, not mixed into the old judgments
     with pytest.raises(HCQRError, match="judgments made with other settings"):
-        judge_and_track(runs[1], judge_lm="old", lm=ScriptedJudge(reads_the_answer), retriever=demo[1], track=False)
+        judge_and_track(runs[1], judge_lm="new", lm=ScriptedJudge(reads_the_answer), retriever=demo[1], track=False)
+
+
+def test_the_same_judge_adds_the_on_topic_control_to_old_judgments_and_keeps_their_labels(tmp_path, demo):
+    run = demo_run(tmp_path / "hcqr", "hcqr", demo, qids={"demo-001", "demo-002", "demo-003"})
+    old = {"mode": "context", "valid": True, "error": None, "passage_labels": None, "passage_queries": [[0]]}
+    old |= {"judge_lm": "old", "reasoning": True, "controls": True, "control_seed": 0, "label": "NOT_USEFUL"}
+    old |= {"positive_label": "USEFUL", "negative_label": "NOT_USEFUL", "seconds": 2.0}
+    qids = ["demo-001", "demo-002", "demo-003"]
+    (run / "judgments.jsonl").write_text("".join(json.dumps({**old, "qid": q}) + "\n" for q in qids))
+    # an earlier session added demo-002's control before it stopped: resumed, not judged again
+    earlier = {"qid": "demo-002", "on_topic_label": "ENTAILED", "on_topic_rationale": "kept", "on_topic_option": "C"}
+    earlier |= {"on_topic_passages": ["x"], "on_topic_error": None, "on_topic_seconds": 1.0}
+    (run / "judgments_on_topic.jsonl").write_text(json.dumps(earlier) + "\n")
+    judge = ScriptedJudge(lambda options, gold, documents: "USEFUL")
+    judge_and_track(run, judge_lm="old", lm=judge, retriever=demo[1], track=False)
+    assert len(judge.history) == 2  # one call per question still without its control; nothing else judged again
+    judged = RunFolder(run).judgments()
+    assert [j["label"] for j in judged] == ["NOT_USEFUL"] * 3  # recorded labels kept (this judge says USEFUL)
+    assert all(j["controls"] == "positive,negative,on_topic" and j["on_topic_added"] for j in judged)
+    assert [j["on_topic_label"] for j in judged] == ["USEFUL", "ENTAILED", "USEFUL"]
+    assert judged[1]["seconds"] == 3.0 and judged[0]["on_topic_option"] in "ABCD"
+    assert not (run / "judgments_on_topic.jsonl").exists()
+    assert json.loads((run / "dur.json").read_text())["dur_on_topic_control_n"] == 3
+    judge_and_track(run, judge_lm="old", lm=judge, retriever=demo[1], track=False)  # done: nothing to judge
+    assert len(judge.history) == 2
 
 
 def test_the_shipped_labelled_set_loads_and_a_bad_one_is_one_line(tmp_path):

@@ -26,6 +26,7 @@ from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
+from hcqr_dspy.judge.control_upgrade import add_on_topic_controls, judged_before_on_topic
 from hcqr_dspy.judge.controls import CONTROL_SEED, negative_control_pairs, on_topic_contexts
 from hcqr_dspy.judge.judge import DURJudge
 from hcqr_dspy.judge.labels import LABELS
@@ -36,7 +37,8 @@ from hcqr_dspy.programs.context import shown_documents
 from hcqr_dspy.retrieval.base import Retriever, read_manifest
 
 # The controls judged with each question, as recorded in every judgment's settings (a judging resumed with
-# judgments recorded under other controls, e.g. ``True`` before the on-topic control existed, is refused).
+# judgments recorded under other settings is refused, except judgments made before the on-topic control existed,
+# ``controls: true``, which gain it: :mod:`hcqr_dspy.judge.control_upgrade`).
 JUDGED_CONTROLS = "positive,negative,on_topic"
 
 
@@ -144,7 +146,7 @@ def judge_run(
         "control_seed": CONTROL_SEED,
     }
     done = folder.judgments()
-    other = [j for j in done if {k: j.get(k) for k in settings} != settings]
+    other = [j for j in done if {k: j.get(k) for k in settings} != settings and not judged_before_on_topic(j, settings)]
     if other:
         old = {k: other[0].get(k) for k in settings}
         raise RunError(
@@ -152,6 +154,20 @@ def judge_run(
             f"these would be {settings}; delete it (and dur.json) to judge again"
         )
     judge = DURJudge(mode, reasoning)
+
+    def bug(row: dict[str, Any], exc: BaseException) -> ProgramError:
+        tb = folder.save_traceback(f"judge-{row['qid']}", exc)
+        return ProgramError(
+            f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
+            "fix it and run the same command again to resume",
+            row["qid"],
+            tb,
+        )
+
+    if any(judged_before_on_topic(j, settings) for j in done):
+        done = add_on_topic_controls(
+            folder, retriever, judge, lm, questions, settings, num_threads, progress, trace_tags, on_error=bug
+        )
     sample = judged_sample(folder, limit=limit, seed=seed, ids=ids)
     chosen = None if sample is None else set(sample["ids"])
     todo = [r for r in rows if r.get("passages") and (chosen is None or r["qid"] in chosen)]
@@ -224,15 +240,6 @@ def judge_run(
             "stages": pred.stages,
             "seconds": round(time.perf_counter() - t0, 4),
         }
-
-    def bug(row: dict[str, Any], exc: BaseException) -> ProgramError:
-        tb = folder.save_traceback(f"judge-{row['qid']}", exc)
-        return ProgramError(
-            f"judging question {row['qid']!r} raised {lm_failure(exc)} (traceback in {tb}); "
-            "fix it and run the same command again to resume",
-            row["qid"],
-            tb,
-        )
 
     if {r["qid"] for r in todo} - {j["qid"] for j in done}:
         folder.record_session("judge", lm)

@@ -1,0 +1,138 @@
+"""Adding the on-topic control to judgments recorded before it existed: one judge call per question.
+
+Judgments made when the controls were the positive and the negative one (recorded as ``controls: true``) hold
+the context's label and both control labels. Each of those calls is independent of the others
+(:meth:`hcqr_dspy.judge.judge.DURJudge.forward` labels the context and each control in its own call), so with the
+same judge (LM, mode, reasoning) the missing on-topic control can be judged alone and added: the recorded labels
+are kept as they are and each upgraded judgment says so (``on_topic_added``). The added labels are written first to
+``judgments_on_topic.jsonl`` (resumable, one record per question); when every judgment has its control, they are
+merged into ``judgments.jsonl`` in one atomic rewrite and that file is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dspy
+
+from hcqr_dspy import tracing
+from hcqr_dspy.data import format_options
+from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.loop import run_resumable
+from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.judge.controls import CONTROL_SEED, on_topic_contexts
+from hcqr_dspy.judge.judge import DURJudge, correct_answer_text
+from hcqr_dspy.lm import call_retrying_bad_replies
+from hcqr_dspy.lm.adapter import HCQRAdapter
+
+ADDED_FILE = "judgments_on_topic.jsonl"
+# What a judgment's ``controls`` said before the on-topic control existed (positive and negative).
+EARLIER_CONTROLS = True
+
+
+def judged_before_on_topic(judgment: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """Whether ``judgment`` was made with ``settings`` except that its controls were the positive and the
+    negative one only, so that adding the on-topic control makes it a judgment with ``settings``."""
+    return judgment.get("controls") is EARLIER_CONTROLS and all(
+        judgment.get(k) == v for k, v in settings.items() if k != "controls"
+    )
+
+
+def add_on_topic_controls(
+    folder: RunFolder,
+    retriever: Any,
+    judge: DURJudge,
+    lm: Any,
+    questions: dict[str, Any],
+    settings: dict[str, Any],
+    num_threads: int = 1,
+    progress: bool = True,
+    trace_tags: dict[str, str] | None = None,
+    on_error: Callable[[Any, BaseException], BaseException] | None = None,
+) -> list[dict[str, Any]]:
+    """Judge the on-topic control of every judgment made before it existed and merge it in.
+
+    Args:
+        folder: The run folder whose ``judgments.jsonl`` holds such judgments.
+        retriever: The run's retriever (resolves and retrieves the on-topic controls).
+        judge: The judge (same mode and reasoning as the recorded judgments; the caller checks the settings).
+        lm: The judge's ``dspy.LM``.
+        questions: ``{qid: Question}`` of the run.
+        settings: The settings the upgraded judgments are recorded with (``controls`` the current ones).
+        num_threads, progress: See :func:`~hcqr_dspy.evaluation.loop.run_resumable`.
+        trace_tags: Record each added control as a ``dur judge (on-topic control)`` trace with these tags.
+        on_error: Turns a question's exception (not a bad reply, not an outage) into the one raised.
+
+    Returns:
+        Every judgment of the folder, in file order, the upgraded ones with the on-topic fields and
+        ``on_topic_added: true``.
+
+    Raises:
+        LMUnavailableError: the judge LM stopped answering (added controls so far kept in ``judgments_on_topic.jsonl``).
+        RunError: a record could not be read or written.
+    """
+    done = folder.judgments()
+    earlier = [j for j in done if judged_before_on_topic(j, settings)]
+    if not earlier:
+        return done
+    rows = {r["qid"]: r for r in folder.rows()}
+    controls = on_topic_contexts(
+        retriever,
+        [(j["qid"], questions[j["qid"]], len(rows[j["qid"]]["passages"])) for j in earlier],
+        CONTROL_SEED,
+    )
+
+    def work(judgment: dict[str, Any]) -> dict[str, Any]:
+        qid = judgment["qid"]
+        q, topic = questions[qid], controls[qid]
+        t0 = time.perf_counter()
+        label = rationale = None
+        if topic["documents"]:
+            common = dict(
+                question=q.question,
+                options=format_options(q.options),
+                correct_answer=correct_answer_text(q.options, q.answer),
+            )
+            if trace_tags is None:
+                label, rationale, _ = call_retrying_bad_replies(lambda: judge.label_context(common, topic["documents"]))
+            else:
+                with tracing.question(
+                    "dur judge (on-topic control)", q.question, q.options, {**trace_tags, "qid": qid}
+                ) as trace:
+                    label, rationale, _ = call_retrying_bad_replies(
+                        lambda: judge.label_context(common, topic["documents"])
+                    )
+                    trace.root.set_outputs({"on_topic_label": label})
+        return {
+            "qid": qid,
+            "on_topic_label": label,
+            "on_topic_rationale": rationale,
+            "on_topic_option": topic["option"],
+            "on_topic_passages": topic["passages"],
+            "on_topic_error": topic["error"],
+            "on_topic_seconds": round(time.perf_counter() - t0, 4),
+        }
+
+    table = JsonlTable(folder.path / ADDED_FILE, "added on-topic control")
+    if {j["qid"] for j in earlier} - {a["qid"] for a in table.read()}:
+        folder.record_session("judge: on-topic controls added", lm)
+    with dspy.context(lm=lm, adapter=HCQRAdapter()):
+        added, _, _ = run_resumable(
+            table, earlier, lambda j: j["qid"], work, LM_UNAVAILABLE, num_threads, progress, on_error=on_error
+        )
+    by_qid = {a["qid"]: a for a in added}
+    merged = []
+    for j in done:
+        extra = by_qid.get(j["qid"])
+        if extra is not None and judged_before_on_topic(j, settings):
+            seconds = extra.pop("on_topic_seconds")
+            j = {**j, **extra, "controls": settings["controls"], "on_topic_added": True}
+            j["seconds"] = round((j.get("seconds") or 0) + seconds, 4)
+        merged.append(j)
+    atomic_write_text(folder.judgments_table.path, "".join(json.dumps(j, ensure_ascii=False) + "\n" for j in merged))
+    table.path.unlink()
+    return merged
