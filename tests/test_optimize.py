@@ -8,10 +8,22 @@ from pathlib import Path
 import dspy
 import mlflow
 import pytest
-from helpers import FINDINGS, TAUGHT, TINY_ROWS, schema_lm, snippet, teachable_lm, teaching_questions, write_jsonl
+from helpers import (
+    FINDINGS,
+    TAUGHT,
+    TEACHING_OPTIONS,
+    TINY_ROWS,
+    TeachableEngine,
+    schema_lm,
+    snippet,
+    teachable_lm,
+    teaching_questions,
+    write_jsonl,
+)
 from pydantic import ValidationError
 
 from hcqr_dspy.errors import HCQRError, LMUnavailableError, ProgramFormatError, RecipeError
+from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.compile import build_optimizer, compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.feedback import diagnose, make_metric
@@ -312,7 +324,12 @@ def write_recipe(folder, **fields):
             {"optimizer": "MIPROv2", "settings": {"auto": "lite"}},
             r"settings: auto: Input should be 'light', 'medium' or 'heavy' \(got 'lite'\)",
         ),
-        ({"metric": "f1"}, r"r\.yaml:1: metric: Input should be 'accuracy' or 'feedback' \(got 'f1'\)"),
+        (
+            {"metric": "f1"},
+            r"r\.yaml:1: metric: Input should be 'accuracy', 'grounded', 'feedback' or 'feedback_gold_prob' \(got 'f1'\)",
+        ),
+        ({"metric": "feedback_gold_prob"}, r"metric 'feedback_gold_prob' is for GEPA; BootstrapFewShot needs metric"),
+        ({"demo_predictors": []}, r"demo_predictors: List should have at least 1 item"),
         ({"metric": "feedback"}, r"metric 'feedback' is for GEPA; BootstrapFewShot needs metric 'accuracy'"),
         (
             {"train_sise": 3},
@@ -694,3 +711,106 @@ def test_answer_demos_are_shown_trimmed(setup):
     [answer_prompt] = [p for p in lm.schema_engine.prompts if "Demo question?" in p]
     assert "Document [1] (Title: T1)" in answer_prompt and "Document [2] (Title: T2)" not in answer_prompt
     assert program.answer.demos[0]["context"] == long_context  # the program's own demo is untouched
+
+
+# -- recipes that teach the answer step to use its context ------------------------------------------------------
+class CitingEngine(TeachableEngine):
+    """The teachable LM whose answer-step reasoning names the option it answers (as a reader drawing on a passage
+    would), so the ``grounded`` metric can pass; ``cite=False``: a reasoning that names no option."""
+
+    def __init__(self, cite: bool = True):
+        super().__init__()
+        self.cite = cite
+
+    def fill(self, request, properties: dict) -> dict:
+        reply = super().fill(request, properties)
+        if "answer" in properties and "reasoning" in properties:
+            named = TEACHING_OPTIONS[reply["answer"]] if self.cite else "the option"
+            reply["reasoning"] = f"The passage on {named} fits the finding."
+        return reply
+
+
+def test_grounded_metric_needs_a_right_answer_a_context_and_a_reasoning_that_name_the_gold_option(setup):
+    retriever = load_index(setup / "idx")
+    gold = dspy.Example(question="q", options={"A": "Digoxin toxicity", "B": "Graves disease"}, answer="A")
+    metric = make_metric("grounded", retriever)
+
+    def pred(answer="A", shown=("p3",), reasoning="Digoxin toxicity explains the halos."):
+        passages = [{"id": i} for i in shown]
+        return dspy.Prediction(answer=answer, valid=True, passages=passages, reasoning=reasoning)
+
+    assert metric(gold, pred()) is True
+    assert metric(gold, pred(shown=("p4", "p7"))) is False  # the context never names the gold option
+    assert metric(gold, pred(reasoning="The halos point to it.")) is False  # the reasoning does not draw on it
+    assert metric(gold, pred(answer="B", reasoning="Graves disease.")) is False
+    with pytest.raises(RecipeError, match="needs a retrieval method"):
+        make_metric("grounded", None)(gold, pred())
+
+
+def gold_text(demo):
+    """The text of a demo's answer, read from its options as the answer step was shown them ('A. text' lines)."""
+    return dict(line.split(". ", 1) for line in demo["options"].splitlines())[demo["answer"]]
+
+
+def test_a_grounded_recipe_bootstraps_only_answer_demos_whose_context_decides(teaching):
+    recipe = load_recipe(RECIPES / "bootstrap_grounded.yaml")  # as shipped
+    assert recipe.metric == "grounded" and recipe.demo_predictors == ["answer"]
+    student = HCQR(teaching["retriever"], budget=3, k_per_query=1)
+    with dspy.context(lm=schema_lm(engine=CitingEngine()), adapter=dspy.JSONAdapter()):
+        compiled = compile_program(recipe, student, teaching["train"], teaching["val"])
+    assert not compiled.hypothesis.demos and not compiled.rewrite.demos  # only the answer step is taught
+    demos = compiled.answer.demos
+    assert demos and all("context" in d for d in demos)  # bootstrapped traces, no bare labelled examples
+    for d in demos:  # each shows a context naming the gold option, and a reasoning drawing on it
+        assert mentions(gold_text(d), [d["context"]]) and gold_text(d) in d["reasoning"]
+
+
+def test_the_grounded_metric_refuses_right_answers_whose_reasoning_does_not_use_the_context(teaching):
+    # the same answers from the same contexts, but a reasoning that names no option
+    student = HCQR(teaching["retriever"], budget=3, k_per_query=1)
+    shipped = load_recipe(RECIPES / "bootstrap_grounded.yaml")
+    demos = {}
+    for metric in ("grounded", "accuracy"):
+        with dspy.context(lm=schema_lm(engine=CitingEngine(cite=False)), adapter=dspy.JSONAdapter()):
+            recipe = shipped.model_copy(update={"metric": metric})
+            demos[metric] = compile_program(recipe, student, teaching["train"], teaching["val"]).answer.demos
+    assert demos["grounded"] == [] and len(demos["accuracy"]) == 2
+
+
+def test_demo_predictors_naming_no_predictor_are_refused_before_any_lm_call(teaching):
+    recipe = load_recipe(RECIPES / "bootstrap_fewshot.yaml").model_copy(update={"demo_predictors": ["answr"]})
+    with pytest.raises(RecipeError, match="demo_predictors answr are not predictors of this program"):
+        with dspy.context(lm=NoCall(), adapter=dspy.JSONAdapter()):
+            compile_program(recipe, HCQR(teaching["retriever"], budget=3), teaching["train"])
+
+
+def test_gold_probability_feedback_scores_the_mean_of_accuracy_and_the_gold_probability():
+    gold = dspy.Example(question="q", options={"A": "x", "B": "y"}, answer="A")
+    metric = make_metric("feedback_gold_prob")
+    right = dspy.Prediction(answer="A", valid=True, option_probs={"A": 0.7, "B": 0.3}, passages=[])
+    wrong = dspy.Prediction(answer="B", valid=True, option_probs={"A": 0.4, "B": 0.6}, passages=[])
+    assert metric(gold, right).score == pytest.approx(0.85) and "probability of 0.70" in metric(gold, right).feedback
+    assert metric(gold, wrong).score == pytest.approx(0.2)
+    invalid = dspy.Prediction(answer=None, valid=False, error="no letter", option_probs=None, passages=[])
+    assert metric(gold, invalid).score == 0.0
+    unscored = dspy.Prediction(answer="A", valid=True, option_probs=None, option_probs_absent="no logprobs")
+    with pytest.raises(RecipeError, match=r"option probabilities, which this LM does not give \(no logprobs\)"):
+        metric(gold, unscored)
+
+
+def test_gepa_on_gold_probability_stops_at_an_lm_without_option_probabilities(teaching, monkeypatch):
+    recipe = load_recipe(RECIPES / "gepa_gold_prob.yaml")  # as shipped, with a small budget
+    fast = recipe.model_copy(update={"settings": {**recipe.settings, "auto": None, "max_metric_calls": 12}})
+    student = HCQR(teaching["retriever"], budget=3, k_per_query=1)
+    lm = teachable_lm()
+    with pytest.raises(RecipeError, match=r"metric feedback_gold_prob\): the LM gives no next-token log-prob"):
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            compile_program(fast, student, teaching["train"], teaching["val"], reflection_lm=teachable_lm())
+    assert lm.history == []  # refused before any call
+    # a question scored without them (here: the capability check passed wrongly) stops the compile after GEPA,
+    # which catches a metric's exception and would otherwise have gone on with failure scores
+    monkeypatch.setattr("hcqr_dspy.optimize.compile.scores_options", lambda lm: True)
+    with pytest.raises(RecipeError, match="needs the answer step's option probabilities, which this LM does not give"):
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            compile_program(fast, student, teaching["train"], teaching["val"], reflection_lm=teachable_lm())
+    assert lm.history

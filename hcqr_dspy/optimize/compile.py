@@ -16,6 +16,7 @@ from hcqr_dspy.lm import count_tokens
 from hcqr_dspy.optimize.feedback import make_metric
 from hcqr_dspy.optimize.recipes import Recipe, optimizers
 from hcqr_dspy.programs.context import trim_context
+from hcqr_dspy.programs.option_probs import NO_LOGPROBS, scores_options
 
 
 def split_train(
@@ -71,17 +72,58 @@ def compile_program(
     The student is not modified (DSPy optimizers compile a copy).
 
     Raises:
-        RecipeError: see :func:`build_optimizer`.
+        RecipeError: see :func:`build_optimizer`; ``demo_predictors`` naming no predictor; metric
+            ``feedback_gold_prob`` with an LM that gives no option probabilities (before any call), or a question
+            the metric could not score (after the optimizer, which catches a metric's errors).
     """
     metric = make_metric(recipe.metric, getattr(student, "retriever", None))
+    if recipe.metric == "feedback_gold_prob" and not scores_options(dspy.settings.lm):
+        raise RecipeError(f"recipe {recipe.name!r} (metric feedback_gold_prob): {NO_LOGPROBS}; use metric 'feedback'")
     optimizer = build_optimizer(recipe, metric, reflection_lm)
     kwargs = dict(recipe.compile)
     if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
         kwargs["valset"] = valset
     student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
+    check_demo_predictors(recipe, student)
     compiled = optimizer.compile(student, trainset=trainset, **kwargs)
+    if getattr(metric, "refusals", None):
+        raise metric.refusals[0]
+    keep_demos_of(compiled, recipe.demo_predictors)
     trim_demo_contexts(compiled, recipe.demo_context_tokens)
     return compiled
+
+
+def check_demo_predictors(recipe: Recipe, program) -> None:
+    """Refuse, before any LM call, a recipe's ``demo_predictors`` that name no predictor of ``program``.
+
+    Raises:
+        RecipeError: the unknown names, with the program's predictors.
+    """
+    if recipe.demo_predictors is None:
+        return
+    names = [name for name, _ in program.named_predictors()]
+    unknown = [n for n in recipe.demo_predictors if n not in names]
+    if unknown:
+        raise RecipeError(
+            f"recipe {recipe.name!r}: demo_predictors {', '.join(unknown)} are not predictors of this program "
+            f"({', '.join(names)})"
+        )
+
+
+def keep_demos_of(program, names: list[str] | None) -> int:
+    """Remove, in place, the few-shot demos of every predictor not in ``names`` (``None``: keep all).
+
+    Returns:
+        How many demos were removed.
+    """
+    if names is None:
+        return 0
+    removed = 0
+    for name, predictor in program.named_predictors():
+        if name not in names:
+            removed += len(predictor.demos)
+            predictor.demos = []
+    return removed
 
 
 def trim_demo_contexts(program, max_tokens: int) -> int:

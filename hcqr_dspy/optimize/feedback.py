@@ -1,4 +1,5 @@
-"""The metrics a recipe names: ``accuracy``, and ``feedback`` for GEPA (the same score plus a textual diagnosis).
+"""The metrics a recipe names: ``accuracy``, ``grounded``, and for GEPA ``feedback`` (the same score plus a textual
+diagnosis) and ``feedback_gold_prob`` (``grounded`` and ``feedback_gold_prob``: :mod:`hcqr_dspy.optimize.objectives`).
 
 :func:`diagnose` says what went wrong in a prediction (an invalid answer, a wrong hypothesis with or without
 evidence for the correct option in the context, a right hypothesis the answer flipped away from);
@@ -7,33 +8,17 @@ evidence for the correct option in the context, a right hypothesis the answer fl
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import dspy
 
 from hcqr_dspy.errors import RecipeError
+from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.evaluation.metrics import accuracy_metric
+from hcqr_dspy.optimize.objectives import gold_prob_feedback_metric, grounded_metric, shown_texts
 
-METRICS = ("accuracy", "feedback")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = {"with", "from", "that", "this", "which", "their", "there", "into", "than", "other", "none", "above", "only"}
-
-
-def content_words(text: str) -> list[str]:
-    """Lower-case words of 4+ characters, minus a few function words: what must appear for a mention."""
-    return [w for w in _WORD.findall(str(text).lower()) if len(w) >= 4 and w not in _STOP]
-
-
-def mentions(option_text: str, passages: list[str]) -> bool:
-    """Whether one passage holds every content word of an option (an option of short words: the whole text).
-
-    A cheap, transparent proxy for "the context contained evidence naming the
-    correct option"; it is used only to word the feedback, never the score.
-    """
-    words = content_words(option_text) or [str(option_text).lower().strip()]
-    return any(all(w in p.lower() for w in words) for p in passages)
+METRICS = ("accuracy", "grounded", "feedback", "feedback_gold_prob")
 
 
 def diagnose(example: dspy.Example, pred: Any, passages: list[str] | None = None) -> tuple[float, str, str]:
@@ -129,24 +114,27 @@ def make_metric(kind: str, retriever=None) -> Callable:
 
     Args:
         kind: ``accuracy`` -> ``metric(example, pred, trace=None) -> bool``
-            (:func:`hcqr_dspy.evaluation.metrics.accuracy_metric`); ``feedback`` -> GEPA's
+            (:func:`hcqr_dspy.evaluation.metrics.accuracy_metric`); ``grounded`` -> the same signature
+            (:func:`hcqr_dspy.optimize.objectives.grounded_metric`); ``feedback_gold_prob`` ->
+            :func:`hcqr_dspy.optimize.objectives.gold_prob_feedback_metric`; ``feedback`` -> GEPA's
             ``metric(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` built on :func:`diagnose`.
-        retriever: Used by ``feedback`` to read the passages the answer step saw.
+        retriever: Used to read the passages the answer step saw.
 
     Raises:
         RecipeError: an unknown kind.
     """
     if kind == "accuracy":
         return accuracy_metric
+    if kind == "grounded":
+        return grounded_metric(retriever)
+    if kind == "feedback_gold_prob":
+        return gold_prob_feedback_metric(retriever, diagnose)
     if kind != "feedback":
         raise RecipeError(f"unknown metric {kind!r}; valid metrics: {', '.join(METRICS)}")
 
     def feedback_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
-        texts = []
-        if retriever is not None:
-            texts = [retriever.get(p["id"]).text for p in (pred.get("passages") or [])]
-        score, case, text = diagnose(gold, pred, texts)
+        score, case, text = diagnose(gold, pred, shown_texts(retriever, pred))
         if pred_name in _BLAME and case not in ("correct",) and case not in _BLAME[pred_name]:
             text += f" (This outcome is not mainly due to the {pred_name} step.)"
         return dspy.Prediction(score=score, feedback=text)

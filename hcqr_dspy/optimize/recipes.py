@@ -10,8 +10,12 @@ strictly and ranges as listed. Keys:
 optimizer      ``BootstrapFewShot``, ``BootstrapFewShotWithRandomSearch``,
                ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``); required
 description    free text
-metric         ``accuracy`` (gold letter, invalid = wrong) or ``feedback``
-               (the same score plus a textual diagnosis; GEPA only)
+metric         ``accuracy`` (gold letter, invalid = wrong), ``grounded``
+               (right, from a context and a reasoning that name the gold
+               option), or for GEPA only ``feedback`` (accuracy plus a
+               textual diagnosis) and ``feedback_gold_prob`` (the mean of
+               accuracy and the gold option's probability, with the
+               diagnosis; :mod:`hcqr_dspy.optimize.objectives`)
 train_size     training questions drawn from the train file (seeded
                sample), an integer >= 1 and >= ``min_train`` (default 30)
 val_size       validation questions drawn after them, disjoint, >= 0 (0:
@@ -30,6 +34,11 @@ compile        keyword arguments of its ``compile()``, checked the same way
 reflection_lm  GEPA only: an ``--lm`` spec of the reflection LM
                (``--reflection-lm`` overrides it; GEPA refuses to start
                without one)
+demo_predictors
+               the predictors that keep the demos the optimizer chose (e.g.
+               ``[answer]``: only the answer step is taught by example);
+               the others' demos are removed after compiling; names are
+               checked against the program's (default: all keep theirs)
 demo_context_tokens
                the most tokens of retrieved context a few-shot demo keeps,
                >= 0 (default 600, about three passages; whole documents are
@@ -77,7 +86,7 @@ class RecipeSpec(BaseModel):
 
     optimizer: Literal["BootstrapFewShot", "BootstrapFewShotWithRandomSearch", "MIPROv2", "GEPA"]
     description: str = ""
-    metric: Literal["accuracy", "feedback"] = "accuracy"
+    metric: Literal["accuracy", "grounded", "feedback", "feedback_gold_prob"] = "accuracy"
     train_size: Annotated[int, Field(ge=1)] = 30
     val_size: Count = 0
     min_train: Annotated[int, Field(ge=1)] = 2
@@ -86,6 +95,7 @@ class RecipeSpec(BaseModel):
     compile: dict[str, Any] = Field(default_factory=dict)
     reflection_lm: Annotated[str, Field(min_length=1)] | None = None
     demo_context_tokens: Count = DEMO_CONTEXT_TOKENS
+    demo_predictors: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
 
     @field_validator("settings", "compile")
     @classmethod
@@ -100,8 +110,10 @@ class RecipeSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RecipeSpec:
-        if self.metric == "feedback" and self.optimizer != "GEPA":
-            raise ValueError(f"metric 'feedback' is for GEPA; {self.optimizer} needs metric 'accuracy'")
+        if self.metric.startswith("feedback") and self.optimizer != "GEPA":
+            raise ValueError(
+                f"metric {self.metric!r} is for GEPA; {self.optimizer} needs metric 'accuracy' or 'grounded'"
+            )
         if self.reflection_lm is not None and self.optimizer != "GEPA":
             raise ValueError(f"'reflection_lm' is for GEPA only, not {self.optimizer}")
         if self.train_size < self.min_train:

@@ -36,6 +36,11 @@ NO_LOGPROBS = "the LM gives no next-token log-probabilities (only the in-process
 NO_REASONING = "the answer step recorded no reasoning to score the letter after"
 
 
+def scores_options(lm: Any) -> bool:
+    """Whether ``lm`` can give option probabilities (module note): its engine is the in-process llama.cpp one."""
+    return isinstance(getattr(lm, "engine", None), LlamaCppEngine)
+
+
 def answer_slot_prefix(adapter: Any, reasoning: str) -> str:
     """The start of the answer step's reply up to where its letter is written, after ``reasoning``.
 
@@ -75,9 +80,9 @@ def option_probabilities(
         or ``(None, reason)`` when the LM cannot be scored (:data:`NO_LOGPROBS`) or there is no reasoning.
     """
     lm = predictor.lm or dspy.settings.lm
-    engine = getattr(lm, "engine", None)
-    if not isinstance(engine, LlamaCppEngine):
+    if not scores_options(lm):
         return None, NO_LOGPROBS
+    engine = lm.engine
     if not isinstance(reasoning, str):
         return None, NO_REASONING
     adapter = dspy.settings.adapter or dspy.ChatAdapter()
