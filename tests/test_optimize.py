@@ -234,8 +234,8 @@ def test_saved_program_format_errors(setup):
     "change, message",
     [
         (
-            {"format_version": 2, "new_key": 1},
-            r"meta.json: saved in program format version 2, newer than this hcqr-dspy reads \(1\)",
+            {"format_version": 3, "new_key": 1},
+            r"meta.json: saved in program format version 3, newer than this hcqr-dspy reads \(2\)",
         ),
         ({"format": "other"}, r"meta.json is not an hcqr-dspy-program file"),
         ({"format_version": "1"}, r"meta.json: format_version: Input should be a valid integer \(got '1'\)"),
@@ -326,7 +326,8 @@ def write_recipe(folder, **fields):
         ),
         (
             {"metric": "f1"},
-            r"r\.yaml:1: metric: Input should be 'accuracy', 'grounded', 'feedback' or 'feedback_gold_prob' \(got 'f1'\)",
+            r"r\.yaml:1: metric: Input should be 'accuracy', 'grounded', 'feedback' or 'feedback_gold_prob' "
+            r"\(got 'f1'\)",
         ),
         ({"metric": "feedback_gold_prob"}, r"metric 'feedback_gold_prob' is for GEPA; BootstrapFewShot needs metric"),
         ({"demo_predictors": []}, r"demo_predictors: List should have at least 1 item"),
@@ -480,10 +481,13 @@ def test_overlap_by_question_text_across_datasets(setup):
 
 
 def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_store):
-    out = run_compile(
-        spec(setup, register="hcqr-bfs-test", alias="champion"), mlflow_dir=mlflow_store, lm=schema_lm("A")
-    )
+    lm = schema_lm("A")
+    out = run_compile(spec(setup, register="hcqr-bfs-test", alias="champion"), mlflow_dir=mlflow_store, lm=lm)
     folder = Path(out["out"])
+    # the compile's cost: every LM request it made (the served ones with their tokens), in meta.json and the run
+    cost = out["compile_cost"]
+    assert cost["lm_calls"] + cost["cached_lm_calls"] == len(lm.history) > 0
+    assert cost["prompt_tokens"] == sum(h["usage"]["prompt_tokens"] for h in lm.history if h["usage"])
     assert out["train"] == 6 and all(p["demos"] >= 1 for p in out["predictors"].values())
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["optimizer"] == "BootstrapFewShot" and meta["recipe"]["name"] == "bootstrap_fewshot"
@@ -497,6 +501,7 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
     assert client.list_artifacts(out["mlflow_run_id"], "recipe")
     # the compile run's figures: BootstrapFewShot validates nothing, so it says so instead of a score
     assert run.data.metrics["train_size"] == 6 and run.data.metrics["demos.answer"] >= 1
+    assert meta["compile_cost"] == cost and run.data.metrics["compile.lm_calls"] == cost["lm_calls"]
     assert "val_score" not in run.data.metrics and "does not score" in run.data.tags["val_score"]
     # the MLflow model: a pyfunc logged from code, holding the program's JSON files and naming its index and LM;
     # registered, with an alias

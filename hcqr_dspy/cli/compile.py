@@ -62,6 +62,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for name, info in out["predictors"].items():
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {info['demos']} demos, instructions {changed}")
+    c = out["compile_cost"]
+    print(
+        f"  compile cost: {c['lm_calls']} LM calls (+{c['cached_lm_calls']} from the cache), "
+        f"{c['prompt_tokens']} prompt + {c['completion_tokens']} completion tokens, {c['seconds']:.0f} s"
+    )
     if out["scores"].get("val_score") is not None:
         print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")
     if out["mlflow_run_id"]:

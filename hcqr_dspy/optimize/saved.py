@@ -48,7 +48,7 @@ from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, check_options, make_program
 
 FORMAT = "hcqr-dspy-program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compile_cost
 STATE_FILE, META_FILE = "program.json", "meta.json"
 
 
@@ -104,6 +104,7 @@ class ProgramMeta(BaseModel):
     index: dict[str, Any] | None = None
     train: TrainingSet | None = None
     mlflow_run_id: str | None = None
+    compile_cost: dict[str, float] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
+from hcqr_dspy.programs.costs import lm_costs
 from hcqr_dspy.tracking.mlflow_runs import describe_compile_run, drop_autolog_placeholders, mlflow_run
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
@@ -250,6 +252,8 @@ def compile_and_save(
         },
     }
 
+    cost: dict[str, Any] = {}  # the compile's LM calls, tokens and wall seconds (programs/costs.py)
+
     def _compile():
         failures: list[BaseException] = []
 
@@ -269,7 +273,7 @@ def compile_and_save(
 
         callbacks = [*dspy.settings.get("callbacks", []), LMFailures()]
         try:
-            with dspy.context(lm=lm, adapter=HCQRAdapter(), callbacks=callbacks):
+            with dspy.context(lm=lm, adapter=HCQRAdapter(), callbacks=callbacks), lm_costs(cost, time.perf_counter()):
                 compiled = compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
         except LM_UNAVAILABLE as exc:
             raise unavailable(exc) from None
@@ -312,7 +316,7 @@ def compile_and_save(
                 compiled = _compile()
             finally:
                 mlflow.dspy.autolog(disable=True, silent=True)
-            save_program(compiled, out, mlflow_run_id=run_id, **meta)
+            save_program(compiled, out, mlflow_run_id=run_id, compile_cost=cost, **meta)
             mlflow.log_artifacts(str(out), artifact_path="program")
             mlflow.log_artifact(recipe.path, artifact_path="recipe")
             scores = optimizer_scores(compiled)
@@ -321,6 +325,7 @@ def compile_and_save(
                     **scores,
                     "train_size": len(trainset),
                     "val_size": len(valset),
+                    **{f"compile.{k}": float(v) for k, v in cost.items()},
                     **{f"demos.{name}": len(p.demos) for name, p in compiled.named_predictors()},
                     **{
                         f"instructions_changed.{name}": float(p.signature.instructions != q.signature.instructions)
@@ -359,7 +364,7 @@ def compile_and_save(
                 )
     else:
         compiled = _compile()
-        save_program(compiled, out, mlflow_run_id=None, **meta)
+        save_program(compiled, out, mlflow_run_id=None, compile_cost=cost, **meta)
 
     before = student.dump_state()
     after = json.loads((out / "program.json").read_text(encoding="utf-8"))
@@ -382,4 +387,5 @@ def compile_and_save(
         "val": len(valset),
         "predictors": predictors,
         "prompts": prompt_uris,
+        "compile_cost": cost,
     }
