@@ -11,7 +11,9 @@ from dspy.utils import DummyLM
 from helpers import TINY_ROWS, snippet, write_jsonl
 
 from hcqr_dspy.errors import ExperimentError
-from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+from hcqr_dspy.optimize.saved import save_program
+from hcqr_dspy.programs import HCQR
+from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
 from hcqr_dspy.workflows.experiment import run_experiment
 from hcqr_dspy.workflows.experiment_file import load_experiment
 
@@ -93,7 +95,7 @@ def write_exp(folder, **overrides):
         ({"questions": {"limit": "zero"}}, r"questions.limit: Input should be a valid integer \(got 'zero'\)"),
         ({"questions": {"limit": 0}}, r"questions.limit: Input should be greater than or equal to 1 \(got 0\)"),
         ({"questions": {"ids": [1]}}, r"questions.ids.0: Input should be a valid string \(got 1\)"),
-        ({"reference": "hyde"}, r"reference: 'hyde' is not one of the methods"),
+        ({"reference": "hyde"}, r"reference: 'hyde' is not one of the cells"),
         ({"budget": 0}, r"budget: Input should be greater than or equal to 1 \(got 0\)"),
         ({"budget": -3}, r"budget: Input should be greater than or equal to 1 \(got -3\)"),
         ({"budget": "abc"}, r"budget: Input should be a valid integer \(got 'abc'\)"),
@@ -329,6 +331,51 @@ def test_check_also_lists_problems_that_need_other_fields_valid(setup, capsys):
     expected = [
         r"exp.yaml:8: methods: .*method\(s\) cot listed twice",
         r"exp.yaml:10: method_options: simple_rag: unknown simple_rag option\(s\) fusion",
-        r"exp.yaml:9: reference: .*'hyde' is not one of the methods \(cot, simple_rag\)",
+        r"exp.yaml:9: reference: .*'hyde' is not one of the cells \(cot, simple_rag\)",
     ]
     assert_check_lists(capsys, exp, expected)
+
+
+def saved_hcqr(setup, budget=3):
+    """A saved HCQR program over the tiny index with one answer-step demo (as a compile would leave it)."""
+    program = HCQR(load_index(setup / "idx"), budget=budget, k_per_query=2)
+    demo = {"question": "Digoxin case?", "options": "A. Digoxin toxicity\nB. Graves", "context": "Document [1] x"}
+    program.answer.demos = [dspy.Example(**demo, reasoning="yellow vision", answer="A")]
+    return save_program(program, setup / "programs" / f"hcqr-b{budget}")
+
+
+def test_saved_programs_run_as_cells_beside_the_methods(setup, mlflow_store):
+    folder = saved_hcqr(setup)
+    exp = load_experiment(
+        write_exp(setup, methods=["simple_rag", "hcqr"], programs={"hcqr_demo": "programs/hcqr-b3"}, reference="hcqr")
+    )
+    assert exp.programs == {"hcqr_demo": str(folder)}
+    out = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert list(out["cells"]["d1"]) == ["simple_rag", "hcqr", "hcqr_demo"]
+    config = json.loads((setup / "runs" / "grid" / "d1" / "hcqr_demo" / "config.json").read_text())
+    assert config["method"] == "hcqr" and config["saved_program"]["folder"] == str(folder)
+    report = (setup / "runs" / "grid" / "d1" / "comparison" / "comparison.md").read_text()
+    assert "(reference: hcqr)" in report and "| hcqr+saved |" in report
+
+
+@pytest.mark.parametrize(
+    "programs, message",
+    [
+        ({"hcqr": "programs/hcqr-b3"}, r"programs: program cell\(s\) hcqr share a method's name"),
+        ({"x": "programs/none"}, r"programs\.x: .*programs/none is not a saved program folder \(no meta.json\)"),
+        ({"x/y": "programs/hcqr-b3"}, r"programs\.x/y\.\[key\]: String should match pattern"),
+    ],
+)
+def test_bad_program_cells_are_refused_when_the_file_is_read(setup, programs, message):
+    saved_hcqr(setup)
+    with pytest.raises(ExperimentError, match=message):
+        load_experiment(write_exp(setup, programs=programs))
+
+
+def test_a_program_with_another_budget_is_refused_before_any_lm_call(setup, mlflow_store):
+    saved_hcqr(setup, budget=5)
+    exp = load_experiment(write_exp(setup, programs={"hcqr_b5": "programs/hcqr-b5"}))
+    lm = routed_lm()
+    with pytest.raises(ExperimentError, match=r"program cell 'hcqr_b5' .* shows 5 passages, the file's budget is 3"):
+        run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
+    assert lm.history == [] and not (setup / "runs" / "grid" / "d1").exists()

@@ -1,5 +1,5 @@
-"""Running an experiment grid (:mod:`hcqr_dspy.workflows.experiment_file`): every cell (dataset x method)
-is one evaluation, then each dataset's run folders are compared.
+"""Running an experiment grid (:mod:`hcqr_dspy.workflows.experiment_file`): every cell (dataset x method, then
+dataset x saved program) is one evaluation, then each dataset's run folders are compared.
 
 ``hcqr experiment FILE`` runs the cells in order, each its own run folder under
 ``runs/experiments/<name>/<dataset>/<method>`` (so an interrupted experiment
@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hcqr_dspy.errors import ExperimentError, HCQRError
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.reporting import compare
@@ -24,7 +25,7 @@ from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track
-from hcqr_dspy.workflows.specs import EvalSpec
+from hcqr_dspy.workflows.specs import EvalSpec, resolve_method
 
 
 def run_experiment(
@@ -68,40 +69,72 @@ def run_experiment(
     ) as parent:
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
+        programs = resolve_programs(exp, mlflow_dir)  # before any cell: a bad program costs no LM call
+        cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
         for dname, dfile in exp.datasets.items():
             out["cells"][dname] = {}
             run_dirs = []
-            for method in exp.methods:
+            for cell, method, program in cells:
                 spec = EvalSpec(
                     method=method,
+                    program=program,
                     dataset=dfile,
                     index=exp.index,
                     lm=exp.lm,
                     limit=exp.questions.get("limit"),
                     seed=int(exp.questions.get("seed", 0)),
                     ids=exp.questions.get("ids"),
-                    program_options={"budget": exp.budget, **exp.method_options.get(method, {})},
+                    program_options={} if program else {"budget": exp.budget, **exp.method_options.get(method, {})},
                     max_tokens=exp.max_tokens,
                     n_ctx=exp.n_ctx,
                     api_base=exp.api_base,
                     api_key_env=exp.api_key_env,
                     num_threads=exp.threads,
-                    run_dir=str(root / dname / method),
+                    run_dir=str(root / dname / cell),
                     search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
                     encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
                 )
                 result, run_dir, _ = run_evaluation(spec, mlflow_dir=mlflow_dir, progress=progress, lm=lm)
-                out["cells"][dname][method] = result.metrics
+                out["cells"][dname][cell] = result.metrics
                 run_dirs.append(run_dir)
             if exp.judge is not None:
                 _judge_cells(exp, run_dirs, mlflow_dir, lm)
             if len(run_dirs) > 1:
-                _, files = compare(run_dirs, reference=exp.reference, out_dir=root / dname / "comparison")
+                reference = str(root / dname / exp.reference) if exp.reference else None  # its folder: unambiguous
+                _, files = compare(run_dirs, reference=reference, out_dir=root / dname / "comparison")
                 out["reports"][dname] = str(files[0])
                 for f in files:
                     mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")
                 track_comparison(root / dname / "comparison", mlflow_dir=mlflow_dir)  # a child run, linking the cells
     return out
+
+
+def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
+    """Each program cell's method, its saved program found (folder, ``runs:/`` or ``models:/``) and its budget
+    checked against the experiment's, so that every cell shows the answer step as many passages.
+
+    Returns:
+        ``[(cell name, method)]`` in file order.
+
+    Raises:
+        ExperimentError: a program that cannot be found or read, or one whose budget is not the file's.
+    """
+    cells = []
+    for name, ref in exp.programs.items():
+        try:
+            method, meta, _ = resolve_method(None, ref, {}, mlflow_dir)
+        except HCQRError as exc:
+            raise ExperimentError(f"experiment {exp.name}: program cell {name!r}: {exc}") from None
+        budget = (meta.get("options") or {}).get("budget")
+        if PROGRAMS[method].uses_retrieval and budget != exp.budget:
+            raise ExperimentError(
+                f"experiment {exp.name}: program cell {name!r} ({ref}) shows {budget} passages, the file's budget "
+                f"is {exp.budget}; compile it with --budget {exp.budget} or change the file's budget"
+            )
+        if PROGRAMS[method].uses_retrieval and not exp.index:
+            raise ExperimentError(f"experiment {exp.name}: program cell {name!r} is a {method} program: give 'index'")
+        cells.append((name, method))
+    return cells
 
 
 def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = None) -> None:

@@ -14,6 +14,8 @@ An experiment file (YAML) looks like::
       medqa: data/medqa.json
       mmlu: data/mmlu.json
     methods: [cot, simple_rag, hcqr]
+    programs:                              # optional: saved (compiled) programs as cells beside the methods,
+      hcqr_bfs: ../programs/hcqr-bfs       # by cell name: a folder from `hcqr compile`, runs:/ or models:/ URI
     method_options:                        # optional, per method
       hcqr: {k_per_query: 5, fusion: score_sum}
     reference: simple_rag                  # optional: the comparison's reference method
@@ -28,7 +30,12 @@ digits, ``.``, ``_``, ``-``); ``budget``, ``questions.limit``,
 ``max_tokens``, ``n_ctx`` and ``threads`` are integers >= 1 and
 ``questions.seed`` >= 0; ``methods`` are registered methods, each once;
 ``method_options`` name methods of the grid and are checked against each
-method's constructor (names and annotated types); ``judge.mode`` is
+method's constructor (names and annotated types); ``programs`` are cell names
+(as ``name``, none a method of the grid) each naming a saved program folder
+(with ``meta.json``) or a ``runs:/`` / ``models:/`` URI, whose method, options
+and budget come with it (resolved, and their budget checked against the file's,
+before the first cell runs: :mod:`hcqr_dspy.workflows.experiment`);
+``reference`` is a method or program cell; ``judge.mode`` is
 ``context`` or ``passage``. Every dataset must load with the question loader
 (:func:`hcqr_dspy.data.load_questions`), and retrieval methods need an index
 folder. An error is one line naming the file, the line, the field and what
@@ -72,6 +79,7 @@ from hcqr_dspy.retrieval.query_runtime import check_runtime
 from hcqr_dspy.retrieval.vector_index import check_search_options
 
 Positive = Annotated[int, Field(ge=1)]
+CELL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a folder name: the experiment's and each program cell's
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -124,6 +132,15 @@ def _dataset(file: str, info: ValidationInfo) -> str:
     return path
 
 
+def _program_ref(ref: str, info: ValidationInfo) -> str:
+    if ref.startswith(("runs:/", "models:/")):
+        return ref  # resolved against the MLflow store when the experiment runs
+    path = _resolve(ref, info)
+    if not (Path(path) / "meta.json").is_file():
+        raise ValueError(f"{path} is not a saved program folder (no meta.json); make one with `hcqr compile`")
+    return path
+
+
 def _resolve(path: str, info: ValidationInfo) -> str:
     p = Path(path)
     base = Path((info.context or {}).get("base") or ".")
@@ -140,13 +157,16 @@ class Experiment(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    name: Annotated[str, Field(pattern=CELL_NAME)]
     description: str = ""
     api_base: Text | None = None
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     lm: Text
     datasets: Annotated[dict[Text, Annotated[Text, AfterValidator(_dataset)]], Field(min_length=1)]
     methods: Annotated[list[Annotated[str, AfterValidator(_method)]], Field(min_length=1)]
+    programs: dict[Annotated[str, Field(pattern=CELL_NAME)], Annotated[Text, AfterValidator(_program_ref)]] = Field(
+        default_factory=dict
+    )
     index: Text | None = None
     budget: Positive = 15
     questions: QuestionSample = Field(default_factory=dict)
@@ -183,6 +203,14 @@ class Experiment(BaseModel):
             raise ValueError(f"method(s) {', '.join(repeated)} listed twice (each cell is one run folder)")
         return methods
 
+    @field_validator("programs")
+    @classmethod
+    def _programs_apart(cls, programs: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        clash = sorted(set(programs) & set(info.data.get("methods") or []))
+        if clash:
+            raise ValueError(f"program cell(s) {', '.join(clash)} share a method's name (each cell is one run folder)")
+        return programs
+
     @field_validator("index")
     @classmethod
     def _index_folder(cls, index: str | None, info: ValidationInfo) -> str | None:
@@ -217,9 +245,9 @@ class Experiment(BaseModel):
     def _reference_method(cls, reference: str | None, info: ValidationInfo) -> str | None:
         if "methods" not in info.data:
             return reference
-        methods = info.data["methods"]
-        if reference is not None and reference not in methods:
-            raise ValueError(f"{reference!r} is not one of the methods ({', '.join(methods)})")
+        cells = [*info.data["methods"], *(info.data.get("programs") or {})]
+        if reference is not None and reference not in cells:
+            raise ValueError(f"{reference!r} is not one of the cells ({', '.join(cells)})")
         return reference
 
     @model_validator(mode="after")
