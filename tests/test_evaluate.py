@@ -139,6 +139,18 @@ def test_killed_run_partial_line_is_redone(tmp_path):
     assert all(line.startswith("{") and line.endswith("}") for line in path.read_text().splitlines())
 
 
+def test_a_whole_last_record_without_its_newline_is_kept_not_redone(tmp_path):
+    qs = questions(3)
+    run(CountingCoT(), qs[:2], tmp_path, lm_answering(lambda i: "A"))
+    path = tmp_path / PREDICTIONS
+    path.write_bytes(path.read_bytes()[:-1])  # its final newline lost (an editor), the record whole
+    program = CountingCoT()
+    result = run(program, qs, tmp_path, lm_answering(lambda i: "A"))
+    assert program.calls == ["Question number 2?"]  # q1 kept, only the new question run
+    assert [r["qid"] for r in result.rows] == ["q0", "q1", "q2"]
+    assert len(path.read_text().splitlines()) == 3 and path.read_bytes().endswith(b"\n")
+
+
 class Buggy(CountingCoT):
     """CoT with a bug on one question (a TypeError), or fixed."""
 

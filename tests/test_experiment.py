@@ -10,6 +10,7 @@ import pytest
 from dspy.utils import DummyLM
 from helpers import TINY_ROWS, snippet, write_jsonl
 
+from hcqr_dspy.cli import main
 from hcqr_dspy.errors import ExperimentError
 from hcqr_dspy.optimize.saved import save_program
 from hcqr_dspy.programs import HCQR
@@ -362,6 +363,7 @@ def test_saved_programs_run_as_cells_beside_the_methods(setup, mlflow_store):
     "programs, message",
     [
         ({"hcqr": "programs/hcqr-b3"}, r"programs: program cell\(s\) hcqr share a method's name"),
+        ({"comparison": "programs/hcqr-b3"}, r"program cell\(s\) comparison share a method's name or comparison"),
         ({"x": "programs/none"}, r"programs\.x: .*programs/none is not a saved program folder \(no meta.json\)"),
         ({"x/y": "programs/hcqr-b3"}, r"programs\.x/y\.\[key\]: String should match pattern"),
     ],
@@ -372,10 +374,26 @@ def test_bad_program_cells_are_refused_when_the_file_is_read(setup, programs, me
         load_experiment(write_exp(setup, programs=programs))
 
 
-def test_a_program_with_another_budget_is_refused_before_any_lm_call(setup, mlflow_store):
+def test_a_program_with_another_budget_is_refused_before_any_lm_call(setup, mlflow_store, capsys):
     saved_hcqr(setup, budget=5)
-    exp = load_experiment(write_exp(setup, programs={"hcqr_b5": "programs/hcqr-b5"}))
+    path = write_exp(setup, programs={"hcqr_b5": "programs/hcqr-b5"})
+    exp = load_experiment(path)
     lm = routed_lm()
-    with pytest.raises(ExperimentError, match=r"program cell 'hcqr_b5' .* shows 5 passages, the file's budget is 3"):
+    runs_before = len(mlflow.search_runs(search_all_experiments=True))
+    budget = r"program cell 'hcqr_b5' .* shows 5 passages, the file's budget is 3"
+    with pytest.raises(ExperimentError, match=budget):
         run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
-    assert lm.history == [] and not (setup / "runs" / "grid" / "d1").exists()
+    assert lm.history == [] and not (setup / "runs").exists()  # nothing written, no MLflow run left behind
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before
+    assert main(["experiment", str(path), "--check", "--mlflow-dir", str(mlflow_store)]) == 2  # --check finds it too
+    assert re.search(budget, capsys.readouterr().err)
+    saved_hcqr(setup, budget=3)
+    assert main(["experiment", str(write_exp(setup, programs={"b3": "programs/hcqr-b3"})), "--check"]) == 0
+    assert "x 3 method(s) + 1 program(s)" in capsys.readouterr().out
+
+
+def test_a_bad_program_cell_is_the_one_error_reported_for_it(setup, capsys):
+    path = write_exp(setup, programs={"x": "programs/none"}, reference="x")
+    assert main(["experiment", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a saved program folder" in err and "reference" not in err

@@ -303,3 +303,61 @@ def test_judge_with_a_labelled_set_records_the_agreement_and_compare_reports_it(
     assert "--labelled-set without run folders needs --judge-lm" in capsys.readouterr().err
     assert main(["judge", str(runs[0]), "--labelled-set", str(tmp_path / "none.jsonl"), "--no-mlflow"]) == 2
     assert "none.jsonl: cannot read it" in capsys.readouterr().err
+
+
+def old_judged_run(tmp_path, demo, qids=("demo-001", "demo-002", "demo-003")):
+    """A run folder judged before the on-topic control existed (labels NOT_USEFUL)."""
+    run = demo_run(tmp_path / "hcqr", "hcqr", demo, qids=set(qids))
+    old = {"mode": "context", "valid": True, "error": None, "passage_labels": None, "passage_queries": [[0]]}
+    old |= {"judge_lm": "old", "reasoning": True, "controls": True, "control_seed": 0, "label": "NOT_USEFUL"}
+    old |= {"positive_label": "USEFUL", "negative_label": "NOT_USEFUL", "seconds": 2.0}
+    (run / "judgments.jsonl").write_text("".join(json.dumps({**old, "qid": q}) + "\n" for q in qids))
+    return run
+
+
+ADDED = {"qid": "demo-002", "on_topic_label": "USEFUL", "on_topic_rationale": "r", "on_topic_option": "C"}
+ADDED |= {"on_topic_passages": [], "on_topic_error": None, "on_topic_seconds": 1.0}
+
+
+@pytest.mark.parametrize(
+    "records, message",
+    [
+        (
+            [{k: v for k, v in ADDED.items() if k != "on_topic_seconds"}],
+            r"\(record 1, question 'demo-002'\) lacks on_topic_seconds",
+        ),
+        ([{**ADDED, "on_topic_label": 42}], r"label 42 is not one of ENTAILED, USEFUL, NOT_USEFUL"),
+        ([ADDED, {**ADDED, "on_topic_label": "ENTAILED"}], r"\(record 2, question 'demo-002'\) is the second record"),
+        ([{**ADDED, "on_topic_passages": "p1"}], r"on_topic_passages a list"),
+    ],
+    ids=["field missing", "not a label", "twice", "passages not a list"],
+)
+def test_malformed_added_controls_are_refused_before_any_lm_call(tmp_path, demo, records, message):
+    run = old_judged_run(tmp_path, demo)
+    (run / "judgments_on_topic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = (run / "judgments.jsonl").read_bytes()
+    judge = ScriptedJudge(reads_the_answer)
+    with pytest.raises(HCQRError, match=message):
+        judge_and_track(run, judge_lm="old", lm=judge, retriever=demo[1], track=False)
+    assert judge.history == [] and (run / "judgments.jsonl").read_bytes() == before
+
+
+def test_a_last_judgment_without_its_newline_keeps_its_labels(tmp_path, demo):
+    run = old_judged_run(tmp_path, demo)
+    path = run / "judgments.jsonl"
+    path.write_bytes(path.read_bytes()[:-1])  # the final newline lost (an editor)
+    judge = ScriptedJudge(lambda options, gold, documents: "USEFUL")
+    judge_and_track(run, judge_lm="old", lm=judge, retriever=demo[1], track=False)
+    judged = RunFolder(run).judgments()
+    assert [j["qid"] for j in judged] == ["demo-001", "demo-002", "demo-003"] and len(judge.history) == 3
+    assert [j["label"] for j in judged] == ["NOT_USEFUL"] * 3 and all(j["on_topic_added"] for j in judged)
+
+
+def test_a_malformed_judgments_file_is_refused_before_the_judge_lm_is_reached(tmp_path, demo, monkeypatch):
+    run = old_judged_run(tmp_path, demo)
+    (run / "judgments_on_topic.jsonl").write_text(json.dumps({**ADDED, "on_topic_label": 42}) + "\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    with pytest.raises(HCQRError, match=r"judgments_on_topic.jsonl \(record 1, question 'demo-002'\): label 42"):
+        judge_and_track(
+            run, judge_lm="openai/nothing", api_base="http://127.0.0.1:9/v1", retriever=demo[1], track=False
+        )

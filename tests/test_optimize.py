@@ -2,6 +2,7 @@
 overlap and bad recipes are refused before any LM call, compiled runs are recorded and compared."""
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -330,6 +331,10 @@ def write_recipe(folder, **fields):
             r"\(got 'f1'\)",
         ),
         ({"metric": "feedback_gold_prob"}, r"metric 'feedback_gold_prob' is for GEPA; BootstrapFewShot needs metric"),
+        (
+            {"optimizer": "GEPA", "metric": "grounded", "settings": {}},
+            r"GEPA needs metric 'feedback' or 'feedback_gold_prob' \(a score with textual feedback\), not 'grounded'",
+        ),
         ({"demo_predictors": []}, r"demo_predictors: List should have at least 1 item"),
         ({"metric": "feedback"}, r"metric 'feedback' is for GEPA; BootstrapFewShot needs metric 'accuracy'"),
         (
@@ -782,11 +787,29 @@ def test_the_grounded_metric_refuses_right_answers_whose_reasoning_does_not_use_
     assert demos["grounded"] == [] and len(demos["accuracy"]) == 2
 
 
-def test_demo_predictors_naming_no_predictor_are_refused_before_any_lm_call(teaching):
-    recipe = load_recipe(RECIPES / "bootstrap_fewshot.yaml").model_copy(update={"demo_predictors": ["answr"]})
-    with pytest.raises(RecipeError, match="demo_predictors answr are not predictors of this program"):
-        with dspy.context(lm=NoCall(), adapter=dspy.JSONAdapter()):
-            compile_program(recipe, HCQR(teaching["retriever"], budget=3), teaching["train"])
+@pytest.mark.parametrize(
+    "fields, method, message",
+    [
+        ({"demo_predictors": ["answr"]}, "hcqr", r"demo_predictors answr are not predictors of this program"),
+        ({"metric": "grounded"}, "cot", r"metric 'grounded' needs a retrieval method; cot shows no context"),
+    ],
+)
+def test_a_recipe_the_program_cannot_use_is_refused_before_any_lm_call_and_leaves_no_run(
+    setup, mlflow_store, fields, method, message
+):
+    import yaml
+
+    shipped = yaml.safe_load((RECIPES / "bootstrap_fewshot.yaml").read_text())
+    recipe = write_recipe(setup, **{**shipped, **fields})
+    options = {} if method == "cot" else {"budget": 3, "k_per_query": 1}
+    runs_before = len(mlflow.search_runs(search_all_experiments=True))
+    with pytest.raises(RecipeError, match=rf"recipe {re.escape(str(recipe))}: {message}"):
+        run_compile(
+            spec(setup, recipe=str(recipe), method=method, program_options=options),
+            lm=NoCall(),
+            mlflow_dir=mlflow_store,
+        )
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before  # no run for a refused compile
 
 
 def test_gold_probability_feedback_scores_the_mean_of_accuracy_and_the_gold_probability():

@@ -33,7 +33,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             print(f"hcqr: error: {problem}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s), lm {exp.lm})")
+        from hcqr_dspy.workflows.experiment import resolve_programs
+
+        try:
+            resolve_programs(exp, args.mlflow_dir)  # the saved programs read, and their budgets checked
+        except ExperimentError as exc:
+            print(f"hcqr: error: {exc}", file=sys.stderr)
+            return 2
+        programs = f" + {len(exp.programs)} program(s)" if exp.programs else ""
+        print(
+            f"{args.file}: valid ({len(exp.datasets)} dataset(s) x {len(exp.methods)} method(s){programs}, lm {exp.lm})"
+        )
         return 0
     out = run_experiment(exp, runs_root=args.runs, mlflow_dir=args.mlflow_dir)
     for dname, cells in out["cells"].items():

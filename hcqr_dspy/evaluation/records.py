@@ -83,7 +83,9 @@ class JsonlTable:
         self._lock = threading.Lock()
 
     def read(self) -> list[dict[str, Any]]:
-        """The records, in file order; a partial last line (killed writer) is left out.
+        """The records, in file order; a partial last line (killed writer) is left out. A last line without its
+        newline that is a whole record (a file edited by hand, its final newline lost) is kept: a killed writer
+        cannot leave one, since a record is one JSON object and a cut one does not parse.
 
         Raises:
             RunError: a line that is not UTF-8, not JSON, or not a record with a ``qid``
@@ -94,7 +96,7 @@ class JsonlTable:
             return rows
         with self.path.open("rb") as fh:
             for lineno, raw in enumerate(fh, start=1):
-                if not raw.endswith(b"\n"):
+                if not raw.endswith(b"\n") and _whole_record(raw, self.key) is None:
                     break  # partial write of a killed process: its item is redone
                 try:
                     line = raw.decode("utf-8").strip()
@@ -118,12 +120,18 @@ class JsonlTable:
         return rows
 
     def drop_partial_tail(self) -> None:
-        """Cut a partial last line (a killed writer's) so the next append starts on a fresh line."""
+        """Cut a partial last line (a killed writer's) so the next append starts on a fresh line; a last line that
+        is a whole record without its newline gets the newline instead (see :meth:`read`)."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
-            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+            tail = data[data.rfind(b"\n") + 1 :]
+            if _whole_record(tail, self.key) is not None:
+                with self.path.open("ab") as fh:
+                    fh.write(b"\n")
+            else:
+                self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def append(self, row: dict[str, Any]) -> None:
         """Append one record as one line, flushed and fsynced (thread-safe). A write that fails part-way
@@ -152,6 +160,15 @@ class JsonlTable:
                     raise
             finally:
                 os.close(fd)
+
+
+def _whole_record(raw: bytes, key: str) -> dict[str, Any] | None:
+    """``raw`` (one line, no newline) as a record holding ``key``, or ``None`` when it is not one."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return row if isinstance(row, dict) and key in row else None
 
 
 def remove_empty_folders(folders: Sequence[Path]) -> None:

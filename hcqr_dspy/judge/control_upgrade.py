@@ -20,18 +20,49 @@ import dspy
 
 from hcqr_dspy import tracing
 from hcqr_dspy.data import format_options
+from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.controls import CONTROL_SEED, on_topic_contexts
 from hcqr_dspy.judge.judge import DURJudge, correct_answer_text
+from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
 
 ADDED_FILE = "judgments_on_topic.jsonl"
 # What a judgment's ``controls`` said before the on-topic control existed (positive and negative).
 EARLIER_CONTROLS = True
+
+
+ADDED_FIELDS = ("on_topic_label", "on_topic_rationale", "on_topic_option", "on_topic_passages", "on_topic_error")
+
+
+def read_added(folder: RunFolder) -> dict[str, dict[str, Any]]:
+    """The on-topic controls already added (``judgments_on_topic.jsonl``), checked, by question id.
+
+    Raises:
+        RunError: an unreadable record, one lacking a field or with a label that is not a DUR label, or a
+            question added twice (the file and the record's position named).
+    """
+    table = JsonlTable(folder.path / ADDED_FILE, "judgment's added on-topic control")
+    added: dict[str, dict[str, Any]] = {}
+    for n, record in enumerate(table.read(), start=1):
+        where = f"{table.path} (record {n}, question {record.get('qid')!r})"
+        missing = [k for k in (*ADDED_FIELDS, "on_topic_seconds") if k not in record]
+        if missing:
+            raise RunError(f"{where} lacks {', '.join(missing)}; delete that line to judge it again")
+        if record["on_topic_label"] is not None and record["on_topic_label"] not in LABELS:
+            raise RunError(f"{where}: label {record['on_topic_label']!r} is not one of {', '.join(LABELS)}")
+        if not isinstance(record["on_topic_seconds"], (int, float)) or not isinstance(
+            record["on_topic_passages"], list
+        ):
+            raise RunError(f"{where}: on_topic_seconds must be a number and on_topic_passages a list")
+        if record["qid"] in added:
+            raise RunError(f"{where} is the second record of that question; keep one")
+        added[record["qid"]] = record
+    return added
 
 
 def judged_before_on_topic(judgment: dict[str, Any], settings: dict[str, Any]) -> bool:
@@ -73,7 +104,7 @@ def add_on_topic_controls(
 
     Raises:
         LMUnavailableError: the judge LM stopped answering (added controls so far kept in ``judgments_on_topic.jsonl``).
-        RunError: a record could not be read or written.
+        RunError: a record could not be read or written, or an added control is malformed (:func:`read_added`).
     """
     done = folder.judgments()
     earlier = [j for j in done if judged_before_on_topic(j, settings)]
@@ -117,21 +148,20 @@ def add_on_topic_controls(
             "on_topic_seconds": round(time.perf_counter() - t0, 4),
         }
 
-    table = JsonlTable(folder.path / ADDED_FILE, "added on-topic control")
-    if {j["qid"] for j in earlier} - {a["qid"] for a in table.read()}:
+    table = JsonlTable(folder.path / ADDED_FILE, "judgment's added on-topic control")
+    if {j["qid"] for j in earlier} - set(read_added(folder)):
         folder.record_session("judge: on-topic controls added", lm)
     with dspy.context(lm=lm, adapter=HCQRAdapter()):
-        added, _, _ = run_resumable(
+        run_resumable(
             table, earlier, lambda j: j["qid"], work, LM_UNAVAILABLE, num_threads, progress, on_error=on_error
         )
-    by_qid = {a["qid"]: a for a in added}
+    by_qid = read_added(folder)
     merged = []
     for j in done:
         extra = by_qid.get(j["qid"])
         if extra is not None and judged_before_on_topic(j, settings):
-            seconds = extra.pop("on_topic_seconds")
-            j = {**j, **extra, "controls": settings["controls"], "on_topic_added": True}
-            j["seconds"] = round((j.get("seconds") or 0) + seconds, 4)
+            j = {**j, **{k: extra[k] for k in ADDED_FIELDS}, "controls": settings["controls"], "on_topic_added": True}
+            j["seconds"] = round((j.get("seconds") or 0) + extra["on_topic_seconds"], 4)
         merged.append(j)
     atomic_write_text(folder.judgments_table.path, "".join(json.dumps(j, ensure_ascii=False) + "\n" for j in merged))
     table.path.unlink()

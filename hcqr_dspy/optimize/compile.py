@@ -76,15 +76,13 @@ def compile_program(
             ``feedback_gold_prob`` with an LM that gives no option probabilities (before any call), or a question
             the metric could not score (after the optimizer, which catches a metric's errors).
     """
+    check_recipe_for(recipe, student, dspy.settings.lm)
     metric = make_metric(recipe.metric, getattr(student, "retriever", None))
-    if recipe.metric == "feedback_gold_prob" and not scores_options(dspy.settings.lm):
-        raise RecipeError(f"recipe {recipe.name!r} (metric feedback_gold_prob): {NO_LOGPROBS}; use metric 'feedback'")
     optimizer = build_optimizer(recipe, metric, reflection_lm)
     kwargs = dict(recipe.compile)
     if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
         kwargs["valset"] = valset
     student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
-    check_demo_predictors(recipe, student)
     compiled = optimizer.compile(student, trainset=trainset, **kwargs)
     if getattr(metric, "refusals", None):
         raise metric.refusals[0]
@@ -93,21 +91,27 @@ def compile_program(
     return compiled
 
 
-def check_demo_predictors(recipe: Recipe, program) -> None:
-    """Refuse, before any LM call, a recipe's ``demo_predictors`` that name no predictor of ``program``.
+def check_recipe_for(recipe: Recipe, program, lm) -> None:
+    """Refuse, before any LM call, a recipe that cannot compile ``program`` with ``lm``: ``demo_predictors``
+    naming no predictor of the program, metric ``grounded`` for a program without retrieval (no context to
+    ground in), metric ``feedback_gold_prob`` with an LM that gives no option probabilities
+    (:func:`hcqr_dspy.programs.option_probs.scores_options`).
 
     Raises:
-        RecipeError: the unknown names, with the program's predictors.
+        RecipeError: one line naming the recipe file.
     """
-    if recipe.demo_predictors is None:
-        return
-    names = [name for name, _ in program.named_predictors()]
-    unknown = [n for n in recipe.demo_predictors if n not in names]
-    if unknown:
-        raise RecipeError(
-            f"recipe {recipe.name!r}: demo_predictors {', '.join(unknown)} are not predictors of this program "
-            f"({', '.join(names)})"
-        )
+    where = f"recipe {recipe.path}"
+    if recipe.demo_predictors is not None:
+        names = [name for name, _ in program.named_predictors()]
+        unknown = [n for n in recipe.demo_predictors if n not in names]
+        if unknown:
+            raise RecipeError(
+                f"{where}: demo_predictors {', '.join(unknown)} are not predictors of this program ({', '.join(names)})"
+            )
+    if recipe.metric == "grounded" and getattr(program, "retriever", None) is None:
+        raise RecipeError(f"{where}: metric 'grounded' needs a retrieval method; {program.method} shows no context")
+    if recipe.metric == "feedback_gold_prob" and not scores_options(lm):
+        raise RecipeError(f"{where} (metric feedback_gold_prob): {NO_LOGPROBS}; use metric 'feedback'")
 
 
 def keep_demos_of(program, names: list[str] | None) -> int:

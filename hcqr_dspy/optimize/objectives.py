@@ -1,12 +1,12 @@
 """Metrics that teach the answer step to use its context: ``grounded`` and GEPA's ``feedback_gold_prob``.
 
-``grounded`` (any optimizer): a prediction passes when its answer is right, a passage the answer step was shown
-names the gold option, and the answer step's reasoning names it too (each "names" is
-:func:`hcqr_dspy.evaluation.evidence.mentions`: every stemmed content word of the option in one text). With
-BootstrapFewShot, whose demos are the training traces that pass the metric (``dspy.teleprompt.BootstrapFewShot``),
-every bootstrapped demo then shows a context that decides its question and an answer that draws on it, not a
-right guess beside an unhelpful context. In the committed MMLU-Med study's HCQR rows 12 of 100 questions met it
-(40 right, 16 of them with the gold option named in the context).
+``grounded`` (any optimizer but GEPA, whose metric must give feedback): a prediction passes when its answer is
+right, a passage the answer step was shown names the gold option, and the answer step's reasoning names it too (each
+"names" is :func:`hcqr_dspy.evaluation.evidence.mentions`: every stemmed content word of the option in one text).
+With BootstrapFewShot, whose demos are the training traces that pass the metric
+(``dspy.teleprompt.BootstrapFewShot``), every bootstrapped demo then shows a context that decides its question and
+an answer that draws on it, not a right guess beside an unhelpful context. In the committed MMLU-Med study's HCQR
+rows 12 of 100 questions met it (40 right, 16 of them with the gold option named in the context).
 
 ``feedback_gold_prob`` (GEPA): two objectives in one score, since GEPA's metric returns one number per example
 (``dspy.teleprompt.GEPA``: ``score`` and ``feedback``): the mean of right/wrong and the answer step's probability

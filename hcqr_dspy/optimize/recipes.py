@@ -10,12 +10,13 @@ strictly and ranges as listed. Keys:
 optimizer      ``BootstrapFewShot``, ``BootstrapFewShotWithRandomSearch``,
                ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``); required
 description    free text
-metric         ``accuracy`` (gold letter, invalid = wrong), ``grounded``
+metric         ``accuracy`` (gold letter, invalid = wrong) or ``grounded``
                (right, from a context and a reasoning that name the gold
-               option), or for GEPA only ``feedback`` (accuracy plus a
-               textual diagnosis) and ``feedback_gold_prob`` (the mean of
-               accuracy and the gold option's probability, with the
-               diagnosis; :mod:`hcqr_dspy.optimize.objectives`)
+               option; retrieval methods only) for the other optimizers;
+               for GEPA, which needs textual feedback, ``feedback``
+               (accuracy plus a diagnosis) or ``feedback_gold_prob`` (the
+               mean of accuracy and the gold option's probability, with
+               the diagnosis; :mod:`hcqr_dspy.optimize.objectives`)
 train_size     training questions drawn from the train file (seeded
                sample), an integer >= 1 and >= ``min_train`` (default 30)
 val_size       validation questions drawn after them, disjoint, >= 0 (0:
@@ -113,6 +114,11 @@ class RecipeSpec(BaseModel):
         if self.metric.startswith("feedback") and self.optimizer != "GEPA":
             raise ValueError(
                 f"metric {self.metric!r} is for GEPA; {self.optimizer} needs metric 'accuracy' or 'grounded'"
+            )
+        if self.optimizer == "GEPA" and not self.metric.startswith("feedback"):
+            raise ValueError(
+                f"GEPA needs metric 'feedback' or 'feedback_gold_prob' (a score with textual feedback), "
+                f"not {self.metric!r}"
             )
         if self.reflection_lm is not None and self.optimizer != "GEPA":
             raise ValueError(f"'reflection_lm' is for GEPA only, not {self.optimizer}")

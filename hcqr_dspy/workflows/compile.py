@@ -26,7 +26,7 @@ from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.lm.adapter import HCQRAdapter
-from hcqr_dspy.optimize.compile import compile_program, optimizer_scores, split_train
+from hcqr_dspy.optimize.compile import check_recipe_for, compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap, save_program
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
@@ -227,6 +227,7 @@ def compile_and_save(
     lm = lm or build_lm(
         spec.lm, max_tokens=spec.max_tokens, n_ctx=spec.n_ctx, api_base=spec.api_base, api_key_env=spec.api_key_env
     )
+    check_recipe_for(recipe, student, lm)  # before the MLflow run: a refused recipe leaves no run behind
     if recipe.optimizer == "GEPA" and reflection_lm is None:
         reflection_lm = build_lm(
             reflection_spec,

@@ -53,6 +53,7 @@ def run_experiment(
     """
     import mlflow  # heavy: imported only to run
 
+    programs = resolve_programs(exp, mlflow_dir)  # before anything is written: a bad program leaves no run behind
     root = Path(runs_root) / exp.name
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
@@ -69,7 +70,6 @@ def run_experiment(
     ) as parent:
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
-        programs = resolve_programs(exp, mlflow_dir)  # before any cell: a bad program costs no LM call
         cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
         for dname, dfile in exp.datasets.items():
             out["cells"][dname] = {}

@@ -80,6 +80,7 @@ from hcqr_dspy.retrieval.vector_index import check_search_options
 
 Positive = Annotated[int, Field(ge=1)]
 CELL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a folder name: the experiment's and each program cell's
+RESERVED_CELLS = ("comparison",)  # folders beside the cells' in a dataset's folder
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -206,9 +207,12 @@ class Experiment(BaseModel):
     @field_validator("programs")
     @classmethod
     def _programs_apart(cls, programs: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        clash = sorted(set(programs) & set(info.data.get("methods") or []))
+        clash = sorted(set(programs) & ({*(info.data.get("methods") or []), *RESERVED_CELLS}))
         if clash:
-            raise ValueError(f"program cell(s) {', '.join(clash)} share a method's name (each cell is one run folder)")
+            raise ValueError(
+                f"program cell(s) {', '.join(clash)} share a method's name or {', '.join(RESERVED_CELLS)} "
+                "(each cell is one run folder beside the comparison's)"
+            )
         return programs
 
     @field_validator("index")
@@ -243,9 +247,9 @@ class Experiment(BaseModel):
     @field_validator("reference")
     @classmethod
     def _reference_method(cls, reference: str | None, info: ValidationInfo) -> str | None:
-        if "methods" not in info.data:
+        if "methods" not in info.data or "programs" not in info.data:  # their own errors are the ones reported
             return reference
-        cells = [*info.data["methods"], *(info.data.get("programs") or {})]
+        cells = [*info.data["methods"], *info.data["programs"]]
         if reference is not None and reference not in cells:
             raise ValueError(f"{reference!r} is not one of the cells ({', '.join(cells)})")
         return reference
@@ -331,6 +335,8 @@ def load_experiment(
 # Keys the file-wide checks (Experiment._index_for_retrieval) read: they run only when every field is valid.
 FILE_WIDE_KEYS = frozenset({"index", "methods", "search_options", "encoder_backend", "budget", "method_options"})
 CHECK_PASSES = 5
+# Keys checked against others: their errors while one of those was left out are not problems of their own.
+DEPENDS_ON = {"reference": {"methods", "programs"}, "method_options": {"methods"}}
 
 
 def later_problems(exc: ValidationError, raw: dict[str, Any], base: Path, file: str | Path, node: Any) -> list[str]:
@@ -356,6 +362,7 @@ def later_problems(exc: ValidationError, raw: dict[str, Any], base: Path, file: 
                 if e["type"] != "missing"
                 and (e["loc"] or not (FILE_WIDE_KEYS & set(raw) - set(trial)))
                 and (not e["loc"] or e["loc"][0] not in failed)
+                and not (e["loc"] and DEPENDS_ON.get(e["loc"][0], set()) & (set(raw) - set(trial)))
             ]
             if not errors:
                 return found

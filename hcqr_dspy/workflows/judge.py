@@ -20,6 +20,7 @@ from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.agreement import AGREEMENT_FILE, agreement_summary, measure_agreement
+from hcqr_dspy.judge.control_upgrade import read_added
 from hcqr_dspy.judge.judging import check_judge_index, judge_run, judgeable
 from hcqr_dspy.judge.metrics import CONTROLS
 from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
@@ -92,6 +93,7 @@ def judge_and_track(
         )
         return None
     with WriterLock(folder.path, "judge"):  # one writer: a second judge (or an eval) of the folder is refused
+        folder.judgments(), read_added(folder)  # malformed records are refused before the LM is built
         if retriever is None:
             retriever = load_index(check_judge_index(folder, index))
         lm, spec = _judge_lm(folder, judge_lm, lm, max_tokens, n_ctx, api_base, api_key_env)
