@@ -2,11 +2,12 @@
 RAG wall-time ratio and a per-method cost table, from the run folders of one ``hcqr demo``.
 
 Usage:
-    python bench/lm_pipeline.py [--runs DIR | --limit 10 --lm local] [--lengths 256,512,...] [--out FILE]
+    python bench/lm_pipeline.py [--runs DIR | --limit 10 --lm local [--keep DIR]] [--lengths 256,512,...] [--out FILE]
 
 Without ``--runs`` it runs ``hcqr demo --limit N`` (the default 1.5B model; HCQR, CoT and Simple RAG on the demo
-questions) into a temporary folder with an empty DSPy cache, so that every reply is generated; with ``--runs`` it
-reads the run folders a demo wrote into DIR. Rows with a reply from the response cache are left out and counted.
+questions) into a temporary folder (``--keep``: a folder kept for reading the rows later) with an empty DSPy cache, so
+that every reply is generated; with ``--runs`` it reads the run folders a demo wrote into DIR. Rows with a reply from
+the response cache are left out and counted.
 
 Raw reference, measured in this process with the engine settings and context window the runs' sessions recorded
 (refused if this process's differ): llama.cpp's seconds to prefill N prompt tokens from an empty KV cache
@@ -160,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default=None, help="folder of an `hcqr demo` run (default: run one now)")
     ap.add_argument("--limit", type=int, default=10, help="demo questions when it runs the demo itself")
     ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>) when it runs the demo")
+    ap.add_argument("--keep", default=None, help="run the demo into this new folder and keep it (default: temporary)")
     ap.add_argument("--lengths", default="256,512,1024,2048,3072,4096")
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
@@ -168,8 +170,10 @@ def main(argv=None) -> int:
 
     out_path = Path(args.out)
     read_results(out_path)  # refuse an unreadable --out before measuring
+    if args.keep and (args.runs or Path(args.keep).exists()):
+        raise SystemExit(f"bench: --keep needs a new folder and no --runs ({args.keep} exists or --runs given)")
     with tempfile.TemporaryDirectory() as tmp:
-        runs = Path(args.runs) if args.runs else Path(tmp)
+        runs = Path(args.runs or args.keep or tmp)
         demo_seconds = None
         if not args.runs:
             print(f"bench: lm pipeline: hcqr demo --limit {args.limit} --lm {args.lm} ...", file=sys.stderr, flush=True)
