@@ -634,3 +634,36 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
         compare([a, b], out_dir=tmp_path / "out")
     with pytest.raises(HCQRError, match=r"run folder .*nowhere does not exist"):
         compare([a, tmp_path / "nowhere"], out_dir=tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"queries": [None]}, r"'q1' has queries that are not a list of strings"),
+        ({"queries": "one query"}, r"'q1' has queries that are not a list of strings"),
+        ({"correct": True}, r"'q1' says correct=True for prediction 'B' and gold 'A'"),
+        ({"prediction": "maybe"}, r"'q1' has prediction 'maybe', not an option letter"),
+        ({"gold": "", "correct": False}, r"'q1' has gold '', not an option letter"),
+        ({"valid": "yes"}, r"'q1' has a `valid` or `correct` that is not true/false"),
+    ],
+)
+def test_a_row_a_comparison_would_misread_is_refused_before_anything_is_written(tmp_path, change, message):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, False])
+    first, second = (b / "predictions.jsonl").read_text().splitlines()
+    (b / "predictions.jsonl").write_text(first + "\n" + json.dumps({**json.loads(second), **change}) + "\n")
+    with pytest.raises(HCQRError, match=r"b/predictions.jsonl: the row of question " + message):
+        compare([a, b], out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # no plot written before the refusal
+
+
+def test_runs_that_disagree_on_a_gold_answer_are_refused(tmp_path):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, False])
+    first, second = (b / "predictions.jsonl").read_text().splitlines()
+    (b / "predictions.jsonl").write_text(
+        first + "\n" + json.dumps({**json.loads(second), "gold": "B", "correct": True}) + "\n"
+    )
+    with pytest.raises(HCQRError, match=r"question 'q1' has gold 'A' in .*a but 'B' in .*b: the runs do not answer"):
+        compare([a, b], out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -28,7 +28,7 @@ from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
-from hcqr_dspy.reporting.runs import Run, load_run, restrict, unique_labels
+from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, unique_labels
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
 
@@ -242,18 +242,14 @@ def compare(
     runs = [load_run(p) for p in run_dirs]
     unique_labels(runs)
     qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
+    check_same_gold(runs)
     answered = {r.label: len(r.rows) for r in runs}
     if common:
         for r in runs:
             restrict(r, qids)
     ref = _reference(runs, reference)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    files = _write_plots(runs, out)
     ordered = [ref] + [r for r in runs if r is not ref]
-    report, summary = _report(
+    report, summary = _report(  # before anything is written: a report that fails leaves no files behind
         ordered,
         qids,
         answered,
@@ -261,6 +257,11 @@ def compare(
         Path(qrels) if qrels else qrels_beside(ref.folder.dataset),
         explicit=bool(qrels),
     )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+    files = _write_plots(runs, out)
     md = out / "comparison.md"
     md.write_text(report, encoding="utf-8")
     js = out / "comparison.json"

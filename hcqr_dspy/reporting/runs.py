@@ -79,12 +79,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not rows:
         raise HCQRError(f"run {folder.path} has no finished question")
     for r in rows:
-        missing = [k for k in ROW_KEYS if k not in r]
-        if missing:
-            raise HCQRError(
-                f"{folder.predictions.path}: the row of question {r['qid']!r} lacks {', '.join(missing)} "
-                "(not written by `hcqr eval`); repair or delete that line"
-            )
+        check_row(folder.predictions.path, r)
     if any(r.get("gold") is None for r in rows):
         raise HCQRError(
             f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
@@ -94,6 +89,56 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
     return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments)
+
+
+def _letter(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 1 and "A" <= value <= "Z"
+
+
+def check_row(path: Path, row: dict[str, Any]) -> None:
+    """Refuse a row a comparison would misread: a missing :data:`ROW_KEYS` field, a gold or predicted answer that
+    is not an option letter, ``correct`` that disagrees with ``prediction`` and ``gold``, or ``queries`` that are
+    not a list of strings.
+
+    Raises:
+        HCQRError: naming ``path`` and the question.
+    """
+    where = f"{path}: the row of question {row['qid']!r}"
+    missing = [k for k in ROW_KEYS if k not in row]
+    if missing:
+        raise HCQRError(f"{where} lacks {', '.join(missing)} (not written by `hcqr eval`); repair or delete that line")
+    gold, prediction, valid = row["gold"], row["prediction"], row["valid"]
+    if gold is not None and not _letter(gold):
+        raise HCQRError(f"{where} has gold {gold!r}, not an option letter; repair or delete that line")
+    if not isinstance(valid, bool) or (gold is not None and not isinstance(row["correct"], bool)):
+        raise HCQRError(f"{where} has a `valid` or `correct` that is not true/false; repair or delete that line")
+    if (valid and not _letter(prediction)) or (prediction is not None and not _letter(prediction)):
+        raise HCQRError(f"{where} has prediction {prediction!r}, not an option letter; repair or delete that line")
+    if gold is not None and row["correct"] != (valid and prediction == gold):
+        raise HCQRError(
+            f"{where} says correct={row['correct']} for prediction {prediction!r} and gold {gold!r}; "
+            "repair or delete that line"
+        )
+    queries = row.get("queries")
+    if queries is not None and not (isinstance(queries, list) and all(isinstance(q, str) for q in queries)):
+        raise HCQRError(f"{where} has queries that are not a list of strings; repair or delete that line")
+
+
+def check_same_gold(runs: Sequence[Run]) -> None:
+    """Refuse runs that record different gold answers for one question (rows of another dataset or edited).
+
+    Raises:
+        HCQRError: naming the question and both runs.
+    """
+    seen: dict[str, tuple[str, Run]] = {}
+    for run in runs:
+        for r in run.rows:
+            first = seen.setdefault(r["qid"], (r["gold"], run))
+            if first[0] != r["gold"]:
+                raise HCQRError(
+                    f"question {r['qid']!r} has gold {first[0]!r} in {first[1].path} but {r['gold']!r} in "
+                    f"{run.path}: the runs do not answer the same questions"
+                )
 
 
 def run_label(config: dict[str, Any], path: Path) -> str:
