@@ -101,6 +101,9 @@ def test_rows_record_the_letter_distribution_and_rescoring_reads_it_back(tmp_pat
     assert (again["scored"], again["resumed"]) == (0, 1)
     assert len([s for s in old.sessions() if s["command"] == "rescore"]) == 2  # nothing to score: no session
     assert rescore_run(fresh, lm=smol, lm_spec="local:smollm2-135m", progress=False)["already"] == 1
+    # nothing left to score: no model is loaded (a spec that cannot load passes)
+    assert rescore_run(old, lm_spec="gguf:/nowhere/model.gguf", progress=False)["resumed"] == 1
+    assert rescore_run(fresh, lm_spec="gguf:/nowhere/model.gguf", progress=False)["already"] == 1
 
 
 def test_teacher_forcing_reads_the_generated_replys_own_distribution_at_the_answer_slot(smol):

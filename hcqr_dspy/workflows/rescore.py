@@ -64,23 +64,27 @@ def rescore_run(
 
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
     spec = lm_spec or folder.lm_spec
-    if lm is None:
-        if not spec:
-            raise RunError(f"{folder.path}: the run records no LM; give --lm")
-        recorded = folder.config.get("lm") or {}
-        lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
-    if not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
-        raise LMSpecError(
-            f"rescoring needs an LM that gives its next-token distribution (a local or gguf: model), not {spec!r}"
-        )
+    if lm is None and not spec:
+        raise RunError(f"{folder.path}: the run records no LM; give --lm")
     rows = folder.rows()
     folder_rows_with_option_probs(folder)  # a malformed or foreign option_probs.jsonl is refused before any work
     todo = [r for r in rows if r.get("option_probs") is None]
     with WriterLock(folder.path, "rescore"):
-        if folder.method in PROGRAMS and PROGRAMS[folder.method].uses_retrieval:
+        scored = {r.get("qid") for r in folder.option_probs_table.read()}
+        pending = any(r["qid"] not in scored for r in todo)
+        # every check before the model loads; a run with nothing left to score loads none
+        program = None
+        if pending and folder.method in PROGRAMS and PROGRAMS[folder.method].uses_retrieval:
             program = run_program(folder, load_index(check_judge_index(folder, index)))
-        else:
+        elif pending:
             program = run_program(folder)
+        if pending and lm is None:
+            recorded = folder.config.get("lm") or {}
+            lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
+        if pending and not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
+            raise LMSpecError(
+                f"rescoring needs an LM that gives its next-token distribution (a local or gguf: model), not {spec!r}"
+            )
         questions = folder.load_questions()
 
         def score(row: dict[str, Any]) -> dict[str, Any]:
@@ -102,8 +106,7 @@ def rescore_run(
                 "scored_by": spec,
             }
 
-        scored = {r.get("qid") for r in folder.option_probs_table.read()}
-        if any(r["qid"] not in scored for r in todo):  # which machine and llama.cpp build scored them
+        if pending:  # which machine and llama.cpp build scored them
             folder.record_session("rescore", lm)
         with dspy.context(lm=lm, adapter=HCQRAdapter()):
             records, resumed, now = run_resumable(
