@@ -7,7 +7,8 @@ Usage:
 Without ``--runs`` it runs ``hcqr demo --limit N`` (the default 1.5B model; HCQR, CoT and Simple RAG on the demo
 questions) into a temporary folder (``--keep``: a folder kept for reading the rows later) with an empty DSPy cache, so
 that every reply is generated; with ``--runs`` it reads the run folders a demo wrote into DIR. Rows with a reply from
-the response cache are left out and counted.
+the response cache are left out and counted. Each model and build keeps its own section; another build is measured by
+running this script with that build's unpacked wheel first on ``PYTHONPATH`` (as ``bench/lm.py`` does).
 
 Raw reference, measured in this process with the engine settings and context window the runs' sessions recorded
 (refused if this process's differ): llama.cpp's seconds to prefill N prompt tokens from an empty KV cache
@@ -136,6 +137,12 @@ def summarise(rows: dict[str, list[dict]], raw: dict) -> dict:
     return out
 
 
+def section_key(model: str, build: str) -> str:
+    """The results key of a model and llama.cpp build's section (``lm_pipeline/<model>/<build>``), so each pair
+    keeps its own."""
+    return f"lm_pipeline/{model}/{build}"
+
+
 def run_demo(runs: Path, limit: int, lm: str, *extra: str) -> None:
     """``hcqr demo --limit N --lm LM --runs runs [extra]`` with an empty response cache (every reply generated)."""
     env = {**os.environ, "DSPY_CACHEDIR": str(runs / "dspy-cache")}
@@ -200,7 +207,7 @@ def main(argv=None) -> int:
         section["hcqr_over_simple_rag"] = round(
             methods["hcqr"]["seconds_mean"] / methods["simple_rag"]["seconds_mean"], 2
         )
-    write_results(out_path, section, key="lm_pipeline")
+    write_results(out_path, section, key=section_key(model, engine["build"]))
     print(f"bench: wrote {out_path} and {out_path.with_name('RESULTS.md')}", file=sys.stderr)
     return 0
 

@@ -2,9 +2,9 @@
 
 ``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``,
 ``bench/pipeline.py``, ``bench/lm.py`` and ``bench/lm_pipeline.py`` each measure one section (``retrieval``,
-``scale``, ``milvus``, ``pipeline``, ``lm``, ``lm_pipeline``) and merge it here with :func:`write_results`,
-which re-renders ``RESULTS.md`` from the whole file (the LM sections with ``bench/report_lm.py``). None imports
-another.
+``scale``, ``milvus``, ``pipeline``, ``lm`` and ``lm_pipeline/<model>/<build>``) and merge it here with
+:func:`write_results`, which re-renders ``RESULTS.md`` from the whole file (the LM sections with
+``bench/report_lm.py``). None imports another.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def render(results: dict) -> str:
         lines += render_pipeline(p)
     if results.get("lm"):
         lines += render_lm(results["lm"])
-    if results.get("lm_pipeline"):
-        lines += render_lm_pipeline(results["lm_pipeline"])
+    for key in sorted(k for k in results if k.startswith("lm_pipeline/")):
+        lines += render_lm_pipeline(results[key])  # one per model and llama.cpp build
     if results.get("serving"):
         lines += render_serving(results["serving"])
     return "\n".join(lines)

@@ -36,6 +36,8 @@ def render_lm(section: dict) -> list[str]:
             f"{model}: the fastest build with the engine's defaults prefills {ratio['prefill']}x and generates "
             f"{ratio['generation']}x the portable build with llama-cpp-python's defaults, at {lengths[-1]} tokens."
         )
+    for note in section.get("notes", []):  # what the person who ran it saw disturb it, added to results.json
+        lines += ["", f"Note: {note}"]
     return lines + [""]
 
 

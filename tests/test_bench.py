@@ -400,7 +400,9 @@ def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_ra
         ]
         assert hcqr(cmd) == 0
     assert pipe.main(["--runs", str(runs), *argv]) == 0
-    section = json.loads(out.read_text())["lm_pipeline"]
+    results = json.loads(out.read_text())
+    build = pipe.read_runs(runs)[1]["build"]
+    section = results[f"lm_pipeline/smollm2-135m/{build}"]  # each model and build keeps its own section
     assert section["model"] == "smollm2-135m" and section["left_out_cached"] == {}
     methods = section["methods"]
     assert list(methods) == ["cot", "simple_rag", "hcqr"]
@@ -413,13 +415,14 @@ def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_ra
             assert st["raw"] > 0 and st["efficiency"] == pytest.approx(st["raw"] / st["seconds"], rel=0.05)
     assert section["hcqr_over_simple_rag"] > 1
     text = out.with_name("RESULTS.md").read_text()
-    assert "## LM path: the product against raw llama.cpp" in text and "| hcqr | hypothesis |" in text
+    assert "## LM path: the product against raw llama.cpp, and the cost per method (smollm2-135m" in text
+    assert "| hcqr | hypothesis |" in text
     # a demo row answered from the response cache is left out, and other engine settings are refused
     hcqr_rows = next(runs.glob("hcqr-*")) / "predictions.jsonl"
     first, *rest = hcqr_rows.read_text().splitlines()
     hcqr_rows.write_text("\n".join([json.dumps({**json.loads(first), "cached_lm_calls": 3}), *rest]) + "\n")
     assert pipe.main(["--runs", str(runs), *argv]) == 0
-    section = json.loads(out.read_text())["lm_pipeline"]
+    section = json.loads(out.read_text())[f"lm_pipeline/smollm2-135m/{build}"]
     assert section["left_out_cached"] == {"hcqr": 1} and section["methods"]["hcqr"]["questions"] == 1
     monkeypatch.setenv("HCQR_N_BATCH", "256")
     with pytest.raises(SystemExit, match="differ from this process's"):
