@@ -112,7 +112,7 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
         raise HCQRError(f"{where} has gold {gold!r}, not an option letter; repair or delete that line")
     if not isinstance(valid, bool) or (gold is not None and not isinstance(row["correct"], bool)):
         raise HCQRError(f"{where} has a `valid` or `correct` that is not true/false; repair or delete that line")
-    if (valid and not _letter(prediction)) or (prediction is not None and not _letter(prediction)):
+    if (valid or prediction is not None) and not _letter(prediction):
         raise HCQRError(f"{where} has prediction {prediction!r}, not an option letter; repair or delete that line")
     if gold is not None and row["correct"] != (valid and prediction == gold):
         raise HCQRError(

@@ -72,20 +72,21 @@ def rescore_run(
     with WriterLock(folder.path, "rescore"):
         scored = {r.get("qid") for r in folder.option_probs_table.read()}
         pending = any(r["qid"] not in scored for r in todo)
-        # every check before the model loads; a run with nothing left to score loads none
-        program = None
-        if pending and folder.method in PROGRAMS and PROGRAMS[folder.method].uses_retrieval:
-            program = run_program(folder, load_index(check_judge_index(folder, index)))
-        elif pending:
-            program = run_program(folder)
-        if pending and lm is None:
-            recorded = folder.config.get("lm") or {}
-            lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
-        if pending and not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
-            raise LMSpecError(
-                f"rescoring needs an LM that gives its next-token distribution (a local or gguf: model), not {spec!r}"
-            )
-        questions = folder.load_questions()
+        program = questions = None
+        if pending:  # every check before the model loads; a run with nothing left to score loads none
+            if folder.method in PROGRAMS and PROGRAMS[folder.method].uses_retrieval:
+                program = run_program(folder, load_index(check_judge_index(folder, index)))
+            else:
+                program = run_program(folder)
+            questions = folder.load_questions()
+            if lm is None:
+                recorded = folder.config.get("lm") or {}
+                lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
+            if not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
+                raise LMSpecError(
+                    "rescoring needs an LM that gives its next-token distribution (a local or gguf: model), "
+                    f"not {spec!r}"
+                )
 
         def score(row: dict[str, Any]) -> dict[str, Any]:
             example = questions[row["qid"]]
