@@ -39,6 +39,7 @@ def _spec(spec_class, args: argparse.Namespace, dataset: str, labelled: bool):
         num_threads=args.threads,
         run_dir=args.run_dir,
         program=args.program,
+        answer_step=getattr(args, "answer_step", None),
         search_options=_search_options(args),
         encoder_backend=args.encoder_backend,
         labelled=labelled,
@@ -84,6 +85,13 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``eval`` and ``predict`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
     _add_program_args(p)
+    p.add_argument(
+        "--answer-step",
+        default=None,
+        help="answer with this saved program's answer step (its instructions and demos) inside a fresh --method, "
+        "e.g. the oracle_rag ceiling under a compiled HCQR's answer step; same forms as --program "
+        "(default: the method's zero-shot answer step)",
+    )
     p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
     _add_run_args(p, "evaluate")
     p.set_defaults(func=cmd_eval)

@@ -153,6 +153,13 @@ def describe_mlflow_run(run_id: str, config: dict[str, Any], kind: str = "evalua
         )
         if compile_id:
             client.set_tag(run_id, "compile_run_id", compile_id)
+    elif config.get("answer_step"):
+        answer = config["answer_step"]
+        lines.append(
+            f"Program: the method's own retrieval, answering with the answer step (instructions and demos) of "
+            f"`{answer.get('source')}`, compiled with recipe `{answer.get('recipe')}` on "
+            f"{answer.get('train_count')} {answer.get('train_dataset')} questions."
+        )
     else:
         lines.append("Program: zero-shot (the method's own instructions, no demos).")
     client.set_tag(run_id, "mlflow.note.content", "\n\n".join(lines))

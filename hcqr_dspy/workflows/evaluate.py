@@ -218,8 +218,12 @@ def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
 
 
 def program_label(config: dict[str, Any]) -> str:
-    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made)."""
+    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made);
+    ``answer-step:<recipe>`` for a fresh method answering with a saved program's answer step."""
     saved = config.get("saved_program")
+    answer = config.get("answer_step")
+    if not saved and answer:
+        return f"answer-step:{answer.get('recipe') or 'saved'}"
     if not saved:
         return "zero-shot"
     return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
@@ -229,13 +233,16 @@ def mlflow_run_name(method: str, dataset: str, lm: str, config: dict[str, Any], 
     """An evaluation's MLflow run name, what tells runs apart first (the UI cuts long names): the program, then the
     dataset and the LM. The program is the method (``hcqr · medqa · local``) for a zero-shot program,
     ``<method>+<recipe>`` for a compiled one (``+saved`` without a recipe), ``<name> v<version>`` for a registered
-    version; ``predict `` goes before it for predictions."""
+    version, ``<method>+answer:<recipe>`` for a fresh method with a saved answer step; ``predict `` goes before it
+    for predictions."""
     saved = config.get("saved_program") or {}
     model = saved.get("model") or {}
     if model.get("version"):
         program = f"{model['name']} v{model['version']}"
     elif saved:
         program = f"{method}+{saved.get('recipe') or 'saved'}"
+    elif config.get("answer_step"):
+        program = f"{method}+answer:{config['answer_step'].get('recipe') or 'saved'}"
     else:
         program = method
     return " · ".join([f"predict {program}" if kind == "prediction" else program, dataset, lm])

@@ -12,6 +12,7 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError, ProgramFormatError, RunError
 from hcqr_dspy.optimize import saved
+from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.programs import PROGRAMS, make_program
 from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.tracking.serving import program_folder_of_model
@@ -87,7 +88,8 @@ def load_program(
 
 def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQProgram:
     """The program a run folder ran, over ``retriever``: its saved program (a compiled one, say), or its method
-    with the options ``config.json`` records (budget, passages per query, fusion, roles ...).
+    with the options ``config.json`` records (budget, passages per query, fusion, roles ...) and the saved answer
+    step it answered with, if any (``answer_step``: :func:`hcqr_dspy.optimize.answer_step.adopt_answer_step`).
 
     Args:
         folder: The :class:`~hcqr_dspy.evaluation.run_folder.RunFolder`.
@@ -112,6 +114,10 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
         options["budget"] = budget
         options.pop("k_per_query", None)
     try:
-        return make_program(method, retriever, **options)
+        program = make_program(method, retriever, **options)
     except (TypeError, ValueError) as exc:
         raise RunError(f"{folder.path}: its recorded program options do not build {method}: {exc}") from None
+    answer_step = folder.config.get("answer_step")
+    if answer_step:  # a fresh method that answered with a saved program's answer step
+        adopt_answer_step(program, answer_step.get("folder") or answer_step["source"])
+    return program

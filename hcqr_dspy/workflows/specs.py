@@ -17,6 +17,7 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
 from hcqr_dspy.lm.adapter import response_format_dialect
+from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.optimize.saved import load_program, read_meta, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
@@ -46,6 +47,9 @@ class EvalSpec:
             one: a folder from ``hcqr compile`` or ``runs:/<MLflow run id>``; its
             method and options come from the program (``method`` may be
             ``None``; given, it must match), so ``program_options`` must be empty.
+        answer_step: A saved program whose answer step (instructions and demos) the fresh method
+            answers with (:func:`hcqr_dspy.optimize.answer_step.adopt_answer_step`); not with ``program``.
+            Recorded in the config under ``answer_step``.
         search_options: Search-time options of a dense index (``nprobe``,
             ``efSearch``, ``k_factor``); recorded in the config under ``index``.
         encoder_backend: What embeds the queries (``torch``, ``onnx``,
@@ -72,6 +76,7 @@ class EvalSpec:
     num_threads: int = 1
     run_dir: str | None = None
     program: str | None = None
+    answer_step: str | None = None
     search_options: dict[str, int] = field(default_factory=dict)
     encoder_backend: str | None = None
     labelled: bool = True
@@ -169,18 +174,30 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
             these questions, or given options of its own.
     """
     spec.method, saved, folder = resolve_method(spec.method, spec.program, spec.program_options, mlflow_dir)
+    answer_folder = answer_meta = None
+    if spec.answer_step:
+        if spec.program:
+            raise HCQRError(f"{spec.program} is a saved program with its own answer step: drop --answer-step")
+        answer_folder = resolve_program_path(spec.answer_step, mlflow_dir)
+        answer_meta = read_meta(answer_folder)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     questions = select(
         load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids
     )
     if saved and saved.get("train"):
         refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
+    if answer_meta and answer_meta.get("train"):
+        refuse_overlap(answer_meta["train"], questions, dataset_name(spec.dataset), f"answer step {spec.answer_step}")
     retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
     program, _ = build_program(spec.method, retriever, spec.program_options, folder)
+    if answer_folder is not None:
+        adopt_answer_step(program, answer_folder)
     config = {
         "method": spec.method,
         "program": program.settings(),
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
+        # recorded only when given, so run folders made before the option existed still resume
+        **({"answer_step": saved_program_record(spec.answer_step, answer_meta, answer_folder)} if answer_meta else {}),
         "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
         "questions": {
             **question_fingerprint(questions),
