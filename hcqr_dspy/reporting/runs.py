@@ -143,7 +143,8 @@ def check_same_gold(runs: Sequence[Run]) -> None:
 
 def run_label(config: dict[str, Any], path: Path) -> str:
     """The method, and for a saved (compiled) program ``method+recipe`` (``hcqr+bootstrap_fewshot``); a fresh
-    method that answered with a saved program's answer step ``method+answer:recipe`` (``oracle_rag+answer:bootstrap_fewshot``)."""
+    method that answered with a saved program's answer step ``method+answer:recipe``
+    (``oracle_rag+answer:bootstrap_fewshot``)."""
     method = config.get("method", path.name)
     saved = config.get("saved_program")
     if saved:
