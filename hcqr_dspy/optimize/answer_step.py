@@ -35,16 +35,13 @@ def answer_predictor(program: Any, what: str) -> Any:
     return predictors[ANSWER_PREDICTOR]
 
 
-def adopt_answer_step(program: Any, source: str | Path) -> dict[str, Any]:
+def adopt_answer_step(program: Any, source: str | Path) -> None:
     """Give ``program`` (a fresh method) the answer step of the saved program in ``source``: its instructions,
     its demos and the length its demos' contexts are cut to (``demo_context_tokens``).
 
     Args:
         program: A fresh program whose ``answer`` predictor is replaced in place.
         source: A saved-program folder (from ``hcqr compile``; an MLflow URI resolved to one by the caller).
-
-    Returns:
-        The saved program's ``meta.json`` (plus ``"path"``), as :func:`~hcqr_dspy.optimize.saved.load_program`.
 
     Raises:
         ProgramFormatError: the saved program does not load, either program has no answer step, or the two
@@ -61,4 +58,3 @@ def adopt_answer_step(program: Any, source: str | Path) -> dict[str, Any]:
         )
     ours.load_state(theirs.dump_state())
     program.demo_context_tokens = saved.demo_context_tokens
-    return meta
