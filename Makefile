@@ -12,7 +12,9 @@
 #               Milvus Lite / server vs faiss at the real ~41k and a synthetic 1M corpus; reuse the ~41k embeddings)
 #               and raw llama.cpp prefill / generation rates per cached build variant and model (bench/lm.py),
 #               then the product against raw llama.cpp per stage and the cost of 10 demo questions per method with
-#               the 1.5B model (bench/lm_pipeline.py, about 20 minutes), and requests per minute of a served
+#               the 1.5B model (bench/lm_pipeline.py, about 20 minutes), each Simple RAG and CoT answer call
+#               paired with raw llama.cpp on the same tokens (bench/lm_overhead.py, 10 questions, about 13 minutes),
+#               and requests per minute of a served
 #               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute)
 #   make bench-scale / bench-milvus / bench-lm / bench-serving   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
@@ -94,6 +96,7 @@ else
 	$(PY) bench/pipeline.py
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
+	$(PY) bench/lm_overhead.py
 	$(PY) bench/serving.py
 endif
 
@@ -104,6 +107,7 @@ bench-scale: setup
 bench-lm: setup-model-1p5b setup-model-0p5b
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
+	$(PY) bench/lm_overhead.py
 
 bench-serving: setup
 	$(PY) bench/serving.py

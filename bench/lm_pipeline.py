@@ -16,7 +16,10 @@ Raw reference, measured in this process with the engine settings and context win
 token), at each N of ``--lengths``, best of two. A call of P prompt and C completion tokens is predicted to take
 ``prefill(P) + C * token(P + C / 2)`` (piecewise-linear between the measured lengths); a stage's efficiency is its
 predicted over its measured seconds, summed over its calls. Above 1 the product evaluated fewer prompt tokens than
-it sent (its prompt cache resumed a prefix); below 1, time went to sampling, the grammar, templating or Python.
+it sent (its prompt cache resumed a prefix); below 1, time went to sampling, the grammar, templating or Python, or
+the machine ran slower during the run than while the raw rates were measured (on a shared 2-core machine the same call
+can take 20% longer minutes later); ``bench/lm_overhead.py`` measures the overhead alone, each call paired with raw
+llama.cpp right after it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
-``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``,
-``bench/pipeline.py``, ``bench/lm.py`` and ``bench/lm_pipeline.py`` each measure one section (``retrieval``,
-``scale``, ``milvus``, ``pipeline``, ``lm`` and ``lm_pipeline/<model>/<build>``) and merge it here with
+``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``, ``bench/pipeline.py``, ``bench/lm.py``,
+``bench/lm_pipeline.py`` and ``bench/lm_overhead.py`` each measure one section (``retrieval``, ``scale``, ``milvus``,
+``pipeline``, ``lm``, ``lm_pipeline/<model>/<build>`` and ``lm_overhead/<model>/<build>``) and merge it here with
 :func:`write_results`, which re-renders ``RESULTS.md`` from the whole file (the LM sections with
 ``bench/report_lm.py``). None imports another.
 """
@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from report_lm import render_lm, render_lm_pipeline
+from report_lm import render_lm, render_lm_overhead, render_lm_pipeline
 from report_serving import render_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,6 +106,8 @@ def render(results: dict) -> str:
         lines += render_lm(results["lm"])
     for key in sorted(k for k in results if k.startswith("lm_pipeline/")):
         lines += render_lm_pipeline(results[key])  # one per model and llama.cpp build
+    for key in sorted(k for k in results if k.startswith("lm_overhead/")):
+        lines += render_lm_overhead(results[key])
     if results.get("serving"):
         lines += render_serving(results["serving"])
     return "\n".join(lines)

@@ -51,8 +51,10 @@ def render_lm_pipeline(section: dict) -> list[str]:
         f"Runs: {section['runs']}"
         + (f" (the whole demo: {section['demo_seconds']} s)" if section.get("demo_seconds") else "")
         + ". Raw: llama.cpp's own prefill and generation seconds at the same prompt lengths, "
-        "in the same process and engine settings; a stage's efficiency is the raw seconds predicted for its "
-        "tokens over its measured seconds (above 1: the prompt cache skipped a prefix). Rows with cached "
+        "in the same process and engine settings, measured once after the run (best of two); a stage's efficiency "
+        "is the raw seconds predicted for its tokens over its measured seconds (above 1: the prompt cache skipped a "
+        "prefix). The machine's speed drifts during a run, which this comparison cannot separate from the "
+        "product's overhead; the paired sections (`bench/lm_overhead.py`) below do. Rows with cached "
         f"replies left out: {section['left_out_cached'] or 'none'}.",
         "",
         "| method | questions | accuracy | LM calls | prompt tokens | completion tokens | seconds (mean) | "
@@ -78,4 +80,30 @@ def render_lm_pipeline(section: dict) -> list[str]:
             )
     if "hcqr_over_simple_rag" in section:
         lines += ["", f"HCQR / Simple RAG mean wall time per question: {section['hcqr_over_simple_rag']}."]
+    return lines + [""]
+
+
+def render_lm_overhead(section: dict) -> list[str]:
+    """RESULTS.md lines of an ``lm_overhead`` section (``bench/lm_overhead.py``)."""
+    e = section["engine"]
+    lines = [
+        f"## LM path: product calls paired with raw llama.cpp on the same tokens ({section['model']}, "
+        f"{e['n_threads']} threads, {e['build']} build; measured {section['date']} by `bench/lm_overhead.py`)",
+        "",
+        f"Each method's answer step on the first {section['limit']} demo questions (DSPy, the HCQR adapter, the "
+        "in-process engine, no response cache), followed at once by raw llama.cpp (`Llama.eval`, greedy argmax) on "
+        "the same numbers of prompt and completion tokens; efficiency is raw over product seconds per pair (mean "
+        "with its 95% t interval, median, extremes).",
+        "",
+        "| method | pairs | prompt tokens | completion tokens | product s (mean) | raw s (mean) | efficiency (mean) | "
+        "95% interval | median | range |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for method, m in section["methods"].items():
+        ci = "–".join(str(x) for x in m["efficiency_ci95"]) if m["efficiency_ci95"] else "n/a"
+        lines.append(
+            f"| {method} | {m['pairs']} | {m['prompt_tokens']} | {m['completion_tokens']} | {m['product_s_mean']} | "
+            f"{m['raw_s_mean']} | {m['efficiency_mean']} | {ci} | {m['efficiency_median']} | "
+            f"{m['efficiency_range'][0]}–{m['efficiency_range'][1]} |"
+        )
     return lines + [""]

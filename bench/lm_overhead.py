@@ -1,0 +1,145 @@
+"""LM-path overhead, paired: each product call against raw llama.cpp on the same tokens, measured back to back.
+
+Usage:
+    python bench/lm_overhead.py [--lm local:qwen2.5-coder-0.5b] [--limit 10] [--out bench/results.json]
+
+``bench/lm_pipeline.py`` compares a demo run's stage seconds with raw rates measured once, after the run, best of two.
+On a shared 2-core machine the speed of the same call drifts by about 20% over minutes (the per-call efficiency of
+its 20-question runs spans 0.75 to 1.05 for calls of the same length), so that comparison measures the machine's
+drift as much as the product's overhead. Here every product call is paired with raw llama.cpp on the same numbers
+of tokens, measured right after it (seconds apart, so the machine's drift over minutes cancels), in the same process and
+engine:
+
+- product: the method's answer step on a demo question (Simple RAG: 15 passages from a BM25 index of the demo corpus,
+  about 3,000 prompt tokens; CoT: the question alone, about 450), through DSPy, the HCQR adapter and the in-process
+  engine with DSPy's response cache off; its seconds and tokens are what the program's stage record holds (what
+  ``lm_pipeline`` reads from run folders).
+- raw: ``Llama.eval`` of that many prompt tokens from an empty KV cache, then that many tokens generated one at a
+  time by greedy argmax (``Llama.eval`` a token): no template, grammar, sampler chain, detokenizing or Python around
+  it.
+
+A pair's efficiency is raw over product seconds; the section keeps, per method, the mean with its 95% t interval
+(``statsmodels`` ``DescrStatsW.tconfint_mean``), the median and the extremes. Both start from an empty KV cache:
+the engine's prompt cache is switched off here, so that the product evaluates every prompt token as raw does and the
+ratio is its overhead alone (below 1: time beyond llama.cpp's own). What the prompt cache saves in real runs shows in
+``lm_pipeline``'s stages above 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = ("simple_rag", "cot")
+
+
+def raw_seconds(llm, pool: list[int], prompt: int, completion: int) -> float:
+    """Seconds llama.cpp takes to prefill ``prompt`` tokens of ``pool`` from an empty KV cache and generate
+    ``completion`` tokens greedily after them, one ``Llama.eval`` a token."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(pool[:prompt])
+    for _ in range(completion):
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        llm.eval([int(logits.argmax())])
+    seconds = time.perf_counter() - t0
+    llm.reset()
+    return seconds
+
+
+def summarise(pairs: list[dict]) -> dict:
+    """Mean (95% t interval), median and extremes of the pairs' raw / product seconds, and their mean tokens."""
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    ratios = np.array([p["raw_s"] / p["product_s"] for p in pairs])
+    low, high = DescrStatsW(ratios).tconfint_mean(alpha=0.05) if len(ratios) > 1 else (None, None)
+    return {
+        "pairs": len(pairs),
+        "prompt_tokens": round(float(np.mean([p["prompt"] for p in pairs]))),
+        "completion_tokens": round(float(np.mean([p["completion"] for p in pairs]))),
+        "product_s_mean": round(float(np.mean([p["product_s"] for p in pairs])), 2),
+        "raw_s_mean": round(float(np.mean([p["raw_s"] for p in pairs])), 2),
+        "efficiency_mean": round(float(ratios.mean()), 3),
+        "efficiency_ci95": [round(float(low), 3), round(float(high), 3)] if low is not None else None,
+        "efficiency_median": round(float(np.median(ratios)), 3),
+        "efficiency_range": [round(float(ratios.min()), 3), round(float(ratios.max()), 3)],
+    }
+
+
+def measure(lm_spec: str, limit: int) -> dict:
+    """The paired measurements of each method on the first ``limit`` demo questions (see the module docstring)."""
+    import dspy
+
+    from hcqr_dspy.data import load_questions
+    from hcqr_dspy.lm import build_lm
+    from hcqr_dspy.lm.adapter import HCQRAdapter
+    from hcqr_dspy.programs.registry import make_program
+    from hcqr_dspy.retrieval import build_retriever, load_corpus
+
+    lm = build_lm(lm_spec, cache=False)
+    engine = getattr(lm, "engine", None)
+    if not hasattr(engine, "llm"):
+        raise SystemExit(f"bench: {lm_spec} is not an in-process llama.cpp model")
+    llm = engine.llm
+    llm.set_cache(None)  # no prompt cache: every product call evaluates its whole prompt (see the module docstring)
+    pool = llm.tokenize((REPO / "data" / "demo" / "corpus.jsonl").read_text().encode(), add_bos=False)
+    questions = load_questions(REPO / "data" / "demo" / "questions.json")[:limit]
+    with tempfile.TemporaryDirectory() as tmp:
+        retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
+        retriever.save(Path(tmp) / "index")
+    programs = {m: make_program(m, retriever) for m in METHODS}
+    pairs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    for i, q in enumerate(questions):
+        for method, program in programs.items():
+            llm.reset()  # nor a prefix kept in the KV cache from the last call
+            with dspy.context(lm=lm, adapter=HCQRAdapter()):
+                pred = program(question=q.question, options=q.options)
+            st = pred.stages["answer"]
+            if st.get("lm_calls") != 1:
+                raise SystemExit(f"bench: {method} made {st.get('lm_calls')} answer calls on {q.qid}, not one")
+            p, c = st["prompt_tokens"], st["completion_tokens"]
+            raw = raw_seconds(llm, pool, p, c)
+            pairs[method].append({"id": q.qid, "prompt": p, "completion": c, "product_s": st["seconds"], "raw_s": raw})
+            print(
+                f"bench: {method} {i + 1}/{len(questions)}: {p} + {c} tokens, product {st['seconds']:.2f} s, "
+                f"raw {raw:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return {
+        "model": lm.hcqr_config.model.split("/", 1)[-1],  # a packaged model's name (llama_cpp/<name>)
+        "engine": {**engine.settings.record(), "build": engine.build, "n_ctx": engine.n_ctx},
+        "methods": {m: {**summarise(pairs[m]), "calls": pairs[m]} for m in METHODS},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>)")
+    ap.add_argument("--limit", type=int, default=10, help="demo questions (pairs per method)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import read_results, write_results
+
+    out_path = Path(args.out)
+    read_results(out_path)  # refuse an unreadable --out before measuring
+    section = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "limit": args.limit,
+        **measure(args.lm, args.limit),
+    }
+    write_results(out_path, section, key=f"lm_overhead/{section['model']}/{section['engine']['build']}")
+    print(f"bench: wrote {out_path} and {out_path.with_name('RESULTS.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
