@@ -3,6 +3,9 @@ token for token, on the real smallest packaged model."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from hcqr_dspy.lm.engine_settings import EngineSettings
@@ -66,9 +69,40 @@ def test_grammar_last_greedy_replies_as_the_chain_does(engine):
     assert replies["grammar last"] == replies["chain"]
     assert all(isinstance(s, GrammarLastGreedy) for s in samplers) and len(samplers) == len(PROMPTS)
     tokens = sum(s.tokens for s in samplers)
-    passes = sum(s.grammar_passes for s in samplers)
-    # the greedy token was sometimes refused (the full grammar pass ran) and mostly not (it was skipped)
-    assert tokens > 60 and 0 < passes < tokens / 2, (tokens, passes)
+    refused = sum(s.grammar_passes + s.top_k_passes for s in samplers)
+    # the greedy token was sometimes refused and mostly not (the grammar matched it alone); most refusals were
+    # decided among the best tokens, without a pass over the whole vocabulary
+    assert tokens > 60 and 0 < refused < tokens / 2, (tokens, refused)
+    top_k = sum(s.top_k_passes for s in samplers)
+    assert top_k > refused - top_k, [(s.top_k_passes, s.grammar_passes) for s in samplers]
+
+
+@pytest.mark.parametrize("prefix", ["", '{"reasoning": "The rash'])
+def test_best_allowed_among_the_top_k_is_the_full_pass_token(engine, prefix):
+    """On logits with and without ties (integer scores tie across thousands of tokens), at the grammar's start and
+    inside a JSON string, the token decided among the top k is the full pass's, and both paths are taken."""
+    from llama_cpp import LlamaGrammar
+
+    llm = engine.llm
+    grammar = LlamaGrammar.from_json_schema(json.dumps(SCHEMA), verbose=False)
+    rng = np.random.default_rng(0)
+    decided = []
+    for trial in range(40):
+        ties = trial % 2 == 0
+        n = llm.n_vocab()
+        logits = rng.integers(0, 3, n).astype(np.float32) if ties else rng.standard_normal(n).astype(np.float32)
+        tokens = []
+        for top_k in (64, 0):  # top_k 0: the full pass at once, the reference
+            sampler = GrammarLastGreedy(llm, grammar, 64, 1.0, 0.0, 0.0, top_k=top_k)
+            for t in llm.tokenize(prefix.encode(), add_bos=False):
+                sampler._lib.llama_sampler_accept(sampler.grammar, t)
+            sampler._view["logit"] = logits
+            tokens.append(sampler.best_allowed())
+            decided.append(sampler.top_k_passes)
+            sampler.close()
+        assert tokens[0] == tokens[1], (trial, prefix, tokens)
+    if prefix:  # inside a string most tokens are allowed: untied scores are decided among the top k, ties never
+        assert decided[0::2] == [0, 1] * 20, decided
 
 
 def test_sampling_at_a_temperature_keeps_the_chain(engine):
