@@ -167,6 +167,15 @@ def test_mipro_light_as_shipped_picks_proposed_instructions_and_demos(teaching):
     assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == BOTH
 
 
+def test_mipro_instructions_as_shipped_searches_instructions_only(teaching):
+    recipe = load_recipe(RECIPES / "mipro_instructions.yaml")  # MIPROv2 light with no demos, as shipped
+    assert recipe.settings["auto"] == "light"
+    student, compiled = compile_with(recipe, teaching)
+    assert compiled.answer.signature.instructions == TAUGHT != student.answer.signature.instructions
+    assert all(not p.demos for p in compiled.predictors())  # zero-shot prompts: nothing taught by example
+    assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == TAUGHT_ONLY
+
+
 def test_gepa_rewrites_the_instruction_that_matters(teaching):
     recipe = load_recipe(RECIPES / "gepa.yaml")
     metric = make_metric(recipe.metric)

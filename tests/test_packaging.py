@@ -170,5 +170,6 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     assert failed.returncode == 2
     assert (
         f"recipe 'nope' not found (looked in optimizers/, {home / 'shipped' / 'optimizers'}/); recipes there: "
-        "bootstrap_fewshot, bootstrap_grounded, bootstrap_random_search, gepa, gepa_gold_prob, mipro_light"
+        "bootstrap_fewshot, bootstrap_grounded, bootstrap_random_search, gepa, gepa_gold_prob, mipro_instructions, "
+        "mipro_light"
     ) in failed.stderr
