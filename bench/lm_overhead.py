@@ -14,6 +14,11 @@ engine:
   about 3,000 prompt tokens; CoT: the question alone, about 450), through DSPy, the HCQR adapter and the in-process
   engine with DSPy's response cache off; its seconds and tokens are what the program's stage record holds (what
   ``lm_pipeline`` reads from run folders).
+- scoring: the answer step then scores the options (the letter distribution after its reasoning, for the
+  gold-option probability: one teacher-forced prefill of the reply's tokens after the prompt it keeps in the KV
+  cache, ``LlamaCppEngine.next_token_logprobs``). Its seconds and the tokens it evaluates are timed apart here
+  (the stage record counts them in the answer stage's seconds but not in its tokens) and left out of the product's
+  seconds; the efficiency with them included is kept too.
 - raw: ``Llama.eval`` of that many prompt tokens from an empty KV cache, then that many tokens generated one at a
   time by greedy argmax (``Llama.eval`` a token): no template, grammar, sampler chain, detokenizing or Python around
   it.
@@ -59,6 +64,7 @@ def summarise(pairs: list[dict]) -> dict:
     from statsmodels.stats.weightstats import DescrStatsW
 
     ratios = np.array([p["raw_s"] / p["product_s"] for p in pairs])
+    with_scoring = np.array([p["raw_s"] / (p["product_s"] + p["scoring_s"]) for p in pairs])
     low, high = DescrStatsW(ratios).tconfint_mean(alpha=0.05) if len(ratios) > 1 else (None, None)
     return {
         "pairs": len(pairs),
@@ -70,6 +76,9 @@ def summarise(pairs: list[dict]) -> dict:
         "efficiency_ci95": [round(float(low), 3), round(float(high), 3)] if low is not None else None,
         "efficiency_median": round(float(np.median(ratios)), 3),
         "efficiency_range": [round(float(ratios.min()), 3), round(float(ratios.max()), 3)],
+        "scoring_s_mean": round(float(np.mean([p["scoring_s"] for p in pairs])), 2),
+        "scoring_tokens_mean": round(float(np.mean([p["scoring_tokens"] for p in pairs]))),
+        "efficiency_with_scoring_mean": round(float(with_scoring.mean()), 3),
     }
 
 
@@ -96,20 +105,47 @@ def measure(lm_spec: str, limit: int) -> dict:
         retriever.save(Path(tmp) / "index")
     programs = {m: make_program(m, retriever) for m in METHODS}
     pairs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    scoring = {"s": 0.0, "tokens": 0, "on": False}  # the answer step's option-probability prefill, timed apart
+    score, evaluate = engine.next_token_logprobs, llm.eval
+
+    def timed_score(*args, **kwargs):
+        scoring["on"], t0 = True, time.perf_counter()
+        try:
+            return score(*args, **kwargs)
+        finally:
+            scoring["on"], scoring["s"] = False, scoring["s"] + time.perf_counter() - t0
+
+    def counted_eval(tokens):
+        if scoring["on"]:
+            scoring["tokens"] += len(tokens)
+        return evaluate(tokens)
+
+    engine.next_token_logprobs, llm.eval = timed_score, counted_eval
     for i, q in enumerate(questions):
         for method, program in programs.items():
             llm.reset()  # nor a prefix kept in the KV cache from the last call
+            scoring.update(s=0.0, tokens=0)
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
                 pred = program(question=q.question, options=q.options)
             st = pred.stages["answer"]
             if st.get("lm_calls") != 1:
                 raise SystemExit(f"bench: {method} made {st.get('lm_calls')} answer calls on {q.qid}, not one")
-            p, c = st["prompt_tokens"], st["completion_tokens"]
+            p, c, scored_s, scored = st["prompt_tokens"], st["completion_tokens"], scoring["s"], scoring["tokens"]
             raw = raw_seconds(llm, pool, p, c)
-            pairs[method].append({"id": q.qid, "prompt": p, "completion": c, "product_s": st["seconds"], "raw_s": raw})
+            pairs[method].append(
+                {
+                    "id": q.qid,
+                    "prompt": p,
+                    "completion": c,
+                    "product_s": st["seconds"] - scored_s,
+                    "raw_s": raw,
+                    "scoring_s": scored_s,
+                    "scoring_tokens": scored,
+                }
+            )
             print(
-                f"bench: {method} {i + 1}/{len(questions)}: {p} + {c} tokens, product {st['seconds']:.2f} s, "
-                f"raw {raw:.2f} s",
+                f"bench: {method} {i + 1}/{len(questions)}: {p} + {c} tokens, product {st['seconds'] - scored_s:.2f} s "
+                f"(+ scoring {scored} tokens {scored_s:.2f} s), raw {raw:.2f} s",
                 file=sys.stderr,
                 flush=True,
             )
