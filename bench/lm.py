@@ -145,7 +145,10 @@ def main(argv=None) -> int:
     from report import read_results, write_results
 
     out_path = Path(args.out)
-    read_results(out_path)  # refuse an unreadable --out before measuring
+    try:
+        read_results(out_path)  # refuse an unreadable --out before measuring
+    except ValueError as exc:
+        ap.error(str(exc))
     builds = cached_builds()
     if not builds:
         print("bench: no cached llama-cpp-python wheel; run `make setup-llm` first", file=sys.stderr)

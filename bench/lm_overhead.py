@@ -33,6 +33,7 @@ ratio is its overhead alone (below 1: time beyond llama.cpp's own). What the pro
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: LiteLLM's packaged cost map, no fetch
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("simple_rag", "cot")
 
@@ -87,12 +89,16 @@ def measure(lm_spec: str, limit: int) -> dict:
     import dspy
 
     from hcqr_dspy.data import load_questions
+    from hcqr_dspy.errors import HCQRError
     from hcqr_dspy.lm import build_lm
     from hcqr_dspy.lm.adapter import HCQRAdapter
     from hcqr_dspy.programs.registry import make_program
     from hcqr_dspy.retrieval import build_retriever, load_corpus
 
-    lm = build_lm(lm_spec, cache=False)
+    try:
+        lm = build_lm(lm_spec, cache=False)
+    except HCQRError as exc:
+        raise SystemExit(f"bench: {exc}") from None
     engine = getattr(lm, "engine", None)
     if not hasattr(engine, "llm"):
         raise SystemExit(f"bench: {lm_spec} is not an in-process llama.cpp model")
@@ -151,22 +157,38 @@ def measure(lm_spec: str, limit: int) -> dict:
             )
     return {
         "model": lm.hcqr_config.model.split("/", 1)[-1],  # a packaged model's name (llama_cpp/<name>)
-        "engine": {**engine.settings.record(), "build": engine.build, "n_ctx": engine.n_ctx},
+        "engine": {**engine.settings.record(), "prompt_cache_mb": 0, "build": engine.build, "n_ctx": engine.n_ctx},
         "methods": {m: {**summarise(pairs[m]), "calls": pairs[m]} for m in METHODS},
     }
+
+
+def positive(text: str) -> int:
+    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= n <= 20:
+        raise argparse.ArgumentTypeError(f"{n} is not between 1 and 20 (the demo questions)")
+    return n
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>)")
-    ap.add_argument("--limit", type=int, default=10, help="demo questions (pairs per method)")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--limit", type=positive, default=10, help="demo questions, 1 to 20 (pairs per method)")
+    ap.add_argument(
+        "--out", default=str(REPO / "bench" / "results.json"), help="results file (RESULTS.md is written beside it)"
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from report import read_results, write_results
 
     out_path = Path(args.out)
-    read_results(out_path)  # refuse an unreadable --out before measuring
+    try:
+        read_results(out_path)  # refuse an unreadable --out before measuring
+    except ValueError as exc:
+        ap.error(str(exc))
     section = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "limit": args.limit,

@@ -179,7 +179,10 @@ def main(argv=None) -> int:
     from report import read_results, write_results
 
     out_path = Path(args.out)
-    read_results(out_path)  # refuse an unreadable --out before measuring
+    try:
+        read_results(out_path)  # refuse an unreadable --out before measuring
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.keep and (args.runs or Path(args.keep).exists()):
         raise SystemExit(f"bench: --keep needs a new folder and no --runs ({args.keep} exists or --runs given)")
     with tempfile.TemporaryDirectory() as tmp:
