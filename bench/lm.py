@@ -142,13 +142,9 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 0
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import read_results, write_results
+    from report import checked_out, write_results
 
-    out_path = Path(args.out)
-    try:
-        read_results(out_path)  # refuse an unreadable --out before measuring
-    except ValueError as exc:
-        ap.error(str(exc))
+    out_path = checked_out(ap, args.out)  # refused before measuring
     builds = cached_builds()
     if not builds:
         print("bench: no cached llama-cpp-python wheel; run `make setup-llm` first", file=sys.stderr)

@@ -182,13 +182,9 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import read_results, write_results
+    from report import checked_out, write_results
 
-    out_path = Path(args.out)
-    try:
-        read_results(out_path)  # refuse an unreadable --out before measuring
-    except ValueError as exc:
-        ap.error(str(exc))
+    out_path = checked_out(ap, args.out)  # refused before measuring
     section = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "limit": args.limit,

