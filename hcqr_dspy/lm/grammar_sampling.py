@@ -14,9 +14,8 @@ generation only (sampling at a temperature, mirostat or a logits processor keep 
 When the greedy token is refused (a small model writing a raw line break inside a JSON string does so at every
 line), the grammar is first matched against the ``top_k`` highest-scoring tokens only: if the best of those it
 allows scores strictly above every token outside them, it is the highest-scoring allowed token of the whole
-vocabulary (ties within them go to the lowest id, as the full pass's argmax does); otherwise the full pass decides.
-A full pass costs about 14 ms on Qwen2.5's vocabulary here, the same over 512 tokens well under 1 ms
-(``bench/lm_overhead.py`` has the effect on whole calls).
+vocabulary (ties within them go to the lowest id, as the full pass's argmax does); otherwise the full pass decides
+(docs/install.md and ``bench/lm_overhead.py`` have the cost of each and the effect on whole calls).
 """
 
 from __future__ import annotations
