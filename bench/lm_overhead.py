@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,9 +105,7 @@ def measure(lm_spec: str, limit: int) -> dict:
     llm.set_cache(None)  # no prompt cache: every product call evaluates its whole prompt (see the module docstring)
     pool = llm.tokenize((REPO / "data" / "demo" / "corpus.jsonl").read_text().encode(), add_bos=False)
     questions = load_questions(REPO / "data" / "demo" / "questions.json")[:limit]
-    with tempfile.TemporaryDirectory() as tmp:
-        retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
-        retriever.save(Path(tmp) / "index")
+    retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
     programs = {m: make_program(m, retriever) for m in METHODS}
     pairs: dict[str, list[dict]] = {m: [] for m in METHODS}
     scoring = {"s": 0.0, "tokens": 0, "on": False}  # the answer step's option-probability prefill, timed apart
