@@ -1,6 +1,6 @@
-"""The comparison's figures (matplotlib, Agg backend): accuracy, accuracy against cost, DUR labels and
-hypothesis changes, and :data:`PLOTS`, the file name -> plot function table :func:`~hcqr_dspy.reporting.compare`
-writes."""
+"""The comparison's figures (matplotlib, Agg backend): accuracy, accuracy against cost, DUR labels,
+hypothesis changes and zero-shot against compiled programs, and :data:`PLOTS`, the file name -> plot function
+table :func:`~hcqr_dspy.reporting.compare` writes."""
 
 from __future__ import annotations
 
@@ -255,6 +255,68 @@ def hypothesis_changes_figure(runs: Sequence[Run]):
     return fig
 
 
+def plot_compiled(runs: Sequence[Run], out: Path) -> Path | None:
+    """Write :func:`compiled_figure` to ``out``; ``None`` when no compiled run has a zero-shot partner."""
+    fig = compiled_figure(runs)
+    return None if fig is None else _save(fig, out)
+
+
+def compiled_figure(runs: Sequence[Run]):
+    """Zero-shot against compiled programs, per method (:func:`hcqr_dspy.reporting.compiled.compiled_table`'s
+    pairs): left, the accuracy of the zero-shot run and of each compiled one (95% Wilson intervals), grouped by
+    method; right, each compiled run's paired difference from its zero-shot run in accuracy and in the gold
+    option's probability, with their 95% paired bootstrap intervals. ``None`` without a pair."""
+    from hcqr_dspy.reporting.compiled import compiled_table
+
+    _, figures = compiled_table(runs)
+    if not figures:
+        return None
+    plt = _pyplot()
+    by_label = {r.label: r for r in runs}
+    groups: dict[str, list[str]] = {}
+    for label, f in figures.items():
+        groups.setdefault(f["zero_shot"], [f["zero_shot"]]).append(label)
+    order = [label for members in groups.values() for label in members]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9, 1.1 * len(order) + 5), 4.0))
+    x, colors, pos = [], [], 0.0
+    for members in groups.values():
+        for i, _ in enumerate(members):
+            x.append(pos)
+            colors.append("#8c8c8c" if i == 0 else "#4C72B0")
+            pos += 1
+        pos += 0.6  # a gap between methods
+    acc = [by_label[lab].metrics["accuracy"] for lab in order]
+    lo, hi = zip(*(wilson_interval(by_label[lab]) for lab in order))
+    left.bar(x, acc, color=colors, yerr=[[a - b for a, b in zip(acc, lo)], [b - a for a, b in zip(acc, hi)]], capsize=4)
+    left.set_xticks(x, order, rotation=25, ha="right", fontsize=8)
+    left.set_ylim(0, 1)
+    left.set_ylabel("accuracy (95% Wilson CI)")
+    left.set_title("Accuracy: zero-shot (grey) and compiled (blue)", fontsize=9)
+    compiled = list(figures)
+    for k, (key, color, name) in enumerate(
+        (("accuracy_diff", "#4C72B0", "Δ accuracy"), ("gold_prob_diff", "#DD8452", "Δ p(gold)"))
+    ):
+        for i, label in enumerate(compiled):
+            d = figures[label][key]
+            if d["mean_diff"] is None:
+                continue
+            y = i + (k - 0.5) * 0.25
+            err = None
+            if d["ci_low"] is not None:
+                err = [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]]
+            legend = name if i == 0 else None
+            right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, capsize=4, label=legend)
+    right.axvline(0, color="black", linewidth=0.8)
+    right.set_yticks(range(len(compiled)), [f"{lab}\nvs {figures[lab]['zero_shot']}" for lab in compiled], fontsize=8)
+    right.invert_yaxis()
+    right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI)")
+    right.set_title("Paired differences", fontsize=9)
+    right.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Zero-shot against compiled programs\n{plot_context(runs)}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # The figures compare() writes (a function returns None where its figure does not apply); one that an earlier
 # comparison left in --out and this one does not make is removed.
 PLOTS = {
@@ -262,4 +324,5 @@ PLOTS = {
     "accuracy_vs_cost.png": plot_accuracy_vs_cost,
     "dur.png": plot_dur,
     "hypothesis_changes.png": plot_hypothesis_changes,
+    "compiled.png": plot_compiled,
 }

@@ -1,5 +1,6 @@
 """The report's program section: how each saved (compiled) program's instructions and demos differ
-from the reference run's program, per predictor."""
+from the zero-shot program of its own method (the reference run's program when no run is that), per
+predictor."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.optimize.saved import STATE_FILE, fresh_state
+from hcqr_dspy.reporting.compiled import zero_shot_partner
 from hcqr_dspy.reporting.runs import Run
 
 
@@ -31,21 +33,23 @@ def program_state(run: Run) -> dict[str, Any] | None:
 
 
 def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
-    """Markdown: how each saved program's instructions and demos differ from the reference's, per predictor.
+    """Markdown: how each saved program's instructions and demos differ, per predictor, from the zero-shot
+    run of its own method (:func:`~hcqr_dspy.reporting.compiled.zero_shot_partner`), else from the reference's.
 
     ``None`` when no run ran a saved program (then there is nothing to diff).
     """
     if not any(r.config.get("saved_program") for r in runs):
         return None
-    ref_state = program_state(reference)
     parts = []
     for run in runs:
         if run is reference or not run.config.get("saved_program"):
             continue
+        base = zero_shot_partner(run, runs) or reference
+        ref_state = program_state(base)
         state = program_state(run)
         saved = run.config["saved_program"]
         parts.append(
-            f"### {run.label} vs {reference.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
+            f"### {run.label} vs {base.label}\n\noptimizer: {saved.get('optimizer')}, recipe: "
             f"{saved.get('recipe')}, compiled on {saved.get('train_count')} {saved.get('train_dataset')} "
             "questions"
         )
@@ -62,7 +66,7 @@ def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
                 + ("unchanged" if a == b else "changed")
             ]
             if a != b:
-                diff = difflib.unified_diff(a.splitlines(), b.splitlines(), reference.label, run.label, lineterm="")
+                diff = difflib.unified_diff(a.splitlines(), b.splitlines(), base.label, run.label, lineterm="")
                 lines.append("```diff\n" + "\n".join(diff) + "\n```")
             for i, demo in enumerate(demos_b, start=1):
                 q = " ".join(str(demo.get("question", "")).split())[:100]

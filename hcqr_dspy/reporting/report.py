@@ -14,6 +14,7 @@ from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.evaluation.run_folder import CONFIG
 from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
+from hcqr_dspy.reporting.compiled import COMPILED_NOTE, compiled_table
 from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
 from hcqr_dspy.reporting.gold_probability import (
@@ -100,6 +101,9 @@ def _reference(runs: Sequence[Run], reference: str | None) -> Run:
     """
     if not reference:
         return runs[0]
+    by_label = [r for r in runs if r.label == reference]
+    if len(by_label) == 1:  # a run's exact label names it, even where a compiled run shares its method
+        return by_label[0]
     matches = [
         r
         for r in runs
@@ -156,6 +160,7 @@ def _report(
     evidence = evidence_table(ordered, ref)
     diversity, diversity_figures = query_diversity_section(ordered)
     gold_md, gold_figures = gold_probability_table(ordered)
+    compiled_md, compiled_figures = compiled_table(ordered)
     calibration_md, calibration_figures = calibration_table(ordered)
     baselines_md, baselines_figures = baselines_and_letters(ordered)
     qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
@@ -176,6 +181,7 @@ def _report(
         MCNEMAR_NOTE + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
         "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
         *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),
+        *_section("Zero-shot against compiled programs (paired within each method)", compiled_md, COMPILED_NOTE),
         *_section("Calibration", calibration_md),
         *_section("Chance and letter habits", baselines_md),
         *_section("Warnings", "\n".join(f"- **{w}**" for w in warnings)),
@@ -204,6 +210,7 @@ def _report(
         "qrels": qrels_figures,
         "query_diversity": diversity_figures,
         "gold_probability": gold_figures,
+        "compiled": compiled_figures,
         "calibration": calibration_figures,
         "baselines": baselines_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,

@@ -1,0 +1,110 @@
+"""`hcqr compare` on zero-shot against compiled programs: each compiled run is paired with the zero-shot run of
+its own method (never with the reference of another method), its statistics equal a direct computation, the
+compile cost comes from the saved program's meta.json, and the plot is written only when there is a pair."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hcqr_dspy.reporting import compare, mcnemar_exact
+
+N = 12
+
+
+def write_run(folder, method, correct, gold_prob, saved=None):
+    """A run folder of ``method`` over questions q0..q{N-1}; ``saved``: the compiled program's folder."""
+    folder.mkdir(parents=True)
+    qids = [f"q{i}" for i in range(N)]
+    questions = {"count": N, "ids_sha256": "-".join(qids), "content_sha256": "v1:" + "-".join(qids)}
+    config = {"method": method, "lm": {"spec": "local"}, "dataset": "bench.json", "questions": questions}
+    if saved is not None:
+        config["saved_program"] = {"folder": str(saved), "optimizer": "BootstrapFewShot", "recipe": "bootstrap_fewshot"}
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = [
+        {
+            "qid": q,
+            "method": method,
+            "prediction": "A" if ok else "B",
+            "gold": "A",
+            "valid": True,
+            "correct": ok,
+            "stages": {},
+            "lm_calls": 3,
+            "prompt_tokens": 100,
+            "completion_tokens": 10,
+            "seconds": 2.0 if saved else 1.0,
+            "option_probs": {"A": p, "B": 1 - p},
+            "gold_prob": p,
+        }
+        for q, ok, p in zip(qids, correct, gold_prob)
+    ]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def saved_program(folder, calls, seconds):
+    folder.mkdir(parents=True)
+    cost = {"lm_calls": calls, "cached_lm_calls": 0, "prompt_tokens": 1, "completion_tokens": 1, "seconds": seconds}
+    (folder / "meta.json").write_text(json.dumps({"compile_cost": cost}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compiled")
+    rng = np.random.default_rng(3)
+    zs_h = [bool(x) for x in rng.integers(0, 2, N)]
+    bfs_h = [not x if i % 3 == 0 else x for i, x in enumerate(zs_h)]
+    p = {k: list(rng.uniform(0.05, 0.95, N)) for k in ("zh", "ch", "zs", "cs")}
+    return {
+        "root": root,
+        "hcqr": write_run(root / "hcqr", "hcqr", zs_h, p["zh"]),
+        "hcqr_bfs": write_run(root / "hcqr_bfs", "hcqr", bfs_h, p["ch"], saved_program(root / "p1", 40, 600)),
+        "simple_rag": write_run(root / "sr", "simple_rag", [True] * 6 + [False] * 6, p["zs"]),
+        "simple_rag_bfs": write_run(root / "sr_bfs", "simple_rag", [False] * 6 + [True] * 6, p["cs"], root / "gone"),
+        "zs_h": zs_h,
+        "bfs_h": bfs_h,
+        "p": p,
+    }
+
+
+def test_each_compiled_program_is_paired_with_its_own_methods_zero_shot_run(runs):
+    out = runs["root"] / "cmp"
+    folders = [runs[k] for k in ("simple_rag", "hcqr", "hcqr_bfs", "simple_rag_bfs")]
+    report, files = compare(folders, reference="simple_rag", out_dir=out)
+    summary = json.loads((out / "comparison.json").read_text())["compiled"]
+    assert set(summary) == {"hcqr+bootstrap_fewshot", "simple_rag+bootstrap_fewshot"}
+    h = summary["hcqr+bootstrap_fewshot"]
+    assert h["zero_shot"] == "hcqr"  # not the report's reference (simple_rag)
+    diff = np.array(runs["bfs_h"], dtype=float) - np.array(runs["zs_h"], dtype=float)
+    assert h["accuracy_diff"]["mean_diff"] == pytest.approx(diff.mean())
+    ci = stats.bootstrap(
+        (diff,), np.mean, n_resamples=10_000, method="BCa", random_state=np.random.default_rng(0)
+    ).confidence_interval
+    assert (h["accuracy_diff"]["ci_low"], h["accuracy_diff"]["ci_high"]) == pytest.approx((ci.low, ci.high))
+    ids = [f"q{i}" for i in range(N)]
+    expected = mcnemar_exact(dict(zip(ids, runs["zs_h"])), dict(zip(ids, runs["bfs_h"])))
+    assert h["mcnemar"] == expected
+    gold = np.array(runs["p"]["ch"]) - np.array(runs["p"]["zh"])
+    assert h["gold_prob_diff"]["mean_diff"] == pytest.approx(gold.mean())
+    assert h["gold_prob_diff"]["wilcoxon_p"] == pytest.approx(stats.wilcoxon(gold).pvalue)
+    assert h["compile_cost"]["lm_calls"] == 40
+    s = summary["simple_rag+bootstrap_fewshot"]
+    assert s["zero_shot"] == "simple_rag" and s["mcnemar"]["b"] == 6 and s["mcnemar"]["c"] == 6
+    assert s["compile_cost"] is None  # its saved folder is gone: said, not invented
+    assert "## Zero-shot against compiled programs (paired within each method)" in report
+    assert "| hcqr | hcqr+bootstrap_fewshot | 12 |" in report and "| 40 calls, 10 min |" in report
+    assert "| simple_rag | simple_rag+bootstrap_fewshot | 12 | 50.0% → 50.0% | +0.0" in report
+    assert "not recorded" in report
+    assert "### hcqr+bootstrap_fewshot vs hcqr" in report  # the program diff against its own zero-shot run
+    assert (out / "compiled.png").is_file() and out / "compiled.png" in files
+
+
+def test_no_pair_no_section_and_no_plot(runs):
+    out = runs["root"] / "cmp_none"
+    report, files = compare([runs["simple_rag"], runs["hcqr_bfs"]], out_dir=out)
+    assert "Zero-shot against compiled" not in report
+    assert not (out / "compiled.png").exists()
+    assert json.loads((out / "comparison.json").read_text())["compiled"] == {}
