@@ -311,7 +311,7 @@ def compiled_figure(runs: Sequence[Run]):
     right.invert_yaxis()
     right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI)")
     right.set_title("Paired differences", fontsize=9)
-    right.legend(fontsize=7, loc="lower right")
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Zero-shot against compiled programs\n{plot_context(runs)}", fontsize=10)
     fig.tight_layout()
     return fig
