@@ -79,6 +79,14 @@ def test_rows_record_the_letter_distribution_and_rescoring_reads_it_back(tmp_pat
         assert sorted(probs) == sorted(fresh.load_questions()[row["qid"]].options)
         assert math.isclose(sum(probs.values()), 1.0, abs_tol=1e-5)
         assert row["gold_prob"] == probs[row["gold"]]
+        # the scoring prefill's cost is filed in the answer stage beside its LM call: seconds inside the
+        # stage's own, tokens apart from the LM call's prompt tokens (KV cache reused up to the reply)
+        answer = row["stages"]["answer"]
+        assert 0 < answer["scoring_seconds"] < answer["seconds"]
+        assert 0 < answer["scoring_tokens"] < answer["prompt_tokens"]
+        assert "scoring_seconds" not in row["stages"]["retrieval"]
+    metrics = json.loads((fresh.path / "metrics.json").read_text())
+    assert metrics["answer_mean_scoring_tokens"] == rows[0]["stages"]["answer"]["scoring_tokens"]
 
     old = stripped_copy(fresh, tmp_path / "old")
     from hcqr_dspy.lm import build_lm
@@ -142,5 +150,6 @@ def test_an_lm_without_log_probabilities_leaves_them_absent_and_cannot_rescore(t
     for row in folder.rows():
         assert row["option_probs"] is None and row["gold_prob"] is None
         assert row["option_probs_absent"] == NO_LOGPROBS
+        assert "scoring_seconds" not in row["stages"]["answer"]  # nothing scored: no cost filed
     with pytest.raises(LMSpecError, match="next-token distribution"):
         rescore_run(folder, lm=lm, lm_spec="openai/some-model", progress=False)

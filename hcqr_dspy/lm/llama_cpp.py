@@ -208,7 +208,9 @@ class LlamaCppEngine:
             ),
         )
 
-    def next_token_logprobs(self, messages: list[dict[str, str]], assistant_prefix: str):
+    def next_token_logprobs(
+        self, messages: list[dict[str, str]], assistant_prefix: str, usage: dict[str, int] | None = None
+    ):
         """Teacher-forced: the natural-log probabilities of every vocabulary token as the next token, after the
         chat prompt of ``messages`` and an assistant turn that already holds ``assistant_prefix``.
 
@@ -216,6 +218,11 @@ class LlamaCppEngine:
         :meth:`complete` renders it through llama-cpp-python), the prefix is appended as tokens, and the
         tokens llama.cpp already holds in its KV cache from the previous call (the same prompt just answered)
         are not evaluated again. The distribution is the model's raw one (no repetition penalty, no grammar).
+
+        Args:
+            messages: The chat messages of the call being scored.
+            assistant_prefix: The reply's text up to the token to score.
+            usage: If given, set to ``{"prompt_tokens": <tokens evaluated>}`` (those not already in the KV cache).
 
         Returns:
             A float64 array of shape ``(n_vocab,)`` (log-softmax of the last position's logits).
@@ -240,6 +247,8 @@ class LlamaCppEngine:
                 same += 1
             llm.n_tokens = same  # eval() drops the KV cache past this point
             llm.eval(tokens[same:])
+            if usage is not None:
+                usage["prompt_tokens"] = len(tokens) - same
             # llama-cpp-python keeps no scores without logits_all; the context holds the last position's logits
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
         return log_softmax(logits)

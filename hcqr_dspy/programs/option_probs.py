@@ -23,6 +23,7 @@ and the reason is recorded (:data:`NO_LOGPROBS`), never guessed.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import dspy
@@ -30,6 +31,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from hcqr_dspy.lm import LlamaCppEngine
+from hcqr_dspy.programs.costs import add_to_stage
 
 # Why a row has no option probabilities.
 NO_LOGPROBS = "the LM gives no next-token log-probabilities (only the in-process llama.cpp engine does)"
@@ -89,7 +91,10 @@ def option_probabilities(
     shown = predictor.demos if demos is None else demos
     messages = adapter.format(signature, shown, inputs)
     prefix = answer_slot_prefix(adapter, reasoning)
-    logprobs = engine.next_token_logprobs(messages, prefix)
+    start, usage = time.perf_counter(), {}
+    logprobs = engine.next_token_logprobs(messages, prefix, usage=usage)
+    # the prefill's cost, filed in the calling stage's record beside its LM calls (hcqr_dspy.programs.costs)
+    add_to_stage(scoring_seconds=time.perf_counter() - start, scoring_tokens=usage["prompt_tokens"])
     ids = engine.letter_tokens()
     per_letter = {x: float(logsumexp(logprobs[ids[x]])) if ids.get(x) else float("-inf") for x in letters}
     total = logsumexp(list(per_letter.values()))
