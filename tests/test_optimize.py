@@ -483,6 +483,32 @@ def test_an_lm_going_down_during_the_compile_stops_it_and_saves_nothing(setup, m
     assert not (setup / "programs" / "bfs" / "program.json").exists()
 
 
+class SmallWindowEngine(TeachableEngine):
+    """The teachable LM with a window too small for the optimizer's own proposal prompt (as the 1.5B model's
+    8,192 tokens were for MIPROv2's proposer shown three traces with retrieved context): asked for an
+    instruction, it refuses as the in-process engine does."""
+
+    def fill(self, request, properties: dict) -> dict:
+        if any("instruction" in k for k in properties):
+            from dspy.lm15 import ContextLengthError
+
+            raise ContextLengthError("prompt of about 10948 tokens + 1024 output tokens exceeds n_ctx=8192")
+        return super().fill(request, properties)
+
+
+def test_an_optimizer_prompt_over_the_window_is_one_line_and_saves_nothing(setup):
+    # A program's own over-long prompt is a bad reply (counted invalid); the optimizer's is a recipe/window
+    # mismatch that no rerun fixes: one line naming both ways out.
+    recipe = str(RECIPES / "mipro_instructions.yaml")
+    with pytest.raises(
+        RecipeError,
+        match=r"recipe 'mipro_instructions': a prompt of the MIPROv2 optimizer itself does not fit the LM's window "
+        r"\(.*exceeds n_ctx=8192\); nothing was saved to .*give a larger --n-ctx",
+    ):
+        run_compile(spec(setup, recipe=recipe, val_size=4), track=False, lm=schema_lm(engine=SmallWindowEngine()))
+    assert not (setup / "programs" / "bfs" / "program.json").exists()
+
+
 def test_overlap_by_question_text_across_datasets(setup):
     # the same question texts under another dataset name and other ids: caught by text
     rows = {f"x{k}": v for k, v in questions("Train", 12).items()}

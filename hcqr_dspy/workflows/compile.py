@@ -17,6 +17,7 @@ from typing import Any
 
 import dspy
 from dspy.utils.callback import BaseCallback
+from dspy.utils.exceptions import ContextWindowExceededError
 
 from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import HCQRError, LMUnavailableError, ProgramFormatError, RecipeError
@@ -278,6 +279,12 @@ def compile_and_save(
                 compiled = compile_program(recipe, student, trainset, valset, reflection_lm=reflection_lm)
         except LM_UNAVAILABLE as exc:
             raise unavailable(exc) from None
+        except ContextWindowExceededError as exc:  # the optimizer's own prompt (a program's is a bad reply)
+            raise RecipeError(
+                f"recipe {recipe.name!r}: a prompt of the {recipe.optimizer} optimizer itself does not fit the LM's "
+                f"window ({str(exc).splitlines()[0]}); nothing was saved to {out}; give a larger --n-ctx if the "
+                "model allows it, or change the recipe so that its prompts are shorter"
+            ) from None
         if failures:
             raise unavailable(failures[0])
         return compiled
