@@ -271,6 +271,11 @@ def test_grid_runs_cells_as_child_runs_resumes_and_compares(setup, mlflow_store)
     calls = len(lm.history)
     again = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
     assert again["parent_run_id"] == out["parent_run_id"] and len(lm.history) == calls  # all resumed
+    # the folders in another MLflow store (a committed study on a fresh clone): a new parent run, recorded
+    moved = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=setup / "other-store", progress=False, lm=lm)
+    assert moved["parent_run_id"] != out["parent_run_id"] and len(lm.history) == calls
+    state = json.loads((setup / "runs" / "grid" / "experiment.json").read_text())
+    assert state["parent_run_id"] == moved["parent_run_id"]
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

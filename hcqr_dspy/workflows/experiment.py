@@ -22,6 +22,7 @@ from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.comparison import track_comparison
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
+from hcqr_dspy.tracking.store import existing_mlflow_run_id
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track
@@ -64,7 +65,8 @@ def run_experiment(
         f"experiment {exp.name}",
         params,
         tags={"kind": "experiment"},
-        run_id=state.get("parent_run_id"),
+        # a parent run recorded in another MLflow store (a committed study on a new machine): a new one here
+        run_id=existing_mlflow_run_id(state.get("parent_run_id"), mlflow_dir),
         store=mlflow_dir,
         traces=False,
     ) as parent:
