@@ -3,24 +3,29 @@ its own method (never with the reference of another method), its statistics equa
 compile cost comes from the saved program's meta.json, and the plot is written only when there is a pair."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting import compare, mcnemar_exact
 
 N = 12
 
 
-def write_run(folder, method, correct, gold_prob, saved=None):
-    """A run folder of ``method`` over questions q0..q{N-1}; ``saved``: the compiled program's folder."""
+def write_run(folder, method, correct, gold_prob, saved=None, lm="local"):
+    """A run folder of ``method`` over questions q0..q{N-1}; ``saved``: the compiled program's folder (or the
+    whole ``saved_program`` record when not a path); a ``gold_prob`` of None leaves the question unscored."""
     folder.mkdir(parents=True)
     qids = [f"q{i}" for i in range(N)]
     questions = {"count": N, "ids_sha256": "-".join(qids), "content_sha256": "v1:" + "-".join(qids)}
-    config = {"method": method, "lm": {"spec": "local"}, "dataset": "bench.json", "questions": questions}
-    if saved is not None:
+    config = {"method": method, "lm": {"spec": lm}, "dataset": "bench.json", "questions": questions}
+    if isinstance(saved, Path):
         config["saved_program"] = {"folder": str(saved), "optimizer": "BootstrapFewShot", "recipe": "bootstrap_fewshot"}
+    elif saved is not None:
+        config["saved_program"] = saved
     (folder / "config.json").write_text(json.dumps(config))
     rows = [
         {
@@ -35,7 +40,7 @@ def write_run(folder, method, correct, gold_prob, saved=None):
             "prompt_tokens": 100,
             "completion_tokens": 10,
             "seconds": 2.0 if saved else 1.0,
-            "option_probs": {"A": p, "B": 1 - p},
+            "option_probs": None if p is None else {"A": p, "B": 1 - p},
             "gold_prob": p,
         }
         for q, ok, p in zip(qids, correct, gold_prob)
@@ -44,9 +49,11 @@ def write_run(folder, method, correct, gold_prob, saved=None):
     return folder
 
 
-def saved_program(folder, calls, seconds):
+def saved_program(folder, calls, seconds, cost=None):
     folder.mkdir(parents=True)
-    cost = {"lm_calls": calls, "cached_lm_calls": 0, "prompt_tokens": 1, "completion_tokens": 1, "seconds": seconds}
+    if cost is None:
+        cost = {"lm_calls": calls, "cached_lm_calls": 0, "prompt_tokens": 900, "completion_tokens": 100}
+        cost["seconds"] = seconds
     (folder / "meta.json").write_text(json.dumps({"compile_cost": cost}))
     return folder
 
@@ -95,16 +102,44 @@ def test_each_compiled_program_is_paired_with_its_own_methods_zero_shot_run(runs
     assert s["zero_shot"] == "simple_rag" and s["mcnemar"]["b"] == 6 and s["mcnemar"]["c"] == 6
     assert s["compile_cost"] is None  # its saved folder is gone: said, not invented
     assert "## Zero-shot against compiled programs (paired within each method)" in report
-    assert "| hcqr | hcqr+bootstrap_fewshot | 12 |" in report and "| 40 calls, 10 min |" in report
+    assert "| hcqr | hcqr+bootstrap_fewshot | 12 |" in report and "| 40 calls, 1,000 tokens, 600 s |" in report
     assert "| simple_rag | simple_rag+bootstrap_fewshot | 12 | 50.0% → 50.0% | +0.0" in report
-    assert "not recorded" in report
+    assert f"not known ({runs['root'] / 'gone' / 'meta.json'} missing)" in report
     assert "### hcqr+bootstrap_fewshot vs hcqr" in report  # the program diff against its own zero-shot run
     assert (out / "compiled.png").is_file() and out / "compiled.png" in files
 
 
-def test_no_pair_no_section_and_no_plot(runs):
+def test_no_pair_no_table_and_no_plot(runs):
     out = runs["root"] / "cmp_none"
     report, files = compare([runs["simple_rag"], runs["hcqr_bfs"]], out_dir=out)
-    assert "Zero-shot against compiled" not in report
+    assert "Not paired (no single zero-shot run" in report and "| method | compiled |" not in report
     assert not (out / "compiled.png").exists()
     assert json.loads((out / "comparison.json").read_text())["compiled"] == {}
+    report, files = compare([runs["simple_rag"], runs["hcqr"]], out_dir=out)  # nothing compiled: no section
+    assert "Zero-shot against compiled" not in report
+
+
+def test_a_compiled_run_is_paired_only_with_a_zero_shot_run_of_the_same_lm_and_never_by_guess(runs):
+    root = runs["root"]
+    zs_h, p = runs["zs_h"], runs["p"]
+    other_lm = write_run(root / "hcqr_7b", "hcqr", [True] * N, p["zh"], lm="openai/qwen-7b")
+    report, _ = compare([other_lm, runs["hcqr_bfs"], runs["hcqr"]], out_dir=root / "cmp_lm")
+    assert "| hcqr (local) | hcqr+bootstrap_fewshot | 12 |" in report  # not the 7B run given first
+    twin = write_run(root / "hcqr_twin", "hcqr", zs_h, p["zh"])
+    report, _ = compare([runs["hcqr_bfs"], runs["hcqr"], twin], out_dir=root / "cmp_twin")
+    assert "Not paired (no single zero-shot run" in report and "hcqr+bootstrap_fewshot." in report
+    assert "| method | compiled |" not in report  # no pair: no table
+    report, _ = compare([twin, runs["hcqr_bfs"], runs["hcqr"]], out_dir=root / "cmp_ref")  # the reference decides
+    assert "| hcqr (local) (hcqr_twin) | hcqr+bootstrap_fewshot | 12 |" in report
+
+
+def test_partial_gold_probabilities_and_bad_program_records_are_said(runs):
+    root = runs["root"]
+    half = [None if i % 2 else x for i, x in enumerate(runs["p"]["ch"])]
+    bad_cost = saved_program(root / "p_bad", 0, 0, cost={"lm_calls": "15", "seconds": 3})
+    partial = write_run(root / "hcqr_half", "hcqr", runs["bfs_h"], half, bad_cost)
+    report, _ = compare([runs["hcqr"], partial], out_dir=root / "cmp_half")
+    assert "(n=6)" in report and "not known (no compile cost recorded)" in report
+    broken = write_run(root / "hcqr_str", "hcqr", runs["bfs_h"], runs["p"]["ch"], saved="programs/hcqr-bfs")
+    with pytest.raises(HCQRError, match="config.json's saved_program is not a saved-program record"):
+        compare([runs["hcqr"], broken], out_dir=root / "cmp_str")

@@ -276,6 +276,9 @@ def test_grid_runs_cells_as_child_runs_resumes_and_compares(setup, mlflow_store)
     assert moved["parent_run_id"] != out["parent_run_id"] and len(lm.history) == calls
     state = json.loads((setup / "runs" / "grid" / "experiment.json").read_text())
     assert state["parent_run_id"] == moved["parent_run_id"]
+    mlflow.MlflowClient().delete_run(moved["parent_run_id"])  # deleted in the store: MLflow cannot resume it
+    anew = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=setup / "other-store", progress=False, lm=lm)
+    assert anew["parent_run_id"] not in (moved["parent_run_id"], out["parent_run_id"]) and len(lm.history) == calls
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

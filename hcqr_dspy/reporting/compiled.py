@@ -32,36 +32,51 @@ COMPILED_NOTE = (
 
 
 def is_compiled(run: Run) -> bool:
-    """Whether the run answered with a saved (compiled) program."""
+    """Whether the run answered with a saved (compiled) program."""  # load_run checked the record's shape
     return bool(run.config.get("saved_program"))
 
 
-def zero_shot_partner(run: Run, runs: Sequence[Run]) -> Run | None:
-    """The zero-shot run of ``run``'s method among ``runs`` (no saved program, no borrowed answer step);
-    ``None`` when there is none."""
-    method = run.config.get("method")
-    for other in runs:
-        if (
-            other is not run
-            and other.config.get("method") == method
-            and not is_compiled(other)
-            and not other.config.get("answer_step")
-        ):
-            return other
-    return None
+def _lm(run: Run) -> str | None:
+    return (run.config.get("lm") or {}).get("spec")
 
 
-def compile_cost(run: Run) -> dict[str, Any] | None:
-    """The saved program's ``compile_cost`` (LM calls, tokens, seconds), read from its folder's ``meta.json``;
-    ``None`` when the folder or the record is not there (a program saved before compile costs were kept)."""
+def zero_shot_partner(run: Run, runs: Sequence[Run], reference: Run | None = None) -> Run | None:
+    """The zero-shot run of ``run``'s method and LM among ``runs`` (no saved program, no borrowed answer step);
+    where several qualify, the ``reference`` if it is one of them, else none (the pairing would be a guess).
+    ``None`` when there is no such run."""
+    candidates = [
+        other
+        for other in runs
+        if other is not run
+        and other.config.get("method") == run.config.get("method")
+        and _lm(other) == _lm(run)
+        and not is_compiled(other)
+        and not other.config.get("answer_step")
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    return reference if reference is not None and any(c is reference for c in candidates) else None
+
+
+def compile_cost(run: Run) -> tuple[dict[str, float] | None, str | None]:
+    """The saved program's ``compile_cost`` (LM calls, tokens, seconds), read from its folder's ``meta.json``,
+    or ``(None, why not)``: no folder recorded, the folder or its ``meta.json`` missing or unreadable, or no
+    (well-formed) cost in it (a program saved before compile costs were kept)."""
     folder = (run.config.get("saved_program") or {}).get("folder")
     if not folder:
-        return None
+        return None, "no program folder recorded"
+    path = Path(folder) / META_FILE
     try:
-        meta = json.loads((Path(folder) / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return meta.get("compile_cost") if isinstance(meta, dict) else None
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        return None, f"{path} missing"
+    except json.JSONDecodeError:
+        return None, f"{path} unreadable"
+    cost = meta.get("compile_cost") if isinstance(meta, dict) else None
+    keys = ("lm_calls", "prompt_tokens", "completion_tokens", "seconds")
+    if not isinstance(cost, dict) or not all(isinstance(cost.get(k), (int, float)) for k in keys):
+        return None, "no compile cost recorded"
+    return cost, None
 
 
 def _interval(d: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
@@ -79,21 +94,29 @@ def _mde(mde: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return f"{mde * scale:.{digits}f}" if mde <= 1 else "undetectable"
 
 
-def _cost(c: dict[str, Any] | None) -> str:
-    if not c:
-        return "not recorded"
-    return f"{c.get('lm_calls', 0):.0f} calls, {c.get('seconds', 0) / 60:.0f} min"
+def _cost(cost: dict[str, float] | None, why: str | None) -> str:
+    if cost is None:
+        return f"not known ({why})"
+    tokens = cost["prompt_tokens"] + cost["completion_tokens"]
+    return f"{cost['lm_calls']:.0f} calls, {tokens:,.0f} tokens, {cost['seconds']:,.0f} s"
 
 
-def compiled_pairs(runs: Sequence[Run]) -> list[tuple[Run, Run]]:
-    """``[(zero-shot run, compiled run)]`` for every compiled run whose method has a zero-shot run here."""
-    return [(zs, run) for run in runs if is_compiled(run) and (zs := zero_shot_partner(run, runs)) is not None]
+def compiled_pairs(runs: Sequence[Run], reference: Run | None = None) -> tuple[list[tuple[Run, Run]], list[Run]]:
+    """``[(zero-shot run, compiled run)]`` for every compiled run with a zero-shot partner here
+    (:func:`zero_shot_partner`), and the compiled runs left without one."""
+    pairs, alone = [], []
+    for run in runs:
+        if is_compiled(run):
+            zs = zero_shot_partner(run, runs, reference)
+            pairs.append((zs, run)) if zs is not None else alone.append(run)
+    return pairs, alone
 
 
 def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
-    """Markdown and figures of each (zero-shot, compiled) pair; ``None`` when there is no such pair."""
-    pairs = compiled_pairs(runs)
-    if not pairs:
+    """Markdown and figures of each (zero-shot, compiled) pair, ``runs[0]`` being the report's reference;
+    compiled runs without a partner are named under the table. ``None`` when no run is compiled."""
+    pairs, alone = compiled_pairs(runs, runs[0] if runs else None)
+    if not pairs and not alone:
         return None, {}
     lines = [
         "| method | compiled | n | accuracy zero-shot → compiled | Δ accuracy, points [95% CI] | McNemar p (b/c) "
@@ -108,17 +131,17 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         p_zs, p_run = gold_probs(zs), gold_probs(run)
         scored = sorted(set(p_zs) & set(p_run))
         gold = paired_difference([p_zs[q] for q in scored], [p_run[q] for q in scored])
-        cost = compile_cost(run)
+        cost, why = compile_cost(run)
         n = len(shared)
         acc_zs = sum(zs.correct[q] for q in shared) / n if n else 0.0
         acc_run = sum(run.correct[q] for q in shared) / n if n else 0.0
         lines.append(
             f"| {zs.label} | {run.label} | {n} | {acc_zs:.1%} → {acc_run:.1%} | {_interval(acc, 100, 1)} | "
             f"{t['p_value']:.3g} ({t['b']}/{t['c']}) | {_mde(acc['mde'], 100, 1)} | "
-            + (f"{_interval(gold)} | " if scored else "— | ")
+            + (f"{_interval(gold)}{'' if len(scored) == n else f' (n={len(scored)})'} | " if scored else "— | ")
             + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
             + f" | {_mde(gold['mde']) if scored else '—'} | "
-            f"{zs.metrics['mean_seconds']:.1f} → {run.metrics['mean_seconds']:.1f} | {_cost(cost)} |"
+            f"{zs.metrics['mean_seconds']:.1f} → {run.metrics['mean_seconds']:.1f} | {_cost(cost, why)} |"
         )
         figures[run.label] = {
             "zero_shot": zs.label,
@@ -130,5 +153,14 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
             "gold_prob_scored": len(scored),
             "gold_prob_diff": gold,
             "compile_cost": cost,
+            "compile_cost_absent": why,
         }
-    return "\n".join(lines), figures
+    if not pairs:
+        lines = []
+    if alone:
+        lines += [
+            "",
+            "Not paired (no single zero-shot run of the same method and LM among the compared runs, or several and "
+            "none is the reference): " + ", ".join(r.label for r in alone) + ".",
+        ]
+    return "\n".join(lines).strip(), figures

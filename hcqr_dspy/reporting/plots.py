@@ -306,10 +306,10 @@ def compiled_figure(runs: Sequence[Run]):
                 err = [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]]
             legend = name if i == 0 else None
             right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, capsize=4, label=legend)
+    right.set_ylim(len(compiled) - 0.5, -0.5)  # each pair's markers beside its label, the first on top
     right.axvline(0, color="black", linewidth=0.8)
     right.set_yticks(range(len(compiled)), [f"{lab}\nvs {figures[lab]['zero_shot']}" for lab in compiled], fontsize=8)
-    right.invert_yaxis()
-    right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI)")
+    right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI);\naccuracy as a fraction (0.1 = 10 points)")
     right.set_title("Paired differences", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Zero-shot against compiled programs\n{plot_context(runs)}", fontsize=10)

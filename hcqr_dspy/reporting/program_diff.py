@@ -44,7 +44,7 @@ def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
     for run in runs:
         if run is reference or not run.config.get("saved_program"):
             continue
-        base = zero_shot_partner(run, runs) or reference
+        base = zero_shot_partner(run, runs, reference) or reference
         ref_state = program_state(base)
         state = program_state(run)
         saved = run.config["saved_program"]

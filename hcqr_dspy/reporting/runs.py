@@ -85,6 +85,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             f"run {folder.path} answered questions without gold answers (`hcqr predict`); "
             "a comparison needs gold answers"
         )
+    saved = folder.config.get("saved_program")
+    if saved is not None and not (isinstance(saved, dict) and isinstance(saved.get("folder", ""), str)):
+        raise HCQRError(f"run {folder.path}: config.json's saved_program is not a saved-program record: {saved!r:.80}")
     judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)

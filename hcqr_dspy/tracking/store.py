@@ -94,7 +94,7 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
 
 
 def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
-    """``run_id`` if the store at ``path`` holds that run, else ``None`` (with a warning).
+    """``run_id`` if the store at ``path`` holds that run (not deleted), else ``None`` (with a warning).
 
     A run folder remembers its MLflow run to resume it; if the store was
     moved or deleted, the evaluation is tracked in a new run instead.
@@ -105,11 +105,14 @@ def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -
 
     configure(path)
     try:
-        mlflow.get_run(run_id)
-        return run_id
+        deleted = mlflow.get_run(run_id).info.lifecycle_stage == "deleted"  # MLflow refuses to resume those
     except Exception:
-        print(f"hcqr: note: MLflow run {run_id} is not in {tracking_uri(path)}; tracking in a new run", file=sys.stderr)
-        return None
+        deleted = None
+    if deleted is False:
+        return run_id
+    state = "was deleted from" if deleted else "is not in"
+    print(f"hcqr: note: MLflow run {run_id} {state} {tracking_uri(path)}; tracking in a new run", file=sys.stderr)
+    return None
 
 
 def open_store(path: str | Path | None = None) -> str:
