@@ -62,6 +62,25 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def comparison_row(qid: str, method: str, correct: bool, **extra) -> dict:
+    """A finished ``predictions.jsonl`` row as `hcqr compare` reads it: gold ``A``, answered ``A`` when
+    ``correct`` else ``B``, three LM calls of 100 + 10 tokens in 1 s; ``extra`` adds or replaces fields."""
+    row = {
+        "qid": qid,
+        "method": method,
+        "prediction": "A" if correct else "B",
+        "gold": "A",
+        "valid": True,
+        "correct": correct,
+        "stages": {},
+        "lm_calls": 3,
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "seconds": 1.0,
+    }
+    return {**row, **extra}
+
+
 def snippet(pid: str, title: str, content: str) -> dict:
     return {"id": pid, "title": title, "content": content, "contents": f"{title}. {content}"}
 

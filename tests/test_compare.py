@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import comparison_row
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
@@ -32,19 +33,7 @@ def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, data
     )
     rows = []
     for i, (q, ok) in enumerate(zip(qids, correct)):
-        row = {
-            "qid": q,
-            "method": method,
-            "prediction": "A" if ok else "B",
-            "gold": "A",
-            "valid": True,
-            "correct": ok,
-            "stages": {},
-            "lm_calls": 3,
-            "prompt_tokens": 100,
-            "completion_tokens": 10,
-            "seconds": 1.0,
-        }
+        row = comparison_row(q, method, ok)
         if hypothesis:
             row["hypothesis"] = {"working_hypothesis": hypothesis[i]}
         rows.append(row)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import comparison_row
 from scipy import stats
 
 from hcqr_dspy.errors import HCQRError
@@ -28,21 +29,14 @@ def write_run(folder, method, correct, gold_prob, saved=None, lm="local"):
         config["saved_program"] = saved
     (folder / "config.json").write_text(json.dumps(config))
     rows = [
-        {
-            "qid": q,
-            "method": method,
-            "prediction": "A" if ok else "B",
-            "gold": "A",
-            "valid": True,
-            "correct": ok,
-            "stages": {},
-            "lm_calls": 3,
-            "prompt_tokens": 100,
-            "completion_tokens": 10,
-            "seconds": 2.0 if saved else 1.0,
-            "option_probs": None if p is None else {"A": p, "B": 1 - p},
-            "gold_prob": p,
-        }
+        comparison_row(
+            q,
+            method,
+            ok,
+            seconds=2.0 if saved else 1.0,
+            option_probs=None if p is None else {"A": p, "B": 1 - p},
+            gold_prob=p,
+        )
         for q, ok, p in zip(qids, correct, gold_prob)
     ]
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
