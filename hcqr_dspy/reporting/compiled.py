@@ -27,7 +27,7 @@ COMPILED_NOTE = (
     "c = the reverse); Δ p(gold): the same for the gold option's probability, with the Wilcoxon signed-rank p. "
     "MDE: the smallest difference a paired test at 5% detects with 80% power over these questions (points for "
     "accuracy). s/q: wall seconds per question of each run (runs made on other builds or machines are not "
-    "comparable). Compile: the optimizer's LM calls and wall time, from the saved program's meta.json."
+    "comparable). Compile: the optimizer's LM calls, tokens and wall time, from the saved program's meta.json."
 )
 
 
