@@ -31,6 +31,8 @@ from hcqr_dspy.optimize.feedback import diagnose, make_metric
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import load_program, save_program
 from hcqr_dspy.programs import HCQR, CoT
+from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs.option_probs import NO_LOGPROBS
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
 from hcqr_dspy.workflows.compile import CompileSpec, run_compile
@@ -136,6 +138,26 @@ def test_bootstrap_fewshot_keeps_traces_of_correctly_answered_train_questions(te
     assert demo_questions(compiled.answer) == [q.question for q in teaching["train"][1:3]]
     assert [d["answer"] for d in compiled.answer.demos] == [train[q].answer for q in demo_questions(compiled.answer)]
     assert solved(student, teaching["test"]) == NONE and solved(compiled, teaching["test"]) == DEMOS
+
+
+def test_a_compile_whose_metric_reads_no_option_probabilities_does_not_score_them(teaching, monkeypatch):
+    """The letter-distribution prefill is skipped while an accuracy metric scores candidates; the compiled program
+    and the student score their answers again afterwards."""
+    asked = []
+    real = MCQProgram.option_probabilities
+
+    def counted(self, *args, **kwargs):
+        asked.append(self.score_options)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MCQProgram, "option_probabilities", counted)
+    student, compiled = compile_with(load_recipe(RECIPES / "bootstrap_fewshot.yaml"), teaching)
+    assert asked and not any(asked)  # every answer step of the compile ran unscored
+    question = teaching["test"][0]
+    with dspy.context(lm=teachable_lm(), adapter=dspy.JSONAdapter()):
+        for program in (compiled, student):
+            pred = program(question=question.question, options=question.options)
+            assert asked[-1] is True and pred.option_probs_absent == NO_LOGPROBS  # asked, not switched off
 
 
 def test_random_search_scores_every_candidate_and_keeps_the_best(teaching):
@@ -873,7 +895,7 @@ def test_gepa_on_gold_probability_stops_at_an_lm_without_option_probabilities(te
     # a question scored without them (here: the capability check passed wrongly) stops the compile after GEPA,
     # which catches a metric's exception and would otherwise have gone on with failure scores
     monkeypatch.setattr("hcqr_dspy.optimize.compile.scores_options", lambda lm: True)
-    with pytest.raises(RecipeError, match="needs the answer step's option probabilities, which this LM does not give"):
+    with pytest.raises(RecipeError, match=r"option probabilities, which this LM does not give \(the LM gives no next"):
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             compile_program(fast, student, teaching["train"], teaching["val"], reflection_lm=teachable_lm())
     assert lm.history

@@ -7,6 +7,7 @@ corpus; a DummyLM run for the LM that gives no log-probabilities.
 import json
 import math
 import shutil
+import time
 
 import dspy
 import numpy as np
@@ -16,7 +17,8 @@ from dspy.utils import DummyLM
 from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import LMSpecError, RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.programs.option_probs import NO_LOGPROBS, answer_slot_prefix
+from hcqr_dspy.programs.costs import lm_costs
+from hcqr_dspy.programs.option_probs import NO_LOGPROBS, answer_slot_prefix, option_probabilities
 from hcqr_dspy.programs.signatures import AnswerQuestionNoContext, restrict_letters
 from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus
@@ -138,6 +140,44 @@ def test_teacher_forcing_reads_the_generated_replys_own_distribution_at_the_answ
     own = {t["token"]: math.exp(t["logprob"]) for t in slot["top_logprobs"] if t["token"] in options}
     for letter, p in own.items():  # re-tokenized text and a batched prefill round differently (see above)
         assert teacher[letter] == pytest.approx(p, abs=0.05)
+
+
+def test_a_scoring_is_kept_in_dspys_cache_when_the_lm_caches_its_replies(smol, monkeypatch):
+    """The same call scored again (a rerun whose reply came from DSPy's cache) reads the distribution the first
+    scoring computed, without a prefill and without scoring tokens; another reasoning is another request, and an
+    LM that does not cache its replies is scored by the engine every time."""
+    options = {"A": "Troponin", "B": "Amylase", "C": "Lipase", "D": "ALT"}
+    call = {"question": "Which marker rises first after a myocardial infarction? (cache test)"}
+    call["options"] = format_options(options)
+    signature = restrict_letters(AnswerQuestionNoContext, "answer", list(options))
+    predictor = dspy.Predict(AnswerQuestionNoContext)
+    prefills = []
+    real = smol.engine.next_token_logprobs
+
+    def counted(*args, **kwargs):
+        prefills.append(1)
+        return real(*args, **kwargs)
+
+    def scored(reasoning):
+        record = {}
+        with lm_costs(record, time.perf_counter()):
+            probs, absent = option_probabilities(predictor, signature, dict(call), list(options), reasoning)
+        assert absent is None
+        return probs, record["scoring_tokens"]
+
+    monkeypatch.setattr(smol.engine, "next_token_logprobs", counted)
+    monkeypatch.setattr(smol, "cache", True)
+    with dspy.context(lm=smol, adapter=dspy.JSONAdapter()):
+        first, tokens = scored("Troponin is the earliest specific marker.")
+        assert len(prefills) == 1 and tokens > 0
+        again, tokens = scored("Troponin is the earliest specific marker.")
+        assert (len(prefills), again, tokens) == (1, first, 0)
+        other, tokens = scored("Amylase rises in pancreatitis, not here.")
+        assert len(prefills) == 2 and tokens > 0 and other != first
+        monkeypatch.setattr(smol, "cache", False)
+        uncached, tokens = scored("Troponin is the earliest specific marker.")
+        assert len(prefills) == 3 and tokens > 0
+        assert max(abs(uncached[x] - first[x]) for x in options) < 0.05  # the same distribution, prefilled again
 
 
 def canonical_json(prefix):

@@ -13,7 +13,7 @@ import dspy
 from hcqr_dspy.data import select
 from hcqr_dspy.errors import RecipeError
 from hcqr_dspy.lm import count_tokens
-from hcqr_dspy.optimize.feedback import make_metric
+from hcqr_dspy.optimize.feedback import PROBABILITY_METRICS, make_metric
 from hcqr_dspy.optimize.recipes import Recipe, optimizers
 from hcqr_dspy.programs.context import trim_context
 from hcqr_dspy.programs.option_probs import NO_LOGPROBS, scores_options
@@ -83,7 +83,12 @@ def compile_program(
     if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
         kwargs["valset"] = valset
     student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
-    compiled = optimizer.compile(student, trainset=trainset, **kwargs)
+    student.score_options = recipe.metric in PROBABILITY_METRICS  # no letter-distribution prefill nobody reads
+    try:
+        compiled = optimizer.compile(student, trainset=trainset, **kwargs)
+    finally:
+        del student.score_options  # back to the class's default (scored)
+    compiled.score_options = True  # a compiled program scores its answers as any other
     if getattr(metric, "refusals", None):
         raise metric.refusals[0]
     keep_demos_of(compiled, recipe.demo_predictors)

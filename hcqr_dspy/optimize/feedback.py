@@ -19,6 +19,8 @@ from hcqr_dspy.evaluation.metrics import accuracy_metric
 from hcqr_dspy.optimize.objectives import gold_prob_feedback_metric, grounded_metric, shown_texts
 
 METRICS = ("accuracy", "grounded", "feedback", "feedback_gold_prob")
+# Metrics that read the answer step's letter distribution (option_probs); the others compile without scoring it.
+PROBABILITY_METRICS = ("feedback_gold_prob",)
 
 
 def diagnose(example: dspy.Example, pred: Any, passages: list[str] | None = None) -> tuple[float, str, str]:

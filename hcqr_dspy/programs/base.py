@@ -49,7 +49,7 @@ from hcqr_dspy.programs.context import (
     trimmed_demos,
 )
 from hcqr_dspy.programs.costs import lm_costs
-from hcqr_dspy.programs.option_probs import option_probabilities
+from hcqr_dspy.programs.option_probs import NOT_SCORED, option_probabilities
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import restrict_letters
 from hcqr_dspy.retrieval.base import Hit, Retriever
@@ -123,6 +123,9 @@ class MCQProgram(dspy.Module):
     # Context tokens a few-shot demo of the answer step keeps when it is shown (see trimmed_demos);
     # set from a compile recipe's demo_context_tokens and saved with the program.
     demo_context_tokens: int = DEMO_CONTEXT_TOKENS
+    # Whether the answer step scores its letter distribution (``option_probs``); a compile whose metric does not
+    # read it turns it off while candidates are scored (hcqr_dspy.optimize.compile), sparing a prefill per call.
+    score_options: bool = True
 
     def __init__(
         self, retriever: Retriever | None = None, budget: int = 15, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
@@ -319,7 +322,10 @@ class MCQProgram(dspy.Module):
         self, predictor: dspy.Predict, options: dict[str, str], reasoning: str | None, **inputs: Any
     ) -> tuple[dict[str, float] | None, str | None]:
         """The answer step's letter distribution after ``reasoning``, for the inputs it was called with
-        (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`); ``(None, reason)`` where it cannot be had."""
+        (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`); ``(None, reason)`` where it cannot be had
+        or is not asked for (``score_options`` off)."""
+        if not self.score_options:
+            return None, NOT_SCORED
         letters = list(options)
         call = {"options": format_options(options), **inputs}
         demos = call.pop("demos", None)

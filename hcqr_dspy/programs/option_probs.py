@@ -18,6 +18,13 @@ repetition penalty (:data:`hcqr_dspy.lm.DEFAULT_REPEAT_PENALTY`), which lowers l
 Only LMs that expose their next-token distribution can be scored: the in-process llama.cpp engine
 (:meth:`hcqr_dspy.lm.LlamaCppEngine.next_token_logprobs`). For any other LM the probabilities are absent
 and the reason is recorded (:data:`NO_LOGPROBS`), never guessed.
+
+A scoring is kept in DSPy's response cache (``dspy.cache``) when the LM caches its replies, keyed as they are by
+the engine's model name (which holds the settings that can change a reply, :func:`hcqr_dspy.lm.build.engine_model_name`)
+and the request, here the messages and the answer slot's prefix. A reply answered from the cache was never computed in
+this process, so its scoring would otherwise prefill the whole prompt again, which on a CPU is most of a rerun's
+cost (or an optimizer's that replays cached traces); with it a rerun reads the same distribution the first run
+computed. A cached scoring adds no ``scoring_tokens``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from hcqr_dspy.programs.costs import add_to_stage
 # Why a row has no option probabilities.
 NO_LOGPROBS = "the LM gives no next-token log-probabilities (only the in-process llama.cpp engine does)"
 NO_REASONING = "the answer step recorded no reasoning to score the letter after"
+NOT_SCORED = "not scored: the program's score_options is off (a compile whose metric does not read them)"
+# Names the scoring in its DSPy cache request, apart from the LM's own requests.
+SCORING = "option letter log-probabilities at the answer slot"
 
 
 def scores_options(lm: Any) -> bool:
@@ -91,11 +101,17 @@ def option_probabilities(
     shown = predictor.demos if demos is None else demos
     messages = adapter.format(signature, shown, inputs)
     prefix = answer_slot_prefix(adapter, reasoning)
-    start, usage = time.perf_counter(), {}
-    logprobs = engine.next_token_logprobs(messages, prefix, usage=usage)
+    start, usage = time.perf_counter(), {"prompt_tokens": 0}
+    request = {"model": lm.model, "scoring": SCORING, "messages": messages, "assistant_prefix": prefix}
+    cached = getattr(lm, "cache", False)
+    per_letter = dspy.cache.get(request) if cached else None
+    if per_letter is None:
+        logprobs = engine.next_token_logprobs(messages, prefix, usage=usage)
+        ids = engine.letter_tokens()
+        per_letter = {x: float(logsumexp(logprobs[ids[x]])) if ids.get(x) else float("-inf") for x in letters}
+        if cached:
+            dspy.cache.put(request, per_letter)
     # the prefill's cost, filed in the calling stage's record beside its LM calls (hcqr_dspy.programs.costs)
     add_to_stage(scoring_seconds=time.perf_counter() - start, scoring_tokens=usage["prompt_tokens"])
-    ids = engine.letter_tokens()
-    per_letter = {x: float(logsumexp(logprobs[ids[x]])) if ids.get(x) else float("-inf") for x in letters}
     total = logsumexp(list(per_letter.values()))
     return {x: round(float(np.exp(v - total)), 6) for x, v in per_letter.items()}, None
