@@ -3,11 +3,12 @@
 import json
 
 import pytest
-from helpers import comparison_row
+from helpers import TINY_ROWS, comparison_row, snippet, write_jsonl
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting import compare, mcnemar_exact
+from hcqr_dspy.retrieval import BM25Retriever, load_corpus
 
 
 def test_mcnemar_hand_checked():
@@ -602,6 +603,13 @@ def test_an_ambiguous_reference_a_run_folder_as_out_and_stale_plots(tmp_path):
     with pytest.raises(HCQRError, match=r"--out .*a is a run folder"):
         compare([a, h], out_dir=a)
     assert not (a / "comparison.md").exists()
+    index = tmp_path / "idx"
+    BM25Retriever(
+        load_corpus(write_jsonl(tmp_path / "c.jsonl", [snippet(*r) for r in TINY_ROWS])), show_progress=False
+    ).save(index)
+    with pytest.raises(HCQRError, match=r"--out .*idx is an index folder; write the comparison to a folder of its own"):
+        compare([a, h], out_dir=index)
+    assert not (index / "comparison.md").exists()
     compare([a, h], out_dir=tmp_path / "out")
     assert (tmp_path / "out" / "hypothesis_changes.png").exists()
     compare([a, b], out_dir=tmp_path / "out")  # no run with hypotheses: the earlier figure is not left behind
@@ -623,6 +631,12 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
         compare([a, b], out_dir=tmp_path / "out")
     with pytest.raises(HCQRError, match=r"run folder .*nowhere does not exist"):
         compare([a, tmp_path / "nowhere"], out_dir=tmp_path / "out")
+    # a run whose rows were emptied, beside the letter distributions rescored for them: it has no question,
+    # not "a file copied from another run"
+    (b / "option_probs.jsonl").write_text(json.dumps({"qid": "q1", "option_probs": {"A": 1.0, "B": 0.0}}) + "\n")
+    (b / "predictions.jsonl").write_text("")
+    with pytest.raises(HCQRError, match=r"run .*b has no finished question$"):
+        compare([a, b], out_dir=tmp_path / "out")
 
 
 @pytest.mark.parametrize(

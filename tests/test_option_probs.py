@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dspy.utils import DummyLM
 
+from hcqr_dspy.cli import main
 from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import LMSpecError, RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
@@ -193,3 +194,14 @@ def test_an_lm_without_log_probabilities_leaves_them_absent_and_cannot_rescore(t
         assert "scoring_seconds" not in row["stages"]["answer"]  # nothing scored: no cost filed
     with pytest.raises(LMSpecError, match="next-token distribution"):
         rescore_run(folder, lm=lm, lm_spec="openai/some-model", progress=False)
+
+
+def test_rescore_refuses_a_folder_given_twice_before_loading_a_model(tmp_path, demo_bm25, capsys):
+    lm = DummyLM([{"reasoning": "r", "answer": "A"}] * 2, adapter=dspy.JSONAdapter())
+    folder = evaluate(tmp_path / "dummy", demo_bm25, lm, lm_spec="openai/some-model")
+    same = tmp_path / "elsewhere" / ".." / "dummy"
+    (tmp_path / "elsewhere").mkdir()
+    assert main(["rescore", str(folder.path), str(same), "--lm", "gguf:/nowhere/model.gguf"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("hcqr: error: run folder ") and "is given twice (also as" in line
+    assert line.endswith("rescore each run once")

@@ -275,6 +275,11 @@ def test_bad_input_is_refused_one_line_per_fault(demo, tmp_path, capsys):
     assert main(["replay", str(bare), "--index", str(demo["foreign"])]) == 2
     (line,) = errors(capsys)
     assert f"index {demo['foreign']} lacks" in line and "passage(s) run" in line
+    # the index itself as --out: refused before anything is written into it
+    assert main(["replay", hcqr, "--index", str(demo["bm25"]), "--out", str(demo["bm25"])]) == 2
+    (line,) = errors(capsys)
+    assert line.endswith("is an index folder; write the replay to a folder of its own")
+    assert not list(Path(demo["bm25"]).glob("*.md"))
 
 
 def test_compare_shows_query_diversity_for_query_planning_runs_only(demo, tmp_path):

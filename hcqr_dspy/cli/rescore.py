@@ -12,12 +12,17 @@ from hcqr_dspy.lm import parse_lm_spec
 
 def cmd_rescore(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and llama.cpp take seconds, `hcqr --help` none
-    from hcqr_dspy.evaluation.run_folder import RunFolder
+    from hcqr_dspy.errors import RunError
+    from hcqr_dspy.evaluation.run_folder import RunFolder, repeated_folder
     from hcqr_dspy.workflows.rescore import rescore_run
 
     if args.lm is not None:
         parse_lm_spec(args.lm)
+    seen: dict = {}
     for run_dir in args.runs:  # every folder opened before any model is loaded
+        twice = repeated_folder(run_dir, seen)
+        if twice:
+            raise RunError(f"{twice}; rescore each run once")
         RunFolder.open(run_dir)
     for run_dir in args.runs:
         print(json.dumps(rescore_run(run_dir, lm_spec=args.lm, index=args.index, n_ctx=args.n_ctx)))

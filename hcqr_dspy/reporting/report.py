@@ -11,7 +11,7 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.evidence import qrels_beside
 from hcqr_dspy.evaluation.metrics import fallback_summary
-from hcqr_dspy.evaluation.run_folder import CONFIG
+from hcqr_dspy.evaluation.run_folder import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.reporting.compiled import COMPILED_NOTE, compiled_table
@@ -75,21 +75,20 @@ def _checked_out(run_dirs: Sequence[str | Path], out_dir: str | Path | None) -> 
     """The ``--out`` folder, after checking there are two distinct runs and that ``out_dir`` can hold the report.
 
     Raises:
-        HCQRError: fewer than two runs, the same folder twice, or an ``out_dir`` that is a file or a run folder.
+        HCQRError: fewer than two runs, the same folder twice, or an ``out_dir`` that is a file, a run folder or an
+            index folder.
     """
     if len(run_dirs) < 2:
         raise HCQRError("compare needs at least two run folders")
     seen: dict[Path, str] = {}
     for p in run_dirs:
-        real = Path(p).resolve()
-        if real in seen:
-            raise HCQRError(f"run folder {p} is given twice (also as {seen[real]}); compare distinct runs")
-        seen[real] = str(p)
+        twice = repeated_folder(p, seen)
+        if twice:
+            raise HCQRError(f"{twice}; compare distinct runs")
     out = Path(out_dir or "comparison")
-    if out.exists() and not out.is_dir():
-        raise HCQRError(f"--out {out} exists and is not a folder; choose another --out")
-    if (out / CONFIG).exists():
-        raise HCQRError(f"--out {out} is a run folder; write the comparison to a folder of its own")
+    fault = out_folder_fault(out, "comparison")
+    if fault:
+        raise HCQRError(fault)
     return out
 
 

@@ -75,9 +75,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         HCQRError: not a run folder, no finished question, unreadable records or judgments.
     """
     folder = RunFolder.open(path)
-    rows = folder_rows_with_option_probs(folder)  # with the letter distributions `hcqr rescore` added
-    if not rows:
+    if not folder.rows():  # before its other records are matched against the rows
         raise HCQRError(f"run {folder.path} has no finished question")
+    rows = folder_rows_with_option_probs(folder)  # with the letter distributions `hcqr rescore` added
     for r in rows:
         check_row(folder.predictions.path, r)
     if any(r.get("gold") is None for r in rows):

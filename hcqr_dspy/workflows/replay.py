@@ -29,7 +29,7 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError, RunError
 from hcqr_dspy.evaluation.evidence import evidence_summary, paired_evidence_tests, question_evidence
-from hcqr_dspy.evaluation.run_folder import CONFIG, RunFolder
+from hcqr_dspy.evaluation.run_folder import RunFolder, out_folder_fault, repeated_folder
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.context import passage_records, shown_documents
 from hcqr_dspy.programs.hypothesis import query_names
@@ -73,21 +73,18 @@ def replay_faults(
         faults.append(exc)
     seen: dict[Path, str] = {}
     for path in run_dirs:
-        real = Path(path).resolve()
-        if real in seen:
-            faults.append(RunError(f"run folder {path} is given twice (also as {seen[real]})"))
+        twice = repeated_folder(path, seen)
+        if twice:
+            faults.append(RunError(twice))
             continue
-        seen[real] = str(path)
         try:
             _check_run(RunFolder.open(path), manifest, index)
         except HCQRError as exc:
             faults.append(exc)
     if out_dir is not None:
-        out = Path(out_dir)
-        if out.exists() and not out.is_dir():
-            faults.append(HCQRError(f"--out {out} exists and is not a folder; choose another --out"))
-        elif (out / CONFIG).exists():
-            faults.append(HCQRError(f"--out {out} is a run folder; write the replay to a folder of its own"))
+        fault = out_folder_fault(Path(out_dir), "replay")
+        if fault:
+            faults.append(HCQRError(fault))
     return faults
 
 
