@@ -19,6 +19,8 @@ from hcqr_dspy.judge.metrics import dur_metrics
 
 # What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluation.rows.prediction_row`).
 ROW_KEYS = ("prediction", "valid", "correct", "gold")
+# The cost of a row that the report's cost columns average (``cached_lm_calls`` is newer and may be absent).
+COST_KEYS = ("lm_calls", "prompt_tokens", "completion_tokens", "seconds")
 
 
 @dataclass
@@ -94,14 +96,18 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments)
 
 
+def _amount(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
 def _letter(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 1 and "A" <= value <= "Z"
 
 
 def check_row(path: Path, row: dict[str, Any]) -> None:
     """Refuse a row a comparison would misread: a missing :data:`ROW_KEYS` field, a gold or predicted answer that
-    is not an option letter, ``correct`` that disagrees with ``prediction`` and ``gold``, or ``queries`` that are
-    not a list of strings.
+    is not an option letter, ``correct`` that disagrees with ``prediction`` and ``gold``, ``queries`` that are
+    not a list of strings, or a missing or negative cost (:data:`COST_KEYS`).
 
     Raises:
         HCQRError: naming ``path`` and the question.
@@ -125,6 +131,12 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
     queries = row.get("queries")
     if queries is not None and not (isinstance(queries, list) and all(isinstance(q, str) for q in queries)):
         raise HCQRError(f"{where} has queries that are not a list of strings; repair or delete that line")
+    costs = [k for k in COST_KEYS if not _amount(row.get(k))]
+    if costs:  # a missing cost would count as nothing in the cost columns, making a method look free
+        raise HCQRError(
+            f"{where} has no {', '.join(costs)} (a number of at least 0, as `hcqr eval` writes); "
+            "repair or delete that line"
+        )
 
 
 def check_same_gold(runs: Sequence[Run]) -> None:
