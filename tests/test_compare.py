@@ -648,8 +648,12 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
         ({"prediction": "maybe"}, r"'q1' has prediction 'maybe', not an option letter"),
         ({"gold": "", "correct": False}, r"'q1' has gold '', not an option letter"),
         ({"valid": "yes"}, r"'q1' has a `valid` or `correct` that is not true/false"),
-        ({"seconds": None}, r"'q1' has no seconds \(a number of at least 0, as `hcqr eval` writes\)"),
-        ({"prompt_tokens": -3, "lm_calls": "3"}, r"'q1' has no lm_calls, prompt_tokens \(a number of at least 0"),
+        ({"seconds": None}, r"'q1' has no usable cost \(seconds missing; each a finite number of at least 0, as"),
+        ({"prompt_tokens": -3, "lm_calls": "3"}, r"'q1' has no usable cost \(lm_calls='3', prompt_tokens=-3; each"),
+        (
+            {"seconds": float("inf"), "cached_lm_calls": True},
+            r"'q1' has no usable cost \(seconds=inf, cached_lm_calls=True; each",
+        ),
     ],
 )
 def test_a_row_a_comparison_would_misread_is_refused_before_anything_is_written(tmp_path, change, message):

@@ -45,7 +45,7 @@ NO_LOGPROBS = "the LM gives no next-token log-probabilities (only the in-process
 NO_REASONING = "the answer step recorded no reasoning to score the letter after"
 NOT_SCORED = "not scored: the program's score_options is off (a compile whose metric does not read them)"
 # Names the scoring in its DSPy cache request, apart from the LM's own requests.
-SCORING = "option letter log-probabilities at the answer slot"
+SCORING = "option letter log-probabilities at the answer slot, v1"  # a new version when the scoring changes
 
 
 def scores_options(lm: Any) -> bool:

@@ -6,6 +6,7 @@ and ``dur.json`` / ``judgments.jsonl`` once judged by ``hcqr judge``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from hcqr_dspy.judge.metrics import dur_metrics
 
 # What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluation.rows.prediction_row`).
 ROW_KEYS = ("prediction", "valid", "correct", "gold")
-# The cost of a row that the report's cost columns average (``cached_lm_calls`` is newer and may be absent).
+# The cost of a row that the report's cost columns average (``cached_lm_calls`` too where present: older rows lack it).
 COST_KEYS = ("lm_calls", "prompt_tokens", "completion_tokens", "seconds")
 
 
@@ -97,7 +98,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 
 def _amount(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _letter(value: Any) -> bool:
@@ -131,11 +132,14 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
     queries = row.get("queries")
     if queries is not None and not (isinstance(queries, list) and all(isinstance(q, str) for q in queries)):
         raise HCQRError(f"{where} has queries that are not a list of strings; repair or delete that line")
-    costs = [k for k in COST_KEYS if not _amount(row.get(k))]
-    if costs:  # a missing cost would count as nothing in the cost columns, making a method look free
+    # a missing cost would count as nothing in the cost columns, making a method look free
+    bad = [f"{k} missing" for k in COST_KEYS if row.get(k) is None]
+    present = [k for k in (*COST_KEYS, "cached_lm_calls") if row.get(k) is not None]
+    bad += [f"{k}={row[k]!r}" for k in present if not _amount(row[k])]
+    if bad:
         raise HCQRError(
-            f"{where} has no {', '.join(costs)} (a number of at least 0, as `hcqr eval` writes); "
-            "repair or delete that line"
+            f"{where} has no usable cost ({', '.join(bad)}; each a finite number of at least 0, as `hcqr eval` "
+            "writes); repair or delete that line"
         )
 
 
