@@ -395,6 +395,19 @@ def test_a_program_with_another_budget_is_refused_before_any_lm_call(setup, mlfl
     assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before
     assert main(["experiment", str(path), "--check", "--mlflow-dir", str(mlflow_store)]) == 2  # --check finds it too
     assert re.search(budget, capsys.readouterr().err)
+    # a program that records no budget, beside it: --check names both cells, one line each
+    bare = shutil.copytree(setup / "programs" / "hcqr-b5", setup / "programs" / "hcqr-bare")
+    meta = json.loads((bare / "meta.json").read_text())
+    del meta["options"]["budget"]
+    (bare / "meta.json").write_text(json.dumps(meta))
+    both = write_exp(setup, programs={"hcqr_b5": "programs/hcqr-b5", "bare": "programs/hcqr-bare"})
+    assert main(["experiment", str(both), "--check", "--mlflow-dir", str(mlflow_store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    bare_budget = r"program cell 'bare' .*hcqr-bare\) records no budget, the file's budget is 3"
+    assert len(lines) == 2 and any(re.search(budget, x) for x in lines), lines
+    assert any(re.search(bare_budget, x) for x in lines), lines
+    with pytest.raises(ExperimentError, match=r"program cell .* \(and 1 more problem\)$"):
+        run_experiment(load_experiment(both), runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
     saved_hcqr(setup, budget=3)
     assert main(["experiment", str(write_exp(setup, programs={"b3": "programs/hcqr-b3"})), "--check"]) == 0
     assert "x 3 method(s) + 1 program(s)" in capsys.readouterr().out

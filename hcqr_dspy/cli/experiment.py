@@ -38,7 +38,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         try:
             resolve_programs(exp, args.mlflow_dir)  # the saved programs read, and their budgets checked
         except ExperimentError as exc:
-            print(f"hcqr: error: {exc}", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"hcqr: error: {problem}", file=sys.stderr)
             return 2
         programs = f" + {len(exp.programs)} program(s)" if exp.programs else ""
         print(

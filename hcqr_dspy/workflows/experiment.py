@@ -119,23 +119,32 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
         ``[(cell name, method)]`` in file order.
 
     Raises:
-        ExperimentError: a program that cannot be found or read, or one whose budget is not the file's.
+        ExperimentError: a program that cannot be found or read, or one whose budget is not the file's; its
+            message names the first such cell and how many more, its ``problems`` every one.
     """
-    cells = []
+    cells, problems = [], []
     for name, ref in exp.programs.items():
+        where = f"experiment {exp.name}: program cell {name!r}"
         try:
             method, meta, _ = resolve_method(None, ref, {}, mlflow_dir)
         except HCQRError as exc:
-            raise ExperimentError(f"experiment {exp.name}: program cell {name!r}: {exc}") from None
+            problems.append(f"{where}: {exc}")
+            continue
         budget = (meta.get("options") or {}).get("budget")
         if PROGRAMS[method].uses_retrieval and budget != exp.budget:
-            raise ExperimentError(
-                f"experiment {exp.name}: program cell {name!r} ({ref}) shows {budget} passages, the file's budget "
-                f"is {exp.budget}; compile it with --budget {exp.budget} or change the file's budget"
+            shows = "records no budget" if budget is None else f"shows {budget} passages"
+            problems.append(
+                f"{where} ({ref}) {shows}, the file's budget is {exp.budget}; compile it with --budget "
+                f"{exp.budget} or change the file's budget"
             )
-        if PROGRAMS[method].uses_retrieval and not exp.index:
-            raise ExperimentError(f"experiment {exp.name}: program cell {name!r} is a {method} program: give 'index'")
-        cells.append((name, method))
+        elif PROGRAMS[method].uses_retrieval and not exp.index:
+            problems.append(f"{where} is a {method} program: give 'index'")
+        else:
+            cells.append((name, method))
+    if problems:
+        more = len(problems) - 1
+        message = problems[0] + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+        raise ExperimentError(message, problems=problems)
     return cells
 
 
