@@ -114,7 +114,7 @@ def _reference(runs: Sequence[Run], reference: str | None) -> Run:
     if len(matches) > 1:
         raise HCQRError(
             f"reference {reference!r} matches {len(matches)} runs ({', '.join(r.label for r in matches)}); "
-            "give the reference run's folder"
+            "give the reference run's exact label or its folder's path"
         )
     return matches[0]
 
