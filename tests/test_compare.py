@@ -598,7 +598,8 @@ def test_an_ambiguous_reference_a_run_folder_as_out_and_stale_plots(tmp_path):
     a = make_run(tmp_path / "a", "cot", [True, False])
     b = make_run(tmp_path / "b", "cot", [False, False])
     h = make_run(tmp_path / "h", "hcqr", [True, True], hypothesis=["A", "B"])
-    with pytest.raises(HCQRError, match=r"reference 'cot' matches 2 runs .*give the reference run's exact label or its folder's path"):
+    ambiguous = r"reference 'cot' matches 2 runs .*give the reference run's exact label or its folder's path"
+    with pytest.raises(HCQRError, match=ambiguous):
         compare([a, b, h], reference="cot", out_dir=tmp_path / "out")
     with pytest.raises(HCQRError, match=r"--out .*a is a run folder"):
         compare([a, h], out_dir=a)

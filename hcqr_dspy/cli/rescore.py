@@ -13,7 +13,8 @@ from hcqr_dspy.lm import parse_lm_spec
 def cmd_rescore(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and llama.cpp take seconds, `hcqr --help` none
     from hcqr_dspy.errors import RunError
-    from hcqr_dspy.evaluation.run_folder import RunFolder, repeated_folder
+    from hcqr_dspy.evaluation.folders import repeated_folder
+    from hcqr_dspy.evaluation.run_folder import RunFolder
     from hcqr_dspy.workflows.rescore import rescore_run
 
     if args.lm is not None:

@@ -10,8 +10,8 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.evidence import qrels_beside
+from hcqr_dspy.evaluation.folders import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.metrics import fallback_summary
-from hcqr_dspy.evaluation.run_folder import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.reporting.compiled import COMPILED_NOTE, compiled_table

@@ -29,7 +29,8 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError, RunError
 from hcqr_dspy.evaluation.evidence import evidence_summary, paired_evidence_tests, question_evidence
-from hcqr_dspy.evaluation.run_folder import RunFolder, out_folder_fault, repeated_folder
+from hcqr_dspy.evaluation.folders import out_folder_fault, repeated_folder
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.context import passage_records, shown_documents
 from hcqr_dspy.programs.hypothesis import query_names
