@@ -137,3 +137,45 @@ def test_partial_gold_probabilities_and_bad_program_records_are_said(runs):
     broken = write_run(root / "hcqr_str", "hcqr", runs["bfs_h"], runs["p"]["ch"], saved="programs/hcqr-bfs")
     with pytest.raises(HCQRError, match="config.json's saved_program is not a saved-program record"):
         compare([runs["hcqr"], broken], out_dir=root / "cmp_str")
+
+
+def test_the_optimizers_gain_on_one_method_is_paired_against_its_gain_on_the_other(runs):
+    root = runs["root"]
+    folders = [runs[k] for k in ("simple_rag", "hcqr", "hcqr_bfs", "simple_rag_bfs")]
+    report, _ = compare(folders, reference="simple_rag", out_dir=root / "cmp_gain")
+    gains = json.loads((root / "cmp_gain" / "comparison.json").read_text())["compiled_gain_difference"]
+    assert list(gains) == ["hcqr+bootstrap_fewshot vs simple_rag+bootstrap_fewshot"]  # the reference's method second
+    g = gains["hcqr+bootstrap_fewshot vs simple_rag+bootstrap_fewshot"]
+    gain_h = np.array(runs["bfs_h"], dtype=float) - np.array(runs["zs_h"], dtype=float)
+    gain_s = np.array([-1.0] * 6 + [1.0] * 6)  # simple_rag: right on the first six, compiled on the last six
+    diff = gain_h - gain_s
+    assert g["questions"] == N and g["accuracy_gain_first"] == pytest.approx(gain_h.mean())
+    assert g["accuracy_gain_diff"]["mean_diff"] == pytest.approx(diff.mean())
+    ci = stats.bootstrap(
+        (diff,), np.mean, n_resamples=10_000, method="BCa", random_state=np.random.default_rng(0)
+    ).confidence_interval
+    assert (g["accuracy_gain_diff"]["ci_low"], g["accuracy_gain_diff"]["ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert g["accuracy_gain_diff"]["wilcoxon_p"] == pytest.approx(stats.wilcoxon(diff[diff != 0]).pvalue)
+    p = {k: np.array(v) for k, v in runs["p"].items()}
+    gold = (p["ch"] - p["zh"]) - (p["cs"] - p["zs"])
+    assert g["gold_prob_gain_diff"]["mean_diff"] == pytest.approx(gold.mean())
+    assert "## Optimizer gain against optimizer gain (difference in differences)" in report
+    row = "| hcqr+bootstrap_fewshot vs hcqr | simple_rag+bootstrap_fewshot vs simple_rag | bootstrap_fewshot | 12 |"
+    assert row in report
+    # the reference's method goes second whichever order the runs were given in
+    report, _ = compare(folders[1:] + folders[:1], reference="hcqr", out_dir=root / "cmp_gain_ref")
+    gains = json.loads((root / "cmp_gain_ref" / "comparison.json").read_text())["compiled_gain_difference"]
+    flipped = gains["simple_rag+bootstrap_fewshot vs hcqr+bootstrap_fewshot"]["accuracy_gain_diff"]["mean_diff"]
+    assert flipped == pytest.approx(-diff.mean())
+
+
+def test_no_gain_against_gain_across_recipes_or_within_one_method(runs):
+    root = runs["root"]
+    mipro = {"folder": str(root / "gone"), "optimizer": "MIPROv2", "recipe": "mipro_light"}
+    sr_mipro = write_run(root / "sr_mipro", "simple_rag", [True] * N, runs["p"]["cs"], saved=mipro)
+    report, _ = compare([runs["simple_rag"], runs["hcqr"], runs["hcqr_bfs"], sr_mipro], out_dir=root / "cmp_recipes")
+    summary = json.loads((root / "cmp_recipes" / "comparison.json").read_text())
+    assert len(summary["compiled"]) == 2 and summary["compiled_gain_difference"] == {}
+    assert "difference in differences" not in report
+    report, _ = compare([runs["hcqr"], runs["hcqr_bfs"], runs["simple_rag"]], out_dir=root / "cmp_one")
+    assert "difference in differences" not in report

@@ -14,7 +14,7 @@ from hcqr_dspy.evaluation.folders import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
-from hcqr_dspy.reporting.compiled import COMPILED_NOTE, compiled_table
+from hcqr_dspy.reporting.compiled import COMPILED_NOTE, GAIN_NOTE, compiled_table, gain_against_gain
 from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
 from hcqr_dspy.reporting.gold_probability import (
@@ -160,6 +160,7 @@ def _report(
     diversity, diversity_figures = query_diversity_section(ordered)
     gold_md, gold_figures = gold_probability_table(ordered)
     compiled_md, compiled_figures = compiled_table(ordered)
+    gains_md, gains_figures = gain_against_gain(ordered)
     calibration_md, calibration_figures = calibration_table(ordered)
     baselines_md, baselines_figures = baselines_and_letters(ordered)
     qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
@@ -181,6 +182,7 @@ def _report(
         "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
         *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),
         *_section("Zero-shot against compiled programs (paired within each method)", compiled_md, COMPILED_NOTE),
+        *_section("Optimizer gain against optimizer gain (difference in differences)", gains_md, GAIN_NOTE),
         *_section("Calibration", calibration_md),
         *_section("Chance and letter habits", baselines_md),
         *_section("Warnings", "\n".join(f"- **{w}**" for w in warnings)),
@@ -210,6 +212,7 @@ def _report(
         "query_diversity": diversity_figures,
         "gold_probability": gold_figures,
         "compiled": compiled_figures,
+        "compiled_gain_difference": gains_figures,
         "calibration": calibration_figures,
         "baselines": baselines_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
