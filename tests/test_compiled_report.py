@@ -11,7 +11,7 @@ from helpers import comparison_row
 from scipy import stats
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.reporting import compare, mcnemar_exact
+from hcqr_dspy.reporting import compare, compiled_figure, load_run, mcnemar_exact
 
 N = 12
 
@@ -162,6 +162,11 @@ def test_the_optimizers_gain_on_one_method_is_paired_against_its_gain_on_the_oth
     assert "## Optimizer gain against optimizer gain (difference in differences)" in report
     row = "| hcqr+bootstrap_fewshot vs hcqr | simple_rag+bootstrap_fewshot vs simple_rag | bootstrap_fewshot | 12 |"
     assert row in report
+    fig = compiled_figure([load_run(f) for f in folders])  # the difference of gains is the figure's third row
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert ticks[2] == "gain of hcqr+bootstrap_fewshot\n- gain of simple_rag+bootstrap_fewshot"
+    marks = [line.get_xdata()[0] for line in fig.axes[1].lines if len(line.get_xdata()) == 1]
+    assert any(m == pytest.approx(diff.mean()) for m in marks) and any(m == pytest.approx(gold.mean()) for m in marks)
     # the reference's method goes second whichever order the runs were given in
     report, _ = compare(folders[1:] + folders[:1], reference="hcqr", out_dir=root / "cmp_gain_ref")
     gains = json.loads((root / "cmp_gain_ref" / "comparison.json").read_text())["compiled_gain_difference"]

@@ -16,6 +16,7 @@ Wilson intervals), :mod:`~hcqr_dspy.reporting.tables`, :mod:`~hcqr_dspy.reportin
 from hcqr_dspy.reporting.plots import (
     PLOTS,
     accuracy_vs_cost_figure,
+    compiled_figure,
     dur_figure,
     hypothesis_changes_figure,
     plot_accuracy,
@@ -35,6 +36,7 @@ __all__ = [
     "accuracy_vs_cost_figure",
     "compare",
     "comparison_table",
+    "compiled_figure",
     "dur_figure",
     "hypothesis_changes_figure",
     "judged_ids",

@@ -265,10 +265,12 @@ def compiled_figure(runs: Sequence[Run]):
     """Zero-shot against compiled programs, per method (:func:`hcqr_dspy.reporting.compiled.compiled_table`'s
     pairs): left, the accuracy of the zero-shot run and of each compiled one (95% Wilson intervals), grouped by
     method; right, each compiled run's paired difference from its zero-shot run in accuracy and in the gold
-    option's probability, with their 95% paired bootstrap intervals. ``None`` without a pair."""
-    from hcqr_dspy.reporting.compiled import compiled_table
+    option's probability, with their 95% paired bootstrap intervals, then each difference of two methods' gains
+    (:func:`hcqr_dspy.reporting.compiled.gain_against_gain`). ``None`` without a pair."""
+    from hcqr_dspy.reporting.compiled import compiled_table, gain_against_gain
 
     _, figures = compiled_table(runs)
+    _, gains = gain_against_gain(runs)
     if not figures:
         return None
     plt = _pyplot()
@@ -292,12 +294,14 @@ def compiled_figure(runs: Sequence[Run]):
     left.set_ylim(0, 1)
     left.set_ylabel("accuracy (95% Wilson CI)")
     left.set_title("Accuracy: zero-shot (grey) and compiled (blue)", fontsize=9)
-    compiled = list(figures)
-    for k, (key, color, name) in enumerate(
-        (("accuracy_diff", "#4C72B0", "Δ accuracy"), ("gold_prob_diff", "#DD8452", "Δ p(gold)"))
-    ):
-        for i, label in enumerate(compiled):
-            d = figures[label][key]
+    rows = [(f"{lab}\nvs {f['zero_shot']}", f["accuracy_diff"], f["gold_prob_diff"]) for lab, f in figures.items()]
+    rows += [
+        (f"gain of {g['first'][1]}\n- gain of {g['second'][1]}", g["accuracy_gain_diff"], g["gold_prob_gain_diff"])
+        for g in gains.values()
+    ]
+    for k, (name, color) in enumerate((("Δ accuracy", "#4C72B0"), ("Δ p(gold)", "#DD8452"))):
+        for i, row in enumerate(rows):
+            d = row[1 + k]
             if d["mean_diff"] is None:
                 continue
             y = i + (k - 0.5) * 0.25
@@ -306,9 +310,9 @@ def compiled_figure(runs: Sequence[Run]):
                 err = [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]]
             legend = name if i == 0 else None
             right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, capsize=4, label=legend)
-    right.set_ylim(len(compiled) - 0.5, -0.5)  # each pair's markers beside its label, the first on top
+    right.set_ylim(len(rows) - 0.5, -0.5)  # each pair's markers beside its label, the first on top
     right.axvline(0, color="black", linewidth=0.8)
-    right.set_yticks(range(len(compiled)), [f"{lab}\nvs {figures[lab]['zero_shot']}" for lab in compiled], fontsize=8)
+    right.set_yticks(range(len(rows)), [row[0] for row in rows], fontsize=8)
     right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI);\naccuracy as a fraction (0.1 = 10 points)")
     right.set_title("Paired differences", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
