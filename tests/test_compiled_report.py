@@ -184,3 +184,26 @@ def test_no_gain_against_gain_across_recipes_or_within_one_method(runs):
     assert "difference in differences" not in report
     report, _ = compare([runs["hcqr"], runs["hcqr_bfs"], runs["simple_rag"]], out_dir=root / "cmp_one")
     assert "difference in differences" not in report
+
+
+def test_the_comparison_run_in_mlflow_carries_the_compiled_pairs_and_the_gain_difference(runs, mlflow_store):
+    import mlflow
+
+    from hcqr_dspy.tracking.comparison import track_comparison
+
+    out = runs["root"] / "cmp_mlflow"
+    compare(
+        [runs[k] for k in ("simple_rag", "hcqr", "hcqr_bfs", "simple_rag_bfs")], reference="simple_rag", out_dir=out
+    )
+    run = mlflow.get_run(track_comparison(out, mlflow_dir=mlflow_store))
+    m, summary = run.data.metrics, json.loads((out / "comparison.json").read_text())
+    h = summary["compiled"]["hcqr+bootstrap_fewshot"]
+    assert m["compiled.delta_accuracy.hcqr_bootstrap_fewshot"] == pytest.approx(h["accuracy_diff"]["mean_diff"])
+    assert m["compiled.mde_gold_prob.hcqr_bootstrap_fewshot"] == pytest.approx(h["gold_prob_diff"]["mde"])
+    assert m["compiled.delta_accuracy.simple_rag_bootstrap_fewshot"] == 0.0
+    g = summary["compiled_gain_difference"]["hcqr+bootstrap_fewshot vs simple_rag+bootstrap_fewshot"]
+    key = "hcqr_bootstrap_fewshot vs simple_rag_bootstrap_fewshot"
+    assert m[f"gain_difference.accuracy.{key}"] == pytest.approx(g["accuracy_gain_diff"]["mean_diff"])
+    note = run.data.tags["mlflow.note.content"]
+    assert "| hcqr+bootstrap_fewshot | hcqr | 12 |" in note
+    assert "Gain of hcqr+bootstrap_fewshot over hcqr minus gain of simple_rag+bootstrap_fewshot over simple_rag" in note

@@ -24,7 +24,12 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
     ``run.<label>`` (each one's id); its description links each compared run. Metrics, per compared run
     label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
     (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
-    (LM calls per question). The report, the JSON summary and the plots are its artifacts.
+    (LM calls per question). Where the comparison pairs compiled programs with zero-shot runs (the summary's
+    ``compiled`` and ``compiled_gain_difference``), per compiled run ``compiled.delta_accuracy.<label>``,
+    ``compiled.delta_gold_prob.<label>`` and their MDEs ``compiled.mde_accuracy.<label>``,
+    ``compiled.mde_gold_prob.<label>`` (compiled minus its zero-shot run, paired), per two methods' gains
+    ``gain_difference.accuracy.<first> vs <second>`` and ``gain_difference.mde_accuracy.<...>``, and the
+    description gains a table of them. The report, the JSON summary and the plots are its artifacts.
 
     Args:
         out_dir: The folder :func:`hcqr_dspy.reporting.compare` wrote (``comparison.json`` and the files beside it).
@@ -72,7 +77,8 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             if label != ref:
                 metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
                 metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
-        mlflow.log_metrics(metrics)
+        compiled_metrics, compiled_lines = _compiled(summary)
+        mlflow.log_metrics({**metrics, **compiled_metrics})
         lines = [
             f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).",
             "",
@@ -85,8 +91,54 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
             link = mlflow_run_link(run_ids[label]) if run_ids[label] else None
             lines.append(f"| {label} | {info['accuracy']:.1%} | {delta} | {p} | {link or '–'} |")
-        mlflow.set_tag("mlflow.note.content", "\n".join(lines))
+        mlflow.set_tag("mlflow.note.content", "\n".join(lines + compiled_lines))
         for f in sorted(out.iterdir()):
             if f.is_file() and f.suffix in (".md", ".json", ".png"):
                 mlflow.log_artifact(str(f), artifact_path="comparison")
         return run.info.run_id
+
+
+def _points(d: dict, key: str = "mean_diff") -> str:
+    value = d.get(key)
+    if value is None:
+        return "–"
+    low, high = d.get("ci_low"), d.get("ci_high")
+    interval = "" if low is None or key != "mean_diff" else f" [{low * 100:+.1f}, {high * 100:+.1f}]"
+    return f"{value * 100:+.1f}{interval}" if key == "mean_diff" else f"{value * 100:.1f}"
+
+
+def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
+    """The metrics and description lines of a comparison's compiled pairs and gain differences (none without)."""
+    pairs, gains = summary.get("compiled") or {}, summary.get("compiled_gain_difference") or {}
+    metrics: dict[str, float] = {}
+    if not pairs:
+        return metrics, []
+    lines = [
+        "",
+        "Compiled against zero-shot, paired (points; 95% bootstrap interval; MDE: smallest difference detectable):",
+        "",
+        "| compiled | zero-shot | n | Δ accuracy | accuracy MDE | Δ p(gold) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for label, f in pairs.items():
+        key, acc, gold = _metric_label(label), f["accuracy_diff"], f["gold_prob_diff"]
+        for name, d in (("accuracy", acc), ("gold_prob", gold)):
+            if d.get("mean_diff") is not None:
+                metrics[f"compiled.delta_{name}.{key}"] = d["mean_diff"]
+            if d.get("mde") is not None:
+                metrics[f"compiled.mde_{name}.{key}"] = d["mde"]
+        p_gold = "–" if gold.get("mean_diff") is None else f"{gold['mean_diff']:+.3f}"
+        lines.append(
+            f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(acc)} | {_points(acc, 'mde')} | {p_gold} |"
+        )
+    for label, g in gains.items():
+        key, d = _metric_label(label), g["accuracy_gain_diff"]
+        if d.get("mean_diff") is not None:
+            metrics[f"gain_difference.accuracy.{key}"] = d["mean_diff"]
+        if d.get("mde") is not None:
+            metrics[f"gain_difference.mde_accuracy.{key}"] = d["mde"]
+        lines.append(
+            f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
+            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde')})."
+        )
+    return metrics, lines
