@@ -160,18 +160,33 @@ def test_the_optimizers_gain_on_one_method_is_paired_against_its_gain_on_the_oth
     gold = (p["ch"] - p["zh"]) - (p["cs"] - p["zs"])
     assert g["gold_prob_gain_diff"]["mean_diff"] == pytest.approx(gold.mean())
     assert "## Optimizer gain against optimizer gain (difference in differences)" in report
-    row = "| hcqr+bootstrap_fewshot vs hcqr | simple_rag+bootstrap_fewshot vs simple_rag | bootstrap_fewshot | 12 |"
+    row = "| hcqr+bootstrap_fewshot vs hcqr | simple_rag+bootstrap_fewshot vs simple_rag | bootstrap_fewshot on ? (?) |"
     assert row in report
     fig = compiled_figure([load_run(f) for f in folders])  # the difference of gains is the figure's third row
     ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
     assert ticks[2] == "gain of hcqr+bootstrap_fewshot\n- gain of simple_rag+bootstrap_fewshot"
     marks = [line.get_xdata()[0] for line in fig.axes[1].lines if len(line.get_xdata()) == 1]
     assert any(m == pytest.approx(diff.mean()) for m in marks) and any(m == pytest.approx(gold.mean()) for m in marks)
-    # the reference's method goes second whichever order the runs were given in
-    report, _ = compare(folders[1:] + folders[:1], reference="hcqr", out_dir=root / "cmp_gain_ref")
-    gains = json.loads((root / "cmp_gain_ref" / "comparison.json").read_text())["compiled_gain_difference"]
-    flipped = gains["simple_rag+bootstrap_fewshot vs hcqr+bootstrap_fewshot"]["accuracy_gain_diff"]["mean_diff"]
-    assert flipped == pytest.approx(-diff.mean())
+    assert g["compiled_with"] == "bootstrap_fewshot on ? (?)"  # the fixture's records name no training set
+    # the reference's method goes second whichever order the runs were given in, also when the reference is the
+    # method's compiled run
+    for reference in ("hcqr", "hcqr+bootstrap_fewshot"):
+        report, _ = compare(folders[1:] + folders[:1], reference=reference, out_dir=root / "cmp_gain_ref")
+        gains = json.loads((root / "cmp_gain_ref" / "comparison.json").read_text())["compiled_gain_difference"]
+        flipped = gains["simple_rag+bootstrap_fewshot vs hcqr+bootstrap_fewshot"]["accuracy_gain_diff"]["mean_diff"]
+        assert flipped == pytest.approx(-diff.mean())
+
+
+def test_the_plot_takes_the_reports_reference_whatever_order_the_runs_are_given_in(runs, monkeypatch):
+    from hcqr_dspy.reporting import plots
+
+    drawn = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, out: drawn.setdefault(out.name, fig) and save(fig, out))
+    given = [runs[k] for k in ("hcqr", "hcqr_bfs", "simple_rag", "simple_rag_bfs")]  # hcqr first
+    compare(given, reference="simple_rag", out_dir=runs["root"] / "cmp_plot_ref")
+    ticks = [t.get_text() for t in drawn["compiled.png"].axes[1].get_yticklabels()]
+    assert ticks[-1] == "gain of hcqr+bootstrap_fewshot\n- gain of simple_rag+bootstrap_fewshot"  # as the report
 
 
 def test_no_gain_against_gain_across_recipes_or_within_one_method(runs):
@@ -181,7 +196,14 @@ def test_no_gain_against_gain_across_recipes_or_within_one_method(runs):
     report, _ = compare([runs["simple_rag"], runs["hcqr"], runs["hcqr_bfs"], sr_mipro], out_dir=root / "cmp_recipes")
     summary = json.loads((root / "cmp_recipes" / "comparison.json").read_text())
     assert len(summary["compiled"]) == 2 and summary["compiled_gain_difference"] == {}
-    assert "difference in differences" not in report
+    assert (
+        "Not set against each other: hcqr+bootstrap_fewshot and simple_rag+mipro_light: compiled differently "
+        "(bootstrap_fewshot on ? (?); mipro_light on ? (?))." in report
+    )
+    bfs_medqa = {"folder": str(root / "gone"), "recipe": "bootstrap_fewshot", "train_dataset": "medqa"}
+    sr_medqa = write_run(root / "sr_medqa", "simple_rag", [True] * N, runs["p"]["cs"], saved={**bfs_medqa})
+    report, _ = compare([runs["simple_rag"], runs["hcqr"], runs["hcqr_bfs"], sr_medqa], out_dir=root / "cmp_train")
+    assert "compiled differently (bootstrap_fewshot on ? (?); bootstrap_fewshot on medqa (?))" in report
     report, _ = compare([runs["hcqr"], runs["hcqr_bfs"], runs["simple_rag"]], out_dir=root / "cmp_one")
     assert "difference in differences" not in report
 
@@ -207,3 +229,21 @@ def test_the_comparison_run_in_mlflow_carries_the_compiled_pairs_and_the_gain_di
     note = run.data.tags["mlflow.note.content"]
     assert "| hcqr+bootstrap_fewshot | hcqr | 12 |" in note
     assert "Gain of hcqr+bootstrap_fewshot over hcqr minus gain of simple_rag+bootstrap_fewshot over simple_rag" in note
+
+
+def test_long_labels_stay_within_mlflows_metric_name_limit_and_apart(runs, mlflow_store):
+    import mlflow
+
+    from hcqr_dspy.tracking.comparison import _metric_key, track_comparison
+
+    a, b = "x" * 240 + "a" * 20, "x" * 240 + "b" * 20
+    assert len(_metric_key(a)) == 250 and _metric_key(a) != _metric_key(b) and _metric_key("short") == "short"
+    root = runs["root"]
+    long_name = "hcqr_bfs_" + "v" * 180  # two compiled hcqr runs of one recipe: labels take the folder's name
+    twin = write_run(root / long_name, "hcqr", runs["zs_h"], runs["p"]["ch"], saved_program(root / "p_long", 9, 9))
+    folders = [runs["simple_rag"], runs["hcqr"], runs["hcqr_bfs"], twin, runs["simple_rag_bfs"]]
+    compare(folders, reference="simple_rag", out_dir=root / "cmp_long")
+    run = mlflow.get_run(track_comparison(root / "cmp_long", mlflow_dir=mlflow_store))
+    assert max(len(k) for k in run.data.metrics) == 250
+    with pytest.raises(HCQRError, match="'hcqr\\+bootstrap_fewshot' matches 2 runs"):  # its label made unique
+        compare(folders, reference="hcqr+bootstrap_fewshot", out_dir=root / "cmp_long")

@@ -32,7 +32,8 @@ COMPILED_NOTE = (
 
 
 GAIN_NOTE = (
-    "Where two methods were compiled with the same recipe and LM: per question, the compiled run's gain over its "
+    "Where two methods were compiled alike (same LM, recipe, training dataset and size): per question, the "
+    "compiled run's gain over its "
     "own zero-shot run (-1, 0 or +1 for accuracy; the change in p(gold)) for each method, and their difference "
     "(first method's gain - second's; the second is the reference's method where it is one of them), over the "
     "questions all four runs answered (p(gold): all four scored). Interval: 95% paired bootstrap of that mean "
@@ -98,10 +99,12 @@ def _interval(d: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
     return f"{mean} [{d['ci_low'] * scale:+.{digits}f}, {d['ci_high'] * scale:+.{digits}f}]"
 
 
-def _mde(mde: float | None, scale: float = 1.0, digits: int = 3) -> str:
+def _mde(mde: float | None, scale: float = 1.0, digits: int = 3, limit: float = 1.0) -> str:
+    """An MDE as text; ``limit``: the largest difference the outcome allows (1 for a difference of two 0/1 or
+    probability outcomes, 2 for a difference of two such differences), above which nothing is detectable."""
     if mde is None:
         return "— (no spread)"
-    return f"{mde * scale:.{digits}f}" if mde <= 1 else "undetectable"
+    return f"{mde * scale:.{digits}f}" if mde <= limit else "undetectable"
 
 
 def _cost(cost: dict[str, float] | None, why: str | None) -> str:
@@ -180,19 +183,42 @@ def _recipe(run: Run) -> str | None:
     return (run.config.get("saved_program") or {}).get("recipe")
 
 
-def _gain_pairs(pairs: Sequence[tuple[Run, Run]], reference: Run | None) -> list[tuple[tuple[Run, Run], ...]]:
-    """Every two (zero-shot, compiled) pairs of different methods, the same recipe (known) and the same LM; the
-    pair whose zero-shot run is ``reference`` second, else the order of ``pairs``."""
-    out = []
+def _training(run: Run) -> str:
+    """What the saved program was compiled on: ``recipe on dataset (n)``."""
+    saved = run.config.get("saved_program") or {}
+    return f"{saved.get('recipe')} on {saved.get('train_dataset') or '?'} ({saved.get('train_count') or '?'})"
+
+
+def _not_comparable(c1: Run, c2: Run) -> str | None:
+    """Why two compiled runs' gains are not set against each other (a different LM, recipe or training set, or
+    an unknown recipe); ``None`` when they are."""
+    if _lm(c1) != _lm(c2):
+        return f"LMs differ ({_lm(c1)}, {_lm(c2)})"
+    if _recipe(c1) is None or _recipe(c2) is None:
+        return "a recipe is not recorded"
+    if _training(c1) != _training(c2):
+        return f"compiled differently ({_training(c1)}; {_training(c2)})"
+    return None
+
+
+def _gain_pairs(
+    pairs: Sequence[tuple[Run, Run]], reference: Run | None
+) -> tuple[list[tuple[tuple[Run, Run], ...]], list[str]]:
+    """Every two (zero-shot, compiled) pairs of different methods compiled alike (:func:`_not_comparable`), the
+    pair of the ``reference``'s method second, else in the order of ``pairs``; and a line for each two of
+    different methods left out, saying why."""
+    ref_method = reference.config.get("method") if reference is not None else None
+    out, skipped = [], []
     for i, first in enumerate(pairs):
         for second in pairs[i + 1 :]:
             (zs1, c1), (zs2, c2) = first, second
-            if zs1.config.get("method") == zs2.config.get("method") or _lm(c1) != _lm(c2):
+            if zs1.config.get("method") == zs2.config.get("method"):
                 continue
-            if _recipe(c1) is None or _recipe(c1) != _recipe(c2):
+            if why := _not_comparable(c1, c2):
+                skipped.append(f"{c1.label} and {c2.label}: {why}")
                 continue
-            out.append((second, first) if zs1 is reference else (first, second))
-    return out
+            out.append((second, first) if zs1.config.get("method") == ref_method else (first, second))
+    return out, skipped
 
 
 def _gains(outcome: Sequence[dict[str, float]]) -> tuple[list[float], list[float]]:
@@ -209,11 +235,13 @@ def gain_against_gain(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
     the gold-option probability. ``None`` when no two methods were compiled with one recipe and LM."""
     reference = runs[0] if runs else None
     pairs, _ = compiled_pairs(runs, reference)
-    couples = _gain_pairs(pairs, reference)
-    if not couples:
+    couples, skipped = _gain_pairs(pairs, reference)
+    if not couples and not skipped:
         return None, {}
+    if not couples:
+        return "Not set against each other: " + "; ".join(skipped) + ".", {}
     lines = [
-        "| first: compiled vs zero-shot | second: compiled vs zero-shot | recipe | n | Δ accuracy first, points "
+        "| first: compiled vs zero-shot | second: compiled vs zero-shot | compiled with | n | Δ accuracy first, points "
         "| Δ accuracy second, points | first − second, points [95% CI] | Wilcoxon p | MDE, points "
         "| Δ p(gold) first − second [95% CI] | Wilcoxon p | MDE Δp |",
         "|---|---|---|---:|---:|---:|---|---:|---:|---|---:|---:|",
@@ -228,23 +256,26 @@ def gain_against_gain(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         mean1 = sum(gains1) / n if n else 0.0
         mean2 = sum(gains2) / n if n else 0.0
         lines.append(
-            f"| {first[1].label} vs {first[0].label} | {second[1].label} vs {second[0].label} | {_recipe(first[1])} "
+            f"| {first[1].label} vs {first[0].label} | {second[1].label} vs {second[0].label} | {_training(first[1])} "
             f"| {n} | {mean1 * 100:+.1f} | {mean2 * 100:+.1f} | {_interval(acc, 100, 1)} | "
             + ("—" if acc["wilcoxon_p"] is None else f"{acc['wilcoxon_p']:.3g}")
-            + f" | {_mde(acc['mde'], 100, 1)} | "
+            + f" | {_mde(acc['mde'], 100, 1, limit=2)} | "
             + (f"{_interval(gold)} (n={gold['n']})" if gold["n"] else "—")
             + " | "
             + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
-            + f" | {_mde(gold['mde']) if gold['n'] else '—'} |"
+            + f" | {_mde(gold['mde'], limit=2) if gold['n'] else '—'} |"
         )
         figures[f"{first[1].label} vs {second[1].label}"] = {
             "first": [first[0].label, first[1].label],
             "second": [second[0].label, second[1].label],
             "recipe": _recipe(first[1]),
+            "compiled_with": _training(first[1]),
             "questions": n,
             "accuracy_gain_first": mean1,
             "accuracy_gain_second": mean2,
             "accuracy_gain_diff": acc,
             "gold_prob_gain_diff": gold,
         }
+    if skipped:
+        lines += ["", "Not set against each other: " + "; ".join(skipped) + "."]
     return "\n".join(lines), figures

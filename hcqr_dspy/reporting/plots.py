@@ -279,7 +279,13 @@ def compiled_figure(runs: Sequence[Run]):
     for label, f in figures.items():
         groups.setdefault(f["zero_shot"], [f["zero_shot"]]).append(label)
     order = [label for members in groups.values() for label in members]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9, 1.1 * len(order) + 5), 4.0))
+    rows = [(f"{lab}\nvs {f['zero_shot']}", f["accuracy_diff"], f["gold_prob_diff"]) for lab, f in figures.items()]
+    rows += [
+        (f"gain of {g['first'][1]}\n- gain of {g['second'][1]}", g["accuracy_gain_diff"], g["gold_prob_gain_diff"])
+        for g in gains.values()
+    ]
+    height = max(4.0, 0.55 * len(rows) + 1.8)  # two label lines a row stay apart however many rows
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9, 1.1 * len(order) + 5), height))
     x, colors, pos = [], [], 0.0
     for members in groups.values():
         for i, _ in enumerate(members):
@@ -294,12 +300,8 @@ def compiled_figure(runs: Sequence[Run]):
     left.set_ylim(0, 1)
     left.set_ylabel("accuracy (95% Wilson CI)")
     left.set_title("Accuracy: zero-shot (grey) and compiled (blue)", fontsize=9)
-    rows = [(f"{lab}\nvs {f['zero_shot']}", f["accuracy_diff"], f["gold_prob_diff"]) for lab, f in figures.items()]
-    rows += [
-        (f"gain of {g['first'][1]}\n- gain of {g['second'][1]}", g["accuracy_gain_diff"], g["gold_prob_gain_diff"])
-        for g in gains.values()
-    ]
     for k, (name, color) in enumerate((("Δ accuracy", "#4C72B0"), ("Δ p(gold)", "#DD8452"))):
+        legend = name  # on the first marker drawn (a row may have no p(gold))
         for i, row in enumerate(rows):
             d = row[1 + k]
             if d["mean_diff"] is None:
@@ -308,12 +310,15 @@ def compiled_figure(runs: Sequence[Run]):
             err = None
             if d["ci_low"] is not None:
                 err = [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]]
-            legend = name if i == 0 else None
             right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, capsize=4, label=legend)
+            legend = None
     right.set_ylim(len(rows) - 0.5, -0.5)  # each pair's markers beside its label, the first on top
     right.axvline(0, color="black", linewidth=0.8)
     right.set_yticks(range(len(rows)), [row[0] for row in rows], fontsize=8)
-    right.set_xlabel("compiled - zero-shot, paired (95% bootstrap CI);\naccuracy as a fraction (0.1 = 10 points)")
+    right.set_xlabel(
+        "compiled - zero-shot (gain rows: one method's gain - another's), paired,\n95% bootstrap CI; "
+        "accuracy as a fraction (0.1 = 10 points)"
+    )
     right.set_title("Paired differences", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Zero-shot against compiled programs\n{plot_context(runs)}", fontsize=10)

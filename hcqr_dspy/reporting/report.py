@@ -29,7 +29,7 @@ from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
-from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, unique_labels
+from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, run_label, unique_labels
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
 
@@ -106,7 +106,7 @@ def _reference(runs: Sequence[Run], reference: str | None) -> Run:
     matches = [
         r
         for r in runs
-        if reference in (r.label, r.config.get("method"), str(r.path), r.path.name)
+        if reference in (r.label, run_label(r.config, r.path), r.config.get("method"), str(r.path), r.path.name)
         or Path(reference).resolve() == r.path.resolve()
     ]
     if not matches:
@@ -270,7 +270,7 @@ def compare(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HCQRError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    files = _write_plots(runs, out)
+    files = _write_plots(ordered, out)  # the reference first, as in the report
     md = out / "comparison.md"
     md.write_text(report, encoding="utf-8")
     js = out / "comparison.json"

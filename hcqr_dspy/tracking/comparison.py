@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -13,6 +14,15 @@ from hcqr_dspy.tracking.mlflow_runs import mlflow_run, mlflow_run_link
 def _metric_label(label: str) -> str:
     """A run label as part of an MLflow metric name (letters, digits, ``_ - . / :`` and spaces)."""
     return re.sub(r"[^\w.\- /:]", "_", label)
+
+
+def _metric_key(name: str) -> str:
+    """``name`` within MLflow's 250-character limit on a metric name (``mlflow.utils.validation``'s
+    ``MAX_ENTITY_KEY_LENGTH``): a longer one keeps its first 241 characters, a ``-`` and 8 hex digits of its
+    SHA-1, so that two long names stay apart."""
+    if len(name) <= 250:
+        return name
+    return f"{name[:241]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) -> str:
@@ -78,7 +88,7 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
                 metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
                 metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
         compiled_metrics, compiled_lines = _compiled(summary)
-        mlflow.log_metrics({**metrics, **compiled_metrics})
+        mlflow.log_metrics({_metric_key(k): v for k, v in {**metrics, **compiled_metrics}.items()})
         lines = [
             f"Paired comparison on {summary['questions']} questions of `{dataset}` (reference: **{ref}**).",
             "",
@@ -98,10 +108,14 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
         return run.info.run_id
 
 
-def _points(d: dict, key: str = "mean_diff") -> str:
+def _points(d: dict, key: str = "mean_diff", limit: float = 1.0) -> str:
+    """A difference (``mean_diff``, with its interval) or its ``mde`` in points; an MDE over ``limit`` (the
+    largest difference the outcome allows) is undetectable, as in the report."""
     value = d.get(key)
     if value is None:
         return "–"
+    if key == "mde" and value > limit:
+        return "undetectable"
     low, high = d.get("ci_low"), d.get("ci_high")
     interval = "" if low is None or key != "mean_diff" else f" [{low * 100:+.1f}, {high * 100:+.1f}]"
     return f"{value * 100:+.1f}{interval}" if key == "mean_diff" else f"{value * 100:.1f}"
@@ -115,7 +129,8 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
         return metrics, []
     lines = [
         "",
-        "Compiled against zero-shot, paired (points; 95% bootstrap interval; MDE: smallest difference detectable):",
+        "Compiled against zero-shot, paired (accuracy in points with its 95% bootstrap interval; MDE: the smallest "
+        "difference detectable; p(gold) as a probability):",
         "",
         "| compiled | zero-shot | n | Δ accuracy | accuracy MDE | Δ p(gold) |",
         "|---|---|---:|---:|---:|---:|",
@@ -128,6 +143,8 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
             if d.get("mde") is not None:
                 metrics[f"compiled.mde_{name}.{key}"] = d["mde"]
         p_gold = "–" if gold.get("mean_diff") is None else f"{gold['mean_diff']:+.3f}"
+        if gold.get("ci_low") is not None:
+            p_gold += f" [{gold['ci_low']:+.3f}, {gold['ci_high']:+.3f}]"
         lines.append(
             f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(acc)} | {_points(acc, 'mde')} | {p_gold} |"
         )
@@ -139,6 +156,6 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
             metrics[f"gain_difference.mde_accuracy.{key}"] = d["mde"]
         lines.append(
             f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
-            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde')})."
+            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde', limit=2)})."
         )
     return metrics, lines
