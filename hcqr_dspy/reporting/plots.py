@@ -317,7 +317,8 @@ def compiled_figure(runs: Sequence[Run]):
     right.set_yticks(range(len(rows)), [row[0] for row in rows], fontsize=8)
     right.set_xlabel(
         "compiled - zero-shot (gain rows: one method's gain - another's), paired,\n95% bootstrap CI; "
-        "accuracy as a fraction (0.1 = 10 points)"
+        "accuracy as a fraction (0.1 = 10 points)",
+        fontsize=8,
     )
     right.set_title("Paired differences", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
