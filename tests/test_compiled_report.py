@@ -226,6 +226,7 @@ def test_the_comparison_run_in_mlflow_carries_the_compiled_pairs_and_the_gain_di
     g = summary["compiled_gain_difference"]["hcqr+bootstrap_fewshot vs simple_rag+bootstrap_fewshot"]
     key = "hcqr_bootstrap_fewshot vs simple_rag_bootstrap_fewshot"
     assert m[f"gain_difference.accuracy.{key}"] == pytest.approx(g["accuracy_gain_diff"]["mean_diff"])
+    assert m[f"gain_difference.gold_prob.{key}"] == pytest.approx(g["gold_prob_gain_diff"]["mean_diff"])
     note = run.data.tags["mlflow.note.content"]
     assert "| hcqr+bootstrap_fewshot | hcqr | 12 |" in note
     assert "Gain of hcqr+bootstrap_fewshot over hcqr minus gain of simple_rag+bootstrap_fewshot over simple_rag" in note

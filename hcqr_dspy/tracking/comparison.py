@@ -38,7 +38,8 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
     ``compiled`` and ``compiled_gain_difference``), per compiled run ``compiled.delta_accuracy.<label>``,
     ``compiled.delta_gold_prob.<label>`` and their MDEs ``compiled.mde_accuracy.<label>``,
     ``compiled.mde_gold_prob.<label>`` (compiled minus its zero-shot run, paired), per two methods' gains
-    ``gain_difference.accuracy.<first> vs <second>`` and ``gain_difference.mde_accuracy.<...>``, and the
+    ``gain_difference.accuracy.<first> vs <second>``, ``gain_difference.gold_prob.<...>`` and their MDEs
+    ``gain_difference.mde_accuracy.<...>``, ``gain_difference.mde_gold_prob.<...>``, and the
     description gains a table of them. The report, the JSON summary and the plots are its artifacts.
 
     Args:
@@ -149,13 +150,17 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
             f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(acc)} | {_points(acc, 'mde')} | {p_gold} |"
         )
     for label, g in gains.items():
-        key, d = _metric_label(label), g["accuracy_gain_diff"]
-        if d.get("mean_diff") is not None:
-            metrics[f"gain_difference.accuracy.{key}"] = d["mean_diff"]
-        if d.get("mde") is not None:
-            metrics[f"gain_difference.mde_accuracy.{key}"] = d["mde"]
+        key, d, gold = _metric_label(label), g["accuracy_gain_diff"], g["gold_prob_gain_diff"]
+        for name, diff in (("accuracy", d), ("gold_prob", gold)):
+            if diff.get("mean_diff") is not None:
+                metrics[f"gain_difference.{name}.{key}"] = diff["mean_diff"]
+            if diff.get("mde") is not None:
+                metrics[f"gain_difference.mde_{name}.{key}"] = diff["mde"]
+        p_gold = ""
+        if gold.get("ci_low") is not None:
+            p_gold = f"; p(gold) {gold['mean_diff']:+.3f} [{gold['ci_low']:+.3f}, {gold['ci_high']:+.3f}]"
         lines.append(
             f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
-            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde', limit=2)})."
+            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde', limit=2)}){p_gold}."
         )
     return metrics, lines
