@@ -122,6 +122,26 @@ def _points(d: dict, key: str = "mean_diff", limit: float = 1.0) -> str:
     return f"{value * 100:+.1f}{interval}" if key == "mean_diff" else f"{value * 100:.1f}"
 
 
+def _difference_metrics(prefix: str, mde_prefix: str, key: str, diffs: dict[str, dict]) -> dict[str, float]:
+    """``<prefix><outcome>.<key>`` (the mean difference) and ``<mde_prefix><outcome>.<key>`` (its MDE) for each
+    outcome's paired difference that has them."""
+    out: dict[str, float] = {}
+    for name, d in diffs.items():
+        if d.get("mean_diff") is not None:
+            out[f"{prefix}{name}.{key}"] = d["mean_diff"]
+        if d.get("mde") is not None:
+            out[f"{mde_prefix}{name}.{key}"] = d["mde"]
+    return out
+
+
+def _probability(d: dict) -> str:
+    """A paired difference of probabilities with its interval where it has one; ``–`` without a mean."""
+    if d.get("mean_diff") is None:
+        return "–"
+    interval = "" if d.get("ci_low") is None else f" [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    return f"{d['mean_diff']:+.3f}{interval}"
+
+
 def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
     """The metrics and description lines of a comparison's compiled pairs and gain differences (none without)."""
     pairs, gains = summary.get("compiled") or {}, summary.get("compiled_gain_difference") or {}
@@ -136,31 +156,23 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
         "| compiled | zero-shot | n | Δ accuracy | accuracy MDE | Δ p(gold) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for label, f in pairs.items():
-        key, acc, gold = _metric_label(label), f["accuracy_diff"], f["gold_prob_diff"]
-        for name, d in (("accuracy", acc), ("gold_prob", gold)):
-            if d.get("mean_diff") is not None:
-                metrics[f"compiled.delta_{name}.{key}"] = d["mean_diff"]
-            if d.get("mde") is not None:
-                metrics[f"compiled.mde_{name}.{key}"] = d["mde"]
-        p_gold = "–" if gold.get("mean_diff") is None else f"{gold['mean_diff']:+.3f}"
-        if gold.get("ci_low") is not None:
-            p_gold += f" [{gold['ci_low']:+.3f}, {gold['ci_high']:+.3f}]"
-        lines.append(
-            f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(acc)} | {_points(acc, 'mde')} | {p_gold} |"
-        )
-    for label, g in gains.items():
-        key, d, gold = _metric_label(label), g["accuracy_gain_diff"], g["gold_prob_gain_diff"]
-        for name, diff in (("accuracy", d), ("gold_prob", gold)):
-            if diff.get("mean_diff") is not None:
-                metrics[f"gain_difference.{name}.{key}"] = diff["mean_diff"]
-            if diff.get("mde") is not None:
-                metrics[f"gain_difference.mde_{name}.{key}"] = diff["mde"]
-        p_gold = ""
-        if gold.get("ci_low") is not None:
-            p_gold = f"; p(gold) {gold['mean_diff']:+.3f} [{gold['ci_low']:+.3f}, {gold['ci_high']:+.3f}]"
-        lines.append(
-            f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
-            f"{g['questions']} questions: {_points(d)} points (MDE {_points(d, 'mde', limit=2)}){p_gold}."
-        )
+    for prefix, runs, acc_key, gold_key in (
+        ("compiled.", pairs, "accuracy_diff", "gold_prob_diff"),
+        ("gain_difference.", gains, "accuracy_gain_diff", "gold_prob_gain_diff"),
+    ):
+        for label, f in runs.items():
+            diffs = {"accuracy": f[acc_key], "gold_prob": f[gold_key]}
+            delta = prefix + ("delta_" if prefix == "compiled." else "")
+            metrics.update(_difference_metrics(delta, f"{prefix}mde_", _metric_label(label), diffs))
+    lines += [
+        f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(f['accuracy_diff'])} | "
+        f"{_points(f['accuracy_diff'], 'mde')} | {_probability(f['gold_prob_diff'])} |"
+        for label, f in pairs.items()
+    ]
+    lines += [
+        f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
+        f"{g['questions']} questions: {_points(g['accuracy_gain_diff'])} points "
+        f"(MDE {_points(g['accuracy_gain_diff'], 'mde', limit=2)}); p(gold) {_probability(g['gold_prob_gain_diff'])}."
+        for g in gains.values()
+    ]
     return metrics, lines
