@@ -230,6 +230,11 @@ def test_the_comparison_run_in_mlflow_carries_the_compiled_pairs_and_the_gain_di
     note = run.data.tags["mlflow.note.content"]
     assert "| hcqr+bootstrap_fewshot | hcqr | 12 |" in note
     assert "Gain of hcqr+bootstrap_fewshot over hcqr minus gain of simple_rag+bootstrap_fewshot over simple_rag" in note
+    d = g["accuracy_gain_diff"]  # the figures in points, with the interval, as the report prints them
+    assert (
+        f"12 questions: {d['mean_diff'] * 100:+.1f} [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}] points"
+        in note
+    )
 
 
 def test_long_labels_stay_within_mlflows_metric_name_limit_and_apart(runs, mlflow_store):

@@ -18,7 +18,7 @@ from typing import Any
 from hcqr_dspy.optimize.saved import META_FILE
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
-from hcqr_dspy.reporting.stats import mcnemar_exact, paired_difference
+from hcqr_dspy.reporting.stats import format_difference, format_mde, mcnemar_exact, paired_difference
 
 COMPILED_NOTE = (
     "Each compiled program against the zero-shot run of its own method, paired over the questions both "
@@ -90,23 +90,6 @@ def compile_cost(run: Run) -> tuple[dict[str, float] | None, str | None]:
     return cost, None
 
 
-def _interval(d: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
-    if d["mean_diff"] is None:
-        return "—"
-    mean = f"{d['mean_diff'] * scale:+.{digits}f}"
-    if d["ci_low"] is None:
-        return mean
-    return f"{mean} [{d['ci_low'] * scale:+.{digits}f}, {d['ci_high'] * scale:+.{digits}f}]"
-
-
-def _mde(mde: float | None, scale: float = 1.0, digits: int = 3, limit: float = 1.0) -> str:
-    """An MDE as text; ``limit``: the largest difference the outcome allows (1 for a difference of two 0/1 or
-    probability outcomes, 2 for a difference of two such differences), above which nothing is detectable."""
-    if mde is None:
-        return "— (no spread)"
-    return f"{mde * scale:.{digits}f}" if mde <= limit else "undetectable"
-
-
 def _cost(cost: dict[str, float] | None, why: str | None) -> str:
     if cost is None:
         return f"not known ({why})"
@@ -149,11 +132,11 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         acc_zs = sum(zs.correct[q] for q in shared) / n if n else 0.0
         acc_run = sum(run.correct[q] for q in shared) / n if n else 0.0
         lines.append(
-            f"| {zs.label} | {run.label} | {n} | {acc_zs:.1%} → {acc_run:.1%} | {_interval(acc, 100, 1)} | "
-            f"{t['p_value']:.3g} ({t['b']}/{t['c']}) | {_mde(acc['mde'], 100, 1)} | "
-            + (f"{_interval(gold)}{'' if len(scored) == n else f' (n={len(scored)})'} | " if scored else "— | ")
+            f"| {zs.label} | {run.label} | {n} | {acc_zs:.1%} → {acc_run:.1%} | {format_difference(acc, 100, 1)} | "
+            f"{t['p_value']:.3g} ({t['b']}/{t['c']}) | {format_mde(acc['mde'], 100, 1)} | "
+            + (f"{format_difference(gold)}{'' if len(scored) == n else f' (n={len(scored)})'} | " if scored else "— | ")
             + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
-            + f" | {_mde(gold['mde']) if scored else '—'} | "
+            + f" | {format_mde(gold['mde']) if scored else '—'} | "
             f"{zs.metrics['mean_seconds']:.1f} → {run.metrics['mean_seconds']:.1f} | {_cost(cost, why)} |"
         )
         figures[run.label] = {
@@ -232,7 +215,8 @@ def _gains(outcome: Sequence[dict[str, float]]) -> tuple[list[float], list[float
 def gain_against_gain(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
     """Markdown and figures of each difference in differences (:data:`GAIN_NOTE`), ``runs[0]`` being the report's
     reference: (compiled - zero-shot) of one method against the same of another, per question, for accuracy and
-    the gold-option probability. ``None`` when no two methods were compiled with one recipe and LM."""
+    the gold-option probability; where no two are comparable, only the line naming those left out and why.
+    ``None`` when no two methods have a compiled run paired with its zero-shot run."""
     reference = runs[0] if runs else None
     pairs, _ = compiled_pairs(runs, reference)
     couples, skipped = _gain_pairs(pairs, reference)
@@ -257,13 +241,13 @@ def gain_against_gain(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         mean2 = sum(gains2) / n if n else 0.0
         lines.append(
             f"| {first[1].label} vs {first[0].label} | {second[1].label} vs {second[0].label} | {_training(first[1])} "
-            f"| {n} | {mean1 * 100:+.1f} | {mean2 * 100:+.1f} | {_interval(acc, 100, 1)} | "
+            f"| {n} | {mean1 * 100:+.1f} | {mean2 * 100:+.1f} | {format_difference(acc, 100, 1)} | "
             + ("—" if acc["wilcoxon_p"] is None else f"{acc['wilcoxon_p']:.3g}")
-            + f" | {_mde(acc['mde'], 100, 1, limit=2)} | "
-            + (f"{_interval(gold)} (n={gold['n']})" if gold["n"] else "—")
+            + f" | {format_mde(acc['mde'], 100, 1, limit=2)} | "
+            + (f"{format_difference(gold)} (n={gold['n']})" if gold["n"] else "—")
             + " | "
             + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
-            + f" | {_mde(gold['mde'], limit=2) if gold['n'] else '—'} |"
+            + f" | {format_mde(gold['mde'], limit=2) if gold['n'] else '—'} |"
         )
         figures[f"{first[1].label} vs {second[1].label}"] = {
             "first": [first[0].label, first[1].label],

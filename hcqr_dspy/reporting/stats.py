@@ -1,5 +1,6 @@
 """The paired statistics of a comparison: exact McNemar test, Wilson score interval, paired bootstrap interval,
-Wilcoxon signed-rank test and the minimum detectable effect (scipy, statsmodels).
+Wilcoxon signed-rank test and the minimum detectable effect (scipy, statsmodels), and how a paired difference
+and an MDE are written in reports and run descriptions.
 
 Accuracy differences against a reference run are tested with the exact McNemar test on the discordant pairs
 (``statsmodels.stats.contingency_tables.mcnemar(..., exact=True)``: a two-sided binomial test of b vs c;
@@ -9,6 +10,7 @@ McNemar 1947).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hcqr_dspy.reporting.runs import Run
 
@@ -111,3 +113,22 @@ def minimum_detectable_effect(n: int, sd_diff: float, power: float = MDE_POWER, 
 
     d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
     return float(d) * sd_diff
+
+
+def format_difference(d: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
+    """A :func:`paired_difference` as text: ``+m [+low, +high]`` times ``scale`` (100: points), the mean alone
+    without an interval, ``—`` without a mean."""
+    if d.get("mean_diff") is None:
+        return "—"
+    mean = f"{d['mean_diff'] * scale:+.{digits}f}"
+    if d.get("ci_low") is None:
+        return mean
+    return f"{mean} [{d['ci_low'] * scale:+.{digits}f}, {d['ci_high'] * scale:+.{digits}f}]"
+
+
+def format_mde(mde: float | None, scale: float = 1.0, digits: int = 3, limit: float = 1.0) -> str:
+    """An MDE as text; ``limit``: the largest difference the outcome allows (1 for a difference of two 0/1 or
+    probability outcomes, 2 for a difference of two such differences), above which nothing is detectable."""
+    if mde is None:
+        return "— (no spread)"
+    return f"{mde * scale:.{digits}f}" if mde <= limit else "undetectable"

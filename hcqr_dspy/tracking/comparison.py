@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hcqr_dspy.evaluation.records import read_json_object
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.reporting.stats import format_difference, format_mde
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run, mlflow_run_link
 
 
@@ -109,19 +110,6 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
         return run.info.run_id
 
 
-def _points(d: dict, key: str = "mean_diff", limit: float = 1.0) -> str:
-    """A difference (``mean_diff``, with its interval) or its ``mde`` in points; an MDE over ``limit`` (the
-    largest difference the outcome allows) is undetectable, as in the report."""
-    value = d.get(key)
-    if value is None:
-        return "–"
-    if key == "mde" and value > limit:
-        return "undetectable"
-    low, high = d.get("ci_low"), d.get("ci_high")
-    interval = "" if low is None or key != "mean_diff" else f" [{low * 100:+.1f}, {high * 100:+.1f}]"
-    return f"{value * 100:+.1f}{interval}" if key == "mean_diff" else f"{value * 100:.1f}"
-
-
 def _difference_metrics(prefix: str, mde_prefix: str, key: str, diffs: dict[str, dict]) -> dict[str, float]:
     """``<prefix><outcome>.<key>`` (the mean difference) and ``<mde_prefix><outcome>.<key>`` (its MDE) for each
     outcome's paired difference that has them."""
@@ -132,14 +120,6 @@ def _difference_metrics(prefix: str, mde_prefix: str, key: str, diffs: dict[str,
         if d.get("mde") is not None:
             out[f"{mde_prefix}{name}.{key}"] = d["mde"]
     return out
-
-
-def _probability(d: dict) -> str:
-    """A paired difference of probabilities with its interval where it has one; ``–`` without a mean."""
-    if d.get("mean_diff") is None:
-        return "–"
-    interval = "" if d.get("ci_low") is None else f" [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-    return f"{d['mean_diff']:+.3f}{interval}"
 
 
 def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
@@ -156,23 +136,23 @@ def _compiled(summary: dict) -> tuple[dict[str, float], list[str]]:
         "| compiled | zero-shot | n | Δ accuracy | accuracy MDE | Δ p(gold) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for prefix, runs, acc_key, gold_key in (
-        ("compiled.", pairs, "accuracy_diff", "gold_prob_diff"),
-        ("gain_difference.", gains, "accuracy_gain_diff", "gold_prob_gain_diff"),
+    for delta, mde, runs, acc_key, gold_key in (
+        ("compiled.delta_", "compiled.mde_", pairs, "accuracy_diff", "gold_prob_diff"),
+        ("gain_difference.", "gain_difference.mde_", gains, "accuracy_gain_diff", "gold_prob_gain_diff"),
     ):
         for label, f in runs.items():
             diffs = {"accuracy": f[acc_key], "gold_prob": f[gold_key]}
-            delta = prefix + ("delta_" if prefix == "compiled." else "")
-            metrics.update(_difference_metrics(delta, f"{prefix}mde_", _metric_label(label), diffs))
+            metrics.update(_difference_metrics(delta, mde, _metric_label(label), diffs))
     lines += [
-        f"| {label} | {f['zero_shot']} | {f['questions']} | {_points(f['accuracy_diff'])} | "
-        f"{_points(f['accuracy_diff'], 'mde')} | {_probability(f['gold_prob_diff'])} |"
+        f"| {label} | {f['zero_shot']} | {f['questions']} | {format_difference(f['accuracy_diff'], 100, 1)} | "
+        f"{format_mde(f['accuracy_diff']['mde'], 100, 1)} | {format_difference(f['gold_prob_diff'])} |"
         for label, f in pairs.items()
     ]
     lines += [
         f"\nGain of {g['first'][1]} over {g['first'][0]} minus gain of {g['second'][1]} over {g['second'][0]}, "
-        f"{g['questions']} questions: {_points(g['accuracy_gain_diff'])} points "
-        f"(MDE {_points(g['accuracy_gain_diff'], 'mde', limit=2)}); p(gold) {_probability(g['gold_prob_gain_diff'])}."
+        f"{g['questions']} questions: {format_difference(g['accuracy_gain_diff'], 100, 1)} points "
+        f"(MDE {format_mde(g['accuracy_gain_diff']['mde'], 100, 1, limit=2)}); "
+        f"p(gold) {format_difference(g['gold_prob_gain_diff'])}."
         for g in gains.values()
     ]
     return metrics, lines
