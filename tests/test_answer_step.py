@@ -8,7 +8,7 @@ from dspy.utils import DummyLM
 
 from hcqr_dspy.errors import HCQRError, ProgramFormatError
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
-from hcqr_dspy.optimize.saved import _NoRetriever, question_keys, save_program
+from hcqr_dspy.optimize.saved import NoRetriever, question_keys, save_program
 from hcqr_dspy.programs import make_program
 from hcqr_dspy.resources import shipped_dir
 
@@ -22,7 +22,7 @@ def answering():
 
 def compiled(method: str, folder=None, **meta):
     """A saved ``method`` program whose answer step an optimizer changed: new instructions and one demo."""
-    program = make_program(method, _NoRetriever())
+    program = make_program(method, NoRetriever())
     answer = dict(program.named_predictors())["answer"]
     answer.signature = answer.signature.with_instructions(INSTRUCTIONS)
     answer.demos = [

@@ -13,7 +13,21 @@ import sys
 from collections.abc import Sequence
 
 from hcqr_dspy import __version__
-from hcqr_dspy.cli import ask, compare, demo, evaluate, experiment, index, judge, prompts, replay, rescore, served, ui
+from hcqr_dspy.cli import (
+    ask,
+    compare,
+    demo,
+    evaluate,
+    experiment,
+    index,
+    judge,
+    prompts,
+    register,
+    replay,
+    rescore,
+    served,
+    ui,
+)
 from hcqr_dspy.cli import compile as compile_command
 from hcqr_dspy.cli.common import HelpFormatter
 from hcqr_dspy.errors import HCQRError
@@ -51,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # in the order `hcqr --help` lists them
     modules = (index, evaluate, ask, demo, judge, rescore, compare, replay, experiment, compile_command)
-    modules += (prompts, served, ui)
+    modules += (register, prompts, served, ui)
     for module in modules:
         module.add_parsers(command)
     return parser

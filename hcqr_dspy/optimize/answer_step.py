@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import ProgramFormatError
-from hcqr_dspy.optimize.saved import _NoRetriever, load_program
+from hcqr_dspy.optimize.saved import NoRetriever, load_program
 
 ANSWER_PREDICTOR = "answer"
 
@@ -48,7 +48,7 @@ def adopt_answer_step(program: Any, source: str | Path) -> None:
             answer steps have different input or output fields (a different signature: e.g. HCQR with the
             hypothesis shown, whose answer step also reads the hypothesis).
     """
-    saved, meta = load_program(source, _NoRetriever())
+    saved, meta = load_program(source, NoRetriever())
     theirs = answer_predictor(saved, f"saved program {source} ({meta['method']})")
     ours = answer_predictor(program, f"method {program.method!r}")
     if list(theirs.signature.fields) != list(ours.signature.fields):

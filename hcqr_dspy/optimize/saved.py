@@ -201,7 +201,7 @@ def refuse_overlap(train: dict[str, Any], examples: Iterable[dspy.Example], data
         )
 
 
-class _NoRetriever:
+class NoRetriever:
     """Stands in for a retriever where only a program's state is wanted (never searched)."""
 
     def search(self, *args, **kwargs):
@@ -219,7 +219,7 @@ def fresh_state(method: str | None, options: dict[str, Any]) -> dict[str, Any]:
     if method not in PROGRAMS:
         raise HCQRError(f"unknown method {method!r}")
     accepted = accepted_options(PROGRAMS[method])
-    program = make_program(method, _NoRetriever(), **{k: v for k, v in options.items() if k in accepted})
+    program = make_program(method, NoRetriever(), **{k: v for k, v in options.items() if k in accepted})
     return program.dump_state()
 
 

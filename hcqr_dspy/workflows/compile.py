@@ -100,7 +100,7 @@ def probe_writable(folder: Path) -> None:
                 pass
 
 
-def check_registry_names(register: str, alias: str | None) -> None:
+def check_registry_names(register: str, alias: str | None, option: str = "--register") -> None:
     """Refuse a registered model name or alias the Model Registry would refuse, before any LM call (MLflow's own
     rules: ``mlflow.utils.validation``; a name without ``/`` or ``:``, an alias of letters, digits, ``_`` and ``-``
     that is neither ``latest`` nor ``v<number>``).
@@ -111,7 +111,7 @@ def check_registry_names(register: str, alias: str | None) -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.utils import validation
 
-    checks = [("--register", register, validation._validate_model_name)]
+    checks = [(option, register, validation._validate_model_name)]
     if alias is not None:
         checks += [
             ("--alias", alias, validation._validate_model_alias_name),

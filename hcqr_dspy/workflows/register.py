@@ -1,0 +1,159 @@
+"""``hcqr register``: put a saved program (a folder ``hcqr compile`` wrote, e.g. one committed with a study) in
+this MLflow store's Model Registry, as ``hcqr compile --register`` does after a compile, without compiling again.
+
+The compile run that made the folder lives in the store of the machine that compiled it; a clone of the
+repository has the folder but not that store. Registering it here gives the same things a tracked compile gives:
+an MLflow run (tag ``kind=register``) holding the folder as artifacts, each stage's instructions and demos as a
+version of the prompt ``<name>.<stage>`` (:mod:`hcqr_dspy.tracking.prompts`), the pyfunc model
+(:mod:`hcqr_dspy.tracking.serving`) registered as a new version of ``name`` with the tag ``recipe``, and the
+alias on both when one is given. The original compile run's id (``meta.json``'s ``mlflow_run_id``) is kept as
+the tag ``compile_run_id``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.optimize.saved import NoRetriever, load_program
+from hcqr_dspy.retrieval import read_manifest
+from hcqr_dspy.tracking.mlflow_runs import mlflow_run
+from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
+from hcqr_dspy.tracking.serving import log_program_model
+from hcqr_dspy.workflows.compile import check_registry_names
+
+
+def serving_index(meta: dict[str, Any], index: str | None, no_index: bool) -> tuple[str | None, str | None]:
+    """The index the registered model serves with, and a note when it is not the one the program was compiled on.
+
+    ``index`` given: that folder; else the folder ``meta.json`` records, which must still exist; ``no_index``:
+    none (the model then needs ``--index`` wherever it runs).
+
+    Raises:
+        HCQRError: both ``index`` and ``no_index``; the recorded folder is gone and no ``index`` is given; the
+            given folder is not an index.
+    """
+    if index and no_index:
+        raise HCQRError("give either --index FOLDER or --no-index, not both")
+    if no_index:
+        return None, None
+    recorded = meta.get("index") or {}
+    if not index:
+        index = recorded.get("path")
+        if not index:
+            return None, None
+        if not Path(index).is_dir():
+            raise HCQRError(
+                f"the index the program was compiled with, {index}, is not on this machine; give --index FOLDER "
+                "(an index of the same corpus: `hcqr index`) or --no-index"
+            )
+    manifest = read_manifest(index, verify_files=False)
+    want, have = recorded.get("corpus_fingerprint"), manifest["corpus"]["fingerprint"]
+    note = None
+    if want and want != have:
+        note = (
+            f"note: {index} indexes another corpus ({manifest['corpus']['source']}, fingerprint {have[:12]}) than "
+            f"the program was compiled on ({recorded.get('corpus_source')}, {want[:12]})"
+        )
+    return index, note
+
+
+def register_saved_program(
+    folder: str | Path,
+    name: str,
+    alias: str | None = None,
+    index: str | None = None,
+    no_index: bool = False,
+    lm: str | None = None,
+    max_tokens: int = 1024,
+    n_ctx: int = 8192,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    mlflow_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Register the saved program in ``folder`` as a new version of ``name`` (see the module docstring).
+
+    Args:
+        folder: A saved-program folder (``program.json`` + ``meta.json``).
+        name: Registered model name; its stages' prompts are ``<name>.<stage>``.
+        alias: Alias of the new model version and of its prompt versions.
+        index, no_index: The index it serves with (:func:`serving_index`).
+        lm: LM spec of the served model (default: the one it was compiled with, ``meta.json``'s ``lm.spec``).
+        max_tokens, n_ctx, api_base, api_key_env: The served model's LM settings, as for ``hcqr compile``.
+        mlflow_dir: The tracking store (default: ``$HCQR_MLFLOW_DIR`` or ``./mlruns``).
+
+    Returns:
+        ``{"run_id", "registered": "models:/NAME/VERSION", "version", "prompts": [prompts:/...], "index" (its
+        folder or ``None``), "bundled" (the index travels inside the model), "note", "meta"}``.
+
+    Raises:
+        HCQRError: a name or alias the registry refuses; see :func:`serving_index`.
+        ProgramFormatError: ``folder`` is not a saved program that loads.
+    """
+    check_registry_names(name, alias, option="--name")
+    program, meta = load_program(folder, NoRetriever())  # its prompts only: never searched here
+    index, note = serving_index(meta, index, no_index)
+    recipe = (meta.get("recipe") or {}).get("name")
+    lm = lm or (meta.get("lm") or {}).get("spec") or "local"
+    import mlflow
+
+    params = {
+        "folder": str(Path(folder).resolve()),
+        "method": meta["method"],
+        "recipe": recipe,
+        "optimizer": meta.get("optimizer"),
+    }  # the LM and the index: the logged model's config, which MLflow logs as params too
+    tags = {"kind": "register", "method": meta["method"], "lm": lm, **({"recipe": recipe} if recipe else {})}
+    if meta.get("mlflow_run_id"):
+        tags["compile_run_id"] = meta["mlflow_run_id"]
+    label = recipe or "zero-shot"
+    with mlflow_run(
+        f"register · {meta['method']} · {label} · {name}", params, tags=tags, store=mlflow_dir, traces=False
+    ) as run:
+        run_id = run.info.run_id
+        mlflow.log_artifacts(str(folder), artifact_path="program")
+        prompts = register_program_prompts(program, name, run_id, alias=alias, recipe=recipe)
+        logged = log_program_model(
+            folder,
+            prompts=prompts,
+            lm=lm,
+            index=index,
+            register=name,
+            alias=alias,
+            max_tokens=max_tokens,
+            n_ctx=n_ctx,
+            api_base=api_base,
+            api_key_env=api_key_env,
+            name=safe_name(Path(folder).resolve().name),
+        )
+        client = mlflow.MlflowClient()
+        version = str(logged["version"])
+        client.set_model_version_tag(name, version, "recipe", recipe or "none")
+        if meta.get("mlflow_run_id"):
+            client.set_model_version_tag(name, version, "compile_run_id", meta["mlflow_run_id"])
+        prompt_uris = [f"prompts:/{v.name}/{v.version}" for v in prompts]
+        client.set_tag(
+            run_id,
+            "mlflow.note.content",
+            f"**Registered** the saved `{meta['method']}` program `{folder}` (recipe `{label}`) as "
+            f"`{logged['registered']}`"
+            + (f" (alias `{alias}`)" if alias else "")
+            + ". Prompts: "
+            + ", ".join(f"`{uri}`" for uri in prompt_uris)
+            + (
+                f". Compiled by MLflow run `{meta['mlflow_run_id']}` (its `meta.json`)."
+                if meta.get("mlflow_run_id")
+                else "."
+            ),
+        )
+    return {
+        "run_id": run_id,
+        "registered": logged["registered"],
+        "version": version,
+        "prompts": prompt_uris,
+        "index": index,
+        "bundled": logged["index"] == "bundled",
+        "note": note,
+        "meta": meta,
+    }
