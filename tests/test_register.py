@@ -61,7 +61,7 @@ def test_register_with_another_or_no_index(compiled, setup, mlflow_store, capsys
     base = ["register", str(moved), "--name", "moved", "--mlflow-dir", str(mlflow_store)]
     assert main(base) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is not on this machine; give --index FOLDER" in err
+    assert err.count("\n") == 1 and "is not a folder on this machine; give --index FOLDER" in err
     assert main([*base, "--index", str(setup / "idx"), "--no-index"]) == 2
     assert "either --index FOLDER or --no-index" in capsys.readouterr().err
     assert main([*base, "--no-index"]) == 0
@@ -90,3 +90,60 @@ def test_register_refuses_bad_input(compiled, setup, mlflow_store, capsys, folde
     assert main(["register", str(path), "--name", name, *rest, "--mlflow-dir", str(mlflow_store)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hcqr: error:") and err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--lm", "foo"], "unknown --lm spec 'foo'"),
+        (["--lm", "local:nosuch"], "unknown packaged model 'nosuch'"),
+        (["--lm", ""], "empty --lm spec"),
+        (["--lm", "nosuchprovider/model"], "nosuchprovider/model"),
+        (["--index", ""], "--index is empty"),
+    ],
+)
+def test_register_refuses_an_lm_or_index_no_command_could_use(compiled, mlflow_store, capsys, extra, message):
+    args = ["register", str(compiled), "--name", "badlm", *extra, "--mlflow-dir", str(mlflow_store)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not mlflow.MlflowClient().search_model_versions("name = 'badlm'")  # nothing registered
+
+
+def test_register_logs_only_the_program_files(compiled, setup, mlflow_store, capsys):  # noqa: F811
+    (compiled / "notes.bin").write_bytes(b"x" * 1000)
+    (compiled / "outside").symlink_to("/etc/hostname")  # a link out of the folder broke MLflow's artifact copy
+    assert main(["register", str(compiled), "--name", "onlytwo", "--mlflow-dir", str(mlflow_store)]) == 0
+    version = mlflow.MlflowClient().get_model_version("onlytwo", "1")
+    logged = mlflow.artifacts.list_artifacts(run_id=version.run_id, artifact_path="program")
+    assert sorted(a.path.rsplit("/", 1)[1] for a in logged) == ["meta.json", "program.json"]
+    fetched = resolve_program_path("models:/onlytwo/1", mlflow_store)
+    assert sorted(p.name for p in fetched.iterdir()) == ["meta.json", "program.json"]
+
+
+def test_register_refuses_another_method_under_a_name(compiled, setup, mlflow_store, capsys):  # noqa: F811
+    assert main(["register", str(compiled), "--name", "onemethod", "--mlflow-dir", str(mlflow_store)]) == 0
+    meta = json.loads((compiled / "meta.json").read_text())
+    assert mlflow.MlflowClient().get_model_version("onemethod", "1").tags["method"] == meta["method"] == "hcqr"
+    run_compile(
+        spec(setup, method="simple_rag", out=str(setup / "sr"), program_options={"budget": 3}),
+        track=False,
+        lm=schema_lm("A"),
+    )
+    assert main(["register", str(setup / "sr"), "--name", "onemethod", "--mlflow-dir", str(mlflow_store)]) == 2
+    assert "holds 'hcqr' programs (version 1); register this 'simple_rag' program under another --name" in (
+        capsys.readouterr().err
+    )
+
+
+def test_register_checks_the_index_it_serves_with(compiled, setup, mlflow_store, capsys):  # noqa: F811
+    broken = setup / "broken-idx"
+    shutil.copytree(setup / "idx", broken)
+    next(p for p in broken.rglob("*") if p.is_file() and p.name != "manifest.json").unlink()
+    base = ["register", str(compiled), "--name", "idxcheck", "--mlflow-dir", str(mlflow_store)]
+    assert main([*base, "--index", str(broken)]) == 2
+    assert "missing" in capsys.readouterr().err
+    meta = json.loads((compiled / "meta.json").read_text())
+    (compiled / "meta.json").write_text(json.dumps({**meta, "index": {**meta["index"], "path": 42}}))
+    assert main(base) == 2
+    assert "meta.json: index.path is 42, not a string" in capsys.readouterr().err

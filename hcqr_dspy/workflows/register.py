@@ -12,15 +12,22 @@ the tag ``compile_run_id``.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.optimize.saved import NoRetriever, load_program
+import mlflow
+
+from hcqr_dspy.errors import HCQRError, ProgramFormatError
+from hcqr_dspy.lm import parse_lm_spec
+from hcqr_dspy.lm.spec import check_route
+from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, NoRetriever, load_program
 from hcqr_dspy.retrieval import read_manifest
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
+from hcqr_dspy.tracking.store import configure
 from hcqr_dspy.workflows.compile import check_registry_names
 
 
@@ -31,24 +38,31 @@ def serving_index(meta: dict[str, Any], index: str | None, no_index: bool) -> tu
     none (the model then needs ``--index`` wherever it runs).
 
     Raises:
-        HCQRError: both ``index`` and ``no_index``; the recorded folder is gone and no ``index`` is given; the
-            given folder is not an index.
+        HCQRError: an empty ``index``; both ``index`` and ``no_index``; the recorded folder is gone and no
+            ``index`` is given; the folder is not a complete index (every file's size and checksum,
+            :func:`~hcqr_dspy.retrieval.read_manifest`).
+        ProgramFormatError: ``meta.json``'s index record holds a non-string path, source or fingerprint.
     """
+    if index is not None and not index.strip():
+        raise HCQRError("--index is empty: give an index folder, or --no-index")
     if index and no_index:
         raise HCQRError("give either --index FOLDER or --no-index, not both")
     if no_index:
         return None, None
     recorded = meta.get("index") or {}
+    for key in ("path", "corpus_fingerprint", "corpus_source"):
+        if recorded.get(key) is not None and not isinstance(recorded[key], str):
+            raise ProgramFormatError(f"meta.json: index.{key} is {recorded[key]!r}, not a string")
     if not index:
         index = recorded.get("path")
         if not index:
             return None, None
         if not Path(index).is_dir():
             raise HCQRError(
-                f"the index the program was compiled with, {index}, is not on this machine; give --index FOLDER "
-                "(an index of the same corpus: `hcqr index`) or --no-index"
+                f"the index the program was compiled with, {index}, is not a folder on this machine; give "
+                "--index FOLDER (an index of the same corpus: `hcqr index`) or --no-index"
             )
-    manifest = read_manifest(index, verify_files=False)
+    manifest = read_manifest(index, verify_files=True)  # bundled or served as it is: every file checked
     want, have = recorded.get("corpus_fingerprint"), manifest["corpus"]["fingerprint"]
     note = None
     if want and want != have:
@@ -57,6 +71,25 @@ def serving_index(meta: dict[str, Any], index: str | None, no_index: bool) -> tu
             f"the program was compiled on ({recorded.get('corpus_source')}, {want[:12]})"
         )
     return index, note
+
+
+def refuse_other_method(name: str, method: str) -> None:
+    """Refuse to add a ``method`` program to registered model ``name`` when its versions hold another method:
+    its stages' prompts (``<name>.<stage>``) would then mix two programs' templates.
+
+    The method of an existing version is its run's ``method`` tag (set by ``hcqr compile`` and ``hcqr register``).
+
+    Raises:
+        HCQRError: a version of ``name`` holds another method.
+    """
+    client = mlflow.MlflowClient()
+    for version in client.search_model_versions(f"name = '{name}'"):
+        other = client.get_run(version.run_id).data.tags.get("method") if version.run_id else None
+        if other and other != method:
+            raise HCQRError(
+                f"registered model {name!r} holds {other!r} programs (version {version.version}); register this "
+                f"{method!r} program under another --name"
+            )
 
 
 def register_saved_program(
@@ -88,15 +121,22 @@ def register_saved_program(
         folder or ``None``), "bundled" (the index travels inside the model), "note", "meta"}``.
 
     Raises:
-        HCQRError: a name or alias the registry refuses; see :func:`serving_index`.
+        HCQRError: a name or alias the registry refuses; an LM spec no command could run
+            (:func:`~hcqr_dspy.lm.parse_lm_spec`, LiteLLM's routing); ``name`` holds another method
+            (:func:`refuse_other_method`); see :func:`serving_index`.
         ProgramFormatError: ``folder`` is not a saved program that loads.
     """
     check_registry_names(name, alias, option="--name")
     program, meta = load_program(folder, NoRetriever())  # its prompts only: never searched here
     index, note = serving_index(meta, index, no_index)
     recipe = (meta.get("recipe") or {}).get("name")
-    lm = lm or (meta.get("lm") or {}).get("spec") or "local"
-    import mlflow
+    if lm is None:
+        lm = (meta.get("lm") or {}).get("spec") or "local"
+    cfg = parse_lm_spec(lm, api_base=api_base, api_key_env=api_key_env)
+    if cfg.kind == "litellm":
+        check_route(cfg.model)
+    configure(mlflow_dir)
+    refuse_other_method(name, meta["method"])
 
     params = {
         "folder": str(Path(folder).resolve()),
@@ -108,45 +148,52 @@ def register_saved_program(
     if meta.get("mlflow_run_id"):
         tags["compile_run_id"] = meta["mlflow_run_id"]
     label = recipe or "zero-shot"
-    with mlflow_run(
-        f"register · {meta['method']} · {label} · {name}", params, tags=tags, store=mlflow_dir, traces=False
-    ) as run:
-        run_id = run.info.run_id
-        mlflow.log_artifacts(str(folder), artifact_path="program")
-        prompts = register_program_prompts(program, name, run_id, alias=alias, recipe=recipe)
-        logged = log_program_model(
-            folder,
-            prompts=prompts,
-            lm=lm,
-            index=index,
-            register=name,
-            alias=alias,
-            max_tokens=max_tokens,
-            n_ctx=n_ctx,
-            api_base=api_base,
-            api_key_env=api_key_env,
-            name=safe_name(Path(folder).resolve().name),
-        )
-        client = mlflow.MlflowClient()
-        version = str(logged["version"])
-        client.set_model_version_tag(name, version, "recipe", recipe or "none")
-        if meta.get("mlflow_run_id"):
-            client.set_model_version_tag(name, version, "compile_run_id", meta["mlflow_run_id"])
-        prompt_uris = [f"prompts:/{v.name}/{v.version}" for v in prompts]
-        client.set_tag(
-            run_id,
-            "mlflow.note.content",
-            f"**Registered** the saved `{meta['method']}` program `{folder}` (recipe `{label}`) as "
-            f"`{logged['registered']}`"
-            + (f" (alias `{alias}`)" if alias else "")
-            + ". Prompts: "
-            + ", ".join(f"`{uri}`" for uri in prompt_uris)
-            + (
-                f". Compiled by MLflow run `{meta['mlflow_run_id']}` (its `meta.json`)."
-                if meta.get("mlflow_run_id")
-                else "."
-            ),
-        )
+    # only the format's two files are logged, not whatever else the folder holds (links, data)
+    with tempfile.TemporaryDirectory(prefix="hcqr-register-") as tmp:
+        staged = Path(tmp) / Path(folder).resolve().name
+        staged.mkdir()
+        for file in (STATE_FILE, META_FILE):
+            shutil.copyfile(Path(folder) / file, staged / file)
+        with mlflow_run(
+            f"register · {meta['method']} · {label} · {name}", params, tags=tags, store=mlflow_dir, traces=False
+        ) as run:
+            run_id = run.info.run_id
+            mlflow.log_artifacts(str(staged), artifact_path="program")
+            prompts = register_program_prompts(program, name, run_id, alias=alias, recipe=recipe)
+            logged = log_program_model(
+                staged,
+                prompts=prompts,
+                lm=lm,
+                index=index,
+                register=name,
+                alias=alias,
+                max_tokens=max_tokens,
+                n_ctx=n_ctx,
+                api_base=api_base,
+                api_key_env=api_key_env,
+                name=safe_name(Path(folder).resolve().name),
+            )
+            client = mlflow.MlflowClient()
+            version = str(logged["version"])
+            client.set_model_version_tag(name, version, "recipe", recipe or "none")
+            client.set_model_version_tag(name, version, "method", meta["method"])
+            if meta.get("mlflow_run_id"):
+                client.set_model_version_tag(name, version, "compile_run_id", meta["mlflow_run_id"])
+            prompt_uris = [f"prompts:/{v.name}/{v.version}" for v in prompts]
+            client.set_tag(
+                run_id,
+                "mlflow.note.content",
+                f"**Registered** the saved `{meta['method']}` program `{folder}` (recipe `{label}`) as "
+                f"`{logged['registered']}`"
+                + (f" (alias `{alias}`)" if alias else "")
+                + ". Prompts: "
+                + ", ".join(f"`{uri}`" for uri in prompt_uris)
+                + (
+                    f". Compiled by MLflow run `{meta['mlflow_run_id']}` (its `meta.json`)."
+                    if meta.get("mlflow_run_id")
+                    else "."
+                ),
+            )
     return {
         "run_id": run_id,
         "registered": logged["registered"],
