@@ -584,6 +584,8 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
         str(version.version) == "1"
         and version.run_id == out["mlflow_run_id"]
         and version.tags["recipe"] == "bootstrap_fewshot"
+        and version.tags["method"] == "hcqr"
+        and version.tags["compile_run_id"] == out["mlflow_run_id"]
     )
 
     common = dict(dataset=str(setup / "medqa.json"), index=str(setup / "idx"), lm="openai/unused")

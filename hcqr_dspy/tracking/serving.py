@@ -198,7 +198,9 @@ def log_program_model(
         folder: The saved-program folder.
         lm, api_base, api_key_env, max_tokens, n_ctx: The LM it answers with (the model config).
         index: Its index folder (bundled as an artifact when at most :data:`BUNDLE_INDEX_MAX_BYTES`).
-        register: Register it in the Model Registry under this name (a new version).
+        register: Register it in the Model Registry under this name (a new version, tagged with the program's
+            ``recipe`` (``none`` for a zero-shot one), ``method`` and, where ``meta.json`` has one,
+            ``compile_run_id``).
         alias: Give that version this alias (``models:/NAME@ALIAS``); needs ``register``.
         name: The logged model's name.
         prompts: Prompt Registry versions (``prompts:/NAME/VERSION`` or ``PromptVersion``) to link to the model.
@@ -258,8 +260,16 @@ def log_program_model(
         },
     )
     version = getattr(info, "registered_model_version", None)
-    if register and alias:
-        mlflow.MlflowClient().set_registered_model_alias(register, alias, str(version))
+    if register:
+        client = mlflow.MlflowClient()
+        # what the version holds, for the registry's filters (`tags.recipe = 'mipro_light'`) and the method check
+        # of `hcqr register`; the compile that made it, where meta.json records one
+        recipe = (meta.get("recipe") or {}).get("name") or "none"
+        for key, value in (("recipe", recipe), ("method", meta["method"]), ("compile_run_id", meta["mlflow_run_id"])):
+            if value:
+                client.set_model_version_tag(register, str(version), key, value)
+        if alias:
+            client.set_registered_model_alias(register, alias, str(version))
     return {
         "model_uri": info.model_uri,
         "model_id": info.model_id,

@@ -366,10 +366,6 @@ def compile_and_save(
             describe_compile_run(
                 run_id, spec.method, recipe, len(trainset), len(valset), train_name, scores, prompt_uris, registered
             )
-            if registered:
-                mlflow.MlflowClient().set_model_version_tag(
-                    spec.register, str(logged["version"]), "recipe", recipe.name
-                )
     else:
         compiled = _compile()
         save_program(compiled, out, mlflow_run_id=None, compile_cost=cost, **meta)

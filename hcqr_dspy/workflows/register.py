@@ -175,10 +175,6 @@ def register_saved_program(
             )
             client = mlflow.MlflowClient()
             version = str(logged["version"])
-            client.set_model_version_tag(name, version, "recipe", recipe or "none")
-            client.set_model_version_tag(name, version, "method", meta["method"])
-            if meta.get("mlflow_run_id"):
-                client.set_model_version_tag(name, version, "compile_run_id", meta["mlflow_run_id"])
             prompt_uris = [f"prompts:/{v.name}/{v.version}" for v in prompts]
             client.set_tag(
                 run_id,
