@@ -125,3 +125,44 @@ def test_the_no_context_floor_takes_a_simple_rag_answer_step(tmp_path):
     floor = make_program("no_context")
     adopt_answer_step(floor, prog)
     assert floor.answer.signature.instructions == INSTRUCTIONS and len(floor.answer.demos) == 1
+
+
+def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(world, tiny_corpus_file, capsys):
+    """A checkout, data folder or program somewhere else is the same run (matched by the questions', corpus' and
+    program's identities); the config then records the new places. Another corpus is still refused."""
+    import shutil
+    from pathlib import Path
+
+    from hcqr_dspy.evaluation.run_folder import RunFolder
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.programs import run_program
+
+    root = world["root"]
+    prog = compiled("hcqr", folder=root / "hcqr-bfs")
+    first, folder, _ = run_evaluation(spec(world, answer_step=str(prog)), lm=answering(), track=False, progress=False)
+    rows = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(rows[0])  # the run stopped after its first question
+    moved = {
+        "root": root,
+        "questions": str(shutil.copy(world["questions"], root / "questions.json")),
+        "index": str(shutil.copytree(world["index"], root / "elsewhere" / "bm25")),
+    }
+    shutil.rmtree(world["index"])
+    prog = Path(shutil.move(prog, root / "elsewhere" / "program"))
+    lm = answering()
+    result, _, _ = run_evaluation(spec(moved, answer_step=str(prog)), lm=lm, track=False, progress=False)
+    assert result.ran == 1 and len(lm.history) == 1  # only the question the first session did not answer
+    moved_note = "other places (dataset, index.path, answer_step.source, answer_step.folder)"
+    assert moved_note in capsys.readouterr().err
+    config = RunFolder.open(folder).config
+    assert config["dataset"] == moved["questions"] and config["index"]["path"] == moved["index"]
+    assert config["answer_step"]["folder"] == str(prog.resolve())
+    rebuilt = run_program(RunFolder.open(folder), load_index(moved["index"]))  # rescore and replay find it too
+    assert dict(rebuilt.named_predictors())["answer"].signature.instructions == INSTRUCTIONS
+
+    BM25Retriever(load_corpus(tiny_corpus_file), show_progress=False).save(root / "other")  # another corpus
+    lm = answering()
+    with pytest.raises(HCQRError, match=r"another configuration \(differs in: index\)"):
+        run_evaluation(spec({**moved, "index": str(root / "other")}, answer_step=str(prog)), lm=lm, track=False)
+    assert lm.history == []

@@ -608,6 +608,16 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
         progress=False,
         lm=schema_lm("A"),
     )
+    # evaluated again, the runs:/ program is downloaded to another folder: the same run, resumed with nothing to do
+    again, _, _ = run_evaluation(
+        EvalSpec(
+            method=None, program=f"runs:/{out['mlflow_run_id']}", run_dir=str(setup / "runs" / "compiled"), **common
+        ),
+        mlflow_dir=mlflow_store,
+        progress=False,
+        lm=NoCall(),
+    )
+    assert again.ran == 0
     # the registered version, by number and by alias, is the same program: the same predictions
     for uri in ("models:/hcqr-bfs-test/1", "models:/hcqr-bfs-test@champion"):
         again, _, again_id = run_evaluation(

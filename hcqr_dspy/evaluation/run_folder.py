@@ -43,6 +43,7 @@ from hcqr_dspy.evaluation.records import (
     remove_empty_folders,
     write_probe,
 )
+from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, moved_inputs
 from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
@@ -53,8 +54,6 @@ JUDGMENTS = "judgments.jsonl"
 DUR_METRICS = "dur.json"
 SESSIONS = "sessions.jsonl"
 OPTION_PROBS = "option_probs.jsonl"
-# Keys of config.json that may change between a run and its resumption.
-MUTABLE_KEYS = ("mlflow_run_id",)
 
 
 class RunFolder:
@@ -125,33 +124,37 @@ class RunFolder:
         folder._made = made
         return folder
 
-    def start(self, config: dict[str, Any]) -> None:
+    def start(self, config: dict[str, Any]) -> list[str]:
         """Write ``config`` into a claimed folder, or check it against the one there (resume).
 
         Call only after every input (LM, index, questions, program) has been checked: this is the first
-        write of the run.
+        write of the run. What must match is :mod:`~hcqr_dspy.evaluation.run_config`'s: inputs found at
+        other places (another checkout, data folder or download of a program) resume the run, and
+        ``config.json`` then records the new places.
+
+        Returns:
+            The locations that moved since the folder was written (``dataset``, ``index.path`` ...;
+            :func:`~hcqr_dspy.evaluation.run_config.moved_inputs`), empty for a new folder.
 
         Raises:
-            RunError: its ``config.json`` differs in any key other than those in :data:`MUTABLE_KEYS` (the
-                differing keys are named; a key absent on one side and ``None`` on the other is no
-                difference), or is unreadable.
+            RunError: its ``config.json`` differs in what decides a row (the differing keys are named), or is
+                unreadable.
         """
         cpath = self.path / CONFIG
+        moved: list[str] = []
         if cpath.exists():
             old = read_json_object(cpath, "run configuration")
-            keys = sorted(
-                k
-                for k in set(old) | set(config)
-                if k not in MUTABLE_KEYS and _without_nones(old.get(k)) != _without_nones(config.get(k))
-            )
+            keys = differing_keys(old, config)
             if keys:
                 raise RunError(
                     f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
                     "use another --run-dir or remove it"
                 )
+            moved = moved_inputs(old, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
         self._made = []
+        return moved
 
     def release(self) -> None:
         """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); a folder claimed
@@ -387,11 +390,3 @@ class RunFolder:
     def files(self) -> list[Path]:
         """The folder's record files (for artifact logging): top-level files, not hidden ones."""
         return sorted(f for f in self.path.iterdir() if f.is_file() and not f.name.startswith("."))
-
-
-def _without_nones(value: Any) -> Any:
-    """``value`` with ``None``-valued keys dropped at every depth: a setting a newer version records
-    with its default ``None`` matches a configuration written before that setting existed."""
-    if isinstance(value, dict):
-        return {k: _without_nones(v) for k, v in value.items() if v is not None}
-    return value

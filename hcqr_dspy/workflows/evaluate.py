@@ -103,7 +103,7 @@ def run_evaluation(
             check_lm(lm)
         if track:  # a store that cannot be used is refused before the run folder is written
             open_store(mlflow_dir)
-        folder.start(config)
+        note_moved_inputs(folder, folder.start(config))
         if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
@@ -201,6 +201,17 @@ def _tracked_evaluation(
 
 
 SCORED_TAG = "hcqr.scored"
+
+
+def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
+    """Say on stderr when a resumed run folder's inputs were found at other places than it recorded (their
+    identities matched: :mod:`hcqr_dspy.evaluation.run_config`)."""
+    if moved:
+        print(
+            f"hcqr: note: {folder.path}: resumed with its inputs at other places ({', '.join(moved)}); what they "
+            "hold matches the run's record, and config.json now names the new places",
+            file=sys.stderr,
+        )
 
 
 def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:

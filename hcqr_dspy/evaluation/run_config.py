@@ -1,0 +1,66 @@
+"""What of a run folder's ``config.json`` must match for a later session to resume it.
+
+Everything that can change a row must match: the method and its options, the LM and its settings, the selected
+questions (``questions``: their ids' and contents' SHA-256), the index (``index``: corpus fingerprint and count,
+retriever, encoder, vector index, search options) and a saved program or answer step (its compile run, creation
+time, recipe, training set and, for a ``models:/`` URI, the version it resolved to). Where those inputs lie on this
+machine does not (:data:`LOCATION_KEYS`): a clone of the repository in another folder, the data mounted at another
+path, or a ``runs:/`` / ``models:/`` program fetched again (MLflow downloads it to a new temporary folder each
+time) resume the same run, and the configuration then records the new places.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Written anew by each session whatever the folder held (the MLflow run a resumed run continues).
+MUTABLE_KEYS = ("mlflow_run_id",)
+# Top-level key -> its fields that say where an input lies, not what it is (``()``: the value itself).
+LOCATION_KEYS: dict[str, tuple[str, ...]] = {
+    "dataset": (),
+    "index": ("path", "corpus_source"),
+    "saved_program": ("source", "folder"),
+    "answer_step": ("source", "folder"),
+}
+
+
+def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The top-level keys whose identity differs between a folder's recorded ``old`` configuration and this
+    session's ``new`` one, sorted; :data:`MUTABLE_KEYS` and :data:`LOCATION_KEYS` left out, and a key absent on
+    one side and ``None`` on the other is no difference."""
+    return sorted(
+        k for k in set(old) | set(new) if k not in MUTABLE_KEYS and _identity(k, old.get(k)) != _identity(k, new.get(k))
+    )
+
+
+def moved_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The locations (``dataset``, ``index.path`` ...) that differ between ``old`` and ``new``, in
+    :data:`LOCATION_KEYS` order."""
+    moved = []
+    for key, fields in LOCATION_KEYS.items():
+        before, now = old.get(key), new.get(key)
+        if not fields:
+            if before != now:
+                moved.append(key)
+            continue
+        before, now = before if isinstance(before, dict) else {}, now if isinstance(now, dict) else {}
+        moved += [f"{key}.{f}" for f in fields if before.get(f) != now.get(f) and before and now]
+    return moved
+
+
+def _identity(key: str, value: Any) -> Any:
+    if key in LOCATION_KEYS:
+        fields = LOCATION_KEYS[key]
+        if not fields:
+            return None
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in fields}
+    return without_nones(value)
+
+
+def without_nones(value: Any) -> Any:
+    """``value`` with ``None``-valued keys dropped at every depth: a setting a newer version records
+    with its default ``None`` matches a configuration written before that setting existed."""
+    if isinstance(value, dict):
+        return {k: without_nones(v) for k, v in value.items() if v is not None}
+    return value
