@@ -1,7 +1,7 @@
 """LM-path overhead, paired: each product call against raw llama.cpp on the same tokens, measured back to back.
 
 Usage:
-    python bench/lm_overhead.py [--lm local:qwen2.5-coder-0.5b] [--limit 10] [--out bench/results.json]
+    python bench/lm_overhead.py [--lm local:qwen2.5-coder-0.5b] [--limit 10] [--budget 15] [--out bench/results.json]
 
 ``bench/lm_pipeline.py`` compares a demo run's stage seconds with raw rates measured once, after the run, best of two.
 On a shared 2-core machine the speed of the same call drifts by about 20% over minutes (the per-call efficiency of
@@ -10,10 +10,10 @@ drift as much as the product's overhead. Here every product call is paired with 
 of tokens, measured right after it (seconds apart, so the machine's drift over minutes cancels), in the same process and
 engine:
 
-- product: the method's answer step on a demo question (Simple RAG: 15 passages from a BM25 index of the demo corpus,
-  about 3,000 prompt tokens; CoT: the question alone, about 450), through DSPy, the HCQR adapter and the in-process
-  engine with DSPy's response cache off; its seconds and tokens are what the program's stage record holds (what
-  ``lm_pipeline`` reads from run folders).
+- product: the method's answer step on a demo question (Simple RAG: ``--budget`` passages, 15 by default as in the
+  paper, from a BM25 index of the demo corpus, about 3,000 prompt tokens at 15; CoT: the question alone, about
+  450), through DSPy, the HCQR adapter and the in-process engine with DSPy's response cache off; its seconds and
+  tokens are what the program's stage record holds (what ``lm_pipeline`` reads from run folders).
 - scoring: the answer step then scores the options (the letter distribution after its reasoning, for the
   gold-option probability: one teacher-forced prefill of the reply's tokens after the prompt it keeps in the KV
   cache, ``LlamaCppEngine.next_token_logprobs``). Its seconds and the tokens it evaluates are timed apart here
@@ -83,8 +83,9 @@ def summarise(pairs: list[dict]) -> dict:
     }
 
 
-def measure(lm_spec: str, limit: int) -> dict:
-    """The paired measurements of each method on the first ``limit`` demo questions (see the module docstring)."""
+def measure(lm_spec: str, limit: int, budget: int = 15) -> dict:
+    """The paired measurements of each method on the first ``limit`` demo questions, Simple RAG showing ``budget``
+    passages (see the module docstring)."""
     import dspy
 
     from hcqr_dspy.data import load_questions
@@ -106,7 +107,7 @@ def measure(lm_spec: str, limit: int) -> dict:
     pool = llm.tokenize((REPO / "data" / "demo" / "corpus.jsonl").read_text().encode(), add_bos=False)
     questions = load_questions(REPO / "data" / "demo" / "questions.json")[:limit]
     retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
-    programs = {m: make_program(m, retriever) for m in METHODS}
+    programs = {m: make_program(m, retriever, **({"budget": budget} if m == "simple_rag" else {})) for m in METHODS}
     pairs: dict[str, list[dict]] = {m: [] for m in METHODS}
     scoring = {"s": 0.0, "tokens": 0, "on": False}  # the answer step's option-probability prefill, timed apart
     score, evaluate = engine.next_token_logprobs, llm.eval
@@ -144,6 +145,7 @@ def measure(lm_spec: str, limit: int) -> dict:
                     "raw_s": raw,
                     "scoring_s": scored_s,
                     "scoring_tokens": scored,
+                    "passages": len(pred.passages),  # what the answer step's context held
                 }
             )
             print(
@@ -159,21 +161,34 @@ def measure(lm_spec: str, limit: int) -> dict:
     }
 
 
-def positive(text: str) -> int:
-    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
+def bounded(text: str, high: int, what: str) -> int:
+    """``text`` as an integer from 1 to ``high`` (argparse types below); ``what`` names the bound."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= n <= 20:
-        raise argparse.ArgumentTypeError(f"{n} is not between 1 and 20 (the demo questions)")
+    if not 1 <= n <= high:
+        raise argparse.ArgumentTypeError(f"{n} is not between 1 and {high} ({what})")
     return n
+
+
+def positive(text: str) -> int:
+    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
+    return bounded(text, 20, "the demo questions")
+
+
+def budget_type(text: str) -> int:
+    """``--budget``: an integer from 1 to 15, the paper's budget (argparse type)."""
+    return bounded(text, 15, "the paper's budget")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>)")
     ap.add_argument("--limit", type=positive, default=10, help="demo questions, 1 to 20 (pairs per method)")
+    ap.add_argument(
+        "--budget", type=budget_type, default=15, help="passages in Simple RAG's context, 1 to 15 (default 15)"
+    )
     ap.add_argument(
         "--out", default=str(REPO / "bench" / "results.json"), help="results file (RESULTS.md is written beside it)"
     )
@@ -185,7 +200,8 @@ def main(argv=None) -> int:
     section = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "limit": args.limit,
-        **measure(args.lm, args.limit),
+        "budget": args.budget,
+        **measure(args.lm, args.limit, args.budget),
     }
     write_results(out_path, section, key=f"lm_overhead/{section['model']}/{section['engine']['build']}")
     print(f"bench: wrote {out_path} and {out_path.with_name('RESULTS.md')}", file=sys.stderr)

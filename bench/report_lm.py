@@ -85,13 +85,15 @@ def render_lm_pipeline(section: dict) -> list[str]:
 
 def render_lm_overhead(section: dict) -> list[str]:
     """RESULTS.md lines of an ``lm_overhead`` section (``bench/lm_overhead.py``); sections measured before the
-    option scoring was timed apart count it in the product's seconds."""
+    option scoring was timed apart count it in the product's seconds, and those measured before ``--budget`` showed
+    Simple RAG the paper's 15 passages."""
     e = section["engine"]
     lines = [
         f"## LM path: product calls paired with raw llama.cpp on the same tokens ({section['model']}, "
         f"{e['n_threads']} threads, {e['build']} build; measured {section['date']} by `bench/lm_overhead.py`)",
         "",
-        f"Each method's answer step on the first {section['limit']} demo questions (DSPy, the HCQR adapter, the "
+        f"Each method's answer step on the first {section['limit']} demo questions (Simple RAG showing "
+        f"{section.get('budget', 15)} passages; DSPy, the HCQR adapter, the "
         "in-process engine, no response or prompt cache), followed at once by raw llama.cpp (`Llama.eval`, greedy "
         "argmax) on the same numbers of prompt and completion tokens; efficiency is raw over product seconds per "
         "pair (mean with its 95% t interval, median, extremes). The answer step's option scoring (one prefill of "
