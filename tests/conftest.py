@@ -18,6 +18,29 @@ from helpers import TINY_ROWS, snippet, write_jsonl  # noqa: E402
 from stub_server import OPTIONS, SECRET  # noqa: E402
 
 
+def pytest_configure(config):
+    """Give each test process its share of the cores: llama.cpp (``HCQR_N_THREADS``), torch and faiss (OpenMP)
+    each default to every core, and two pytest-xdist workers each spinning that many threads on the same cores wait
+    on one another. A worker gets the cores over the workers (at least one); a run without workers, all of them.
+    Set before any test module imports torch or faiss, kept where the user set them, inherited by the processes
+    tests start. The xdist controller runs no test and sets nothing, since its workers inherit its environment."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers is None and config.getoption("numprocesses", default=None):
+        return
+    share = str(max(1, (os.cpu_count() or 1) // (workers or 1)))
+    os.environ.setdefault("HCQR_N_THREADS", share)
+    os.environ.setdefault("OMP_NUM_THREADS", share)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files that hold a ``slow`` test first, each file's own order kept (a stable sort). ``make test`` hands whole
+    files to the pytest-xdist workers in collection order (``--dist loadfile --no-loadscope-reorder``): the long
+    files start early and the many short ones fill the end, where xdist's own order (files with the most tests
+    first) left a one-test file of minutes running alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fresh_embeddings_cache(tmp_path_factory):
     """Dense builds keep passage embeddings in a cache folder (hcqr_dspy.retrieval.embeddings): tests use a

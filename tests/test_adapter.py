@@ -1,6 +1,6 @@
 """hcqr's JSON adapter (hcqr_dspy/lm/adapter.py) without a server: the dialects of the output schema, a reply cut at
 max_tokens made a bad reply of cause ``truncated``, and an endpoint's refusal of the schema told in one line.
-tests/test_openai_server.py runs the same against a real OpenAI-compatible server."""
+tests/openai_server/ runs the same against a real OpenAI-compatible server."""
 
 import json
 import uuid

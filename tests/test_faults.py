@@ -18,6 +18,8 @@ from hcqr_dspy.lm import build_lm
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 
 def read_rows(path):
     return RunFolder(path.parent).rows()

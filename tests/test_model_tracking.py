@@ -15,6 +15,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.tracking.prompts import prompt_name, safe_name
 from hcqr_dspy.workflows.compile import run_compile
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 
 def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store, capsys):  # noqa: F811
     first = run_compile(

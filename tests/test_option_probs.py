@@ -27,6 +27,8 @@ from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.rescore import rescore_run
 from hcqr_dspy.workflows.specs import EvalSpec
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 ROW_KEYS = ("option_probs", "gold_prob", "option_probs_absent")
 
 

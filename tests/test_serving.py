@@ -34,7 +34,10 @@ from hcqr_dspy.cli import main
 from hcqr_dspy.tracking.serving import SERVE_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc"),
+    pytest.mark.slow,  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+]
 
 
 @pytest.fixture(scope="module")
@@ -262,10 +265,15 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
     assert len(stub.seen) - seen == 6  # three LM calls for each good record, none for the bad one
 
 
-def test_registered_program_predicts_in_process(served, monkeypatch):
+def test_registered_program_predicts_in_process(served, monkeypatch, request):
     """``mlflow.pyfunc.load_model(...).predict`` takes a DataFrame, a list of records or one record; a request that
     cannot be answered raises the same one-line error the server answers with HTTP 400."""
     import mlflow
+    import mlflow.dspy
+
+    # loading the model starts a serving process's tracing (MLflow's DSPy callback) in this test process: undone
+    # after, or the later tests of this worker would trace their LM calls into whatever store they configure
+    request.addfinalizer(lambda: mlflow.dspy.autolog(disable=True, silent=True))
     import pandas as pd
     from mlflow.exceptions import MlflowException
 

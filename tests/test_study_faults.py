@@ -22,6 +22,8 @@ from hcqr_dspy.cli import main
 from hcqr_dspy.evaluation.lock import WRITER_LOCK
 from hcqr_dspy.evaluation.run_folder import METRICS, PREDICTIONS, RunFolder
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

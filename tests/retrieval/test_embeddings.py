@@ -11,6 +11,8 @@ import pytest
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval import EmbeddingStore, Encoder, build_retriever, load_corpus, load_encoder, load_index
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 QUERIES = ["microcytic anemia low ferritin", "fatigable ptosis acetylcholine receptor", "exophthalmos tsh"]
 
 # Runs `hcqr index` in a child process that SIGKILLs itself when chunk KILL_AT is about to be written

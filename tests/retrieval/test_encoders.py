@@ -12,6 +12,8 @@ import pytest
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
 from hcqr_dspy.retrieval import DenseRetriever, load_corpus, load_encoder, load_index, parse_encoder, read_manifest
 
+pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
+
 QUERIES = [
     "microcytic anemia low ferritin",
     "fatigable ptosis acetylcholine receptor antibodies",
