@@ -270,14 +270,14 @@ def test_registered_program_predicts_in_process(served, monkeypatch, request):
     cannot be answered raises the same one-line error the server answers with HTTP 400."""
     import mlflow
     import mlflow.dspy
-
-    # loading the model starts a serving process's tracing (MLflow's DSPy callback) in this test process: undone
-    # after, or the later tests of this worker would trace their LM calls into whatever store they configure
-    request.addfinalizer(lambda: mlflow.dspy.autolog(disable=True, silent=True))
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
     from hcqr_dspy.errors import HCQRError
+
+    # loading the model starts a serving process's tracing (MLflow's DSPy callback) in this test process: undone
+    # after, or the later tests of this worker would trace their LM calls into whatever store they configure
+    request.addfinalizer(lambda: mlflow.dspy.autolog(disable=True, silent=True))
 
     monkeypatch.setenv("STUB_KEY", SECRET)
     previous = mlflow.get_tracking_uri()

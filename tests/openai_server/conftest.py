@@ -43,7 +43,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def local_lm(server):
-    """The in-process LM on this module's own engine (made now, with the prompt cache off)."""
+    """The in-process LM on this folder's own engine (its window ``N_CTX``; made now, with the prompt cache off)."""
     lm = build_lm("local:smollm2-135m", n_ctx=N_CTX, cache=False)
     assert lm.engine.settings.prompt_cache_mb == 0
     return lm

@@ -65,13 +65,12 @@ def test_a_schema_dialect_the_server_refuses_stops_with_the_setting_to_change(se
 
 @pytest.mark.parametrize("prefix", ["hosted_vllm", "openai"])
 def test_a_reply_cut_at_max_tokens_is_an_invalid_cause(demo, server, prefix):
-    qids = QIDS
-    rows = run(demo, f"cut-{prefix}", "--method", "cot", "--max-tokens", "8", *lm_args(prefix, server), qids=qids)
+    rows = run(demo, f"cut-{prefix}", "--method", "cot", "--max-tokens", "8", *lm_args(prefix, server))
     for row in rows.values():
         assert (row["valid"], row["invalid_stage"], row["invalid_cause"]) == (False, "answer", "truncated")
         assert "max_tokens=8" in row["error"] and row["stages"]["answer"]["completion_tokens"] == 8
     metrics = json.loads((demo / f"cut-{prefix}" / "metrics.json").read_text())
-    assert metrics["invalid_answer_truncated"] == len(qids)
+    assert metrics["invalid_answer_truncated"] == len(QIDS)
 
 
 def test_compile_over_the_server(demo, server):
