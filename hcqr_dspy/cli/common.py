@@ -81,6 +81,28 @@ def _id_list(text: str | None) -> list[str] | None:
     return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
 
 
+def _move_datasets(runs: list[str], dataset: str | None) -> None:
+    """``--dataset``: each run folder's questions are read from ``dataset`` from now on (checked to be the
+    run's own: :meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.move_dataset`); one stderr line per move."""
+    if dataset is None:
+        return
+    from hcqr_dspy.evaluation.run_folder import RunFolder  # reads run records: loaded only when asked
+
+    for run_dir in runs:
+        before = RunFolder.open(run_dir).move_dataset(dataset)
+        if before is not None:
+            print(f"{run_dir}: its questions are read from {dataset} now (recorded: {before})", file=sys.stderr)
+
+
+def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="where the runs' dataset lies now, if it moved since they ran (another machine or data mount); "
+        "checked against each run's recorded question fingerprint, then recorded in its config.json",
+    )
+
+
 def _progress(message: str) -> None:
     """A line saying what the command is doing, on stderr (stdout keeps the result)."""
     print(message, file=sys.stderr, flush=True)

@@ -13,7 +13,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from hcqr_dspy.cli.common import _add_endpoint_args, _add_mlflow_args, _id_list, _positive_int
+from hcqr_dspy.cli.common import (
+    _add_dataset_move_arg,
+    _add_endpoint_args,
+    _add_mlflow_args,
+    _id_list,
+    _move_datasets,
+    _positive_int,
+)
 from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.lm import parse_lm_spec
 
@@ -36,6 +43,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
         raise HCQRError("--labelled-set without run folders needs --judge-lm (there is no run LM to default to)")
     if args.labelled_out is not None and args.labelled_set is None:
         raise HCQRError("--labelled-out writes the --labelled-set judgments: give --labelled-set with it")
+    if args.dataset is not None and not args.runs:
+        raise HCQRError("--dataset says where run folders' dataset lies now: give run folders with it")
     if args.judge_lm is not None:
         parse_lm_spec(args.judge_lm, api_base=args.api_base, api_key_env=args.api_key_env, option="--judge-lm")
     labelled = None
@@ -44,6 +53,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         load_labelled_set(labelled)
     if not args.runs:
         return _judge_labelled_only(args, labelled)
+    _move_datasets(args.runs, args.dataset)
     for run_dir in args.runs:  # every run checked before any LM is loaded
         folder = RunFolder.open(run_dir)
         if not judgeable(folder):
@@ -119,6 +129,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)",
     )
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
+    _add_dataset_move_arg(p)
     p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
     sample = p.add_mutually_exclusive_group()
     sample.add_argument(

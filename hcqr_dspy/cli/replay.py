@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _positive_int
+from hcqr_dspy.cli.common import _add_dataset_move_arg, _move_datasets, _positive_int
 
 NEAR_DUPLICATE_JACCARD = 0.6  # the default of hcqr_dspy.reporting.query_diversity, without importing it here
 
@@ -30,6 +30,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and the retrievers take seconds, `hcqr --help` none
     from hcqr_dspy.workflows.replay import replay, replay_faults
 
+    _move_datasets(args.runs, args.dataset)
     faults = replay_faults(args.runs, args.index, args.out)
     if faults:  # every fault, one line each, before anything is loaded
         for fault in faults:
@@ -69,4 +70,5 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--index", required=True, help="index folder to search, over the runs' corpus")
     p.add_argument("--out", default=None, help="folder for replay.md and replay.json (default: print the report)")
     p.add_argument("--budget", type=_positive_int, default=None, help="passages per context (default: each run's)")
+    _add_dataset_move_arg(p)
     p.set_defaults(func=cmd_replay)

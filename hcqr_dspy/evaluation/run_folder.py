@@ -240,6 +240,22 @@ class RunFolder:
         if run_id != self.mlflow_run_id:
             self._write_config({**self.config, "mlflow_run_id": run_id})
 
+    def move_dataset(self, dataset: str) -> str | None:
+        """Read the run's questions from ``dataset`` from now on (its dataset moved), once they pass
+        :meth:`load_questions`'s checks; ``config.json`` records the new place under the writer lock, as a
+        resumed ``hcqr eval`` would. Returns the place recorded before, ``None`` if unchanged (nothing written).
+
+        Raises:
+            RunError: the questions there are not the run's, or another process writes the folder.
+        """
+        place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
+        before = self.dataset
+        if place != before:
+            reload_questions(self, place)
+            with WriterLock(self.path, "move-dataset"):
+                self._write_config({**read_json_object(self.path / CONFIG, "run configuration"), "dataset": place})
+        return None if place == before else before
+
     def load_questions(self) -> dict[str, Any]:
         """The run's questions (from its dataset), by id.
 

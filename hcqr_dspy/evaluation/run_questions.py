@@ -13,25 +13,58 @@ from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 
 
-def reload_questions(folder: Any) -> dict[str, Any]:
-    """The run's questions (from its dataset), by id; see :meth:`RunFolder.load_questions
-    <hcqr_dspy.evaluation.run_folder.RunFolder.load_questions>`.
+def reload_questions(folder: Any, dataset: str | None = None) -> dict[str, Any]:
+    """The run's questions (from its dataset, or from ``dataset`` where it lies now), by id; see
+    :meth:`RunFolder.load_questions <hcqr_dspy.evaluation.run_folder.RunFolder.load_questions>`.
+
+    The questions are checked against the run's record: every answered question must be there, and where the
+    run's sample can be rebuilt (:func:`recorded_sample`) its content must hash to the recorded
+    ``content_sha256`` (a file edited since the run, same ids, is refused). An unfinished run over an explicit
+    id list cannot be rebuilt, so only its ids are checked.
 
     Raises:
-        RunError: the dataset cannot be read any more, or lacks a question the run answered.
+        RunError: the dataset cannot be read any more, lacks a question the run answered, or its questions'
+            content is not the recorded one.
     """
     from hcqr_dspy.data import load_questions  # imports dspy: only a run's questions reloaded pay for it
 
+    source = dataset or folder.dataset
     try:
-        questions = load_questions(folder.dataset, labelled=folder.questions_record.get("labelled", True))
+        questions = load_questions(source, labelled=folder.questions_record.get("labelled", True))
     except HCQRError as exc:
         raise RunError(f"run {folder.path}: its dataset cannot be read ({exc})") from None
     by_id = {q.qid: q for q in questions}
     rows = folder.rows()
     missing = [r["qid"] for r in rows if r["qid"] not in by_id]
     if missing:
-        raise RunError(f"run {folder.path}: question(s) {', '.join(missing[:5])} are not in {folder.dataset} any more")
+        raise RunError(f"run {folder.path}: question(s) {', '.join(missing[:5])} are not in {source} any more")
+    recorded = folder.questions_record.get("content_sha256")
+    sample = recorded_sample(folder, questions, rows)
+    if recorded and sample is not None and question_fingerprint(sample)["content_sha256"] != recorded:
+        raise RunError(
+            f"run {folder.path}: the questions in {source} are not the ones the run was made with "
+            "(same ids, other text, options or answers: content fingerprint differs)"
+        )
     return by_id
+
+
+def recorded_sample(folder: Any, questions: list[Any], rows: list[dict[str, Any]]) -> list[Any] | None:
+    """The run's question sample rebuilt from ``questions`` (the dataset's, in file order) so that its ids hash
+    to the recorded ``ids_sha256``: drawn again with the recorded ``limit`` and ``seed``
+    (:func:`hcqr_dspy.data.select`), or, once every question has a row, the answered ones in file order (a run
+    over an explicit id list). ``None`` when neither gives the recorded ids."""
+    from hcqr_dspy.data import select
+
+    record = folder.questions_record
+    drawn = select(questions, limit=record.get("limit"), seed=record.get("seed") or 0)
+    candidates = [drawn]
+    if len(rows) == record.get("count"):
+        answered = {r["qid"] for r in rows}
+        candidates.append([q for q in questions if q.qid in answered])
+    for sample in candidates:
+        if question_fingerprint(sample)["ids_sha256"] == record.get("ids_sha256"):
+            return sample
+    return None
 
 
 def rebuild_question_sample(folder: Any) -> list[str]:

@@ -1,0 +1,109 @@
+"""A run's questions read again from its dataset (`RunFolder.load_questions`, used by judge, rescore, replay and
+compare): checked against the run's recorded question fingerprint, and read from a new place with `--dataset` once
+the data moved. DummyLM-made Simple RAG runs over a copy of the demo questions and a demo BM25 index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hcqr_dspy.cli import main
+from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.run_folder import RunFolder
+
+DEMO = Path(__file__).resolve().parents[1] / "data" / "demo"
+IDS = ["demo-003", "demo-007", "demo-011"]
+
+
+@pytest.fixture(scope="module")
+def bm25(tmp_path_factory):
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+
+    root = tmp_path_factory.mktemp("bm25")
+    return BM25Retriever(load_corpus(DEMO / "corpus.jsonl"), show_progress=False).save(root / "bm25")
+
+
+def simple_rag_run(tmp_path: Path, bm25: Path, **sample) -> tuple[Path, Path]:
+    """A Simple RAG run (every answer A) over a copy of the demo questions: (run folder, dataset copy)."""
+    import dspy
+    from dspy.utils import DummyLM
+
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    data = Path(shutil.copy(DEMO / "questions.json", tmp_path / "questions.json"))
+    spec = EvalSpec(
+        method="simple_rag", dataset=str(data), index=str(bm25), lm="dummy/x", run_dir=str(tmp_path / "run"), **sample
+    )
+    lm = DummyLM({"`answer`": {"reasoning": "r", "answer": "A"}}, adapter=dspy.JSONAdapter())
+    return run_evaluation(spec, progress=False, track=False, lm=lm)[1], data
+
+
+def edit(data: Path, qid: str, out: Path | None = None) -> Path:
+    """``data`` with question ``qid``'s gold answer changed (same ids), written to ``out`` (default: in place)."""
+    questions = json.loads(data.read_text())
+    questions[qid]["answer"] = next(k for k in questions[qid]["options"] if k != questions[qid]["answer"])
+    out = out or data
+    out.write_text(json.dumps(questions))
+    return out
+
+
+def sampled(folder: Path) -> list[str]:
+    return [json.loads(line)["qid"] for line in (folder / "predictions.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sample", [{"limit": 3, "seed": 1}, {"ids": IDS}], ids=["limit-seed", "id-list"])
+def test_a_dataset_edited_since_the_run_is_refused(tmp_path, bm25, sample):
+    folder, data = simple_rag_run(tmp_path, bm25, **sample)
+    qids = sampled(folder)
+    assert len(RunFolder.open(folder).load_questions()) == 20  # unchanged: read as it was
+    outside = next(q for q in json.loads(data.read_text()) if q not in qids)
+    edit(data, outside)  # a question the run did not draw: its sample is unchanged
+    assert len(RunFolder.open(folder).load_questions()) == 20
+    edit(data, qids[1])
+    with pytest.raises(RunError, match="not the ones the run was made with .*content fingerprint differs"):
+        RunFolder.open(folder).load_questions()
+
+
+def test_an_unfinished_id_list_run_is_checked_by_its_ids_alone(tmp_path, bm25):
+    """Its sample cannot be rebuilt (the ids it was given are not recorded, only their hash), so an edited
+    question's content goes unseen until the run is finished; the module docstring says so."""
+    folder, data = simple_rag_run(tmp_path, bm25, ids=IDS)
+    lines = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(lines[0])
+    edit(data, json.loads(lines[0])["qid"])
+    assert len(RunFolder.open(folder).load_questions()) == 20
+
+
+def test_dataset_moves_a_runs_questions_once_they_are_checked(tmp_path, bm25, capsys):
+    folder, data = simple_rag_run(tmp_path, bm25, limit=3)
+    recorded = RunFolder.open(folder).config["dataset"]
+    (tmp_path / "mounted").mkdir()
+    moved = Path(shutil.move(data, tmp_path / "mounted" / "questions.json"))
+    with pytest.raises(RunError, match="its dataset cannot be read"):
+        RunFolder.open(folder).load_questions()
+    # another file with the same ids is refused: nothing recorded, nothing loaded
+    other = edit(moved, sampled(folder)[0], out=tmp_path / "edited.json")
+    assert main(["rescore", str(folder), "--dataset", str(other)]) == 2
+    assert "content fingerprint differs" in capsys.readouterr().err
+    assert RunFolder.open(folder).config["dataset"] == recorded
+    # the moved file: recorded once checked, and the command goes on with it
+    assert main(["replay", str(folder), "--index", str(bm25), "--dataset", str(moved)]) == 0
+    captured = capsys.readouterr()
+    assert f"its questions are read from {moved} now (recorded: {recorded})" in captured.err
+    assert captured.out.startswith("# Query replay against")
+    assert RunFolder.open(folder).config["dataset"] == str(moved.resolve())
+    assert len(RunFolder.open(folder).load_questions()) == 20
+    # the same place again: nothing to say, nothing written
+    assert main(["replay", str(folder), "--index", str(bm25), "--dataset", str(moved)]) == 0
+    assert "its questions are read from" not in capsys.readouterr().err
+
+
+def test_judge_refuses_dataset_without_run_folders(capsys):
+    assert main(["judge", "--labelled-set", "--judge-lm", "openai/x", "--dataset", "q.json"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hcqr: error: --dataset says where run folders' dataset lies now: give run folders with it"
+    )
