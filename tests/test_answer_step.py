@@ -166,3 +166,41 @@ def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(worl
     with pytest.raises(HCQRError, match=r"another configuration \(differs in: index\)"):
         run_evaluation(spec({**moved, "index": str(root / "other")}, answer_step=str(prog)), lm=lm, track=False)
     assert lm.history == []
+
+
+def test_a_program_edited_since_the_run_is_refused_on_resume_and_rebuild(world):
+    """Instructions or demos edited in ``program.json`` after a run started make another program (same compile
+    run, same creation time): the resume is refused, and so is rebuilding it for rescore or replay. A run
+    recorded before the hash existed resumes and records it from then on."""
+    import json
+    from pathlib import Path
+
+    from hcqr_dspy.errors import RunError
+    from hcqr_dspy.evaluation.run_folder import RunFolder
+    from hcqr_dspy.files import file_sha256
+    from hcqr_dspy.retrieval import load_index
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.programs import run_program
+
+    prog = Path(compiled("hcqr", folder=world["root"] / "hcqr-bfs"))
+    _, folder, _ = run_evaluation(spec(world, answer_step=str(prog)), lm=answering(), track=False, progress=False)
+    state = prog / "program.json"
+    assert RunFolder.open(folder).config["answer_step"]["program_sha256"] == file_sha256(state)
+    rows = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(rows[0])  # the run stopped after its first question
+    original = state.read_text()
+    state.write_text(original.replace(INSTRUCTIONS, "Answer with the first option."))
+    lm = answering()
+    with pytest.raises(HCQRError, match=r"another configuration \(differs in: answer_step\)"):
+        run_evaluation(spec(world, answer_step=str(prog)), lm=lm, track=False, progress=False)
+    assert lm.history == []
+    with pytest.raises(RunError, match="program.json changed since the run"):
+        run_program(RunFolder.open(folder), load_index(world["index"]))
+
+    state.write_text(original)
+    config = json.loads((folder / "config.json").read_text())
+    del config["answer_step"]["program_sha256"]  # as a run written before the hash was recorded
+    (folder / "config.json").write_text(json.dumps(config))
+    result, _, _ = run_evaluation(spec(world, answer_step=str(prog)), lm=answering(), track=False, progress=False)
+    assert result.ran == 1
+    assert RunFolder.open(folder).config["answer_step"]["program_sha256"] == file_sha256(state)

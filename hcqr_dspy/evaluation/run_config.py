@@ -3,10 +3,10 @@
 Everything that can change a row must match: the method and its options, the LM and its settings, the selected
 questions (``questions``: their ids' and contents' SHA-256), the index (``index``: corpus fingerprint and count,
 retriever, encoder, vector index, search options) and a saved program or answer step (its compile run, creation
-time, recipe, training set and, for a ``models:/`` URI, the version it resolved to). Where those inputs lie on this
-machine does not (:data:`LOCATION_KEYS`): a clone of the repository in another folder, the data mounted at another
-path, or a ``runs:/`` / ``models:/`` program fetched again (MLflow downloads it to a new temporary folder each
-time) resume the same run, and the configuration then records the new places.
+time, recipe, training set, ``program.json``'s SHA-256 and, for a ``models:/`` URI, the version it resolved to).
+Where those inputs lie on this machine does not (:data:`LOCATION_KEYS`): a clone of the repository in another
+folder, the data mounted at another path, or a ``runs:/`` / ``models:/`` program fetched again (MLflow downloads
+it to a new temporary folder each time) resume the same run, and the configuration then records the new places.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from typing import Any
 
 # Written anew by each session whatever the folder held (the MLflow run a resumed run continues).
 MUTABLE_KEYS = ("mlflow_run_id",)
+# Top-level key -> its fields recorded only by later versions: compared when both configurations have them, so that
+# a run written before resumes (and then records them).
+LATER_FIELDS: dict[str, tuple[str, ...]] = {"saved_program": ("program_sha256",), "answer_step": ("program_sha256",)}
 # Top-level key -> its fields that say where an input lies, not what it is (``()``: the value itself).
 LOCATION_KEYS: dict[str, tuple[str, ...]] = {
     "dataset": (),
@@ -26,11 +29,20 @@ LOCATION_KEYS: dict[str, tuple[str, ...]] = {
 
 def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The top-level keys whose identity differs between a folder's recorded ``old`` configuration and this
-    session's ``new`` one, sorted; :data:`MUTABLE_KEYS` and :data:`LOCATION_KEYS` left out, and a key absent on
-    one side and ``None`` on the other is no difference."""
+    session's ``new`` one, sorted; :data:`MUTABLE_KEYS` and :data:`LOCATION_KEYS` left out, a key absent on
+    one side and ``None`` on the other is no difference, nor a :data:`LATER_FIELDS` field ``old`` lacks."""
     return sorted(
-        k for k in set(old) | set(new) if k not in MUTABLE_KEYS and _identity(k, old.get(k)) != _identity(k, new.get(k))
+        k
+        for k in set(old) | set(new)
+        if k not in MUTABLE_KEYS and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k)))
     )
+
+
+def _as_old(key: str, old: Any, new: Any) -> Any:
+    """``new`` without the :data:`LATER_FIELDS` of ``key`` that ``old`` lacks."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    return {k: v for k, v in new.items() if k in old or k not in LATER_FIELDS.get(key, ())}
 
 
 def moved_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

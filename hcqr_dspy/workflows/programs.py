@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError, ProgramFormatError, RunError
+from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize import saved
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.programs import PROGRAMS, make_program
@@ -98,7 +99,8 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
             passages per query then take the method's default for it (HCQR: ``ceil(budget / roles)``).
 
     Raises:
-        RunError: a method this hcqr-dspy does not know, or recorded options that no longer build it.
+        RunError: a method this hcqr-dspy does not know, recorded options that no longer build it, or a saved
+            program whose ``program.json`` changed since the run.
         ProgramFormatError: the saved program cannot be read.
     """
     method = folder.method
@@ -106,6 +108,7 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
         raise RunError(f"{folder.path}: method {method!r} is not one this hcqr-dspy knows")
     saved_program = folder.saved_program
     if saved_program and budget is None:
+        _check_unchanged(folder, saved_program)
         program, _ = load_program(saved_program.get("folder") or saved_program["source"], retriever, method)
         return program
     recorded = folder.config.get("program") or {}
@@ -119,5 +122,22 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
         raise RunError(f"{folder.path}: its recorded program options do not build {method}: {exc}") from None
     answer_step = folder.config.get("answer_step")
     if answer_step:  # a fresh method that answered with a saved program's answer step
+        _check_unchanged(folder, answer_step)
         adopt_answer_step(program, answer_step.get("folder") or answer_step["source"])
     return program
+
+
+def _check_unchanged(folder: Any, record: dict[str, Any]) -> None:
+    """A saved program's ``program.json`` is still the one the run recorded (its SHA-256), where the run recorded
+    one and the file is at the recorded folder (a ``models:/`` program downloaded again is read as it comes).
+
+    Raises:
+        RunError: it changed (instructions or demos edited since the run).
+    """
+    path = Path(record.get("folder") or record.get("source") or "") / saved.STATE_FILE
+    want = record.get("program_sha256")
+    if want and path.is_file() and file_sha256(path) != want:
+        raise RunError(
+            f"{folder.path}: {path} changed since the run (its SHA-256 is not the recorded one): the rows were made "
+            "by another program; restore it or evaluate the new one in a new run folder"
+        )

@@ -15,10 +15,11 @@ from hcqr_dspy import __version__
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.fingerprints import question_fingerprint
+from hcqr_dspy.files import file_sha256
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
 from hcqr_dspy.lm.adapter import response_format_dialect
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
-from hcqr_dspy.optimize.saved import load_program, read_meta, refuse_overlap
+from hcqr_dspy.optimize.saved import STATE_FILE, load_program, read_meta, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
 from hcqr_dspy.retrieval import load_index, read_manifest
@@ -286,7 +287,8 @@ def dataset_name(dataset: str) -> str:
 
 def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
     """What a run folder records about the saved program it ran: where, its optimizer and recipe, its training set,
-    and for a ``models:/`` URI the registered version and LoggedModel it resolved to
+    the SHA-256 of its ``program.json`` (instructions and demos edited by hand after the compile change it), and
+    for a ``models:/`` URI the registered version and LoggedModel it resolved to
     (:func:`hcqr_dspy.tracking.model_links.resolve_model_uri`)."""
     recipe = meta.get("recipe") or {}
     train = meta.get("train") or {}
@@ -300,6 +302,7 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
         "train_dataset": train.get("dataset"),
         "train_count": train.get("train_count", len(train.get("ids") or [])),
         "val_count": train.get("val_count", 0),
+        "program_sha256": file_sha256(Path(folder) / STATE_FILE),
         # a models:/ URI as it resolved now: an alias moved later cannot change what this run ran
         **({"model": resolve_model_uri(source)} if str(source).startswith("models:/") else {}),
     }
