@@ -30,11 +30,20 @@ class Stub:
     ``switch_for``: the number of requests answered in ``switch_to`` before it is ``ok`` again). ``delay``
     seconds pass before each reply; ``shift`` moves every answer letter along by that many (a server of
     another checkpoint under the same model name); ``reasoning`` is the answer step's reasoning text. Every
-    request's headers and body are kept in ``seen``.
+    request's headers and body are kept in ``seen``. ``GET /v1/models`` lists ``stub-model`` as vLLM would.
+    ``port``: where to listen (default any free port; a stopped stub's port to restart it at the same address).
     """
 
     def __init__(
-        self, down_after=None, switch_after=None, switch_to=None, delay=0.0, shift=0, reasoning="r", switch_for=None
+        self,
+        down_after=None,
+        switch_after=None,
+        switch_to=None,
+        delay=0.0,
+        shift=0,
+        reasoning="r",
+        switch_for=None,
+        port=0,
     ):
         self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
         self.delay, self.shift = delay, shift  # seconds before each reply; letters shifted (another checkpoint)
@@ -45,6 +54,30 @@ class Stub:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):
+                """``/v1/models``: a vLLM-shaped listing of ``stub-model``, its checkpoint named by ``shift``
+                (``created`` and ``permission`` new on every request, as vLLM's); not counted in ``count``."""
+                if self.path.rstrip("/") != "/v1/models":
+                    self.send_error(404)
+                    return
+                now = int(time.time() * 1000)
+                card = {
+                    "id": "stub-model",
+                    "object": "model",
+                    "created": now,
+                    "owned_by": "stub",
+                    "root": f"/models/stub-checkpoint-{stub.shift}",
+                    "parent": None,
+                    "max_model_len": 4096,
+                    "permission": [{"id": f"modelperm-{now}", "created": now}],
+                }
+                payload = json.dumps({"object": "list", "data": [card]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
@@ -130,7 +163,7 @@ class Stub:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port 0: any free one
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

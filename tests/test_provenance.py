@@ -106,3 +106,48 @@ def test_a_malformed_sessions_file_is_a_clear_error(bench, line, message):
     (folder.path / SESSIONS).write_text((folder.path / SESSIONS).read_text() + line + "\n")
     with pytest.raises(RunError, match=message):
         folder.sessions()
+
+
+def test_a_server_redeployed_with_another_checkpoint_under_the_same_name_is_another_lm_stack(bench, capsys):
+    """The server's model card (``GET /v1/models``, vLLM-shaped) is recorded with each session, without the
+    fields vLLM fills anew per request; a resume whose server lists another checkpoint is noted, and compare
+    counts two LM stacks. A listing without the model is recorded as unavailable, never guessed."""
+    first = Stub(down_after=3)
+    with pytest.raises(LMUnavailableError):
+        evaluate_with(bench, first, "swap")
+    [one] = RunFolder(bench / "swap").sessions()
+    assert one["endpoint"] == {
+        "url": f"{first.base}/models",
+        "id": "stub-model",
+        "owned_by": "stub",
+        "root": "/models/stub-checkpoint-0",
+        "parent": None,
+        "max_model_len": 4096,
+    }
+    capsys.readouterr()
+    same = Stub()  # the same checkpoint on another port: the same stack, no note
+    with pytest.raises(LMUnavailableError):
+        evaluate_with(bench, Stub(down_after=1), "moved")
+    evaluate_with(
+        bench, same, "moved", api_base=json.loads((bench / "moved" / "config.json").read_text())["lm"]["api_base"]
+    )
+    assert "another machine" not in capsys.readouterr().err
+    redeployed = Stub(shift=1)  # another checkpoint served under the same model name
+    evaluate_with(bench, redeployed, "swap", api_base=first.base)
+    err = capsys.readouterr().err
+    assert "earlier rows were written on another machine or LM stack" in err
+    assert "root /models/stub-checkpoint-0" in err and "root /models/stub-checkpoint-1" in err
+    report, _ = compare([bench / "swap", bench / "moved"], out_dir=bench / "cmp")
+    assert "rows written in 2 session(s) on 2 different machines or LM stacks" in report
+    assert "rows written in 2 session(s) on one machine" in report
+
+    # the card is read when the LM is built: a listing without the model, a server gone, a provider's endpoint
+    assert build_lm("openai/other-model", api_base=same.base, cache=False).hcqr_endpoint_card == {
+        "url": f"{same.base}/models",
+        "unavailable": "'other-model' is not among the models it lists",
+    }
+    same.stop()
+    card = build_lm("openai/stub-model", api_base=same.base, cache=False).hcqr_endpoint_card
+    assert card["unavailable"].startswith("URLError")
+    assert build_lm("openai/stub-model", cache=False).hcqr_endpoint_card is None  # a provider's own: not asked
+    redeployed.stop()

@@ -233,6 +233,34 @@ def test_two_servers_under_one_model_name_never_share_cached_replies(bench, caps
         dspy.configure_cache(disk_cache_dir=os.environ["DSPY_CACHEDIR"])
 
 
+def test_a_server_redeployed_at_the_same_address_with_another_checkpoint_is_never_served_the_old_replies(
+    bench, capsys, tmp_path
+):
+    """DSPy's cache is keyed by the model card the server lists (vLLM's ``root``): the same checkpoint restarted
+    there is answered from the cache, another one under the same model name is asked every question."""
+    dspy.configure_cache(disk_cache_dir=str(tmp_path / "dspy-cache"))  # a cache of this test alone
+    first = Stub()
+    stubs = [first]
+    try:
+        code, _, err = cli(capsys, eval_argv(bench, bench / "one", first, "--no-mlflow"))
+        assert code == 0, err
+        first.stop()
+        stubs.append(restarted := Stub(port=first.port))  # the same checkpoint, restarted at the same address
+        code, _, err = cli(capsys, eval_argv(bench, bench / "same", restarted, "--no-mlflow"))
+        assert code == 0 and len(restarted.seen) == 1  # the LM check alone (never cached)
+        restarted.stop()
+        stubs.append(redeployed := Stub(shift=1, port=first.port))  # another checkpoint, same name and address
+        code, _, err = cli(capsys, eval_argv(bench, bench / "two", redeployed, "--no-mlflow"))
+        assert code == 0 and len(redeployed.seen) == 1 + 6  # its LM check, then every question, none cached
+        for a, b in zip(RunFolder.open(bench / "one").rows(), RunFolder.open(bench / "two").rows()):
+            n = int(a["qid"][1:])
+            assert a["prediction"] == "ABC"[(2 * n) % 3] and b["prediction"] == "ABC"[(2 * n + 1) % 3]
+    finally:
+        for stub in stubs:
+            stub.stop()
+        dspy.configure_cache(disk_cache_dir=os.environ["DSPY_CACHEDIR"])
+
+
 # -- the judge calls the run's own endpoint ------------------------------------------------------------------------
 
 

@@ -46,6 +46,7 @@ SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "machine": dict,
     "packages": dict,
     "engine": (dict, type(None)),
+    "endpoint": (dict, type(None)),  # absent from records written before it was recorded
     "predictions_before": int,
     "judgments_before": int,
 }
@@ -95,7 +96,9 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
 
     Returns:
         ``{"command", "started" (UTC, ISO 8601), "machine": {"cpu", "cores", "arch", "os", "python"},
-        "packages": {name: version}, "engine": {...} or None}``.
+        "packages": {name: version}, "engine": {...} or None, "endpoint": {...} or None}``: the engine of an
+        in-process model, the model card an OpenAI-compatible server listed when the LM was built
+        (:func:`~hcqr_dspy.lm.endpoint_card.endpoint_card`).
     """
     return {
         "command": command,
@@ -109,6 +112,7 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
         },
         "packages": package_versions(),
         "engine": engine_record(lm),
+        "endpoint": getattr(lm, "hcqr_endpoint_card", None),
     }
 
 
@@ -123,8 +127,9 @@ def malformed_fields(record: dict[str, Any]) -> list[str]:
 
 def machine_key(record: dict[str, Any]) -> str:
     """What tells two sessions' machines apart for a report: CPU model and cores, the llama.cpp build's CPU
-    features, threads and the settings that can change a reply (where the record holds them), and the versions of
-    the LM stack (``dspy``, ``litellm``, ``llama_cpp_python``)."""
+    features, threads and the settings that can change a reply (where the record holds them), the model card an
+    OpenAI-compatible server listed (not its address: a server moved to another port is the same stack), and the
+    versions of the LM stack (``dspy``, ``litellm``, ``llama_cpp_python``)."""
     machine = record.get("machine") or {}
     engine = record.get("engine") or {}
     packages = record.get("packages") or {}
@@ -140,5 +145,9 @@ def machine_key(record: dict[str, Any]) -> str:
             )
             + f"[{engine.get('system_info', '?')}]"
         )
+    endpoint = record.get("endpoint") or {}
+    if endpoint:
+        card = {k: v for k, v in endpoint.items() if k != "url"}
+        parts.append("server model " + ", ".join(f"{k} {v}" for k, v in card.items()))
     parts.append(f"dspy {packages.get('dspy', '?')}, litellm {packages.get('litellm', '?')}")
     return "; ".join(parts)

@@ -25,6 +25,7 @@ One job per module:
 * :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
 * :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
+* :mod:`hcqr_dspy.lm.endpoint_card` — the model card an OpenAI-compatible server lists for the run's model;
 * :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
 * :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried;
 * :mod:`hcqr_dspy.lm.adapter` — the JSON adapter every command uses: the output schema sent to remote LMs too,

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import LMSpecError
-from hcqr_dspy.lm.cache import key_cache_by_endpoint
+from hcqr_dspy.lm.cache import key_cache_by_card, key_cache_by_endpoint
+from hcqr_dspy.lm.endpoint_card import endpoint_card
 from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX, LlamaCppEngine, engine_for
 from hcqr_dspy.lm.packaged import packaged_model_path
 from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
@@ -65,6 +66,10 @@ def build_lm(
         lm = dspy.LM(
             cfg.model, temperature=temperature, max_tokens=max_tokens, cache=cache, num_retries=num_retries, **kwargs
         )
+        card = endpoint_card(cfg, kwargs.get("api_key"))
+        if cache and card and "unavailable" not in card:
+            key_cache_by_card(cfg.api_base, card)
+        lm.hcqr_endpoint_card = card
     lm.hcqr_config = cfg
     return lm
 

@@ -1,12 +1,27 @@
-"""DSPy's response cache keyed by endpoint too, so two servers of one model name never share replies."""
+"""DSPy's response cache keyed by endpoint too, and by the model card the endpoint lists, so two servers of one
+model name, or one server redeployed with another checkpoint, never share replies."""
 
 from __future__ import annotations
+
+import json
 
 # The request fields DSPy leaves out of its response-cache key (``dspy.clients.execution.IGNORED_CACHE_KEYS``:
 # api_key, api_base, base_url) that say where a request is sent: without them, two servers serving one model
 # name (two vLLM deployments of different checkpoints) would share cached replies.
 ENDPOINT_KEYS = ("api_base", "base_url")
 _endpoint_cache_classes: dict[type, type] = {}
+# api_base (no trailing slash) -> the model card it listed (:func:`hcqr_dspy.lm.endpoint_card.endpoint_card`), as
+# canonical JSON without its address: put into the key of every request sent there.
+_endpoint_cards: dict[str, str] = {}
+
+
+def key_cache_by_card(api_base: str, card: dict) -> None:
+    """Key DSPy's cached replies from ``api_base`` by the model card it lists too (a vLLM server's ``root``: the
+    checkpoint it loaded), so a server redeployed there with another checkpoint under the same model name is never
+    served the old one's replies. Replies cached there before the card was known are not served again."""
+    key_cache_by_endpoint()
+    identity = {k: v for k, v in card.items() if k != "url"}
+    _endpoint_cards[api_base.rstrip("/")] = json.dumps(identity, sort_keys=True)
 
 
 def key_cache_by_endpoint() -> None:
@@ -29,6 +44,9 @@ def key_cache_by_endpoint() -> None:
 
         def cache_key(self, request, ignored_args_for_cache_key=None):
             ignored = [a for a in (ignored_args_for_cache_key or []) if a not in ENDPOINT_KEYS]
+            where = str(request.get("api_base") or request.get("base_url") or "").rstrip("/")
+            if where in _endpoint_cards:
+                request = {**request, "hcqr_endpoint_card": _endpoint_cards[where]}
             return base.cache_key(self, request, ignored)
 
         _endpoint_cache_classes[base] = type(

@@ -40,11 +40,13 @@ def assert_same_replies(remote: dict[str, dict], local: dict[str, dict]) -> None
         assert row["prompt_tokens"] == ref["prompt_tokens"] and row["completion_tokens"] == ref["completion_tokens"]
 
 
-def test_eval_over_hosted_vllm_gives_the_in_process_replies(demo, in_process, over_vllm):
+def test_eval_over_hosted_vllm_gives_the_in_process_replies(demo, server, in_process, over_vllm):
     assert_same_replies(over_vllm, in_process)
     assert all(r["valid"] for r in over_vllm.values())  # every step's reply obeyed its schema
     lm = json.loads((demo / "vllm" / "config.json").read_text())["lm"]
     assert (lm["spec"], lm["response_format"]) == ("hosted_vllm/smollm2-135m", "json_object")
+    [session] = [json.loads(line) for line in (demo / "vllm" / "sessions.jsonl").read_text().splitlines()]
+    assert session["endpoint"] == {"url": f"{server.base}/models", "id": server.alias, "owned_by": "me"}
 
 
 def test_predict_over_openai_with_two_in_flight(demo, server, in_process):
