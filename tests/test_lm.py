@@ -1,6 +1,7 @@
 """LM specs, packaged-model assembly and checksum, key handling."""
 
 import hashlib
+import json
 
 import pytest
 
@@ -178,3 +179,75 @@ def test_an_unroutable_model_name_is_one_line_and_litellm_prints_nothing(capfd):
     out, err = capfd.readouterr()
     assert out == "" and err == ""
     check_route("openai/gpt-4o-mini")  # a routable name passes
+
+
+def test_a_gguf_files_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from hcqr_dspy.lm import model_file
+
+    monkeypatch.setenv("HCQR_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(1000))
+    hashed = []
+    real = model_file.file_sha256
+    monkeypatch.setattr(model_file, "file_sha256", lambda p: hashed.append(p) or real(p))  # counts the reads
+    assert model_file.gguf_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert model_file.gguf_sha256(str(f)) == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 1
+    time.sleep(0.05)  # past the kernel's timestamp tick
+    st = f.stat()
+    with f.open("r+b") as fh:  # another model's bytes, written in place: same size, same inode
+        fh.seek(500)
+        fh.write(b"\x01")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # its modification time put back, as `rsync -t --inplace` does
+    assert model_file.gguf_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 2
+
+
+def test_a_run_over_a_gguf_file_replaced_since_is_not_resumed(tmp_path, monkeypatch):
+    """Another model file at the recorded path (same stem, same size) is another LM: the resume is refused."""
+    import dspy
+    from dspy.utils import DummyLM
+
+    from hcqr_dspy.errors import HCQRError
+    from hcqr_dspy.resources import shipped_dir
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    monkeypatch.setenv("HCQR_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(1000))
+    spec = EvalSpec(
+        method="cot",
+        dataset=str(shipped_dir("demo") / "questions.json"),
+        lm=f"gguf:{f}",
+        limit=2,
+        run_dir=str(tmp_path / "run"),
+    )
+
+    def answering():
+        return DummyLM({"`answer`": {"reasoning": "r", "answer": "A"}}, adapter=dspy.JSONAdapter())
+
+    _, folder, _ = run_evaluation(spec, lm=answering(), track=False, progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["lm"]["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    rows = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(rows[0])  # the run stopped after its first question
+    f.write_bytes(b"GGUF" + bytes(999) + b"\x01")  # another model file at the same path
+    lm = answering()
+    with pytest.raises(HCQRError, match=r"another configuration \(differs in: lm\)"):
+        run_evaluation(spec, lm=lm, track=False, progress=False)
+    assert lm.history == []
+    from hcqr_dspy.errors import RunError
+    from hcqr_dspy.workflows.rescore import rescore_run
+
+    with pytest.raises(RunError, match=r"the run's model file .*m.gguf changed since the run"):
+        rescore_run(folder, progress=False)  # scored by the run's own LM: refused before a model is loaded
+    del config["lm"]["sha256"]  # a run recorded before the hash: resumed, and the hash recorded from then on
+    (folder / "config.json").write_text(json.dumps(config))
+    result, _, _ = run_evaluation(spec, lm=answering(), track=False, progress=False)
+    assert (
+        result.ran == 1
+        and json.loads((folder / "config.json").read_text())["lm"]["sha256"]
+        == hashlib.sha256(f.read_bytes()).hexdigest()
+    )

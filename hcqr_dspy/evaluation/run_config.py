@@ -1,12 +1,13 @@
 """What of a run folder's ``config.json`` must match for a later session to resume it.
 
-Everything that can change a row must match: the method and its options, the LM and its settings, the selected
-questions (``questions``: their ids' and contents' SHA-256), the index (``index``: corpus fingerprint and count,
-retriever, encoder, vector index, search options) and a saved program or answer step (its compile run, creation
-time, recipe, training set, ``program.json``'s SHA-256 and, for a ``models:/`` URI, the version it resolved to).
-Where those inputs lie on this machine does not (:data:`LOCATION_KEYS`): a clone of the repository in another
-folder, the data mounted at another path, or a ``runs:/`` / ``models:/`` program fetched again (MLflow downloads
-it to a new temporary folder each time) resume the same run, and the configuration then records the new places.
+Everything that can change a row must match: the method and its options, the LM and its settings (a ``gguf:``
+file by its SHA-256 too), the selected questions (``questions``: their ids' and contents' SHA-256), the index
+(``index``: corpus fingerprint and count, retriever, encoder, vector index, search options) and a saved program or
+answer step (its compile run, creation time, recipe, training set, ``program.json``'s SHA-256 and, for a
+``models:/`` URI, the version it resolved to). Where those inputs lie on this machine does not
+(:data:`LOCATION_KEYS`): a clone of the repository in another folder, the data mounted at another path, or a
+``runs:/`` / ``models:/`` program fetched again (MLflow downloads it to a new temporary folder each time) resume
+the same run, and the configuration then records the new places.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from typing import Any
 MUTABLE_KEYS = ("mlflow_run_id",)
 # Top-level key -> its fields recorded only by later versions: compared when both configurations have them, so that
 # a run written before resumes (and then records them).
-LATER_FIELDS: dict[str, tuple[str, ...]] = {"saved_program": ("program_sha256",), "answer_step": ("program_sha256",)}
+LATER_FIELDS: dict[str, tuple[str, ...]] = {
+    "saved_program": ("program_sha256",),
+    "answer_step": ("program_sha256",),
+    "lm": ("sha256",),  # a gguf: file's bytes
+}
 # Top-level key -> its fields that say where an input lies, not what it is (``()``: the value itself).
 LOCATION_KEYS: dict[str, tuple[str, ...]] = {
     "dataset": (),

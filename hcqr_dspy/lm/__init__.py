@@ -22,6 +22,7 @@ One job per module:
 
 * :mod:`hcqr_dspy.lm.spec` — parsing ``--lm`` specs (:class:`LMConfig`), naming and checking endpoints;
 * :mod:`hcqr_dspy.lm.packaged` — the packaged GGUF models, assembled and verified;
+* :mod:`hcqr_dspy.lm.model_file` — a ``gguf:`` file's SHA-256, remembered per version of the file;
 * :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
 * :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;

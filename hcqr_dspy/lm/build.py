@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm.cache import key_cache_by_card, key_cache_by_endpoint
 from hcqr_dspy.lm.endpoint_card import endpoint_card
 from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX, LlamaCppEngine, engine_for
+from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.lm.packaged import packaged_model_path
 from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
 
@@ -107,8 +107,9 @@ def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
     max_tokens ...); the engine's own settings are not in the request, so they
     go into the name: the context window (a smaller window must not be served
     a reply cached under a larger one, whose prompt it would have refused), the
-    repetition penalty and the seed. A ``gguf:`` file adds a digest of its path
-    and size, so files that share a stem are told apart. The llama.cpp build's CPU kernels
+    repetition penalty and the seed. A ``gguf:`` file adds the start of its SHA-256
+    (:func:`~hcqr_dspy.lm.model_file.gguf_sha256`), so files that share a stem, or a file replaced by another
+    at the same path, are told apart. The llama.cpp build's CPU kernels
     (:func:`~hcqr_dspy.lm.engine_settings.build_features`) and the engine settings that change the
     prompt's floating-point order (:meth:`~hcqr_dspy.lm.engine_settings.EngineSettings.reply_key`) come
     last: another build or batch size need not give the same reply at temperature 0.
@@ -118,8 +119,7 @@ def engine_model_name(cfg: LMConfig, engine: LlamaCppEngine) -> str:
     """
     name = cfg.model
     if cfg.kind == "gguf":
-        ident = f"{Path(cfg.path).resolve()}:{Path(cfg.path).stat().st_size}"
-        name = f"{cfg.model}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+        name = f"{cfg.model}-{gguf_sha256(cfg.path)[:12]}"
     return (
         f"{name}@n_ctx={engine.n_ctx},repeat_penalty={engine.repeat_penalty},seed={engine.seed},"
         f"build={engine.build},{engine.settings.reply_key()}"

@@ -27,6 +27,7 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.judging import check_judge_index
 from hcqr_dspy.lm import DEFAULT_N_CTX, LlamaCppEngine, build_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.workflows.programs import run_program
@@ -57,7 +58,8 @@ def rescore_run(
 
     Raises:
         LMSpecError: the LM gives no next-token distribution (not an in-process llama.cpp model).
-        RunError: not a run folder, a run without an LM, or an index over another corpus.
+        RunError: not a run folder, a run without an LM, an index over another corpus, or (the run's own LM)
+            a ``gguf:`` file whose bytes changed since the run.
     """
     import dspy
     from dspy.lm15 import ContextLengthError
@@ -81,6 +83,8 @@ def rescore_run(
             questions = folder.load_questions()
             if lm is None:
                 recorded = folder.config.get("lm") or {}
+                if not lm_spec:
+                    _check_model_file(folder, recorded)
                 lm = build_lm(spec, n_ctx=n_ctx or recorded.get("n_ctx") or DEFAULT_N_CTX)
             if not isinstance(getattr(lm, "engine", None), LlamaCppEngine):
                 raise LMSpecError(
@@ -127,3 +131,18 @@ def rescore_run(
         file=sys.stderr,
     )
     return summary
+
+
+def _check_model_file(folder: RunFolder, recorded: dict[str, Any]) -> None:
+    """The run's ``gguf:`` file is still the one it ran (the recorded SHA-256), where it recorded one: another
+    model's distribution is not the run's answer step's.
+
+    Raises:
+        RunError: the file at the recorded path has other bytes.
+    """
+    path, want = recorded.get("path"), recorded.get("sha256")
+    if want and path and Path(path).is_file() and gguf_sha256(path) != want:
+        raise RunError(
+            f"{folder.path}: the run's model file {path} changed since the run (its SHA-256 is not the recorded "
+            f"one); to score with it anyway, name it: --lm gguf:{path}"
+        )

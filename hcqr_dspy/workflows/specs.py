@@ -18,6 +18,7 @@ from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
 from hcqr_dspy.lm.adapter import response_format_dialect
+from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.optimize.saved import STATE_FILE, load_program, read_meta, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
@@ -209,6 +210,8 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "index": index_info,
         "lm": {
             **lm_cfg.params(),
+            # a gguf: file is the bytes at its path: another file put there is another LM
+            **({"sha256": gguf_sha256(lm_cfg.path)} if lm_cfg.kind == "gguf" and Path(lm_cfg.path).is_file() else {}),
             "temperature": spec.temperature,
             "max_tokens": spec.max_tokens,
             "n_ctx": spec.n_ctx,

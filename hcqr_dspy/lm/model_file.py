@@ -1,0 +1,45 @@
+"""What a ``gguf:`` model file is: the SHA-256 of its bytes, remembered per file so that a large file is read once.
+
+The path and size alone do not tell two files apart (a fine-tune re-quantized to the same type has the same
+tensor shapes), so the run configuration (:func:`hcqr_dspy.workflows.specs.build_config`) and DSPy's cache key
+(:func:`hcqr_dspy.lm.build.engine_model_name`) use the hash. It is remembered in
+``$HCQR_CACHE/file-hashes`` and reused while the file's size, inode, modification and change times
+(``st_ctime_ns``: set by the kernel on every write, never by the user) are those it was computed for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from hcqr_dspy.files import file_sha256
+from hcqr_dspy.lm.packaged import cache_dir
+
+
+def gguf_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of a model file's bytes, computed once per version of the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+    memo = cache_dir() / "file-hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    try:
+        known = json.loads(memo.read_text())
+        if known.get("path") == str(path) and known.get("stamp") == stamp and known.get("sha256"):
+            return known["sha256"]
+    except (OSError, ValueError):
+        pass  # not computed yet, or unreadable: computed below
+    digest = file_sha256(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(path), "stamp": stamp, "sha256": digest}))
+        tmp.replace(memo)
+    except OSError:
+        pass  # a read-only cache: the hash is computed again next time, never wrong
+    return digest
