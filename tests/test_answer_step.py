@@ -191,7 +191,7 @@ def test_a_program_edited_since_the_run_is_refused_on_resume_and_rebuild(world):
     original = state.read_text()
     state.write_text(original.replace(INSTRUCTIONS, "Answer with the first option."))
     lm = answering()
-    with pytest.raises(HCQRError, match=r"another configuration \(differs in: answer_step\)"):
+    with pytest.raises(HCQRError, match=r"another configuration \(differs in: answer_step, prompts_sha256\)"):
         run_evaluation(spec(world, answer_step=str(prog)), lm=lm, track=False, progress=False)
     assert lm.history == []
     with pytest.raises(RunError, match="program.json changed since the run"):

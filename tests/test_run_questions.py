@@ -1,6 +1,7 @@
-"""A run's questions read again from its dataset (`RunFolder.load_questions`, used by judge, rescore, replay and
-compare): checked against the run's recorded question fingerprint, and read from a new place with `--dataset` once
-the data moved. DummyLM-made Simple RAG runs over a copy of the demo questions and a demo BM25 index."""
+"""What a finished or partial run is checked against when it is read again or resumed: its questions
+(`RunFolder.load_questions`, used by judge, rescore, replay and compare: the recorded question fingerprint, and
+`--dataset` once the data moved) and its prompts (`prompts_sha256`). DummyLM-made runs over a copy of the demo
+questions and a demo BM25 index."""
 
 from __future__ import annotations
 
@@ -107,3 +108,43 @@ def test_judge_refuses_dataset_without_run_folders(capsys):
     assert capsys.readouterr().err.strip() == (
         "hcqr: error: --dataset says where run folders' dataset lies now: give run folders with it"
     )
+
+
+def test_a_run_is_not_resumed_with_other_prompts(tmp_path, monkeypatch):
+    """A signature reworded since the run started (an upgrade, an edit of the code) sends other prompts: the
+    resume is refused. A run recorded before the prompts' hash resumes and records it from then on."""
+    import dspy
+    from dspy.utils import DummyLM
+
+    from hcqr_dspy.errors import HCQRError
+    from hcqr_dspy.programs import cot
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.programs import run_program
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    spec = EvalSpec(
+        method="cot", dataset=str(DEMO / "questions.json"), lm="dummy/x", limit=2, run_dir=str(tmp_path / "run")
+    )
+
+    def answering():
+        return DummyLM({"`answer`": {"reasoning": "r", "answer": "A"}}, adapter=dspy.JSONAdapter())
+
+    _, folder, _ = run_evaluation(spec, lm=answering(), track=False, progress=False)
+    recorded = RunFolder.open(folder).config["prompts_sha256"]
+    rows = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(rows[0])  # the run stopped after its first question
+    reworded = cot.AnswerQuestionNoContext.with_instructions("Answer the question; think step by step first.")
+    monkeypatch.setattr(cot, "AnswerQuestionNoContext", reworded)
+    lm = answering()
+    with pytest.raises(HCQRError, match=r"another configuration \(differs in: prompts_sha256\)"):
+        run_evaluation(spec, lm=lm, track=False, progress=False)
+    assert lm.history == []
+    with pytest.raises(RunError, match="sends other prompts than the run did"):
+        run_program(RunFolder.open(folder))  # rescore and replay rebuild it: refused too
+    monkeypatch.undo()
+    assert run_program(RunFolder.open(folder)) is not None
+    config = json.loads((folder / "config.json").read_text())
+    del config["prompts_sha256"]  # as a run written before the prompts' hash was recorded
+    (folder / "config.json").write_text(json.dumps(config))
+    result, _, _ = run_evaluation(spec, lm=answering(), track=False, progress=False)
+    assert result.ran == 1 and RunFolder.open(folder).config["prompts_sha256"] == recorded

@@ -1,13 +1,13 @@
 """What of a run folder's ``config.json`` must match for a later session to resume it.
 
 Everything that can change a row must match: the method and its options, the LM and its settings (a ``gguf:``
-file by its SHA-256 too), the selected questions (``questions``: their ids' and contents' SHA-256), the index
-(``index``: corpus fingerprint and count, retriever, encoder, vector index, search options) and a saved program or
-answer step (its compile run, creation time, recipe, training set, ``program.json``'s SHA-256 and, for a
-``models:/`` URI, the version it resolved to). Where those inputs lie on this machine does not
-(:data:`LOCATION_KEYS`): a clone of the repository in another folder, the data mounted at another path, or a
-``runs:/`` / ``models:/`` program fetched again (MLflow downloads it to a new temporary folder each time) resume
-the same run, and the configuration then records the new places.
+file by its SHA-256 too), the prompts (``prompts_sha256``: each stage's signature and demos), the selected
+questions (``questions``: their ids' and contents' SHA-256), the index (``index``: corpus fingerprint and count,
+retriever, encoder, vector index, search options) and a saved program or answer step (its compile run, creation
+time, recipe, training set, ``program.json``'s SHA-256 and, for a ``models:/`` URI, the version it resolved to).
+Where those inputs lie on this machine does not (:data:`LOCATION_KEYS`): a clone of the repository in another
+folder, the data mounted at another path, or a ``runs:/`` / ``models:/`` program fetched again (MLflow downloads
+it to a new temporary folder each time) resume the same run, and the configuration then records the new places.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 # Written anew by each session whatever the folder held (the MLflow run a resumed run continues).
 MUTABLE_KEYS = ("mlflow_run_id",)
-# Top-level key -> its fields recorded only by later versions: compared when both configurations have them, so that
-# a run written before resumes (and then records them).
+# Top-level keys, and a top-level key's fields, recorded only by later versions: compared when both configurations
+# have them, so that a run written before resumes (and then records them).
+LATER_KEYS = ("prompts_sha256",)
 LATER_FIELDS: dict[str, tuple[str, ...]] = {
     "saved_program": ("program_sha256",),
     "answer_step": ("program_sha256",),
@@ -35,11 +36,14 @@ LOCATION_KEYS: dict[str, tuple[str, ...]] = {
 def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The top-level keys whose identity differs between a folder's recorded ``old`` configuration and this
     session's ``new`` one, sorted; :data:`MUTABLE_KEYS` and :data:`LOCATION_KEYS` left out, a key absent on
-    one side and ``None`` on the other is no difference, nor a :data:`LATER_FIELDS` field ``old`` lacks."""
+    one side and ``None`` on the other is no difference, nor a :data:`LATER_KEYS` key or :data:`LATER_FIELDS`
+    field ``old`` lacks."""
     return sorted(
         k
         for k in set(old) | set(new)
-        if k not in MUTABLE_KEYS and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k)))
+        if k not in MUTABLE_KEYS
+        and not (k in LATER_KEYS and k not in old)
+        and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k)))
     )
 
 

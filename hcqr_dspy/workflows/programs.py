@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError, ProgramFormatError, RunError
+from hcqr_dspy.evaluation.fingerprints import prompt_fingerprint
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize import saved
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
@@ -99,8 +100,9 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
             passages per query then take the method's default for it (HCQR: ``ceil(budget / roles)``).
 
     Raises:
-        RunError: a method this hcqr-dspy does not know, recorded options that no longer build it, or a saved
-            program whose ``program.json`` changed since the run.
+        RunError: a method this hcqr-dspy does not know, recorded options that no longer build it, a saved
+            program whose ``program.json`` changed since the run, or a program whose prompts are not the run's
+            (``prompts_sha256``: a signature reworded since).
         ProgramFormatError: the saved program cannot be read.
     """
     method = folder.method
@@ -110,7 +112,7 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
     if saved_program and budget is None:
         _check_unchanged(folder, saved_program)
         program, _ = load_program(saved_program.get("folder") or saved_program["source"], retriever, method)
-        return program
+        return _same_prompts(folder, program)
     recorded = folder.config.get("program") or {}
     options = {k: v for k, v in recorded.items() if k in accepted_options(PROGRAMS[method])}
     if budget is not None:
@@ -124,7 +126,7 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
     if answer_step:  # a fresh method that answered with a saved program's answer step
         _check_unchanged(folder, answer_step)
         adopt_answer_step(program, answer_step.get("folder") or answer_step["source"])
-    return program
+    return _same_prompts(folder, program)
 
 
 def _check_unchanged(folder: Any, record: dict[str, Any]) -> None:
@@ -141,3 +143,19 @@ def _check_unchanged(folder: Any, record: dict[str, Any]) -> None:
             f"{folder.path}: {path} changed since the run (its SHA-256 is not the recorded one): the rows were made "
             "by another program; restore it or evaluate the new one in a new run folder"
         )
+
+
+def _same_prompts(folder: Any, program: MCQProgram) -> MCQProgram:
+    """``program``, once its prompts are found to be the run's (``prompts_sha256``, where the run recorded it).
+
+    Raises:
+        RunError: they differ (a signature reworded, instructions or demos changed since the run).
+    """
+    want = folder.config.get("prompts_sha256")
+    if want and prompt_fingerprint(program) != want:
+        raise RunError(
+            f"{folder.path}: the program rebuilt for it sends other prompts than the run did (its signatures, "
+            "instructions or demos changed since: prompts_sha256 differs); its rows cannot be scored or replayed "
+            "with it"
+        )
+    return program

@@ -14,7 +14,7 @@ import dspy
 from hcqr_dspy import __version__
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluation.fingerprints import question_fingerprint
+from hcqr_dspy.evaluation.fingerprints import prompt_fingerprint, question_fingerprint
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
 from hcqr_dspy.lm.adapter import response_format_dialect
@@ -197,6 +197,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     config = {
         "method": spec.method,
         "program": program.settings(),
+        "prompts_sha256": prompt_fingerprint(program),  # what each stage's LM call is made of
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
         # recorded only when given, so run folders made before the option existed still resume
         **({"answer_step": saved_program_record(spec.answer_step, answer_meta, answer_folder)} if answer_meta else {}),
