@@ -202,6 +202,12 @@ def test_a_gguf_files_hash_is_remembered_until_the_file_changes(tmp_path, monkey
         fh.write(b"\x01")
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # its modification time put back, as `rsync -t --inplace` does
     assert model_file.gguf_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 2
+    for memo in (tmp_path / "cache" / "file-hashes").glob("*.json"):  # a memo that is not one: hashed again
+        memo.write_text("[]")
+    assert model_file.gguf_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() and len(hashed) == 3
+    odd = tmp_path / os.fsdecode(b"\xff.gguf")  # a file name that is not UTF-8
+    odd.write_bytes(b"GGUF")
+    assert model_file.gguf_sha256(odd) == hashlib.sha256(b"GGUF").hexdigest()
 
 
 def test_a_run_over_a_gguf_file_replaced_since_is_not_resumed(tmp_path, monkeypatch):

@@ -71,12 +71,27 @@ def test_a_dataset_edited_since_the_run_is_refused(tmp_path, bm25, sample):
 
 def test_an_unfinished_id_list_run_is_checked_by_its_ids_alone(tmp_path, bm25):
     """Its sample cannot be rebuilt (the ids it was given are not recorded, only their hash), so an edited
-    question's content goes unseen until the run is finished; the module docstring says so."""
+    question's content goes unseen where the run lies until it is finished (run_questions.py says so); moved
+    with --dataset, it is refused."""
     folder, data = simple_rag_run(tmp_path, bm25, ids=IDS)
     lines = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
     (folder / "predictions.jsonl").write_text(lines[0])
     edit(data, json.loads(lines[0])["qid"])
     assert len(RunFolder.open(folder).load_questions()) == 20
+    with pytest.raises(RunError, match="its question sample cannot be rebuilt from .* to check its content"):
+        RunFolder.open(folder).move_dataset(str(shutil.copy(data, tmp_path / "copy.json")))
+
+
+def test_a_reordered_file_is_checked_in_the_runs_own_order(tmp_path, bm25):
+    """A finished run answered one question at a time: its rows give the sample's order, so a file whose
+    questions were reordered is still checked by content (an edited answer refused)."""
+    folder, data = simple_rag_run(tmp_path, bm25, limit=3, seed=1)
+    questions = json.loads(data.read_text())
+    data.write_text(json.dumps(dict(reversed(questions.items()))))
+    assert len(RunFolder.open(folder).load_questions()) == 20
+    edit(data, sampled(folder)[2])
+    with pytest.raises(RunError, match="content fingerprint differs"):
+        RunFolder.open(folder).load_questions()
 
 
 def test_dataset_moves_a_runs_questions_once_they_are_checked(tmp_path, bm25, capsys):
@@ -87,10 +102,22 @@ def test_dataset_moves_a_runs_questions_once_they_are_checked(tmp_path, bm25, ca
     with pytest.raises(RunError, match="its dataset cannot be read"):
         RunFolder.open(folder).load_questions()
     # another file with the same ids is refused: nothing recorded, nothing loaded
-    other = edit(moved, sampled(folder)[0], out=tmp_path / "edited.json")
+    other = edit(moved, next(q for q in sampled(folder) if q not in IDS), out=tmp_path / "edited.json")
     assert main(["rescore", str(folder), "--dataset", str(other)]) == 2
     assert "content fingerprint differs" in capsys.readouterr().err
     assert RunFolder.open(folder).config["dataset"] == recorded
+    # a command refused after the move (replay's --index missing) moves nothing
+    assert main(["replay", str(folder), "--index", str(tmp_path / "nowhere"), "--dataset", str(moved)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert RunFolder.open(folder).config["dataset"] == recorded
+    # several runs, the file right for the first and not for the second: none is moved
+    (tmp_path / "stranger").mkdir()
+    stranger, _ = simple_rag_run(tmp_path / "stranger", bm25, ids=IDS)
+    before = RunFolder.open(stranger).config["dataset"]
+    assert main(["replay", str(stranger), str(folder), "--index", str(bm25), "--dataset", str(other)]) == 2
+    assert "content fingerprint differs" in capsys.readouterr().err
+    assert RunFolder.open(folder).config["dataset"] == recorded
+    assert RunFolder.open(stranger).config["dataset"] == before
     # the moved file: recorded once checked, and the command goes on with it
     assert main(["replay", str(folder), "--index", str(bm25), "--dataset", str(moved)]) == 0
     captured = capsys.readouterr()
@@ -110,7 +137,7 @@ def test_judge_refuses_dataset_without_run_folders(capsys):
     )
 
 
-def test_a_run_is_not_resumed_with_other_prompts(tmp_path, monkeypatch):
+def test_a_run_is_not_resumed_with_other_prompts(tmp_path, monkeypatch, capsys):
     """A signature reworded since the run started (an upgrade, an edit of the code) sends other prompts: the
     resume is refused. A run recorded before the prompts' hash resumes and records it from then on."""
     import dspy
@@ -146,5 +173,7 @@ def test_a_run_is_not_resumed_with_other_prompts(tmp_path, monkeypatch):
     config = json.loads((folder / "config.json").read_text())
     del config["prompts_sha256"]  # as a run written before the prompts' hash was recorded
     (folder / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
     result, _, _ = run_evaluation(spec, lm=answering(), track=False, progress=False)
     assert result.ran == 1 and RunFolder.open(folder).config["prompts_sha256"] == recorded
+    assert "written by an earlier version that did not record prompts_sha256" in capsys.readouterr().err

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
+from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.retrieval.query_runtime import RUNTIMES
 from hcqr_dspy.tracking.store import store_dir, tracking_uri
 
@@ -81,17 +83,49 @@ def _id_list(text: str | None) -> list[str] | None:
     return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
 
 
-def _move_datasets(runs: list[str], dataset: str | None) -> None:
-    """``--dataset``: each run folder's questions are read from ``dataset`` from now on (checked to be the
-    run's own: :meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.move_dataset`); one stderr line per move."""
-    if dataset is None:
-        return
-    from hcqr_dspy.evaluation.run_folder import RunFolder  # reads run records: loaded only when asked
+def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, str]]:
+    """``--dataset``: each run folder's questions are read from ``dataset`` from now on, once every folder's are
+    checked to be that run's own (:meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.move_dataset`); nothing is
+    written if one is not. Returns ``(folder, place before)`` per folder moved, for :func:`_undo_moves` when the
+    command is refused later and :func:`_report_moves` when it goes on.
 
-    for run_dir in runs:
-        before = RunFolder.open(run_dir).move_dataset(dataset)
-        if before is not None:
-            print(f"{run_dir}: its questions are read from {dataset} now (recorded: {before})", file=sys.stderr)
+    Raises:
+        HCQRError: an empty path; a run whose questions are not there (no folder moved).
+    """
+    if dataset is None:
+        return []
+    if not dataset.strip():
+        raise HCQRError("--dataset needs the path of the runs' dataset")
+    from hcqr_dspy.evaluation.run_folder import RunFolder  # reads run records: loaded only when asked
+    from hcqr_dspy.evaluation.run_questions import reload_questions
+
+    folders = list({Path(run).resolve(): RunFolder.open(run) for run in runs}.values())
+    place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
+    for folder in folders:  # every run checked before any is written
+        if folder.dataset != place:
+            reload_questions(folder, place)
+    moves = []
+    try:
+        for folder in folders:
+            before = folder.move_dataset(dataset, check=False)
+            if before is not None:
+                moves.append((folder, before))
+    except HCQRError:
+        _undo_moves(moves)
+        raise
+    return moves
+
+
+def _undo_moves(moves: list[tuple[object, str]]) -> None:
+    """Put back the dataset places :func:`_move_datasets` replaced (the command was refused after it)."""
+    for folder, before in moves:
+        folder.move_dataset(before, check=False)
+
+
+def _report_moves(moves: list[tuple[object, str]]) -> None:
+    """One stderr line per run folder whose dataset place :func:`_move_datasets` changed."""
+    for folder, before in moves:
+        print(f"{folder.path}: its questions are read from {folder.dataset} now (recorded: {before})", file=sys.stderr)
 
 
 def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ from hcqr_dspy.cli.common import (
     _id_list,
     _move_datasets,
     _positive_int,
+    _report_moves,
+    _undo_moves,
 )
 from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.lm import parse_lm_spec
@@ -53,12 +55,19 @@ def cmd_judge(args: argparse.Namespace) -> int:
         load_labelled_set(labelled)
     if not args.runs:
         return _judge_labelled_only(args, labelled)
-    _move_datasets(args.runs, args.dataset)
-    for run_dir in args.runs:  # every run checked before any LM is loaded
-        folder = RunFolder.open(run_dir)
-        if not judgeable(folder):
-            raise RunError(f"{run_dir}: no question has a retrieved context (method {folder.method}): nothing to judge")
-        check_judge_index(folder, args.index)
+    moves = _move_datasets(args.runs, args.dataset)
+    try:
+        for run_dir in args.runs:  # every run checked before any LM is loaded
+            folder = RunFolder.open(run_dir)
+            if not judgeable(folder):
+                raise RunError(
+                    f"{run_dir}: no question has a retrieved context (method {folder.method}): nothing to judge"
+                )
+            check_judge_index(folder, args.index)
+    except HCQRError:
+        _undo_moves(moves)  # a refused command moves no dataset
+        raise
+    _report_moves(moves)
     for run_dir in args.runs:
         metrics = judge_and_track(
             run_dir,

@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_dataset_move_arg, _move_datasets, _positive_int
+from hcqr_dspy.cli.common import _add_dataset_move_arg, _move_datasets, _positive_int, _report_moves
 from hcqr_dspy.lm import parse_lm_spec
 
 
@@ -25,7 +25,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         if twice:
             raise RunError(f"{twice}; rescore each run once")
         RunFolder.open(run_dir)
-    _move_datasets(args.runs, args.dataset)
+    _report_moves(_move_datasets(args.runs, args.dataset))
     for run_dir in args.runs:
         print(json.dumps(rescore_run(run_dir, lm_spec=args.lm, index=args.index, n_ctx=args.n_ctx)))
     return 0

@@ -47,6 +47,17 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     )
 
 
+def first_recorded(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The :data:`LATER_KEYS` and :data:`LATER_FIELDS` that ``new`` records and ``old`` (written by an earlier
+    version) lacks: the rows written before were not checked against them."""
+    keys = [k for k in LATER_KEYS if k in new and k not in old]
+    for key, fields in LATER_FIELDS.items():
+        before, now = old.get(key), new.get(key)
+        if isinstance(before, dict) and isinstance(now, dict):
+            keys += [f"{key}.{f}" for f in fields if f in now and f not in before]
+    return keys
+
+
 def _as_old(key: str, old: Any, new: Any) -> Any:
     """``new`` without the :data:`LATER_FIELDS` of ``key`` that ``old`` lacks."""
     if not (isinstance(old, dict) and isinstance(new, dict)):

@@ -43,7 +43,7 @@ from hcqr_dspy.evaluation.records import (
     remove_empty_folders,
     write_probe,
 )
-from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, moved_inputs
+from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, first_recorded, moved_inputs
 from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
@@ -76,6 +76,7 @@ class RunFolder:
         self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
         self.writer: WriterLock | None = None
         self._made: list[Path] = []  # folders claim() created, removed by release() until start()
+        self.first_recorded: list[str] = []  # identities start() recorded that the resumed configuration lacked
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -151,6 +152,7 @@ class RunFolder:
                     "use another --run-dir or remove it"
                 )
             moved = moved_inputs(old, config)
+            self.first_recorded = first_recorded(old, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
         self._made = []
@@ -240,21 +242,27 @@ class RunFolder:
         if run_id != self.mlflow_run_id:
             self._write_config({**self.config, "mlflow_run_id": run_id})
 
-    def move_dataset(self, dataset: str) -> str | None:
+    def move_dataset(self, dataset: str, check: bool = True) -> str | None:
         """Read the run's questions from ``dataset`` from now on (its dataset moved), once they pass
-        :meth:`load_questions`'s checks; ``config.json`` records the new place under the writer lock, as a
-        resumed ``hcqr eval`` would. Returns the place recorded before, ``None`` if unchanged (nothing written).
+        :meth:`load_questions`'s checks (``check=False``: put back a place recorded before); ``config.json``
+        records the new place under the writer lock, as a resumed ``hcqr eval`` would. Returns the place
+        recorded before, ``None`` if unchanged (nothing written).
 
         Raises:
-            RunError: the questions there are not the run's, or another process writes the folder.
+            RunError: the questions there are not the run's, or the folder cannot be written (locked, read-only).
         """
         place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
         before = self.dataset
-        if place != before:
+        if place == before:
+            return None
+        if check:
             reload_questions(self, place)
+        try:
             with WriterLock(self.path, "move-dataset"):
                 self._write_config({**read_json_object(self.path / CONFIG, "run configuration"), "dataset": place})
-        return None if place == before else before
+        except (RunError, OSError) as exc:
+            raise RunError(f"the new place of the dataset is recorded in {self.path / CONFIG}: {exc}") from None
+        return before
 
     def load_questions(self) -> dict[str, Any]:
         """The run's questions (from its dataset), by id.

@@ -17,14 +17,15 @@ def reload_questions(folder: Any, dataset: str | None = None) -> dict[str, Any]:
     """The run's questions (from its dataset, or from ``dataset`` where it lies now), by id; see
     :meth:`RunFolder.load_questions <hcqr_dspy.evaluation.run_folder.RunFolder.load_questions>`.
 
-    The questions are checked against the run's record: every answered question must be there, and where the
-    run's sample can be rebuilt (:func:`recorded_sample`) its content must hash to the recorded
-    ``content_sha256`` (a file edited since the run, same ids, is refused). An unfinished run over an explicit
-    id list cannot be rebuilt, so only its ids are checked.
+    The questions are checked against the run's record: every answered question must be there, and the run's
+    sample, rebuilt (:func:`recorded_sample`), must hash to the recorded ``content_sha256`` (a file edited since
+    the run, same ids, is refused). A finished run's sample can always be rebuilt unless the file's questions
+    were reordered (then it is refused); an unfinished run over an explicit id list cannot be, so only its ids
+    are checked when it is read where it ran, and it is refused when ``dataset`` moves it.
 
     Raises:
         RunError: the dataset cannot be read any more, lacks a question the run answered, or its questions'
-            content is not the recorded one.
+            content is not the recorded one or cannot be checked as above.
     """
     from hcqr_dspy.data import load_questions  # imports dspy: only a run's questions reloaded pay for it
 
@@ -37,9 +38,14 @@ def reload_questions(folder: Any, dataset: str | None = None) -> dict[str, Any]:
     rows = folder.rows()
     missing = [r["qid"] for r in rows if r["qid"] not in by_id]
     if missing:
-        raise RunError(f"run {folder.path}: question(s) {', '.join(missing[:5])} are not in {source} any more")
+        raise RunError(f"run {folder.path}: question(s) {', '.join(missing[:5])} are not in {source}")
     recorded = folder.questions_record.get("content_sha256")
     sample = recorded_sample(folder, questions, rows)
+    if recorded and sample is None and (dataset is not None or len(rows) == folder.questions_record.get("count")):
+        raise RunError(
+            f"run {folder.path}: its question sample cannot be rebuilt from {source} to check its content "
+            "(the file's questions reordered, or an unfinished run over an explicit id list)"
+        )
     if recorded and sample is not None and question_fingerprint(sample)["content_sha256"] != recorded:
         raise RunError(
             f"run {folder.path}: the questions in {source} are not the ones the run was made with "
@@ -52,7 +58,8 @@ def recorded_sample(folder: Any, questions: list[Any], rows: list[dict[str, Any]
     """The run's question sample rebuilt from ``questions`` (the dataset's, in file order) so that its ids hash
     to the recorded ``ids_sha256``: drawn again with the recorded ``limit`` and ``seed``
     (:func:`hcqr_dspy.data.select`), or, once every question has a row, the answered ones in file order (a run
-    over an explicit id list). ``None`` when neither gives the recorded ids."""
+    over an explicit id list, or a file with questions added) or in the rows' order (a run with one question
+    in flight answers in sample order). ``None`` when none gives the recorded ids."""
     from hcqr_dspy.data import select
 
     record = folder.questions_record
@@ -60,7 +67,9 @@ def recorded_sample(folder: Any, questions: list[Any], rows: list[dict[str, Any]
     candidates = [drawn]
     if len(rows) == record.get("count"):
         answered = {r["qid"] for r in rows}
+        by_id = {q.qid: q for q in questions}
         candidates.append([q for q in questions if q.qid in answered])
+        candidates.append([by_id[r["qid"]] for r in rows if r["qid"] in by_id])
     for sample in candidates:
         if question_fingerprint(sample)["ids_sha256"] == record.get("ids_sha256"):
             return sample
@@ -82,7 +91,7 @@ def rebuild_question_sample(folder: Any) -> list[str]:
     if question_fingerprint(sample)["ids_sha256"] != record.get("ids_sha256"):
         raise RunError(
             f"run {folder.path}: its question sample cannot be rebuilt from {folder.dataset} with limit "
-            f"{record.get('limit')} and seed {record.get('seed')} (made with an explicit id list?); "
-            "name the questions with --ids"
+            f"{record.get('limit')} and seed {record.get('seed')} (made with an explicit id list, or the file's "
+            "questions added, removed or reordered since the run?); name the questions with --ids"
         )
     return [str(e.qid) for e in sample]

@@ -15,12 +15,15 @@ vLLM's ``ModelCard`` (``vllm/entrypoints/openai/protocol.py``) that describe wha
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 CARD_FIELDS = ("id", "owned_by", "root", "parent", "max_model_len")
+MAX_LISTING_BYTES = 1 << 20  # a model listing is a few KB; more is not a listing
 
 
 def endpoint_card(cfg: Any, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any] | None:
@@ -30,26 +33,54 @@ def endpoint_card(cfg: Any, api_key: str | None = None, timeout: float = 10.0) -
         cfg: The LM's :class:`~hcqr_dspy.lm.spec.LMConfig`; ``None`` is returned for an in-process model or an
             LM without an ``api_base`` (a provider's own endpoint).
         api_key: Sent as a bearer token, never recorded.
-        timeout: Seconds to wait for the listing.
+        timeout: Seconds the whole listing may take (connection and every read).
 
     Returns:
-        ``{"url", <CARD_FIELDS present>}``, or ``{"url", "unavailable": <why>}`` when the server does not list its
-        models or not this one (recorded so, never guessed).
+        ``{"url", <CARD_FIELDS present, as text, whole numbers or null>}``, or ``{"url", "unavailable": <why>}``
+        when the server does not list its models, not this one, or answers with anything else (recorded so,
+        never guessed; this function does not raise).
     """
     if cfg.kind != "litellm" or not cfg.api_base:
         return None
     url = cfg.api_base.rstrip("/") + "/models"
     served = cfg.model.split("/", 1)[1] if "/" in cfg.model else cfg.model
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            listing = json.loads(reply.read())
+        listing = _read_listing(url, api_key, timeout)
     except urllib.error.HTTPError as exc:
         return {"url": url, "unavailable": f"HTTP {exc.code}"}
-    except (OSError, ValueError) as exc:  # refused, timed out, not JSON
+    except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:  # refused, slow, not JSON ...
         return {"url": url, "unavailable": f"{type(exc).__name__}: {str(exc)[:120]}"}
     data = listing.get("data") if isinstance(listing, dict) else None
-    cards = [c for c in data or [] if isinstance(c, dict) and c.get("id") == served]
+    cards = [c for c in data if isinstance(c, dict) and c.get("id") == served] if isinstance(data, list) else []
     if not cards:
         return {"url": url, "unavailable": f"{served!r} is not among the models it lists"}
-    return {"url": url, **{k: cards[0][k] for k in CARD_FIELDS if k in cards[0]}}
+    card = {k: cards[0][k] for k in CARD_FIELDS if k in cards[0]}
+    odd = [k for k, v in card.items() if not (v is None or isinstance(v, str | int)) or isinstance(v, bool)]
+    if odd or any(isinstance(v, str) and len(v) > 1000 for v in card.values()):
+        return {"url": url, "unavailable": f"its card has values that are not short text or whole numbers ({odd})"}
+    return {"url": url, **card}
+
+
+def _read_listing(url: str, api_key: str | None, timeout: float) -> Any:
+    """``GET url`` parsed as strict JSON (no ``NaN``), read within ``timeout`` seconds in all and at most
+    :data:`MAX_LISTING_BYTES`.
+
+    Raises:
+        ValueError: a malformed URL, a reply too large or too slow, not JSON. OSError, http.client.HTTPException:
+        the connection or the HTTP exchange failed.
+    """
+    deadline = time.monotonic() + timeout
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    body = b""
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        while chunk := reply.read1(64 << 10):
+            body += chunk
+            if len(body) > MAX_LISTING_BYTES:
+                raise ValueError(f"the listing is larger than {MAX_LISTING_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise ValueError(f"the listing took more than {timeout:g} s")
+
+    def refuse(name: str) -> float:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)

@@ -27,18 +27,19 @@ def gguf_sha256(path: str | Path) -> str:
     path = Path(path).resolve()
     st = path.stat()
     stamp = {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
-    memo = cache_dir() / "file-hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    memo = cache_dir() / "file-hashes" / (hashlib.sha256(os.fsencode(path)).hexdigest()[:32] + ".json")
     try:
         known = json.loads(memo.read_text())
-        if known.get("path") == str(path) and known.get("stamp") == stamp and known.get("sha256"):
-            return known["sha256"]
+        if isinstance(known, dict) and known.get("path") == str(path) and known.get("stamp") == stamp:
+            if isinstance(known.get("sha256"), str) and len(known["sha256"]) == 64:
+                return known["sha256"]
     except (OSError, ValueError):
         pass  # not computed yet, or unreadable: computed below
     digest = file_sha256(path)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"path": str(path), "stamp": stamp, "sha256": digest}))
+        tmp.write_text(json.dumps({"path": str(path), "stamp": stamp, "sha256": digest}, ensure_ascii=True))
         tmp.replace(memo)
     except OSError:
         pass  # a read-only cache: the hash is computed again next time, never wrong

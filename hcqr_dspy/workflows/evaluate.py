@@ -104,6 +104,7 @@ def run_evaluation(
         if track:  # a store that cannot be used is refused before the run folder is written
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))
+        note_first_recorded(folder)
         if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
@@ -210,6 +211,18 @@ def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
         print(
             f"hcqr: note: {folder.path}: resumed with its inputs at other places ({', '.join(moved)}); what they "
             "hold matches the run's record, and config.json now names the new places",
+            file=sys.stderr,
+        )
+
+
+def note_first_recorded(folder: RunFolder) -> None:
+    """Say on stderr when a resumed run folder, written by an earlier version, now records identities it did not
+    (:func:`hcqr_dspy.evaluation.run_config.first_recorded`): its earlier rows were not checked against them."""
+    if folder.first_recorded:
+        print(
+            f"hcqr: note: {folder.path}: written by an earlier version that did not record "
+            f"{', '.join(folder.first_recorded)}; recorded from this session on (the rows before it are not "
+            "checked against them)",
             file=sys.stderr,
         )
 

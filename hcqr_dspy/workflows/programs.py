@@ -137,8 +137,7 @@ def _check_unchanged(folder: Any, record: dict[str, Any]) -> None:
         RunError: it changed (instructions or demos edited since the run).
     """
     path = Path(record.get("folder") or record.get("source") or "") / saved.STATE_FILE
-    want = record.get("program_sha256")
-    if want and path.is_file() and file_sha256(path) != want:
+    if "program_sha256" in record and path.is_file() and file_sha256(path) != record["program_sha256"]:
         raise RunError(
             f"{folder.path}: {path} changed since the run (its SHA-256 is not the recorded one): the rows were made "
             "by another program; restore it or evaluate the new one in a new run folder"
@@ -151,8 +150,7 @@ def _same_prompts(folder: Any, program: MCQProgram) -> MCQProgram:
     Raises:
         RunError: they differ (a signature reworded, instructions or demos changed since the run).
     """
-    want = folder.config.get("prompts_sha256")
-    if want and prompt_fingerprint(program) != want:
+    if "prompts_sha256" in folder.config and prompt_fingerprint(program) != folder.config["prompts_sha256"]:
         raise RunError(
             f"{folder.path}: the program rebuilt for it sends other prompts than the run did (its signatures, "
             "instructions or demos changed since: prompts_sha256 differs); its rows cannot be scored or replayed "

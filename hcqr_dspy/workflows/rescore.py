@@ -140,8 +140,8 @@ def _check_model_file(folder: RunFolder, recorded: dict[str, Any]) -> None:
     Raises:
         RunError: the file at the recorded path has other bytes.
     """
-    path, want = recorded.get("path"), recorded.get("sha256")
-    if want and path and Path(path).is_file() and gguf_sha256(path) != want:
+    path = recorded.get("path")
+    if "sha256" in recorded and path and Path(path).is_file() and gguf_sha256(path) != recorded["sha256"]:
         raise RunError(
             f"{folder.path}: the run's model file {path} changed since the run (its SHA-256 is not the recorded "
             f"one); to score with it anyway, name it: --lm gguf:{path}"
