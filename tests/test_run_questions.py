@@ -130,11 +130,14 @@ def test_dataset_moves_a_runs_questions_once_they_are_checked(tmp_path, bm25, ca
     assert "its questions are read from" not in capsys.readouterr().err
 
 
-def test_judge_refuses_dataset_without_run_folders(capsys):
+def test_judge_refuses_dataset_without_run_folders_and_a_folder_or_nothing_as_dataset(tmp_path, capsys):
     assert main(["judge", "--labelled-set", "--judge-lm", "openai/x", "--dataset", "q.json"]) == 2
     assert capsys.readouterr().err.strip() == (
         "hcqr: error: --dataset says where run folders' dataset lies now: give run folders with it"
     )
+    for bad, message in [(str(tmp_path), "is a folder: give the runs' question file"), (" ", "needs the path")]:
+        assert main(["judge", str(tmp_path / "run"), "--dataset", bad]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_a_run_is_not_resumed_with_other_prompts(tmp_path, monkeypatch, capsys):

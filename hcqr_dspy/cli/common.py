@@ -96,6 +96,8 @@ def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, s
         return []
     if not dataset.strip():
         raise HCQRError("--dataset needs the path of the runs' dataset")
+    if Path(dataset).is_dir():
+        raise HCQRError(f"--dataset {dataset} is a folder: give the runs' question file")
     from hcqr_dspy.evaluation.run_folder import RunFolder  # reads run records: loaded only when asked
     from hcqr_dspy.evaluation.run_questions import reload_questions
 
