@@ -14,6 +14,7 @@ import pytest
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.evaluation.run_questions import move_dataset
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo"
 IDS = ["demo-003", "demo-007", "demo-011"]
@@ -79,7 +80,7 @@ def test_an_unfinished_id_list_run_is_checked_by_its_ids_alone(tmp_path, bm25):
     edit(data, json.loads(lines[0])["qid"])
     assert len(RunFolder.open(folder).load_questions()) == 20
     with pytest.raises(RunError, match="its question sample cannot be rebuilt from .* to check its content"):
-        RunFolder.open(folder).move_dataset(str(shutil.copy(data, tmp_path / "copy.json")))
+        move_dataset(RunFolder.open(folder), str(shutil.copy(data, tmp_path / "copy.json")))
 
 
 def test_a_reordered_file_is_checked_in_the_runs_own_order(tmp_path, bm25):

@@ -85,7 +85,7 @@ def _id_list(text: str | None) -> list[str] | None:
 
 def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, str]]:
     """``--dataset``: each run folder's questions are read from ``dataset`` from now on, once every folder's are
-    checked to be that run's own (:meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.move_dataset`); nothing is
+    checked to be that run's own (:func:`~hcqr_dspy.evaluation.run_questions.move_dataset`); nothing is
     written if one is not. Returns ``(folder, place before)`` per folder moved, for :func:`_undo_moves` when the
     command is refused later and :func:`_report_moves` when it goes on.
 
@@ -99,7 +99,7 @@ def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, s
     if Path(dataset).is_dir():
         raise HCQRError(f"--dataset {dataset} is a folder: give the runs' question file")
     from hcqr_dspy.evaluation.run_folder import RunFolder  # reads run records: loaded only when asked
-    from hcqr_dspy.evaluation.run_questions import reload_questions
+    from hcqr_dspy.evaluation.run_questions import move_dataset, reload_questions
 
     folders = list({Path(run).resolve(): RunFolder.open(run) for run in runs}.values())
     place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
@@ -109,7 +109,7 @@ def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, s
     moves = []
     try:
         for folder in folders:
-            before = folder.move_dataset(dataset, check=False)
+            before = move_dataset(folder, dataset, check=False)
             if before is not None:
                 moves.append((folder, before))
     except HCQRError:
@@ -120,8 +120,10 @@ def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, s
 
 def _undo_moves(moves: list[tuple[object, str]]) -> None:
     """Put back the dataset places :func:`_move_datasets` replaced (the command was refused after it)."""
+    from hcqr_dspy.evaluation.run_questions import move_dataset
+
     for folder, before in moves:
-        folder.move_dataset(before, check=False)
+        move_dataset(folder, before, check=False)
 
 
 def _report_moves(moves: list[tuple[object, str]]) -> None:

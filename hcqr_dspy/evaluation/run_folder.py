@@ -242,27 +242,10 @@ class RunFolder:
         if run_id != self.mlflow_run_id:
             self._write_config({**self.config, "mlflow_run_id": run_id})
 
-    def move_dataset(self, dataset: str, check: bool = True) -> str | None:
-        """Read the run's questions from ``dataset`` from now on (its dataset moved), once they pass
-        :meth:`load_questions`'s checks (``check=False``: put back a place recorded before); ``config.json``
-        records the new place under the writer lock, as a resumed ``hcqr eval`` would. Returns the place
-        recorded before, ``None`` if unchanged (nothing written).
-
-        Raises:
-            RunError: the questions there are not the run's, or the folder cannot be written (locked, read-only).
-        """
-        place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
-        before = self.dataset
-        if place == before:
-            return None
-        if check:
-            reload_questions(self, place)
-        try:
-            with WriterLock(self.path, "move-dataset"):
-                self._write_config({**read_json_object(self.path / CONFIG, "run configuration"), "dataset": place})
-        except (RunError, OSError) as exc:
-            raise RunError(f"the new place of the dataset is recorded in {self.path / CONFIG}: {exc}") from None
-        return before
+    def set_dataset(self, place: str) -> None:
+        """Record the dataset's new place under the writer lock (``run_questions.move_dataset`` checks it)."""
+        with WriterLock(self.path, "move-dataset"):
+            self._write_config({**read_json_object(self.path / CONFIG, "run configuration"), "dataset": place})
 
     def load_questions(self) -> dict[str, Any]:
         """The run's questions (from its dataset), by id.

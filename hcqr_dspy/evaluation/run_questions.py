@@ -7,6 +7,7 @@ and :meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.question_sample`), checked
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RunError
@@ -52,6 +53,28 @@ def reload_questions(folder: Any, dataset: str | None = None) -> dict[str, Any]:
             "(same ids, other text, options or answers: content fingerprint differs)"
         )
     return by_id
+
+
+def move_dataset(folder: Any, dataset: str, check: bool = True) -> str | None:
+    """Read the run's questions from ``dataset`` from now on (its dataset moved), once they pass
+    :func:`reload_questions`'s checks (``check=False``: put back a place recorded before); ``config.json``
+    records the new place under the writer lock, as a resumed ``hcqr eval`` would. Returns the place recorded
+    before, ``None`` if unchanged (nothing written).
+
+    Raises:
+        RunError: the questions there are not the run's, or the folder cannot be written (locked, read-only).
+    """
+    place = str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
+    before = folder.dataset
+    if place == before:
+        return None
+    if check:
+        reload_questions(folder, place)
+    try:
+        folder.set_dataset(place)
+    except (RunError, OSError) as exc:
+        raise RunError(f"the new place of the dataset is recorded in {folder.path / 'config.json'}: {exc}") from None
+    return before
 
 
 def recorded_sample(folder: Any, questions: list[Any], rows: list[dict[str, Any]]) -> list[Any] | None:
