@@ -256,3 +256,22 @@ def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus
     )
     assert code == 2 and len(err) == 1 and err[0].startswith("hcqr: error: unknown --judge-lm spec 'gpt4'")
     assert not (cot.path / "dur.json").exists() and not (rag.path / "dur.json").exists()
+
+
+@pytest.mark.parametrize("command", [["prompts", "p.answer"], ["served"], ["ui", "--port", "1"]])
+def test_store_commands_read_the_store_mlflow_tracking_uri_names(tmp_path, monkeypatch, capsys, command):
+    """`hcqr prompts`, `served` and `ui` look for the store $MLFLOW_TRACKING_URI names (as `compare`, `register`
+    and `eval` write to it), not for ./mlruns."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HCQR_MLFLOW_DIR", raising=False)
+    uri = f"sqlite:///{tmp_path / 'elsewhere' / 'store.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    code, err = error_of(capsys, command)
+    assert code == 2 and err[0].startswith(f"hcqr: error: no MLflow store at {uri} yet;")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "store.db").touch()  # a store there: the command gets past the check
+    from hcqr_dspy.tracking.store import existing_store
+
+    assert existing_store(None, "x") == uri and not (tmp_path / "mlruns").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a tracking server: left for MLflow to reach
+    assert existing_store(None, "x") == "http://127.0.0.1:9"

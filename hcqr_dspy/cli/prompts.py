@@ -16,7 +16,7 @@ def cmd_prompts(args: argparse.Namespace) -> int:
     from hcqr_dspy.tracking.prompts import move_alias, prompt_diff, prompt_versions
     from hcqr_dspy.tracking.store import configure, existing_store
 
-    existing_store(args.mlflow_dir, "run `hcqr compile`")
+    existing_store(args.mlflow_dir, "run `hcqr compile` or `hcqr register`")
     configure(args.mlflow_dir)
     if args.alias is not None:
         if args.old is None or args.new is not None:

@@ -28,16 +28,24 @@ def store_dir(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get("HCQR_MLFLOW_DIR") or DEFAULT_DIR).resolve()
 
 
-def existing_store(path: str | Path | None, first: str) -> Path:
-    """The tracking folder (:func:`store_dir`) when it holds a store; nothing is created.
+def existing_store(path: str | Path | None, first: str) -> str:
+    """Where the store is (its folder, or ``$MLFLOW_TRACKING_URI`` when that names it), when it exists there;
+    nothing is created.
+
+    The store is the one :func:`tracking_uri` names. An SQLite store must exist as a file; a store of
+    another kind (an MLflow tracking server) is left for MLflow to reach.
 
     Raises:
-        HCQRError: it holds none; the message says to run ``first`` first.
+        HCQRError: an SQLite store that does not exist; the message says to run ``first`` first.
     """
-    folder = store_dir(path)
-    if not (folder / "mlflow.db").exists():
-        raise HCQRError(f"no MLflow store at {folder} yet; {first} first")
-    return folder
+    uri = tracking_uri(path)
+    if not uri.startswith("sqlite:///"):
+        return uri
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    where = str(database.parent) if database.name == "mlflow.db" else uri
+    if not database.is_file():
+        raise HCQRError(f"no MLflow store at {where} yet; {first} first")
+    return where
 
 
 def tracking_uri(path: str | Path | None = None) -> str:
