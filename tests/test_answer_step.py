@@ -170,8 +170,9 @@ def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(worl
 
 def test_a_program_edited_since_the_run_is_refused_on_resume_and_rebuild(world):
     """Instructions or demos edited in ``program.json`` after a run started make another program (same compile
-    run, same creation time): the resume is refused, and so is rebuilding it for rescore or replay. A run
-    recorded before the hash existed resumes and records it from then on."""
+    run, same creation time): reading it is refused (meta.json's hash); for a program saved without that hash the
+    resume is refused, and so is rebuilding it for rescore or replay. A run recorded before the run's hash
+    existed resumes and records it from then on."""
     import json
     from pathlib import Path
 
@@ -191,6 +192,11 @@ def test_a_program_edited_since_the_run_is_refused_on_resume_and_rebuild(world):
     original = state.read_text()
     state.write_text(original.replace(INSTRUCTIONS, "Answer with the first option."))
     lm = answering()
+    with pytest.raises(HCQRError, match=r"program.json was changed after the program was saved"):  # meta.json's hash
+        run_evaluation(spec(world, answer_step=str(prog)), lm=lm, track=False, progress=False)
+    meta = json.loads((prog / "meta.json").read_text())
+    del meta["program_sha256"]  # a program saved before meta.json recorded it: the run's own record catches it
+    (prog / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(HCQRError, match=r"another configuration \(differs in: answer_step, prompts_sha256\)"):
         run_evaluation(spec(world, answer_step=str(prog)), lm=lm, track=False, progress=False)
     assert lm.history == []

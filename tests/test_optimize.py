@@ -250,7 +250,8 @@ def test_saved_program_format_errors(setup):
     with pytest.raises(ProgramFormatError, match="holds method 'magic'"):
         load_program(setup / "p", retriever)
     save_program(CoT(), setup / "c")  # a CoT state loaded as an HCQR program: predictors do not match
-    (setup / "c" / "meta.json").write_text(json.dumps({**meta, "options": {"budget": 3}}))
+    c_hash = json.loads((setup / "c" / "meta.json").read_text())["program_sha256"]
+    (setup / "c" / "meta.json").write_text(json.dumps({**meta, "options": {"budget": 3}, "program_sha256": c_hash}))
     with pytest.raises(ProgramFormatError, match="holds predictors"):
         load_program(setup / "c", retriever)
     with pytest.raises(ProgramFormatError, match="not found"):
@@ -262,18 +263,42 @@ def test_saved_program_format_errors(setup):
     assert (setup / "junk" / "notes.txt").read_text() == "mine"
 
 
+def test_a_program_json_edited_after_it_was_saved_is_refused_when_read(setup):
+    """meta.json records program.json's SHA-256 as saved: a hand edit (an instruction or a demo changed) would run
+    under the recipe and compile run meta.json names, so reading it is refused, before any retriever or LM is
+    needed; without the hash (a program saved before it was recorded, or the user's own) it loads as it is."""
+    from hcqr_dspy.files import file_sha256
+    from hcqr_dspy.optimize.saved import read_meta
+
+    retriever = load_index(setup / "idx")
+    save_program(HCQR(retriever, budget=3), setup / "p")
+    state, meta_file = setup / "p" / "program.json", setup / "p" / "meta.json"
+    assert read_meta(setup / "p")["program_sha256"] == file_sha256(state)
+    edited = json.loads(state.read_text())
+    edited["hypothesis"]["signature"]["instructions"] += " Be terse."  # one instruction changed by hand
+    state.write_text(json.dumps(edited, indent=2))
+    for read in (lambda: read_meta(setup / "p"), lambda: load_program(setup / "p", retriever)):
+        with pytest.raises(ProgramFormatError, match=r"program.json was changed after the program was saved"):
+            read()
+    meta = json.loads(meta_file.read_text())
+    del meta["program_sha256"]
+    meta_file.write_text(json.dumps(meta))
+    program, loaded = load_program(setup / "p", retriever)
+    assert loaded["program_sha256"] is None and "Be terse." in json.dumps(program.dump_state())
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         (
-            {"format_version": 3, "new_key": 1},
-            r"meta.json: saved in program format version 3, newer than this hcqr-dspy reads \(2\)",
+            {"format_version": 4, "new_key": 1},
+            r"meta.json: saved in program format version 4, newer than this hcqr-dspy reads \(3\)",
         ),
         ({"format": "other"}, r"meta.json is not an hcqr-dspy-program file"),
         ({"format_version": "1"}, r"meta.json: format_version: Input should be a valid integer \(got '1'\)"),
         (
             {"optimiser": "x"},
-            r"meta.json: optimiser: unknown key; allowed: .*optimizer, options, recipe, reflection_lm, train$",
+            r"meta.json: optimiser: unknown key; allowed: .*options, program_sha256, recipe, reflection_lm, train$",
         ),
         (
             {"options": {"budget": 3, "k_per_qurey": 1}},

@@ -10,7 +10,9 @@ A saved (usually compiled) program is a folder::
                        constructor options, the optimizer and recipe that made
                        it, the LM, the index it was compiled against, and the
                        training questions (dataset, ids and a SHA-256 of each
-                       question text, for the overlap check); a pydantic
+                       question text, for the overlap check), and the
+                       SHA-256 of program.json as saved (a hand edit after
+                       the compile is refused when it is read); a pydantic
                        model, :class:`ProgramMeta`, checked when written and
                        when read
 
@@ -43,12 +45,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hcqr_dspy import __version__
 from hcqr_dspy.config import read_text, validate
 from hcqr_dspy.errors import HCQRError, ProgramFormatError
+from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize.recipes import Recipe
 from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, check_options, make_program
 
 FORMAT = "hcqr-dspy-program"
-FORMAT_VERSION = 2  # 2: compile_cost
+FORMAT_VERSION = 3  # 2: compile_cost; 3: program_sha256
 STATE_FILE, META_FILE = "program.json", "meta.json"
 
 
@@ -105,6 +108,7 @@ class ProgramMeta(BaseModel):
     train: TrainingSet | None = None
     mlflow_run_id: str | None = None
     compile_cost: dict[str, float] | None = None
+    program_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -259,6 +263,7 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
     )  # a record that read_meta would refuse is a bug here: pydantic's ValidationError, before anything is written
     folder.mkdir(parents=True, exist_ok=True)
     program.save(str(folder / STATE_FILE))
+    record.program_sha256 = file_sha256(folder / STATE_FILE)
     tmp = folder / (META_FILE + ".tmp")
     tmp.write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
     tmp.replace(folder / META_FILE)
@@ -287,7 +292,9 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     Raises:
         ProgramFormatError: a missing, unreadable or non-UTF-8 file, not JSON, another format, a format
             version newer than this package reads, an unknown method, options that do not fit it,
-            unknown keys or ill-typed values (one line naming the file and the field).
+            unknown keys or ill-typed values (one line naming the file and the field); a ``program.json``
+            changed since it was saved (its SHA-256 against ``meta.json``'s ``program_sha256``; programs saved
+            before the hash was recorded have none and are not checked here).
     """
     folder = Path(folder)
     for name in (META_FILE, STATE_FILE):
@@ -300,7 +307,16 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         raise ProgramFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ProgramFormatError(f"{path} is not an {FORMAT} file")
-    return validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
+    meta = validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
+    recorded = meta["program_sha256"]
+    if recorded is not None and (actual := file_sha256(folder / STATE_FILE)) != recorded:
+        raise ProgramFormatError(
+            f"{folder / STATE_FILE} was changed after the program was saved (SHA-256 {actual[:12]}..., "
+            f"{META_FILE} records {recorded[:12]}...): it is not the program {META_FILE} describes (its recipe "
+            f"and compile run); compile again, or, to run the edited file as a program of your own, delete "
+            f"program_sha256 from {META_FILE}"
+        )
+    return meta
 
 
 def load_program(source: str | Path, retriever=None, method: str | None = None) -> tuple[MCQProgram, dict[str, Any]]:
