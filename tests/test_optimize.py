@@ -285,6 +285,13 @@ def test_a_program_json_edited_after_it_was_saved_is_refused_when_read(setup):
     meta_file.write_text(json.dumps(meta))
     program, loaded = load_program(setup / "p", retriever)
     assert loaded["program_sha256"] is None and "Be terse." in json.dumps(program.dump_state())
+    if Path("/proc/self/mem").exists():  # Linux: a program.json that is a file but cannot be read (EIO)
+        state.unlink()
+        state.symlink_to("/proc/self/mem")
+        for recorded in (None, "0" * 64):  # read by load_program alone, and by read_meta's hash check
+            meta_file.write_text(json.dumps({**meta, "program_sha256": recorded}))
+            with pytest.raises(ProgramFormatError, match=r"program.json is unreadable: "):
+                load_program(setup / "p", retriever)
 
 
 @pytest.mark.parametrize(

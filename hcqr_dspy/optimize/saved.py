@@ -308,15 +308,29 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ProgramFormatError(f"{path} is not an {FORMAT} file")
     meta = validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
-    recorded = meta["program_sha256"]
-    if recorded is not None and (actual := file_sha256(folder / STATE_FILE)) != recorded:
+    if meta["program_sha256"] is not None:
+        check_state(folder, state_bytes(folder), meta["program_sha256"])
+    return meta
+
+
+def state_bytes(folder: Path) -> bytes:
+    """``program.json``'s bytes. Raises ProgramFormatError: the file cannot be read (one line)."""
+    try:
+        return (folder / STATE_FILE).read_bytes()
+    except OSError as exc:
+        raise ProgramFormatError(f"{folder / STATE_FILE} is unreadable: {exc.strerror or exc}") from None
+
+
+def check_state(folder: Path, data: bytes, recorded: str | None) -> None:
+    """Refuse ``program.json``'s bytes ``data`` when they are not the ones saved (``meta.json``'s SHA-256;
+    ``None``: a program saved before the hash was recorded, not checked)."""
+    if recorded is not None and (actual := hashlib.sha256(data).hexdigest()) != recorded:
         raise ProgramFormatError(
             f"{folder / STATE_FILE} was changed after the program was saved (SHA-256 {actual[:12]}..., "
             f"{META_FILE} records {recorded[:12]}...): it is not the program {META_FILE} describes (its recipe "
             f"and compile run); compile again, or, to run the edited file as a program of your own, delete "
             f"program_sha256 from {META_FILE}"
         )
-    return meta
 
 
 def load_program(source: str | Path, retriever=None, method: str | None = None) -> tuple[MCQProgram, dict[str, Any]]:
@@ -347,9 +361,11 @@ def load_program(source: str | Path, retriever=None, method: str | None = None) 
         raise ProgramFormatError(
             f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}"
         ) from None
+    data = state_bytes(folder)
+    check_state(folder, data, meta["program_sha256"])  # the bytes parsed here are the bytes checked
     try:
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        state = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramFormatError(f"{folder / STATE_FILE} is unreadable: {exc}") from None
     if not isinstance(state, dict):
         raise ProgramFormatError(f"{folder / STATE_FILE} is not a DSPy program state (a JSON object)")

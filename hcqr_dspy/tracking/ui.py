@@ -45,7 +45,7 @@ def serve_ui(path: str | Path | None = None, host: str = "127.0.0.1", port: int 
     check_port(host, port)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
-        ui_command(path, host, port, workers), env=env, start_new_session=True, preexec_fn=_die_with_parent
+        ui_command(path, host, port, workers), env=env, start_new_session=True, preexec_fn=die_with_parent
     )
     stopped: list[int] = []
 
@@ -121,7 +121,7 @@ def ui_command(
     ]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: ask Linux to send SIGTERM when the parent dies (no-op elsewhere)."""
     if sys.platform.startswith("linux"):
         try:

@@ -3,8 +3,14 @@ engine, free text without the schema, a refused schema dialect, a reply cut at m
 server, and the server stopping with its whole process group."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from dspy.utils.exceptions import AdapterParseError
@@ -92,3 +98,34 @@ def test_the_server_stops_with_its_whole_process_group():
     assert srv.process is None and [p for p in tree if alive(p)] == []
     with pytest.raises(urllib.error.URLError):  # nothing answers on its port any more
         urllib.request.urlopen(f"{base}/models", timeout=5)
+
+
+def test_the_server_dies_with_the_process_that_started_it():
+    """A test process killed outright (SIGKILL: no fixture teardown) leaves no server behind: the server gets
+    SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``)."""
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from support.llama_server import LocalLlamaServer, LlamaServerError\n"
+        "s = LocalLlamaServer()\n"
+        "try:\n    s.start()\nexcept LlamaServerError as exc:\n    print('skip', exc, flush=True); sys.exit(0)\n"
+        "print(s.process.pid, flush=True); time.sleep(600)\n"
+    )
+    starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    line = ""
+    try:
+        line = starter.stdout.readline().strip()
+        if line.startswith("skip") or not line:
+            pytest.skip(f"the server could not start: {line or 'no output'}")
+        server = int(line)
+        assert alive(server)
+        starter.kill()
+        starter.wait(10)
+        deadline = time.monotonic() + 30
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(server)
+    finally:
+        starter.kill()
+        starter.wait(10)
+        if line.isdigit() and alive(int(line)):  # the test failed: do not leave the server running
+            os.killpg(int(line), signal.SIGKILL)

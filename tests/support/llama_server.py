@@ -43,6 +43,7 @@ import urllib.request
 from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.tracking.ui import die_with_parent
 from support import process_group
 
 SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
@@ -169,6 +170,7 @@ class LocalLlamaServer(process_group.ServerProcess):
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
+                    preexec_fn=die_with_parent,  # a test run killed outright (no teardown) leaves no server
                 )
             self.port = port
             try:
