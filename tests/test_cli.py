@@ -269,7 +269,7 @@ def test_store_commands_read_the_store_mlflow_tracking_uri_names(tmp_path, monke
     code, err = error_of(capsys, command)
     assert code == 2 and err[0].startswith(f"hcqr: error: no MLflow store at {uri} yet;")
     (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "store.db").touch()  # a store there: the command gets past the check
+    (tmp_path / "elsewhere" / "store.db").touch()  # a store file there: the check finds it and names it
     from hcqr_dspy.tracking.store import existing_store
 
     assert existing_store(None, "x") == uri and not (tmp_path / "mlruns").exists()

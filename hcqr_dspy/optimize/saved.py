@@ -297,6 +297,15 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
             before the hash was recorded have none and are not checked here).
     """
     folder = Path(folder)
+    meta = _read_record(folder)
+    if meta["program_sha256"] is not None:
+        _check_state(folder, _state_bytes(folder), meta["program_sha256"])
+    return meta
+
+
+def _read_record(folder: Path) -> dict[str, Any]:
+    """:func:`read_meta` without the check of ``program.json`` against its hash (the caller checks the bytes it
+    reads)."""
     for name in (META_FILE, STATE_FILE):
         if not (folder / name).is_file():
             raise ProgramFormatError(f"{folder} is not a saved program: {name} is missing")
@@ -307,13 +316,10 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         raise ProgramFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ProgramFormatError(f"{path} is not an {FORMAT} file")
-    meta = validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
-    if meta["program_sha256"] is not None:
-        check_state(folder, state_bytes(folder), meta["program_sha256"])
-    return meta
+    return validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
 
 
-def state_bytes(folder: Path) -> bytes:
+def _state_bytes(folder: Path) -> bytes:
     """``program.json``'s bytes. Raises ProgramFormatError: the file cannot be read (one line)."""
     try:
         return (folder / STATE_FILE).read_bytes()
@@ -321,7 +327,7 @@ def state_bytes(folder: Path) -> bytes:
         raise ProgramFormatError(f"{folder / STATE_FILE} is unreadable: {exc.strerror or exc}") from None
 
 
-def check_state(folder: Path, data: bytes, recorded: str | None) -> None:
+def _check_state(folder: Path, data: bytes, recorded: str | None) -> None:
     """Refuse ``program.json``'s bytes ``data`` when they are not the ones saved (``meta.json``'s SHA-256;
     ``None``: a program saved before the hash was recorded, not checked)."""
     if recorded is not None and (actual := hashlib.sha256(data).hexdigest()) != recorded:
@@ -351,7 +357,7 @@ def load_program(source: str | Path, retriever=None, method: str | None = None) 
             method (a predictor missing or extra), or ``method`` differs.
     """
     folder = program_folder(source)
-    meta = read_meta(folder)
+    meta = _read_record(folder)  # program.json is checked against its hash below, on the bytes parsed
     if method is not None and method != meta["method"]:
         raise ProgramFormatError(f"{source} is a saved {meta['method']!r} program, not {method!r}")
     options = meta["options"]
@@ -361,8 +367,8 @@ def load_program(source: str | Path, retriever=None, method: str | None = None) 
         raise ProgramFormatError(
             f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}"
         ) from None
-    data = state_bytes(folder)
-    check_state(folder, data, meta["program_sha256"])  # the bytes parsed here are the bytes checked
+    data = _state_bytes(folder)
+    _check_state(folder, data, meta["program_sha256"])  # the bytes parsed here are the bytes checked, once
     try:
         state = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

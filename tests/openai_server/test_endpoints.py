@@ -114,8 +114,9 @@ def test_the_server_dies_with_the_process_that_started_it():
     line = ""
     try:
         line = starter.stdout.readline().strip()
-        if line.startswith("skip") or not line:
-            pytest.skip(f"the server could not start: {line or 'no output'}")
+        if line.startswith("skip"):
+            pytest.skip(f"the server could not start: {line}")
+        assert line.isdigit(), f"the starting process printed no server pid (exit code {starter.poll()})"
         server = int(line)
         assert alive(server)
         starter.kill()
