@@ -14,6 +14,8 @@
 #               then the product against raw llama.cpp per stage and the cost of 10 demo questions per method with
 #               the 1.5B model (bench/lm_pipeline.py, about 20 minutes), each Simple RAG and CoT answer call
 #               paired with raw llama.cpp on the same tokens (bench/lm_overhead.py, 10 questions, about 13 minutes),
+#               HCQR and Simple RAG on each of 10 demo questions back to back with the 0.5B model, their wall-time
+#               ratio with a paired interval (bench/lm_ratio.py, about 30 minutes on 2 cores),
 #               and requests per minute of a served
 #               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute)
 #   make bench-scale / bench-milvus / bench-lm / bench-serving   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
@@ -100,6 +102,7 @@ else
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
 	$(PY) bench/lm_overhead.py
+	$(PY) bench/lm_ratio.py
 	$(PY) bench/serving.py
 endif
 
@@ -111,6 +114,7 @@ bench-lm: setup-model-1p5b setup-model-0p5b
 	$(PY) bench/lm.py
 	$(PY) bench/lm_pipeline.py
 	$(PY) bench/lm_overhead.py
+	$(PY) bench/lm_ratio.py
 
 bench-serving: setup
 	$(PY) bench/serving.py

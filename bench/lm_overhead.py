@@ -161,31 +161,13 @@ def measure(lm_spec: str, limit: int, budget: int = 15) -> dict:
     }
 
 
-def bounded(text: str, high: int, what: str) -> int:
-    """``text`` as an integer from 1 to ``high`` (argparse types below); ``what`` names the bound."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= n <= high:
-        raise argparse.ArgumentTypeError(f"{n} is not between 1 and {high} ({what})")
-    return n
-
-
-def positive(text: str) -> int:
-    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
-    return bounded(text, 20, "the demo questions")
-
-
-def budget_type(text: str) -> int:
-    """``--budget``: an integer from 1 to 15, the paper's budget (argparse type)."""
-    return bounded(text, 15, "the paper's budget")
-
-
 def main(argv=None) -> int:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report import budget_type, checked_out, demo_questions, write_results
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>)")
-    ap.add_argument("--limit", type=positive, default=10, help="demo questions, 1 to 20 (pairs per method)")
+    ap.add_argument("--limit", type=demo_questions, default=10, help="demo questions, 1 to 20 (pairs per method)")
     ap.add_argument(
         "--budget", type=budget_type, default=15, help="passages in Simple RAG's context, 1 to 15 (default 15)"
     )
@@ -193,8 +175,6 @@ def main(argv=None) -> int:
         "--out", default=str(REPO / "bench" / "results.json"), help="results file (RESULTS.md is written beside it)"
     )
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from report import checked_out, write_results
 
     out_path = checked_out(ap, args.out)  # refused before measuring
     section = {

