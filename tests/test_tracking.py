@@ -92,3 +92,26 @@ def test_resume_after_the_store_moved_tracks_a_new_run(bench, tmp_path, tmp_path
     second_store = tmp_path_factory.mktemp("store2")
     result, _, second = run_evaluation(spec, mlflow_dir=second_store, progress=False, lm=dummy())
     assert second != first and result.resumed == 3
+
+
+def test_a_store_mlflow_tracking_uri_names_keeps_the_artifacts_beside_it(bench, tmp_path, mlflow_store, monkeypatch):
+    """With ``$MLFLOW_TRACKING_URI`` naming an SQLite store elsewhere, a new experiment's artifacts go beside that
+    store's file, not under ``./mlruns`` of the folder the command ran in."""
+    from hcqr_dspy.tracking import store as tracking
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere / 'tracking.db'}")
+    spec = EvalSpec(method="cot", dataset=str(bench), lm="openai/test-model", run_dir=str(tmp_path / "run"))
+    try:
+        _, _, run_id = run_evaluation(spec, progress=False, lm=dummy())
+        client = mlflow.MlflowClient()
+        location = client.get_experiment(client.get_run(run_id).info.experiment_id).artifact_location
+        assert location == (elsewhere / "artifacts" / tracking.EXPERIMENT).as_uri()
+        assert (elsewhere / "artifacts" / tracking.EXPERIMENT / run_id / "artifacts" / "run" / "config.json").is_file()
+        assert not (tmp_path / "mlruns" / "artifacts").exists()
+    finally:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        tracking.configure(mlflow_store)  # the session's store again, for the tests after this one
+    assert tracking.artifact_location("http://127.0.0.1:5000", "x") is None  # a server's own artifact root applies

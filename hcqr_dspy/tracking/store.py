@@ -88,17 +88,27 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
         raise HCQRError(f"cannot create MLflow folder {folder}: {exc.strerror}") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        mlflow.set_tracking_uri(tracking_uri(path))
+        uri = tracking_uri(path)
+        mlflow.set_tracking_uri(uri)
         found = mlflow.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            experiment_id = mlflow.create_experiment(
-                experiment, artifact_location=(folder / "artifacts" / experiment).as_uri()
-            )
+            experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location(uri, experiment))
         set_experiment_page(mlflow.MlflowClient(), experiment_id)
     mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
     return experiment_id
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of the store at ``uri`` keeps its artifacts: ``<folder>/artifacts/<experiment>`` beside
+    an SQLite store's file (this project's store, or one ``$MLFLOW_TRACKING_URI`` names), so that a store and its
+    artifacts move together; ``None`` for any other store (a tracking server), whose own artifact root applies."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    database = Path(uri[len(prefix) :].split("?", 1)[0])
+    return (database.resolve().parent / "artifacts" / experiment).as_uri()
 
 
 def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
