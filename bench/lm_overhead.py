@@ -87,26 +87,16 @@ def measure(lm_spec: str, limit: int, budget: int = 15) -> dict:
     """The paired measurements of each method on the first ``limit`` demo questions, Simple RAG showing ``budget``
     passages (see the module docstring)."""
     import dspy
+    from demo_setup import demo_engine, demo_questions_and_index
 
-    from hcqr_dspy.data import load_questions
-    from hcqr_dspy.errors import HCQRError
-    from hcqr_dspy.lm import build_lm
     from hcqr_dspy.lm.adapter import HCQRAdapter
     from hcqr_dspy.programs.registry import make_program
-    from hcqr_dspy.retrieval import build_retriever, load_corpus
 
-    try:
-        lm = build_lm(lm_spec, cache=False)
-    except HCQRError as exc:
-        raise SystemExit(f"bench: {exc}") from None
-    engine = getattr(lm, "engine", None)
-    if not hasattr(engine, "llm"):
-        raise SystemExit(f"bench: {lm_spec} is not an in-process llama.cpp model")
+    lm, engine = demo_engine(lm_spec)
     llm = engine.llm
     llm.set_cache(None)  # no prompt cache: every product call evaluates its whole prompt (see the module docstring)
     pool = llm.tokenize((REPO / "data" / "demo" / "corpus.jsonl").read_text().encode(), add_bos=False)
-    questions = load_questions(REPO / "data" / "demo" / "questions.json")[:limit]
-    retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
+    questions, retriever = demo_questions_and_index(limit)
     programs = {m: make_program(m, retriever, **({"budget": budget} if m == "simple_rag" else {})) for m in METHODS}
     pairs: dict[str, list[dict]] = {m: [] for m in METHODS}
     scoring = {"s": 0.0, "tokens": 0, "on": False}  # the answer step's option-probability prefill, timed apart
@@ -163,7 +153,8 @@ def measure(lm_spec: str, limit: int, budget: int = 15) -> dict:
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import budget_type, checked_out, demo_questions, write_results
+    from demo_setup import budget_type, demo_questions
+    from report import checked_out, write_results
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local", help="a packaged model (local, local:<name>)")

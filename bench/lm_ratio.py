@@ -134,21 +134,12 @@ def summarise(rows: list[dict]) -> dict:
 
 def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
     """Both methods on demo questions ``warmup`` .. ``warmup + limit - 1`` (after the uncounted warm-up ones)."""
-    from hcqr_dspy.data import load_questions
-    from hcqr_dspy.errors import HCQRError
-    from hcqr_dspy.lm import build_lm
-    from hcqr_dspy.programs.registry import make_program
-    from hcqr_dspy.retrieval import build_retriever, load_corpus
+    from demo_setup import demo_engine, demo_questions_and_index
 
-    try:
-        lm = build_lm(lm_spec, cache=False)
-    except HCQRError as exc:
-        raise SystemExit(f"bench: {exc}") from None
-    engine = getattr(lm, "engine", None)
-    if not hasattr(engine, "llm"):
-        raise SystemExit(f"bench: {lm_spec} is not an in-process llama.cpp model")
-    questions = load_questions(REPO / "data" / "demo" / "questions.json")[: warmup + limit]
-    retriever = build_retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), "bm25", show_progress=False)
+    from hcqr_dspy.programs.registry import make_program
+
+    lm, engine = demo_engine(lm_spec)
+    questions, retriever = demo_questions_and_index(warmup + limit)
     programs = {m: make_program(m, retriever, budget=budget) for m in METHODS}
     rows: dict[str, list[dict]] = {m: [] for m in METHODS}
     warm: dict[str, list[float]] = {m: [] for m in METHODS}
@@ -175,7 +166,8 @@ def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
-    from report import bounded, budget_type, checked_out, demo_questions, write_results
+    from demo_setup import bounded, budget_type, demo_questions
+    from report import checked_out, write_results
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default="local:qwen2.5-coder-0.5b", help="a packaged model (local, local:<name>)")

@@ -5,12 +5,12 @@
 ``scale``, ``milvus``, ``pipeline``, ``lm``, ``lm_pipeline/<model>/<build>``, ``lm_overhead/<model>/<build>`` and
 ``lm_ratio/<model>/<build>``) and merge it here with
 :func:`write_results`, which re-renders ``RESULTS.md`` from the whole file (the LM sections with
-``bench/report_lm.py``). None imports another.
+``bench/report_lm.py``). None imports another, except what the LM scripts on the demo share
+(``bench/demo_setup.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -135,27 +135,6 @@ def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     out.with_name("RESULTS.md").write_text(render(results))
-
-
-def bounded(text: str, high: int, what: str, low: int = 1) -> int:
-    """``text`` as an integer from ``low`` to ``high`` (the scripts' argparse types); ``what`` names the bound."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not low <= n <= high:
-        raise argparse.ArgumentTypeError(f"{n} is not between {low} and {high} ({what})")
-    return n
-
-
-def demo_questions(text: str) -> int:
-    """``--limit``: an integer from 1 to the demo's 20 questions (argparse type)."""
-    return bounded(text, 20, "the demo questions")
-
-
-def budget_type(text: str) -> int:
-    """``--budget``: an integer from 1 to 15, the paper's budget (argparse type)."""
-    return bounded(text, 15, "the paper's budget")
 
 
 def checked_out(ap, out: str | Path) -> Path:
