@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     }
     write_results(out_path, section, key=f"lm_ratio/{section['model']}/{section['engine']['build']}")
     print(
-        f"bench: HCQR / Simple RAG mean wall time {section['ratio_of_means']} (95% {section['ratio_ci95']}); "
+        f"bench: HCQR / Simple RAG mean wall time {section['ratio_of_means']} "
+        f"({'95% ' + str(section['ratio_ci95']) if section['ratio_ci95'] else 'no interval under 5 questions'}); "
         f"wrote {out_path} and {out_path.with_name('RESULTS.md')}",
         file=sys.stderr,
     )

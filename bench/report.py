@@ -139,12 +139,22 @@ def write_results(out: Path, section: dict, key: str = "retrieval") -> None:
 
 def checked_out(ap, out: str | Path) -> Path:
     """A script's ``--out`` as a path, refused with argparse's one-line error (exit 2) when it is not a readable
-    results file, before anything is measured (the measurements would be lost at the end)."""
+    results file, or it or the RESULTS.md beside it cannot be written (its folder is made here), before anything
+    is measured (the measurements would be lost at the end)."""
+    out = Path(out)
     try:
-        read_results(Path(out))
+        read_results(out)
     except ValueError as exc:
         ap.error(str(exc))
-    return Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in its way" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror
+        ap.error(f"--out {out}: its folder cannot be made ({why})")
+    unwritable = [p for p in (out, out.with_name("RESULTS.md")) if p.exists() and not os.access(p, os.W_OK)]
+    if not os.access(out.parent, os.W_OK) or unwritable:
+        ap.error(f"--out {out}: {unwritable[0] if unwritable else out.parent} cannot be written")
+    return out
 
 
 def read_results(out: Path) -> dict:

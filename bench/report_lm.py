@@ -134,14 +134,22 @@ def render_lm_ratio(section: dict) -> list[str]:
         verdict = f"target <= {target}: met by the estimate, the interval reaching above it"
     else:
         verdict = f"target <= {target}: not met"
+    threads = f"{e['n_threads']} thread{'s' if e['n_threads'] != 1 else ''}"
+    questions = f"demo questions {ids[0]} to {ids[-1]}" if len(ids) > 1 else f"demo question {ids[0]}"
+    warm = section["warmup_seconds"]
+    if section["warmup"]:
+        warmup = (
+            f"after {section['warmup']} warm-up question{'s' if section['warmup'] > 1 else ''} not counted (seconds: "
+            f"HCQR {', '.join(str(round(x, 1)) for x in warm['hcqr'])}, Simple RAG "
+            f"{', '.join(str(round(x, 1)) for x in warm['simple_rag'])})"
+        )
+    else:
+        warmup = "with no warm-up question"
     lines = [
-        f"## LM path: HCQR / Simple RAG wall time, paired per question ({section['model']}, {e['n_threads']} "
-        f"threads, {e['build']} build, {section['cpu']}; measured {section['date']} by `bench/lm_ratio.py`)",
+        f"## LM path: HCQR / Simple RAG wall time, paired per question ({section['model']}, {threads}, "
+        f"{e['build']} build, {section['cpu']}; measured {section['date']} by `bench/lm_ratio.py`)",
         "",
-        f"Both methods on each of the demo questions {ids[0]} to {ids[-1]}, one right after the other in alternating "
-        f"order, after {section['warmup']} warm-up question(s) not counted (seconds: HCQR "
-        f"{', '.join(str(round(s, 1)) for s in section['warmup_seconds']['hcqr']) or '-'}, Simple RAG "
-        f"{', '.join(str(round(s, 1)) for s in section['warmup_seconds']['simple_rag']) or '-'}); "
+        f"Both methods on each of the {questions}, one right after the other in alternating order, {warmup}; "
         f"{section['budget']} passages each; DSPy's response cache off, the engine's prompt cache on. A question's "
         "wall time is the program call's (retrieval, LM calls, option scoring).",
         "",

@@ -151,10 +151,17 @@ def test_lm_ratio_runs_both_methods_per_question_in_alternating_order(tmp_path, 
     sys.path.insert(0, str(BENCH))
     lr = load_bench_module("lm_ratio")
     out = tmp_path / "results.json"
-    bad_args = (["--limit", "0"], ["--warmup", "-1"], ["--warmup", "19", "--limit", "2"], ["--out", str(tmp_path)])
+    (tmp_path / "a-file").write_text("")
+    bad_args = (
+        ["--limit", "0"],
+        ["--warmup", "-1"],
+        ["--warmup", "19", "--limit", "2"],
+        ["--out", str(tmp_path)],
+        ["--out", str(tmp_path / "a-file" / "results.json")],  # its folder cannot be made: refused before measuring
+    )
     for bad in bad_args:
         with pytest.raises(SystemExit) as exit_:
-            lr.main([*bad, "--lm", "local:smollm2-135m"])
+            lr.main(["--lm", "local:smollm2-135m", "--limit", "1", "--warmup", "0", "--budget", "1", *bad])
         assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
     assert not out.exists()
     argv = ["--lm", "local:smollm2-135m", "--limit", "1", "--warmup", "1", "--budget", "3", "--out", str(out)]

@@ -114,4 +114,42 @@ def test_a_store_mlflow_tracking_uri_names_keeps_the_artifacts_beside_it(bench, 
     finally:
         monkeypatch.delenv("MLFLOW_TRACKING_URI")
         tracking.configure(mlflow_store)  # the session's store again, for the tests after this one
-    assert tracking.artifact_location("http://127.0.0.1:5000", "x") is None  # a server's own artifact root applies
+    assert tracking.sqlite_file("http://127.0.0.1:5000") is None  # a server: its own artifact root, no lock file
+
+
+@pytest.mark.parametrize(
+    "uri, folder",
+    [
+        ("sqlite:///{tmp}/pct%20dir/x.db", "pct dir"),  # percent-escapes decoded, as SQLAlchemy opens the file
+        ("sqlite:///{tmp}/q/x.db?timeout=20", "q"),  # the query is not part of the path
+        ("sqlite:///rel/x.db", "rel"),  # relative to the working folder
+    ],
+)
+def test_the_store_folder_is_where_sqlite_opens_the_file(tmp_path, monkeypatch, mlflow_store, uri, folder):
+    """The lock and the artifacts go beside the file SQLite opens; nothing is made in ./mlruns."""
+    from hcqr_dspy.tracking import store as tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(tmp=tmp_path))
+    try:
+        experiment_id = tracking.configure()
+        location = mlflow.MlflowClient().get_experiment(experiment_id).artifact_location
+    finally:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        tracking.configure(mlflow_store)
+    assert (tmp_path / folder / "x.db").is_file() and (tmp_path / folder / ".init.lock").is_file()
+    assert location == (tmp_path / folder / "artifacts" / tracking.EXPERIMENT).as_uri()
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_an_in_memory_store_is_refused(tmp_path, monkeypatch):
+    """``sqlite://`` would track every run in memory, lost when the command ends: refused with one line."""
+    from hcqr_dspy.errors import HCQRError
+    from hcqr_dspy.tracking import store as tracking
+
+    monkeypatch.chdir(tmp_path)
+    for uri in ("sqlite://", "sqlite:///:memory:"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(HCQRError, match="in-memory SQLite store: every run would be lost"):
+            tracking.open_store()
+    assert not (tmp_path / "mlruns").exists()

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hcqr_dspy.errors import DiskFullError, HCQRError
@@ -66,49 +66,70 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT) -> s
     evaluations): MLflow creates and migrates the SQLite schema on first use,
     and two processes doing it together fail ("table ... already exists").
     The first use is therefore serialized with an exclusive ``fcntl.flock``
-    on ``<store>/.init.lock``; afterwards SQLite's own locking suffices.
+    on ``.init.lock`` beside the SQLite file; afterwards SQLite's own locking suffices.
     (With ``$MLFLOW_TRACKING_URI`` pointing at a tracking server, the server
     does this and the lock is moot.) POSIX only (``fcntl``).
+
+    A new experiment keeps its artifacts in ``artifacts/<experiment>`` beside the SQLite file (this project's
+    store or one ``$MLFLOW_TRACKING_URI`` names); a tracking server's experiments use the server's own root.
 
     Returns:
         The experiment id.
 
     Raises:
-        HCQRError: the store folder cannot be created.
+        HCQRError: the store folder cannot be created; an in-memory or malformed SQLite URI (:func:`sqlite_file`).
     """
     import mlflow
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    folder = store_dir(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / ".init.lock", "a")
-    except OSError as exc:
-        raise HCQRError(f"cannot create MLflow folder {folder}: {exc.strerror}") from None
+    uri = tracking_uri(path)
+    database = sqlite_file(uri)
+    lock = nullcontext()  # a tracking server creates its own schema
+    if database is not None:
+        try:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(database.parent / ".init.lock", "a")
+        except OSError as exc:
+            raise HCQRError(f"cannot create MLflow folder {database.parent}: {exc.strerror}") from None
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        uri = tracking_uri(path)
+        if database is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         mlflow.set_tracking_uri(uri)
         found = mlflow.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location(uri, experiment))
+            # beside an SQLite store's file, so that a store and its artifacts move together; a server's own root
+            artifacts = None if database is None else (database.parent / "artifacts" / experiment).as_uri()
+            experiment_id = mlflow.create_experiment(experiment, artifact_location=artifacts)
         set_experiment_page(mlflow.MlflowClient(), experiment_id)
     mlflow.set_experiment(experiment_id=experiment_id)  # traces made outside a run (judge calls) go here too
     return experiment_id
 
 
-def artifact_location(uri: str, experiment: str) -> str | None:
-    """Where a new experiment of the store at ``uri`` keeps its artifacts: ``<folder>/artifacts/<experiment>`` beside
-    an SQLite store's file (this project's store, or one ``$MLFLOW_TRACKING_URI`` names), so that a store and its
-    artifacts move together; ``None`` for any other store (a tracking server), whose own artifact root applies."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix):
+def sqlite_file(uri: str) -> Path | None:
+    """The database file an SQLite tracking URI names, as SQLAlchemy reads it (percent-escapes decoded, the query
+    left out; a relative path from the working folder), ``None`` for a store of another kind (a tracking server).
+
+    Raises:
+        HCQRError: the URI is malformed, or names an in-memory database (every run would be lost at exit).
+    """
+    if not uri.startswith("sqlite:"):
         return None
-    database = Path(uri[len(prefix) :].split("?", 1)[0])
-    return (database.resolve().parent / "artifacts" / experiment).as_uri()
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        database = make_url(uri).database
+    except ArgumentError as exc:
+        raise HCQRError(f"tracking URI {uri!r} is not a database URI: {exc}") from None
+    if not database or database == ":memory:":
+        raise HCQRError(
+            f"tracking URI {uri!r} is an in-memory SQLite store: every run would be lost when hcqr exits; "
+            "name a file (sqlite:////path/to/mlflow.db)"
+        )
+    return Path(database).resolve()
 
 
 def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -> str | None:
@@ -144,8 +165,8 @@ def open_store(path: str | Path | None = None) -> str:
     Raises:
         HCQRError: the store cannot be used (:class:`~hcqr_dspy.errors.DiskFullError` for a full disk).
     """
-    db = store_dir(path) / "mlflow.db"
-    existed = db.exists()
+    db = sqlite_file(tracking_uri(path))  # None: a tracking server
+    existed = db is None or db.exists()
     try:
         return configure(path)
     except HCQRError:
