@@ -45,17 +45,6 @@ TARGET = 1.25  # the LM-path target for HCQR / Simple RAG wall time
 MIN_FOR_INTERVAL = 5  # fewer questions: no bootstrap interval
 
 
-def cpu_name() -> str:
-    """The first ``model name`` of ``/proc/cpuinfo`` (``unknown`` where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def run_question(program, lm, q) -> dict:
     """One program call on one question: its wall seconds, LM calls, tokens and stage records.
 
@@ -70,7 +59,7 @@ def run_question(program, lm, q) -> dict:
     with dspy.context(lm=lm, adapter=HCQRAdapter()):
         pred = program(question=q.question, options=q.options)
     seconds = time.perf_counter() - t0
-    stages = {name: dict(s) for name, s in pred.stages.items()}
+    stages = pred.stages
     if any(s.get("cached_lm_calls") for s in stages.values()):
         raise SystemExit(f"bench: a reply on {q.qid} came from DSPy's cache; the measurement needs the LM")
     return {
@@ -136,6 +125,7 @@ def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
     """Both methods on demo questions ``warmup`` .. ``warmup + limit - 1`` (after the uncounted warm-up ones)."""
     from demo_setup import demo_engine, demo_questions_and_index
 
+    from hcqr_dspy.evaluation.provenance import cpu_model
     from hcqr_dspy.programs.registry import make_program
 
     lm, engine = demo_engine(lm_spec)
@@ -147,7 +137,10 @@ def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
         order = METHODS if (i - warmup) % 2 == 0 else METHODS[::-1]
         for method in order:
             row = run_question(programs[method], lm, q)
-            (warm[method].append(row["seconds"]) if i < warmup else rows[method].append(row))
+            if i < warmup:
+                warm[method].append(row["seconds"])
+            else:
+                rows[method].append(row)
             print(
                 f"bench: {'warm-up' if i < warmup else f'{i - warmup + 1}/{limit}'} {q.qid} {method}: "
                 f"{row['seconds']:.1f} s, {row['prompt_tokens']} + {row['completion_tokens']} tokens",
@@ -157,7 +150,7 @@ def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
     return {
         "model": lm.hcqr_config.model.split("/", 1)[-1],  # a packaged model's name (llama_cpp/<name>)
         "engine": {**engine.settings.record(), "build": engine.build, "n_ctx": engine.n_ctx},
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "warmup_seconds": warm,
         "methods": {m: {**summarise(rows[m]), "rows": rows[m]} for m in METHODS},
         **ratio_statistics([r["seconds"] for r in rows["hcqr"]], [r["seconds"] for r in rows["simple_rag"]]),

@@ -36,12 +36,13 @@ def existing_store(path: str | Path | None, first: str) -> str:
     another kind (an MLflow tracking server) is left for MLflow to reach.
 
     Raises:
-        HCQRError: an SQLite store that does not exist; the message says to run ``first`` first.
+        HCQRError: an SQLite store that does not exist (the message says to run ``first`` first), or an in-memory
+            or malformed SQLite URI (:func:`sqlite_file`).
     """
     uri = tracking_uri(path)
-    if not uri.startswith("sqlite:///"):
+    database = sqlite_file(uri)
+    if database is None:
         return uri
-    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     where = str(database.parent) if database.name == "mlflow.db" else uri
     if not database.is_file():
         raise HCQRError(f"no MLflow store at {where} yet; {first} first")
