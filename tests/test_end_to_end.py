@@ -5,6 +5,7 @@ answer, run record, MLflow); the 135M model cannot answer medical questions,
 so correctness is not asserted.
 """
 
+import hashlib
 import json
 from importlib import metadata
 
@@ -69,6 +70,9 @@ def test_hcqr_answers_two_real_medqa_questions(shared_data, pathoma_bm25, mlflow
     [session] = RunFolder(run_dir).sessions()  # the in-process engine is described: its threads and CPU features
     assert session["engine"]["n_threads"] == smol.engine.n_threads
     assert session["engine"]["system_info"] == llama_cpp.llama_print_system_info().decode().strip(" |")
+    # the model file it loaded, by the hash of its bytes (what a setup check compares)
+    assert session["engine"]["model_file"] == smol.engine.model_path.name
+    assert session["engine"]["model_sha256"] == hashlib.sha256(smol.engine.model_path.read_bytes()).hexdigest()
     assert session["packages"]["llama_cpp_python"] == metadata.version("llama_cpp_python")
     assert "run/sessions.jsonl" in artifacts
 

@@ -369,6 +369,19 @@ def test_saved_programs_run_as_cells_beside_the_methods(setup, mlflow_store):
     assert "(reference: hcqr)" in report and "| hcqr+saved |" in report
 
 
+def test_a_folder_of_replicate_compiles_is_one_cell_a_seed(setup, mlflow_store):
+    replicates = setup / "programs" / "hcqr-seeds"
+    for seed in (2, 0):
+        shutil.copytree(saved_hcqr(setup), replicates / f"seed-{seed}")
+    (replicates / "seed-9").mkdir()  # a seed whose compile never finished: no meta.json, no cell
+    exp = load_experiment(write_exp(setup, methods=["hcqr"], programs={"bfs": "programs/hcqr-seeds"}, reference="hcqr"))
+    assert exp.programs == {"bfs-seed-0": str(replicates / "seed-0"), "bfs-seed-2": str(replicates / "seed-2")}
+    with pytest.raises(ExperimentError, match=r"no meta.json\) nor one of replicate compiles"):
+        load_experiment(
+            write_exp(setup, methods=["hcqr"], programs={"bfs": "programs/hcqr-seeds/seed-9"}, reference="hcqr")
+        )
+
+
 @pytest.mark.parametrize(
     "programs, message",
     [

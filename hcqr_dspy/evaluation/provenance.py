@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import Any
 
 from hcqr_dspy.lm import LlamaCppEngine
+from hcqr_dspy.lm.model_file import gguf_sha256
 
 # Distributions whose versions can change a run's replies or retrieval (names as pip knows them).
 PACKAGES = (
@@ -78,13 +79,21 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 
 def engine_record(lm: Any) -> dict[str, Any] | None:
     """The in-process llama.cpp engine behind ``lm``: its context window, its settings
-    (:class:`~hcqr_dspy.lm.engine_settings.EngineSettings`: threads, batches, flash attention, repacking) and
-    llama.cpp's ``llama_print_system_info`` (the CPU features the build uses); ``None`` for an LM served elsewhere
-    (an API endpoint, DummyLM)."""
+    (:class:`~hcqr_dspy.lm.engine_settings.EngineSettings`: threads, batches, flash attention, repacking),
+    llama.cpp's ``llama_print_system_info`` (the CPU features the build uses) and the model file it loaded (its
+    name and the SHA-256 of its bytes, :func:`~hcqr_dspy.lm.model_file.gguf_sha256`); ``None`` for an LM served
+    elsewhere (an API endpoint, DummyLM)."""
     engine = getattr(lm, "engine", None)
     if not isinstance(engine, LlamaCppEngine):
         return None
-    return {**engine.settings.record(), "n_ctx": engine.n_ctx, "build": engine.build, "system_info": engine.system_info}
+    return {
+        **engine.settings.record(),
+        "n_ctx": engine.n_ctx,
+        "build": engine.build,
+        "system_info": engine.system_info,
+        "model_file": engine.model_path.name,
+        "model_sha256": gguf_sha256(engine.model_path),
+    }
 
 
 def session_record(command: str, lm: Any = None) -> dict[str, Any]:

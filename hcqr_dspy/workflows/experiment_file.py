@@ -15,7 +15,9 @@ An experiment file (YAML) looks like::
       mmlu: data/mmlu.json
     methods: [cot, simple_rag, hcqr]
     programs:                              # optional: saved (compiled) programs as cells beside the methods,
-      hcqr_bfs: ../programs/hcqr-bfs       # by cell name: a folder from `hcqr compile`, runs:/ or models:/ URI
+      hcqr_bfs: ../programs/hcqr-bfs       # by cell name: a folder from `hcqr compile`, runs:/ or models:/ URI;
+      sr_bfs: ../programs/sr-bfs-seeds     # a folder of `hcqr compile --seeds` (seed-N/ inside): one cell a seed,
+                                           # sr_bfs-seed-0, sr_bfs-seed-1, ... (compare groups them as one arm)
     method_options:                        # optional, per method
       hcqr: {k_per_query: 5, fusion: score_sum}
     reference: simple_rag                  # optional: the comparison's reference method
@@ -32,7 +34,9 @@ digits, ``.``, ``_``, ``-``); ``budget``, ``questions.limit``,
 ``method_options`` name methods of the grid and are checked against each
 method's constructor (names and annotated types); ``programs`` are cell names
 (as ``name``, none a method of the grid) each naming a saved program folder
-(with ``meta.json``) or a ``runs:/`` / ``models:/`` URI, whose method, options
+(with ``meta.json``), a folder of replicate compiles (``hcqr compile --seeds``:
+one cell per ``seed-N/``, named ``<cell>-seed-N``) or a ``runs:/`` /
+``models:/`` URI, whose method, options
 and budget come with it (resolved, and their budget checked against the file's,
 before the first cell runs: :mod:`hcqr_dspy.workflows.experiment`);
 ``reference`` is a method or program cell; ``judge.mode`` is
@@ -137,9 +141,39 @@ def _program_ref(ref: str, info: ValidationInfo) -> str:
     if ref.startswith(("runs:/", "models:/")):
         return ref  # resolved against the MLflow store when the experiment runs
     path = _resolve(ref, info)
-    if not (Path(path) / "meta.json").is_file():
-        raise ValueError(f"{path} is not a saved program folder (no meta.json); make one with `hcqr compile`")
+    if not (Path(path) / "meta.json").is_file() and not seed_folders(path):
+        raise ValueError(
+            f"{path} is not a saved program folder (no meta.json) nor one of replicate compiles (no seed-N/ "
+            "folders); make one with `hcqr compile`"
+        )
     return path
+
+
+def seed_folders(path: str | Path) -> dict[int, Path]:
+    """The saved programs of a replicate compile (``hcqr compile --seeds``): ``{seed: PATH/seed-<seed>}`` for each
+    subfolder holding a ``meta.json``, in seed order; empty for any other folder."""
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "meta.json").is_file():
+        return {}
+    found = {}
+    for sub in folder.glob("seed-*"):
+        tail = sub.name[len("seed-") :]
+        if tail.isdigit() and (sub / "meta.json").is_file():
+            found[int(tail)] = sub
+    return dict(sorted(found.items()))
+
+
+def expand_replicates(programs: dict[str, str]) -> dict[str, str]:
+    """Program cells with each replicate-compile folder (:func:`seed_folders`) replaced by one cell per saved seed,
+    named ``<cell>-seed-<N>``; other cells as they are, in file order."""
+    out: dict[str, str] = {}
+    for name, ref in programs.items():
+        seeds = {} if ref.startswith(("runs:/", "models:/")) else seed_folders(ref)
+        if seeds:
+            out.update({f"{name}-seed-{seed}": str(sub) for seed, sub in seeds.items()})
+        else:
+            out[name] = ref
+    return out
 
 
 def _resolve(path: str, info: ValidationInfo) -> str:
@@ -207,6 +241,7 @@ class Experiment(BaseModel):
     @field_validator("programs")
     @classmethod
     def _programs_apart(cls, programs: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        programs = expand_replicates(programs)
         clash = sorted(set(programs) & ({*(info.data.get("methods") or []), *RESERVED_CELLS}))
         if clash:
             raise ValueError(

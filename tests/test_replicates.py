@@ -1,0 +1,135 @@
+"""Replicate compiles as one optimizer arm: runs of one recipe and method that differ only in compile seed are
+grouped, and their per-seed effects, pooled effect, two-level bootstrap interval, between-seed SD, MDE and TOST
+equal a direct computation on the rows."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_compiled_report import N, write_run
+
+from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.reporting import load_run
+from hcqr_dspy.reporting.replicates import (
+    Z_80,
+    Z_975,
+    compile_seed,
+    equivalence,
+    replicate_groups,
+    replicates_table,
+    two_level_bootstrap,
+)
+
+SEEDS = (0, 1, 2)
+
+
+def saved(seed, recipe="bootstrap_fewshot", train="medmcqa"):
+    return {"folder": f"/nowhere/seed-{seed}", "recipe": recipe, "seed": seed, "train_dataset": train}
+
+
+@pytest.fixture(scope="module")
+def arms(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replicates")
+    rng = np.random.default_rng(7)
+    zs = [bool(x) for x in rng.integers(0, 2, N)]
+    p_zs = list(rng.uniform(0.05, 0.95, N))
+    out = {"root": root, "zs": (zs, p_zs), "seeds": {}}
+    write_run(root / "sr", "simple_rag", zs, p_zs)
+    for s in SEEDS:
+        c = [not x if (i + s) % 4 == 0 else x for i, x in enumerate(zs)]
+        p = list(np.clip(np.array(p_zs) + rng.normal(0.05 * s, 0.1, N), 0.01, 0.99))
+        write_run(root / f"sr_bfs_{s}", "simple_rag", c, p, saved(s))
+        out["seeds"][s] = (c, p)
+    write_run(root / "hcqr", "hcqr", zs, p_zs)
+    write_run(root / "hcqr_bfs_0", "hcqr", zs, p_zs, saved(0))
+    return out
+
+
+def load(root, *names):
+    return [load_run(root / n) for n in names]
+
+
+def test_replicate_compiles_of_one_recipe_form_one_arm_and_lone_compiles_an_arm_of_one(arms):
+    runs = load(arms["root"], "sr", "sr_bfs_0", "sr_bfs_1", "sr_bfs_2", "hcqr", "hcqr_bfs_0")
+    groups = replicate_groups(runs)
+    assert {k: [r.path.name for r in v] for k, v in groups.items()} == {
+        "simple_rag + bootstrap_fewshot": ["sr_bfs_0", "sr_bfs_1", "sr_bfs_2"],
+        "hcqr + bootstrap_fewshot": ["hcqr_bfs_0"],
+    }
+    assert [compile_seed(r) for r in groups["simple_rag + bootstrap_fewshot"]] == [0, 1, 2]
+
+
+def test_pooled_effect_interval_sd_and_mde_equal_a_direct_computation(arms):
+    zs, p_zs = arms["zs"]
+    acc = np.array([[float(c) - float(z) for c, z in zip(arms["seeds"][s][0], zs)] for s in SEEDS])
+    got = two_level_bootstrap(acc, resamples=2000, seed=5)
+    per_seed = acc.mean(axis=1)
+    assert got["pooled"] == pytest.approx(per_seed.mean())
+    assert got["between_seed_sd"] == pytest.approx(per_seed.std(ddof=1))
+    # the same two-level resampling written out loop by loop
+    rng = np.random.default_rng(5)
+    seed_draw = rng.integers(0, 3, size=(2000, 3))
+    q_draw = rng.integers(0, N, size=(2000, N))
+    boot = np.array([np.mean([acc[s][q_draw[b]].mean() for s in seed_draw[b]]) for b in range(2000)])
+    assert got["ci_low"] == pytest.approx(np.percentile(boot, 2.5))
+    assert got["ci_high"] == pytest.approx(np.percentile(boot, 97.5))
+    assert got["se"] == pytest.approx(boot.std(ddof=1))
+    assert got["mde"] == pytest.approx((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * boot.std(ddof=1))
+    assert Z_975 == pytest.approx(stats.norm.ppf(0.975)) and Z_80 == pytest.approx(stats.norm.ppf(0.8))
+    assert got["p_value"] == pytest.approx(2 * stats.norm.sf(abs(per_seed.mean()) / boot.std(ddof=1)))
+
+
+def test_the_seed_spread_widens_the_interval_beyond_a_question_only_bootstrap():
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 0.3, 200)
+    alike = np.stack([base + 0.1 for _ in range(4)])
+    apart = np.stack([base + shift for shift in (-0.2, 0.0, 0.2, 0.4)])  # same pooled mean, seeds disagree
+    a, b = two_level_bootstrap(alike), two_level_bootstrap(apart)
+    assert a["pooled"] == pytest.approx(b["pooled"])
+    assert a["between_seed_sd"] == pytest.approx(0.0)
+    assert b["ci_high"] - b["ci_low"] > 3 * (a["ci_high"] - a["ci_low"])
+
+
+def test_tost_equals_two_one_sided_normal_tests():
+    got = equivalence(0.01, 0.02, 0.05)
+    assert got["p_lower"] == pytest.approx(stats.norm.sf((0.01 + 0.05) / 0.02))
+    assert got["p_upper"] == pytest.approx(stats.norm.cdf((0.01 - 0.05) / 0.02))
+    assert got["p_value"] == pytest.approx(max(got["p_lower"], got["p_upper"]))
+    assert equivalence(0.01, 0.02, 0.05)["p_value"] < 0.05 < equivalence(0.04, 0.02, 0.05)["p_value"]
+
+
+def test_the_table_gives_per_seed_effects_and_says_when_one_seed_leaves_variance_unmeasured(arms):
+    runs = load(arms["root"], "sr", "sr_bfs_0", "sr_bfs_1", "sr_bfs_2", "hcqr", "hcqr_bfs_0")
+    md, figures = replicates_table(runs, margins={"accuracy": 0.05, "gold_prob": 0.05})
+    zs, _ = arms["zs"]
+    effects = [np.mean([float(c) - float(z) for c, z in zip(arms["seeds"][s][0], zs)]) for s in SEEDS]
+    arm = figures["simple_rag + bootstrap_fewshot"]
+    assert arm["accuracy"]["per_seed"] == pytest.approx(effects)
+    assert arm["seeds"] == [0, 1, 2] and arm["zero_shot"] == "simple_rag"
+    assert f"0: {effects[0] * 100:+.1f}, 1: {effects[1] * 100:+.1f}" in md
+    assert "±5: p = " in md
+    assert "hcqr + bootstrap_fewshot: one compile seed: the compile's own variance is unmeasured" in md
+
+
+def test_explicit_groups_are_checked(arms):
+    runs = load(arms["root"], "sr", "sr_bfs_0", "sr_bfs_1", "hcqr", "hcqr_bfs_0")
+    groups = replicate_groups(runs, {"mine": ["sr_bfs_0", "sr_bfs_1"]})
+    assert [r.path.name for r in groups["mine"]] == ["sr_bfs_0", "sr_bfs_1"]
+    with pytest.raises(HCQRError, match=r"--group mix: its runs differ in method"):
+        replicate_groups(runs, {"mix": ["sr_bfs_0", "hcqr_bfs_0"]})
+    with pytest.raises(HCQRError, match=r"'nope' names no of the compared runs"):
+        replicate_groups(runs, {"x": ["nope"]})
+    with pytest.raises(HCQRError, match=r"run simple_rag is not a saved \(compiled\) program"):
+        replicate_groups(runs, {"x": ["sr"]})
+    with pytest.raises(HCQRError, match="named twice"):
+        replicate_groups(runs, {"x": ["sr_bfs_0", "sr_bfs_0"]})
+
+
+def test_the_seed_is_read_from_meta_json_when_the_run_record_lacks_it(arms, tmp_path):
+    program = tmp_path / "prog"
+    program.mkdir()
+    (program / "meta.json").write_text(json.dumps({"recipe": {"seed": 3}}))
+    zs, p_zs = arms["zs"]
+    run = write_run(tmp_path / "r", "simple_rag", zs, p_zs, {"folder": str(program), "recipe": "bootstrap_fewshot"})
+    assert compile_seed(load_run(run)) == 3
