@@ -76,6 +76,7 @@ from hcqr_dspy.config import _problem, describe, line_of, read_yaml, validate
 from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import DataError, ExperimentError, HCQRError
 from hcqr_dspy.lm import parse_lm_spec
+from hcqr_dspy.optimize.seed_folders import expand_replicates, seed_folders
 from hcqr_dspy.programs.registry import PROGRAMS, check_option_values, check_options
 from hcqr_dspy.resources import find
 from hcqr_dspy.retrieval.index import check_index_options
@@ -147,33 +148,6 @@ def _program_ref(ref: str, info: ValidationInfo) -> str:
             "folders); make one with `hcqr compile`"
         )
     return path
-
-
-def seed_folders(path: str | Path) -> dict[int, Path]:
-    """The saved programs of a replicate compile (``hcqr compile --seeds``): ``{seed: PATH/seed-<seed>}`` for each
-    subfolder holding a ``meta.json``, in seed order; empty for any other folder."""
-    folder = Path(path)
-    if not folder.is_dir() or (folder / "meta.json").is_file():
-        return {}
-    found = {}
-    for sub in folder.glob("seed-*"):
-        tail = sub.name[len("seed-") :]
-        if tail.isdigit() and (sub / "meta.json").is_file():
-            found[int(tail)] = sub
-    return dict(sorted(found.items()))
-
-
-def expand_replicates(programs: dict[str, str]) -> dict[str, str]:
-    """Program cells with each replicate-compile folder (:func:`seed_folders`) replaced by one cell per saved seed,
-    named ``<cell>-seed-<N>``; other cells as they are, in file order."""
-    out: dict[str, str] = {}
-    for name, ref in programs.items():
-        seeds = {} if ref.startswith(("runs:/", "models:/")) else seed_folders(ref)
-        if seeds:
-            out.update({f"{name}-seed-{seed}": str(sub) for seed, sub in seeds.items()})
-        else:
-            out[name] = ref
-    return out
 
 
 def _resolve(path: str, info: ValidationInfo) -> str:
