@@ -81,6 +81,16 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_bm25(tmp_path_factory) -> Path:
+    """A BM25 index of the demo corpus (data/demo/corpus.jsonl, 229 passages), built once per session."""
+    from hcqr_dspy.retrieval import BM25Retriever, load_corpus
+
+    folder = tmp_path_factory.mktemp("demo-bm25") / "bm25"
+    BM25Retriever(load_corpus(REPO / "data" / "demo" / "corpus.jsonl"), show_progress=False).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def mlflow_store(tmp_path_factory):
     """One SQLite MLflow store per test session (creating one takes seconds)."""
     from hcqr_dspy.tracking import store as tracking

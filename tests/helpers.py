@@ -159,6 +159,29 @@ def schema_lm(answer="A", engine=None, **kwargs):
     return lm
 
 
+class GoldEngine(SchemaEngine):
+    """A :class:`SchemaEngine` whose answer step gives the gold letter of the live question when ``right(qid)``,
+    else ``wrong`` (found by the question's text in the last message; ``gold``: ``{qid: (question, letter)}``)."""
+
+    def __init__(self, gold: dict[str, tuple[str, str]], right=lambda qid: True, wrong="A"):
+        super().__init__(answer=wrong)
+        self.gold, self.right, self.wrong = gold, right, wrong
+
+    def fill(self, request, properties: dict) -> dict:
+        reply = super().fill(request, properties)
+        if "answer" in properties:
+            live = request.messages[-1].text or ""
+            found = [(qid, letter) for qid, (text, letter) in self.gold.items() if text[:80] in live]
+            reply["answer"] = found[0][1] if found and self.right(found[0][0]) else self.wrong
+        return reply
+
+
+def demo_gold() -> dict[str, tuple[str, str]]:
+    """``{qid: (question, gold letter)}`` of the shipped demo questions (data/demo/questions.json)."""
+    rows = json.loads((Path(__file__).resolve().parents[1] / "data" / "demo" / "questions.json").read_text())
+    return {qid: (row["question"], row["answer"]) for qid, row in rows.items()}
+
+
 # -- a teachable LM for optimizer tests ---------------------------------------------------------------
 # Each question of the optimizer tests names one finding; the finding decides the correct option.
 # (The hardest first: a train set's first question is one the zero-shot program gets wrong.)

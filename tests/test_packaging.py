@@ -34,7 +34,8 @@ print(json.dumps({
     "demo": str(demo), "questions": len(load_questions(demo / "questions.json")),
     "passages": len(load_corpus(demo / "corpus.jsonl")),
     "recipes": {
-        n: load_recipe(n).path for n in ("bootstrap_fewshot", "bootstrap_random_search", "mipro_light", "gepa")
+        n: load_recipe(n).path
+        for n in ("bootstrap_fewshot", "bootstrap_random_search", "mipro_light", "gepa", "labeled_fewshot")
     },
     "experiment": {"index": exp.index, "datasets": exp.datasets},
 }))
@@ -170,6 +171,6 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     assert failed.returncode == 2
     assert (
         f"recipe 'nope' not found (looked in optimizers/, {home / 'shipped' / 'optimizers'}/); recipes there: "
-        "bootstrap_fewshot, bootstrap_grounded, bootstrap_random_search, gepa, gepa_gold_prob, mipro_instructions, "
-        "mipro_light"
+        "bootstrap_fewshot, bootstrap_grounded, bootstrap_random_search, gepa, gepa_gold_prob, labeled_fewshot, "
+        "mipro_instructions, mipro_light"
     ) in failed.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
@@ -26,11 +27,15 @@ from hcqr_dspy.cli.common import (
 
 def cmd_compile(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and the optimizers take seconds, `hcqr --help` none
+    from hcqr_dspy.errors import HCQRError
     from hcqr_dspy.programs.registry import PROGRAMS
-    from hcqr_dspy.tracking.serving import SERVE_TIMEOUT_S
     from hcqr_dspy.workflows.compile import CompileSpec, run_compile
+    from hcqr_dspy.workflows.compile_seeds import parse_seeds, recipe_seeds, run_compile_seeds
     from hcqr_dspy.workflows.specs import check_program_options
 
+    if args.seeds is not None and args.seed is not None:
+        raise HCQRError(f"give either --seed {args.seed} or --seeds {args.seeds}, not both")
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     options = _program_options(args)
     if args.program in PROGRAMS:
         check_program_options(args.program, options)
@@ -54,14 +59,57 @@ def cmd_compile(args: argparse.Namespace) -> int:
         api_key_env=args.api_key_env,
         register=args.register,
         alias=args.alias,
+        seed=args.seed,
     )
-    out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    if seeds is None and recipe_seeds(spec) is None:
+        out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+        print_compile(args, out)
+        return 0
+    done = run_compile_seeds(spec, seeds, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, report=print)
+    for item in done["seeds"]:
+        if item["status"] == "compiled":
+            print_compile(args, item["result"], alias=f"{args.alias}-seed-{item['seed']}" if args.alias else None)
+    print(f"compile summary of {len(done['seeds'])} seed(s) in {done['out']}:")
+    for item in done["seeds"]:
+        result = item["result"] or {}
+        counts = ", ".join(f"{name} {demo_counts(c)}" for name, c in (result.get("predictors") or {}).items())
+        short = result.get("bootstrap_shortfall")
+        short = f" (bootstrapped {short['bootstrapped']} of {short['asked']} traces asked)" if short else ""
+        print(f"  seed {item['seed']}: {item['status']}, {item['out']}" + (f": {counts}" if counts else "") + short)
+    if done["failed"]:
+        failed = ", ".join(str(s) for s in done["failed"])
+        errors = "; ".join(f"seed {i['seed']}: {i['error']}" for i in done["seeds"] if i["status"] == "failed")
+        print(
+            f"hcqr: error: seed(s) {failed} failed ({errors}); the other seeds are saved: run the same command "
+            "again to compile the failed ones (saved seeds are skipped)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def demo_counts(c: dict) -> str:
+    """A stage's demos as its prompt shows them: ``2 demos (1 bootstrapped, 1 labelled)``."""
+    text = f"{c['rendered']} demos ({c['bootstrapped']} bootstrapped, {c['labelled']} labelled)"
+    return text + (f", {c['saved'] - c['rendered']} saved but never shown" if c["saved"] > c["rendered"] else "")
+
+
+def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None) -> None:
+    """The lines that report one compile: its folder, demos as shown, cost, score, MLflow run, prompts and model
+    version; a warning line on stderr when it bootstrapped fewer traces than asked."""
+    from hcqr_dspy.optimize.demo_counts import shortfall_warning
+    from hcqr_dspy.tracking.serving import SERVE_TIMEOUT_S
+
+    alias = args.alias if alias is None else alias
     print(
-        f"saved compiled {args.program} to {out['out']} ({out['train']} training + {out['val']} validation questions)"
+        f"saved compiled {args.program} (seed {out['seed']}) to {out['out']} ({out['train']} training + "
+        f"{out['val']} validation questions)"
     )
     for name, info in out["predictors"].items():
         changed = "changed" if info["instructions_changed"] else "unchanged"
-        print(f"  {name}: {info['demos']} demos, instructions {changed}")
+        print(f"  {name}: {demo_counts(info)} in its prompt, instructions {changed}")
+    if out["bootstrap_shortfall"]:
+        print(shortfall_warning(out["bootstrap_shortfall"], out["optimizer"]), file=sys.stderr)
     c = out["compile_cost"]
     print(
         f"  compile cost: {c['lm_calls']} LM calls (+{c['cached_lm_calls']} from the cache), "
@@ -80,17 +128,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             "a stage's versions, `hcqr prompts NAME OLD NEW` shows what changed)"
         )
     if out["registered"]:
-        uri = shlex.quote(f"models:/{args.register}@{args.alias}" if args.alias else out["registered"])
+        uri = shlex.quote(f"models:/{args.register}@{alias}" if alias else out["registered"])
         print(
             f"registered as {out['registered']}"
-            + (f" (alias {args.alias})" if args.alias else "")
+            + (f" (alias {alias})" if alias else "")
             + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
             f"  MLFLOW_TRACKING_URI={shlex.quote(_store(args))} mlflow models serve -m {uri} --env-manager local "
             f"-h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
             "  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
             "with a local model on a CPU)"
         )
-    return 0
 
 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -127,18 +174,38 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="passages per query, HCQR and its ablations (default: ceil(budget / queries))",
     )
     p.add_argument("--fusion", choices=FUSION_STRATEGIES, default=None, help="multi-query fusion (default: score_sum)")
-    p.add_argument("--out", required=True, help="folder of the saved program (e.g. programs/hcqr-bfs)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="folder of the saved program (e.g. programs/hcqr-bfs); with --seeds, the folder of its seed-N/ folders",
+    )
     p.add_argument(
         "--register",
         default=None,
         metavar="NAME",
-        help="register the compiled program in the MLflow Model Registry as NAME (a new version; "
-        "then --program models:/NAME/VERSION; default: not registered)",
+        help="register the compiled program in the MLflow Model Registry as NAME (a new version; with --seeds one "
+        "version per seed, tagged seed=N; then --program models:/NAME/VERSION; default: not registered)",
     )
     p.add_argument(
         "--alias",
         default=None,
-        help="alias of the registered version, e.g. champion (--program models:/NAME@ALIAS; default: none)",
+        help="alias of the registered version, e.g. champion (--program models:/NAME@ALIAS; with --seeds each "
+        "seed's version gets ALIAS-seed-N; default: none)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_non_negative_int,
+        default=None,
+        help="the compile's seed: it draws and orders the training questions and seeds the optimizer where it has "
+        "a seed (default: the recipe's seed)",
+    )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        metavar="N,N,...",
+        help="replicate compiles: one per seed (e.g. 0,1,2,3), each saved in OUT/seed-N/, registered (--register) "
+        "as its own version tagged seed=N; seeds already saved there are skipped, a failed seed does not stop the "
+        "others (default: the recipe's seeds, else one compile)",
     )
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     _add_endpoint_args(p, prefix="reflection-", who="the reflection LM")

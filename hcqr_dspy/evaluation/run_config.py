@@ -20,8 +20,8 @@ MUTABLE_KEYS = ("mlflow_run_id",)
 # have them, so that a run written before resumes (and then records them).
 LATER_KEYS = ("prompts_sha256",)
 LATER_FIELDS: dict[str, tuple[str, ...]] = {
-    "saved_program": ("program_sha256",),
-    "answer_step": ("program_sha256",),
+    "saved_program": ("program_sha256", "seed"),
+    "answer_step": ("program_sha256", "seed"),
     "lm": ("sha256",),  # a gguf: file's bytes
 }
 # Top-level key -> its fields that say where an input lies, not what it is (``()``: the value itself).

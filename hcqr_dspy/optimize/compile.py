@@ -1,10 +1,13 @@
 """Compiling a program with a recipe: the train and validation samples, the optimizer, the compile itself, the
-demos trimmed to what is shown, and the score the optimizer measured.
+demos trimmed to what is shown, and the score the optimizer measured. What differs between DSPy optimizers (where
+the seed goes, the scale of their scores, a reflection LM, the metrics) is read from
+:mod:`hcqr_dspy.optimize.catalog`.
 """
 
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +16,10 @@ import dspy
 from hcqr_dspy.data import select
 from hcqr_dspy.errors import RecipeError
 from hcqr_dspy.lm import count_tokens
+from hcqr_dspy.optimize.catalog import entry
+from hcqr_dspy.optimize.demo_counts import keep_rendered_demos
 from hcqr_dspy.optimize.feedback import PROBABILITY_METRICS, make_metric
-from hcqr_dspy.optimize.recipes import Recipe, optimizers
+from hcqr_dspy.optimize.recipes import Recipe
 from hcqr_dspy.programs.context import trim_context
 from hcqr_dspy.programs.option_probs import NO_LOGPROBS, scores_options
 
@@ -22,7 +27,12 @@ from hcqr_dspy.programs.option_probs import NO_LOGPROBS, scores_options
 def split_train(
     examples: list[dspy.Example], recipe: Recipe, train_size: int | None = None, val_size: int | None = None
 ) -> tuple[list[dspy.Example], list[dspy.Example]]:
-    """A seeded train sample and a disjoint validation sample.
+    """A seeded train sample and a disjoint validation sample, in an order the seed draws.
+
+    The recipe's ``seed`` draws ``train_size + val_size`` questions (:func:`hcqr_dspy.data.select`), shuffles them
+    (``random.Random(seed)``) and splits them: which questions train, which validate, and the order the training
+    questions reach the optimizer all follow the seed (optimizers without a seed of their own depend on that
+    order: :mod:`hcqr_dspy.optimize.catalog`).
 
     Raises:
         RecipeError: fewer questions than ``train_size + val_size``, or a
@@ -41,27 +51,31 @@ def split_train(
             f"{n_val} (validation)"
         )
     pool = select(examples, limit=n_train + n_val, seed=recipe.seed)
+    random.Random(recipe.seed).shuffle(pool)
     return pool[:n_train], pool[n_train:]
 
 
-def build_optimizer(recipe: Recipe, metric: Callable, reflection_lm=None):
-    """The recipe's optimizer object.
+def build_optimizer(recipe: Recipe, metric: Callable | None, reflection_lm=None):
+    """The recipe's optimizer object: its settings, the recipe's ``seed`` where the optimizer takes one, the metric
+    where it takes one, the reflection LM where it needs one (:mod:`hcqr_dspy.optimize.catalog`).
 
     Raises:
-        RecipeError: GEPA without a reflection LM.
+        RecipeError: an optimizer that needs a reflection LM (GEPA) without one.
     """
-    cls = optimizers()[recipe.optimizer]
+    e = entry(recipe.optimizer)
     kwargs = dict(recipe.settings)
-    if "seed" in inspect.signature(cls.__init__).parameters:
-        kwargs.setdefault("seed", recipe.seed)
-    if recipe.optimizer == "GEPA":
+    if e.seed == "argument":
+        kwargs["seed"] = recipe.seed
+    if e.reflection_lm:
         if reflection_lm is None:
             raise RecipeError(
-                f"recipe {recipe.name!r} (GEPA) needs a reflection LM: give --reflection-lm or set "
+                f"recipe {recipe.name!r} ({recipe.optimizer}) needs a reflection LM: give --reflection-lm or set "
                 "reflection_lm in the recipe"
             )
         kwargs["reflection_lm"] = reflection_lm
-    return cls(metric=metric, **kwargs)
+    if e.metrics:
+        kwargs["metric"] = metric
+    return e.cls(**kwargs)
 
 
 def compile_program(
@@ -69,7 +83,10 @@ def compile_program(
 ):
     """Run the recipe's optimizer on ``student`` (under the caller's ``dspy.context``) and return the compiled program.
 
-    The student is not modified (DSPy optimizers compile a copy).
+    The student is not modified (DSPy optimizers compile a copy). The compiled program keeps the demos its
+    prompts show, only on the recipe's ``demo_predictors``
+    (:func:`~hcqr_dspy.optimize.demo_counts.keep_rendered_demos`, with the adapter of the caller's context), their
+    contexts trimmed to ``demo_context_tokens``.
 
     Raises:
         RecipeError: see :func:`build_optimizer`; ``demo_predictors`` naming no predictor; metric
@@ -77,7 +94,9 @@ def compile_program(
             the metric could not score (after the optimizer, which catches a metric's errors).
     """
     check_recipe_for(recipe, student, dspy.settings.lm)
-    metric = make_metric(recipe.metric, getattr(student, "retriever", None))
+    metric = (
+        make_metric(recipe.metric, getattr(student, "retriever", None)) if entry(recipe.optimizer).metrics else None
+    )
     optimizer = build_optimizer(recipe, metric, reflection_lm)
     kwargs = dict(recipe.compile)
     if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
@@ -91,7 +110,7 @@ def compile_program(
     compiled.score_options = True  # a compiled program scores its answers as any other
     if getattr(metric, "refusals", None):
         raise metric.refusals[0]
-    keep_demos_of(compiled, recipe.demo_predictors)
+    keep_rendered_demos(compiled, recipe.demo_predictors)
     trim_demo_contexts(compiled, recipe.demo_context_tokens)
     return compiled
 
@@ -119,22 +138,6 @@ def check_recipe_for(recipe: Recipe, program, lm) -> None:
         raise RecipeError(f"{where} (metric feedback_gold_prob): {NO_LOGPROBS}; use metric 'feedback'")
 
 
-def keep_demos_of(program, names: list[str] | None) -> int:
-    """Remove, in place, the few-shot demos of every predictor not in ``names`` (``None``: keep all).
-
-    Returns:
-        How many demos were removed.
-    """
-    if names is None:
-        return 0
-    removed = 0
-    for name, predictor in program.named_predictors():
-        if name not in names:
-            removed += len(predictor.demos)
-            predictor.demos = []
-    return removed
-
-
 def trim_demo_contexts(program, max_tokens: int) -> int:
     """Cut, in place, the ``context`` of every few-shot demo of ``program`` to ``max_tokens``
     (:func:`hcqr_dspy.programs.context.trim_context`, tokens counted with the LM in ``dspy.settings``),
@@ -154,23 +157,29 @@ def trim_demo_contexts(program, max_tokens: int) -> int:
     return cut
 
 
-def optimizer_scores(compiled: Any) -> dict[str, float]:
-    """The score the optimizer itself measured for the program it returned, as a fraction in [0, 1].
+def optimizer_scores(compiled: Any, optimizer: str) -> dict[str, float]:
+    """The score ``optimizer`` itself measured for the program it returned, as a fraction in [0, 1], read where the
+    catalog says (:mod:`hcqr_dspy.optimize.catalog`) and divided by its scale.
 
-    ``val_score``: BootstrapFewShotWithRandomSearch's best candidate (``candidate_programs[0]["score"]``)
-    and MIPROv2's best full evaluation (``program.score``), both percentages from ``dspy.Evaluate``;
-    GEPA's best candidate's aggregate score on its validation set (``detailed_results``, already a
-    fraction). ``candidates``: how many programs it scored. BootstrapFewShot validates nothing: ``{}``.
+    ``val_score``: BootstrapFewShotWithRandomSearch's best candidate (``candidate_programs[0]["score"]``), MIPROv2's
+    best full evaluation (``program.score``), both percentages from ``dspy.Evaluate``; GEPA's best candidate's
+    aggregate score on its validation set (``detailed_results``, with ``track_stats``; a fraction).
+    ``candidates``: how many programs it scored. An optimizer that scores no candidate (BootstrapFewShot,
+    LabeledFewShot): ``{}``.
     """
+    e = entry(optimizer)
     out: dict[str, float] = {}
-    candidates = getattr(compiled, "candidate_programs", None)
-    if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) and "score" in candidates[0]:
-        out["val_score"] = float(candidates[0]["score"]) / 100
-        out["candidates"] = float(len(candidates))
-    elif isinstance(getattr(compiled, "score", None), (int, float)):
-        out["val_score"] = float(compiled.score) / 100
-    results = getattr(compiled, "detailed_results", None)
-    if results is not None and getattr(results, "val_aggregate_scores", None):
-        out["val_score"] = float(results.val_aggregate_scores[results.best_idx])
-        out["candidates"] = float(len(results.val_aggregate_scores))
+    if e.scores == "candidate_programs":
+        candidates = getattr(compiled, "candidate_programs", None)
+        if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) and "score" in candidates[0]:
+            out["val_score"] = float(candidates[0]["score"]) / e.score_scale
+            out["candidates"] = float(len(candidates))
+    elif e.scores == "program_score":
+        if isinstance(getattr(compiled, "score", None), (int, float)):
+            out["val_score"] = float(compiled.score) / e.score_scale
+    elif e.scores == "gepa_results":
+        results = getattr(compiled, "detailed_results", None)
+        if results is not None and getattr(results, "val_aggregate_scores", None):
+            out["val_score"] = float(results.val_aggregate_scores[results.best_idx]) / e.score_scale
+            out["candidates"] = float(len(results.val_aggregate_scores))
     return out

@@ -8,30 +8,42 @@ strictly and ranges as listed. Keys:
 
 =============  ==============================================================
 optimizer      ``BootstrapFewShot``, ``BootstrapFewShotWithRandomSearch``,
-               ``MIPROv2`` or ``GEPA`` (``dspy.teleprompt``); required
+               ``MIPROv2``, ``GEPA`` or ``LabeledFewShot``
+               (``dspy.teleprompt``; what hcqr knows of each:
+               :mod:`hcqr_dspy.optimize.catalog`); required
 description    free text
 metric         ``accuracy`` (gold letter, invalid = wrong) or ``grounded``
                (right, from a context and a reasoning that name the gold
-               option; retrieval methods only) for the other optimizers;
-               for GEPA, which needs textual feedback, ``feedback``
-               (accuracy plus a diagnosis) or ``feedback_gold_prob`` (the
-               mean of accuracy and the gold option's probability, with
-               the diagnosis; :mod:`hcqr_dspy.optimize.objectives`)
+               option; retrieval methods only) for the bootstrapping
+               optimizers and MIPROv2; for GEPA, which needs textual
+               feedback, ``feedback`` (accuracy plus a diagnosis) or
+               ``feedback_gold_prob`` (the mean of accuracy and the gold
+               option's probability, with the diagnosis;
+               :mod:`hcqr_dspy.optimize.objectives`); default: the
+               optimizer's first (``accuracy``; GEPA ``feedback``);
+               LabeledFewShot takes none (leave it out)
 train_size     training questions drawn from the train file (seeded
                sample), an integer >= 1 and >= ``min_train`` (default 30)
 val_size       validation questions drawn after them, disjoint, >= 0 (0:
                none; optimizers that need one then use the training
                questions; default 0)
 min_train      the least training questions the recipe accepts, >= 1 (default 2)
-seed           sampling seed (and the optimizer's ``seed`` where it has
-               one), >= 0 (default 0)
+seed           the compile's seed, >= 0 (default 0): it draws the
+               training and validation questions and orders the training
+               questions, and is the optimizer's own ``seed`` where it has
+               one (the catalog says where each optimizer takes it)
+seeds          a list of distinct seeds >= 0 instead of ``seed`` (giving
+               both is refused): one compile per seed, each saved in
+               ``<out>/seed-<N>/`` (``hcqr compile --seeds`` and ``--seed``
+               override both keys)
 settings       keyword arguments of the optimizer's constructor; names and
                annotated types checked against its signature
-               (:func:`hcqr_dspy.config.check_arguments`; ``metric`` and
-               ``reflection_lm`` are set here, not in the recipe)
+               (:func:`hcqr_dspy.config.check_arguments`; ``metric``,
+               ``reflection_lm`` and ``seed`` are set here, not in
+               ``settings``)
 compile        keyword arguments of its ``compile()``, checked the same way
-               (``student``, ``trainset``, ``valset`` and ``teacher`` are
-               set here)
+               (``student``, ``trainset``, ``valset``, ``teacher`` and
+               ``seed`` are set here)
 reflection_lm  GEPA only: an ``--lm`` spec of the reflection LM
                (``--reflection-lm`` overrides it; GEPA refuses to start
                without one)
@@ -59,11 +71,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from dspy.teleprompt import GEPA, BootstrapFewShot, BootstrapFewShotWithRandomSearch, MIPROv2
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hcqr_dspy.config import check_arguments, read_yaml, validate
 from hcqr_dspy.errors import RecipeError
+from hcqr_dspy.optimize.catalog import CATALOG, OptimizerName, entry, metric_problem
 from hcqr_dspy.resources import find
 
 DEMO_CONTEXT_TOKENS = 600
@@ -73,8 +85,8 @@ OWN_COMPILE_ARGS = frozenset({"self", "student", "trainset", "valset", "teacher"
 
 
 def optimizers() -> dict[str, type]:
-    """The optimizers a recipe may name (``dspy.teleprompt`` classes)."""
-    return {c.__name__: c for c in (BootstrapFewShot, BootstrapFewShotWithRandomSearch, MIPROv2, GEPA)}
+    """The optimizers a recipe may name (``dspy.teleprompt`` classes, from :mod:`hcqr_dspy.optimize.catalog`)."""
+    return {name: e.cls for name, e in CATALOG.items()}
 
 
 Count = Annotated[int, Field(ge=0)]
@@ -85,13 +97,14 @@ class RecipeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    optimizer: Literal["BootstrapFewShot", "BootstrapFewShotWithRandomSearch", "MIPROv2", "GEPA"]
+    optimizer: OptimizerName
     description: str = ""
-    metric: Literal["accuracy", "grounded", "feedback", "feedback_gold_prob"] = "accuracy"
+    metric: Literal["accuracy", "grounded", "feedback", "feedback_gold_prob"] | None = None
     train_size: Annotated[int, Field(ge=1)] = 30
     val_size: Count = 0
     min_train: Annotated[int, Field(ge=1)] = 2
     seed: Count = 0
+    seeds: Annotated[list[Count], Field(min_length=1)] | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
     compile: dict[str, Any] = Field(default_factory=dict)
     reflection_lm: Annotated[str, Field(min_length=1)] | None = None
@@ -105,23 +118,32 @@ class RecipeSpec(BaseModel):
         if name is None:  # the optimizer itself is wrong: that error is the one reported
             return value
         optimizer = optimizers()[name]
+        if "seed" in value:
+            raise ValueError(
+                "'seed' is the recipe's own key (seed, or seeds), which hcqr passes to the optimizer; remove it "
+                f"from {info.field_name!r}"
+            )
         if info.field_name == "settings":
             return check_arguments((optimizer.__init__,), value, OWN_INIT_ARGS, f"{name} setting(s)")
         return check_arguments((optimizer.compile,), value, OWN_COMPILE_ARGS, f"{name}.compile argument(s)")
 
     @model_validator(mode="after")
     def _consistent(self) -> RecipeSpec:
-        if self.metric.startswith("feedback") and self.optimizer != "GEPA":
-            raise ValueError(
-                f"metric {self.metric!r} is for GEPA; {self.optimizer} needs metric 'accuracy' or 'grounded'"
-            )
-        if self.optimizer == "GEPA" and not self.metric.startswith("feedback"):
-            raise ValueError(
-                f"GEPA needs metric 'feedback' or 'feedback_gold_prob' (a score with textual feedback), "
-                f"not {self.metric!r}"
-            )
-        if self.reflection_lm is not None and self.optimizer != "GEPA":
-            raise ValueError(f"'reflection_lm' is for GEPA only, not {self.optimizer}")
+        accepted = entry(self.optimizer).metrics
+        if self.metric is None and accepted:
+            self.metric = accepted[0]  # the default: accuracy (GEPA: feedback)
+        problem = metric_problem(self.optimizer, self.metric)
+        if problem:
+            raise ValueError(problem)
+        if self.reflection_lm is not None and not entry(self.optimizer).reflection_lm:
+            needing = ", ".join(name for name, e in CATALOG.items() if e.reflection_lm)
+            raise ValueError(f"'reflection_lm' is for {needing} only, not {self.optimizer}")
+        if self.seeds is not None:
+            if "seed" in self.model_fields_set:
+                raise ValueError(f"give either 'seed' or 'seeds', not both (seed {self.seed}, seeds {self.seeds})")
+            repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            if repeated:
+                raise ValueError(f"seeds: {', '.join(map(str, repeated))} given more than once")
         if self.train_size < self.min_train:
             raise ValueError(f"train_size {self.train_size} is under the recipe's own min_train {self.min_train}")
         return self
@@ -156,4 +178,5 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     path, _ = find("recipe", name_or_path, RecipeError)
     raw, node = read_yaml(path, RecipeError, "recipe")
     spec = validate(RecipeSpec, raw, path, RecipeError, node)
-    return Recipe.model_validate({**spec.model_dump(), "name": path.stem, "path": str(path)})
+    # the keys the file gave (``seed`` and ``seeds`` exclude each other), validated again with where it was read
+    return Recipe.model_validate({**spec.model_dump(exclude_unset=True), "name": path.stem, "path": str(path)})

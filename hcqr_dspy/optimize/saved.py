@@ -12,7 +12,11 @@ A saved (usually compiled) program is a folder::
                        training questions (dataset, ids and a SHA-256 of each
                        question text, for the overlap check), and the
                        SHA-256 of program.json as saved (a hand edit after
-                       the compile is refused when it is read); a pydantic
+                       the compile is refused when it is read), each
+                       stage's demos as its prompt shows them (bootstrapped,
+                       labelled, rendered, saved) and, when the compile kept
+                       fewer bootstrapped traces than its recipe asked, how
+                       many (``bootstrap_shortfall``); a pydantic
                        model, :class:`ProgramMeta`, checked when written and
                        when read
 
@@ -51,7 +55,7 @@ from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, check_options, make_program
 
 FORMAT = "hcqr-dspy-program"
-FORMAT_VERSION = 3  # 2: compile_cost; 3: program_sha256
+FORMAT_VERSION = 4  # 2: compile_cost; 3: program_sha256; 4: demos, bootstrap_shortfall
 STATE_FILE, META_FILE = "program.json", "meta.json"
 
 
@@ -109,6 +113,8 @@ class ProgramMeta(BaseModel):
     mlflow_run_id: str | None = None
     compile_cost: dict[str, float] | None = None
     program_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    demos: dict[str, dict[str, Annotated[int, Field(ge=0)]]] | None = None
+    bootstrap_shortfall: dict[str, Annotated[int, Field(ge=0)]] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -2,11 +2,13 @@
 
 Each predictor (stage) of a program becomes the prompt ``<program>.<stage>`` (``hcqr-medqa.hypothesis``), a chat
 template (``mlflow.genai.register_prompt`` with a list of messages): the signature's instructions as the
-``system`` message, then each few-shot demo as a ``user`` message (its input fields, ``name: value`` lines) and an
-``assistant`` message (its output fields). ``mlflow.genai.load_prompt("prompts:/<program>.<stage>/<version>")``
-gives them back; ``template[0]["content"]`` is the instructions. A compile registers a new version of a stage
-only when its template differs from the stage's latest version (else it links that version again), links every
-version to the compile run and the logged model, and gives each the model's alias when it has one.
+``system`` message, then each few-shot demo the stage's prompt shows (the adapter's own rendering,
+:mod:`hcqr_dspy.optimize.demo_counts`: a demo lacking every output field of the stage is never shown) as a
+``user`` message (its input fields, ``name: value`` lines) and an ``assistant`` message (its output fields).
+``mlflow.genai.load_prompt("prompts:/<program>.<stage>/<version>")`` gives them back; ``template[0]["content"]``
+is the instructions. A compile registers a new version of a stage only when its template differs from the stage's
+latest version (else it links that version again), links every version to the compile run and the logged model,
+and gives each the model's alias when it has one.
 
 Prompt names allow letters, digits, ``-``, ``_`` and ``.`` (``mlflow.prompt.registry_utils``); a program's name
 with other characters is made one by :func:`safe_name`.
@@ -22,6 +24,7 @@ from typing import Any
 import dspy
 
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.optimize.demo_counts import bootstrapped, default_adapter, renders
 
 NAME_RULE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -45,12 +48,18 @@ def _lines(fields: dict[str, Any], record: Any) -> str:
     return "\n".join(f"{name}: {record[name]}" for name in fields if name in record and record[name] is not None)
 
 
+def shown_demos(predictor: dspy.Predict) -> list[Any]:
+    """The predictor's demos its prompt shows (:func:`~hcqr_dspy.optimize.demo_counts.renders`)."""
+    adapter = default_adapter()
+    return [d for d in predictor.demos if renders(adapter, predictor.signature, d)]
+
+
 def stage_template(predictor: dspy.Predict) -> list[dict[str, str]]:
-    """The chat template of one predictor: ``system`` = its instructions; per demo a ``user`` message (input
-    fields) and an ``assistant`` message (output fields)."""
+    """The chat template of one predictor: ``system`` = its instructions; per demo its prompt shows a ``user``
+    message (input fields) and an ``assistant`` message (output fields)."""
     signature = predictor.signature
     messages = [{"role": "system", "content": signature.instructions}]
-    for demo in predictor.demos:
+    for demo in shown_demos(predictor):
         record = demo.toDict() if hasattr(demo, "toDict") else dict(demo)
         messages.append({"role": "user", "content": _lines(signature.input_fields, record)})
         messages.append({"role": "assistant", "content": _lines(signature.output_fields, record)})
@@ -58,7 +67,12 @@ def stage_template(predictor: dspy.Predict) -> list[dict[str, str]]:
 
 
 def register_program_prompts(
-    program: dspy.Module, name: str, run_id: str | None = None, alias: str | None = None, recipe: str | None = None
+    program: dspy.Module,
+    name: str,
+    run_id: str | None = None,
+    alias: str | None = None,
+    recipe: str | None = None,
+    seed: int | None = None,
 ) -> list[Any]:
     """Register each stage of ``program`` as the prompt ``<name>.<stage>`` (see the module docstring).
 
@@ -68,6 +82,7 @@ def register_program_prompts(
         run_id: The compile run the versions are linked to.
         alias: Give every stage's version this alias (the model version's alias).
         recipe: The recipe's name, a tag of each new version.
+        seed: The compile's seed, a tag of each new version.
 
     Returns:
         The ``PromptVersion`` of every stage, in the program's predictor order.
@@ -80,6 +95,8 @@ def register_program_prompts(
     for stage, predictor in program.named_predictors():
         full = prompt_name(name, stage)
         template = stage_template(predictor)
+        shown = shown_demos(predictor)
+        traces = sum(bootstrapped(d) for d in shown)
         latest = _latest(client, full)
         if latest is not None and latest.template == template:
             version = latest
@@ -91,8 +108,11 @@ def register_program_prompts(
                 tags={
                     "stage": stage,
                     "program": name,
-                    "demos": str(len(predictor.demos)),
+                    "demos": str(len(shown)),
+                    "demos_bootstrapped": str(traces),
+                    "demos_labelled": str(len(shown) - traces),
                     **({"recipe": recipe} if recipe else {}),
+                    **({"seed": str(seed)} if seed is not None else {}),
                     **({"run_id": run_id} if run_id else {}),
                 },
             )

@@ -199,8 +199,8 @@ def log_program_model(
         lm, api_base, api_key_env, max_tokens, n_ctx: The LM it answers with (the model config).
         index: Its index folder (bundled as an artifact when at most :data:`BUNDLE_INDEX_MAX_BYTES`).
         register: Register it in the Model Registry under this name (a new version, tagged with the program's
-            ``recipe`` (``none`` for a zero-shot one), ``method`` and, where ``meta.json`` has one,
-            ``compile_run_id``).
+            ``recipe`` (``none`` for a zero-shot one), ``method`` and, where ``meta.json`` has them,
+            ``compile_run_id`` and the compile's ``seed``).
         alias: Give that version this alias (``models:/NAME@ALIAS``); needs ``register``.
         name: The logged model's name.
         prompts: Prompt Registry versions (``prompts:/NAME/VERSION`` or ``PromptVersion``) to link to the model.
@@ -265,7 +265,9 @@ def log_program_model(
         # what the version holds, for the registry's filters (`tags.recipe = 'mipro_light'`) and the method check
         # of `hcqr register`; the compile that made it, where meta.json records one
         recipe = (meta.get("recipe") or {}).get("name") or "none"
-        for key, value in (("recipe", recipe), ("method", meta["method"]), ("compile_run_id", meta["mlflow_run_id"])):
+        seed = (meta.get("recipe") or {}).get("seed")
+        tags = [("recipe", recipe), ("method", meta["method"]), ("compile_run_id", meta["mlflow_run_id"])]
+        for key, value in [*tags, ("seed", None if seed is None else str(seed))]:
             if value:
                 client.set_model_version_tag(register, str(version), key, value)
         if alias:

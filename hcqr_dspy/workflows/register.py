@@ -28,7 +28,7 @@ from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.tracking.store import configure
-from hcqr_dspy.workflows.compile import check_registry_names
+from hcqr_dspy.workflows.compile_inputs import check_registry_names
 
 
 def serving_index(meta: dict[str, Any], index: str | None, no_index: bool) -> tuple[str | None, str | None]:
@@ -159,7 +159,8 @@ def register_saved_program(
         ) as run:
             run_id = run.info.run_id
             mlflow.log_artifacts(str(staged), artifact_path="program")
-            prompts = register_program_prompts(program, name, run_id, alias=alias, recipe=recipe)
+            seed = (meta.get("recipe") or {}).get("seed")
+            prompts = register_program_prompts(program, name, run_id, alias=alias, recipe=recipe, seed=seed)
             logged = log_program_model(
                 staged,
                 prompts=prompts,

@@ -290,10 +290,11 @@ def dataset_name(dataset: str) -> str:
 
 
 def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """What a run folder records about the saved program it ran: where, its optimizer and recipe, its training set,
-    the SHA-256 of its ``program.json`` (instructions and demos edited by hand after the compile change it), and
-    for a ``models:/`` URI the registered version and LoggedModel it resolved to
-    (:func:`hcqr_dspy.tracking.model_links.resolve_model_uri`)."""
+    """What a run folder records about the saved program it ran: where, its optimizer, recipe and compile ``seed``
+    (``meta.json``'s ``recipe.seed``: replicate compiles of one recipe differ in it; ``None`` for a program no
+    recipe compiled), its training set, the SHA-256 of its ``program.json`` (instructions and demos edited by
+    hand after the compile change it), and for a ``models:/`` URI the registered version and LoggedModel it
+    resolved to (:func:`hcqr_dspy.tracking.model_links.resolve_model_uri`)."""
     recipe = meta.get("recipe") or {}
     train = meta.get("train") or {}
     return {
@@ -301,6 +302,7 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
         "folder": str(Path(folder).resolve()),
         "optimizer": meta.get("optimizer"),
         "recipe": recipe.get("name") if isinstance(recipe, dict) else recipe,
+        "seed": recipe.get("seed") if isinstance(recipe, dict) else None,
         "created": meta.get("created"),
         "compile_run_id": meta.get("mlflow_run_id"),
         "train_dataset": train.get("dataset"),
