@@ -39,6 +39,7 @@ from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.rows import prediction_row
 from hcqr_dspy.evaluation.run_folder import METRICS, RunFolder
 from hcqr_dspy.lm import call_retrying_bad_replies
+from hcqr_dspy.lm.reply_setup import cached_reply_setups
 from hcqr_dspy.programs.context import shown_documents
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
@@ -117,15 +118,18 @@ def evaluate(
     retriever = getattr(program, "retriever", None)
 
     def answer(example: dspy.Example) -> dict[str, Any]:
-        def attempt() -> tuple[dspy.Prediction, float]:
+        def attempt() -> tuple[dspy.Prediction, float, list[dict[str, Any]]]:
             t0 = time.perf_counter()
             gold = {"gold": example.answer} if getattr(program, "uses_answer", False) else {}  # a bound's oracle
-            return program(question=example.question, options=example.options, **gold), time.perf_counter() - t0
+            with cached_reply_setups() as cached:
+                pred = program(question=example.question, options=example.options, **gold)
+            return pred, time.perf_counter() - t0, cached.summary()
 
         # a reply that is not the API's format (a gateway's HTML page, a cut JSON body) is retried with back-off
-        # like a refused connection; ``seconds`` is the answering try's
-        pred, seconds = call_retrying_bad_replies(attempt)
+        # like a refused connection; ``seconds`` and ``cached_setups`` are the answering try's
+        pred, seconds, cached = call_retrying_bad_replies(attempt)
         row = prediction_row(example, pred, method, seconds)
+        row["cached_setups"] = cached  # under which setups the replies DSPy's cache served were made
         if retriever is not None and row["passages"] and example.answer is not None:
             shown = shown_documents(retriever, row["passages"])
             row["evidence"] = question_evidence(example.options, example.answer, shown)

@@ -27,6 +27,7 @@ No LM judges here; only the question's labels and the passages' text.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -134,7 +135,8 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
 
     Returns:
         ``n``, ``gold_b`` / ``gold_c`` (reference mentions the gold option and the other not / the
-        reverse), ``gold_p``, ``margin_mean_diff`` (other − reference) and ``margin_p``; ``None``
+        reverse), ``gold_p``, ``margin_mean_diff`` (other − reference), ``margin_sd`` (the standard deviation of
+        the per-question margin differences, ``ddof=1``; ``None`` for one question) and ``margin_p``; ``None``
         when no question has evidence in both.
     """
     from scipy.stats import wilcoxon
@@ -159,6 +161,7 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
         "gold_c": gold_c,
         "gold_p": gold_p,
         "margin_mean_diff": sum(diffs) / len(diffs),
+        "margin_sd": statistics.stdev(diffs) if len(diffs) > 1 else None,
         "margin_p": margin_p,
     }
 

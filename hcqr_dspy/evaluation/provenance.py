@@ -23,6 +23,7 @@ from typing import Any
 
 from hcqr_dspy.lm import LlamaCppEngine
 from hcqr_dspy.lm.model_file import gguf_sha256
+from hcqr_dspy.lm.reply_setup import lm_settings, lm_setup, response_cache
 
 # Distributions whose versions can change a run's replies or retrieval (names as pip knows them).
 PACKAGES = (
@@ -48,6 +49,11 @@ SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "packages": dict,
     "engine": (dict, type(None)),
     "endpoint": (dict, type(None)),  # absent from records written before it was recorded
+    # absent from records written before they were recorded: the LM's request settings, the fingerprint of its setup
+    # (hcqr_dspy.lm.reply_setup, which the rows' cached replies name) and the response cache it used
+    "lm": (dict, type(None)),
+    "reply_setup": (str, type(None)),
+    "response_cache": (dict, type(None)),
     "predictions_before": int,
     "judgments_before": int,
 }
@@ -105,9 +111,13 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
 
     Returns:
         ``{"command", "started" (UTC, ISO 8601), "machine": {"cpu", "cores", "arch", "os", "python"},
-        "packages": {name: version}, "engine": {...} or None, "endpoint": {...} or None}``: the engine of an
-        in-process model, the model card an OpenAI-compatible server listed when the LM was built
-        (:func:`~hcqr_dspy.lm.endpoint_card.endpoint_card`).
+        "packages": {name: version}, "engine": {...} or None, "endpoint": {...} or None, "lm": {...} or None,
+        "reply_setup": str or None, "response_cache": {...} or None}``: the engine of an in-process model, the model
+        card an OpenAI-compatible server listed when the LM was built
+        (:func:`~hcqr_dspy.lm.endpoint_card.endpoint_card`), the LM's temperature, max tokens and whether it caches
+        (:func:`~hcqr_dspy.lm.reply_setup.lm_settings`), the fingerprint of its setup that its cached replies carry
+        (:func:`~hcqr_dspy.lm.reply_setup.lm_setup`) and the response cache's folder
+        (:func:`~hcqr_dspy.lm.reply_setup.response_cache`); the last three ``None`` without an LM.
     """
     return {
         "command": command,
@@ -122,6 +132,9 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
         "packages": package_versions(),
         "engine": engine_record(lm),
         "endpoint": getattr(lm, "hcqr_endpoint_card", None),
+        "lm": lm_settings(lm) if lm is not None else None,
+        "reply_setup": lm_setup(lm)["fingerprint"] if lm is not None else None,
+        "response_cache": response_cache(lm) if lm is not None else None,
     }
 
 

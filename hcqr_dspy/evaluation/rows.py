@@ -21,7 +21,9 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
     answer step's letter distribution (:mod:`hcqr_dspy.programs.option_probs`; ``None`` with the reason in
     ``option_probs_absent``) and ``gold_prob`` the gold option's share of it.
     :func:`~hcqr_dspy.evaluation.evaluate.evaluate` adds ``evidence``
-    (:func:`hcqr_dspy.evaluation.evidence.question_evidence` over the shown passages) for retrieval methods.
+    (:func:`hcqr_dspy.evaluation.evidence.question_evidence` over the shown passages) for retrieval methods, and
+    ``cached_setups``: the setups under which the replies DSPy's cache served were made
+    (:meth:`hcqr_dspy.lm.reply_setup.CachedReplies.summary`; ``[]`` when none was served).
     """
     stages = dict(pred.get("stages") or {})
     row = {

@@ -26,6 +26,8 @@ One job per module:
 * :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
 * :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
+* :mod:`hcqr_dspy.lm.reply_setup` — each cached reply kept with the setup that made it, and the setups of the replies
+  the cache serves;
 * :mod:`hcqr_dspy.lm.endpoint_card` — the model card an OpenAI-compatible server lists for the run's model;
 * :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
 * :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried;

@@ -12,6 +12,7 @@ from hcqr_dspy.lm.endpoint_card import endpoint_card
 from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX, LlamaCppEngine, engine_for
 from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.lm.packaged import packaged_model_path
+from hcqr_dspy.lm.reply_setup import record_reply_setups, register_lm
 from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
 
 
@@ -35,7 +36,8 @@ def build_lm(
         api_base: API base for LiteLLM models.
         api_key_env: Environment variable holding the API key of a LiteLLM
             model; it must be set. Keys are never accepted as values.
-        cache: Use DSPy's response cache.
+        cache: Use DSPy's response cache (each reply cached with the LM's setup,
+            :mod:`hcqr_dspy.lm.reply_setup`).
         num_retries: LiteLLM retries with exponential backoff.
 
     Raises:
@@ -71,6 +73,9 @@ def build_lm(
             key_cache_by_card(cfg.api_base, card)
         lm.hcqr_endpoint_card = card
     lm.hcqr_config = cfg
+    register_lm(lm)  # its replies are cached with its setup (hcqr_dspy.lm.reply_setup)
+    if cache:
+        record_reply_setups()
     return lm
 
 
