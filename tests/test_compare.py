@@ -95,7 +95,8 @@ def test_report_table_and_plots(tmp_path):
     )
     report, files = compare([a, b], reference="simple_rag", out_dir=tmp_path / "out")
     assert "| simple_rag | 25 | 48.0% |" in report
-    assert "| hcqr | 25 | 72.0% |" in report and "| 2/8 | 0.109 |" in report and "75.0%" in report
+    # the only test in this report: #1 of a family of one, so its Holm-adjusted p is the raw one
+    assert "| hcqr | 25 | 72.0% |" in report and "| 2/8 | 0.109 (#1; Holm 0.109) |" in report and "75.0%" in report
     assert "| q10 | A | A ✓ | B ✗ |" in report and "| q12 | A | B ✗ | A ✓ |" in report  # disagreements
     # hypothesis (gold A): q0-q14 "A" (right), q15-q24 "B" (wrong). Kept right: q0-q9 and q12-q14 = 13;
     # broke: q10-q11; fixed: q15-q19; kept wrong: q20-q24. Hypothesis accuracy 15/25, changed 7/25.
@@ -299,8 +300,10 @@ def test_compare_shows_a_method_that_ran_on_its_fallback_evidence_and_hypothesis
     # evidence: Simple RAG retrieves with the question; the constructed corpus names each gold option in one passage
     evidence = report.split("## Evidence in the context (judge-free)")[1].split("##")[0]
     assert "| simple_rag | 4 | 100.0% |" in evidence and "| hcqr | 4 |" in evidence and "| cot |" not in evidence
-    # the hypothesis always said B (gold A): 0/4 right; CoT answered A: 4/4, b = 4, exact p = 2 * 0.5**4
-    assert "| hcqr | cot | 4 | 0.0% | 100.0% | 4 | 0 | 0.125 |" in report
+    # the hypothesis always said B (gold A): 0/4 right; CoT answered A: 4/4, b = 4, exact p = 2 * 0.5**4; the
+    # report's fifth test (two McNemar against the reference, two on evidence before it), Holm: 5 * 0.125 (the
+    # smallest p of five, tied with the evidence McNemar's)
+    assert "| hcqr | cot | 4 | 0.0% | 100.0% | 4 | 0 | 0.125 (#5; Holm 0.625) |" in report
     summary = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert summary["hypothesis_vs_cot"]["hcqr"]["p_value"] == pytest.approx(0.125)
     assert summary["fallbacks"]["hcqr"]["queries_from_hypothesis"] == {"questions": 4, "rate": 1.0, "total": 12}
@@ -504,7 +507,7 @@ def test_hypothesis_vs_cot_names_each_cot_run(tmp_path):
     b = make_run(tmp_path / "cot-b", "cot", [False, False, False, False])
     h = make_run(tmp_path / "hcqr", "hcqr", [True, True, True, True], hypothesis=["A", "A", "B", "B"])
     report, _ = compare([h, a, b], out_dir=tmp_path / "out")
-    section = report.split("orking hypothesis")[1]
+    section = report.split("## Working hypothesis vs CoT")[1]
     assert "| hcqr | cot (local) (cot-a) | 4 | 50.0% | 100.0% |" in section
     assert "| hcqr | cot (local) (cot-b) | 4 | 50.0% | 0.0% |" in section
 

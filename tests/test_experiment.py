@@ -227,7 +227,7 @@ def test_shipped_experiments_by_name_resolve_paths_from_the_working_folder(setup
     with pytest.raises(
         ExperimentError,
         match=r"experiment 'nope' not found \(looked in experiments/, .*/experiments/\); "
-        r"experiments there: ablations, paper_main, study_mmlu$",
+        r"experiments there: ablations, paper_main, study_mmlu, study_optimizers$",
     ):
         load_experiment("nope")
 

@@ -9,8 +9,9 @@ import pytest
 from scipy import stats
 from test_compiled_report import N, write_run
 
+from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.reporting import load_run
+from hcqr_dspy.reporting import compare, load_run
 from hcqr_dspy.reporting.replicates import (
     Z_80,
     Z_975,
@@ -108,8 +109,9 @@ def test_the_table_gives_per_seed_effects_and_says_when_one_seed_leaves_variance
     assert arm["accuracy"]["per_seed"] == pytest.approx(effects)
     assert arm["seeds"] == [0, 1, 2] and arm["zero_shot"] == "simple_rag"
     assert f"0: {effects[0] * 100:+.1f}, 1: {effects[1] * 100:+.1f}" in md
-    assert "±5: p = " in md
-    assert "hcqr + bootstrap_fewshot: one compile seed: the compile's own variance is unmeasured" in md
+    assert "within ±5 points (TOST p " in md and "within ±0.05 (TOST p " in md
+    assert "- hcqr + bootstrap_fewshot: one compile seed (hcqr+bootstrap_fewshot): the compile's own variance" in md
+    assert "| hcqr + bootstrap_fewshot |" not in md
 
 
 def test_explicit_groups_are_checked(arms):
@@ -133,3 +135,57 @@ def test_the_seed_is_read_from_meta_json_when_the_run_record_lacks_it(arms, tmp_
     zs, p_zs = arms["zs"]
     run = write_run(tmp_path / "r", "simple_rag", zs, p_zs, {"folder": str(program), "recipe": "bootstrap_fewshot"})
     assert compile_seed(load_run(run)) == 3
+
+
+def test_compare_reports_the_arm_with_numbered_holm_adjusted_p_values_and_tost(arms):
+    root = arms["root"]
+    report, files = compare(
+        [root / n for n in ("sr", "sr_bfs_0", "sr_bfs_1", "sr_bfs_2")], out_dir=root / "cmp", margin=5
+    )
+    section = report.split("## Replicate compiles: each optimizer arm over its seeds")[1].split("\n## ")[0]
+    assert "| simple_rag + bootstrap_fewshot | accuracy, points | 3 | 12 |" in section
+    summary = json.loads((root / "cmp" / "comparison.json").read_text())
+    pooled = [t for t in summary["tests"] if t["section"] == "replicate compiles"]
+    assert [t["test"].split(" (")[0] for t in pooled] == [
+        "pooled effect, two-level bootstrap SE",
+        "TOST ±5 points",
+        "pooled effect, two-level bootstrap SE",
+    ]
+    arm = summary["replicates"]["simple_rag + bootstrap_fewshot"]
+    assert pooled[0]["p_value"] == pytest.approx(arm["accuracy"]["p_value"])
+    assert pooled[1]["p_value"] == pytest.approx(arm["accuracy"]["tost"]["p_value"])
+    assert f"(#{pooled[0]['number']}; Holm {pooled[0]['p_holm']:.3g})" in section
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--group", "x=sr_bfs_0,hcqr_bfs_0"], "--group x: its runs differ in method"),
+        (["--group", "x=sr_bfs_0"], "--group x: one run"),
+        (["--group", "x=sr_bfs_0,sr_bfs_1", "--group", "x=sr_bfs_2"], "--group x is given twice"),
+        (["--group", "=sr_bfs_0"], "expected NAME=RUN,RUN"),
+    ],
+)
+def test_bad_groups_are_one_line_and_write_nothing(arms, capsys, args, message):
+    root = arms["root"]
+    out = root / "bad-cmp"
+    runs = [str(root / n) for n in ("sr", "sr_bfs_0", "sr_bfs_1", "sr_bfs_2", "hcqr", "hcqr_bfs_0")]
+    try:
+        code = main(["compare", *runs, "--out", str(out), "--no-mlflow", *args])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not out.exists()
+
+
+def test_a_group_without_its_methods_zero_shot_run_is_refused(arms):
+    root = arms["root"]
+    with pytest.raises(HCQRError, match="--group x: no zero-shot run of simple_rag"):
+        compare(
+            [root / n for n in ("hcqr", "sr_bfs_0", "sr_bfs_1")],
+            out_dir=root / "c2",
+            groups={"x": ["sr_bfs_0", "sr_bfs_1"]},
+        )
+    assert not (root / "c2").exists()

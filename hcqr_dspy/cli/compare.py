@@ -8,10 +8,12 @@ DSPy, MLflow or torch.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _add_mlflow_args, _store, _ui_hint
+from hcqr_dspy.errors import HCQRError
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -19,13 +21,55 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from hcqr_dspy.reporting import compare
     from hcqr_dspy.tracking.comparison import track_comparison
 
-    report, files = compare(args.runs, reference=args.reference, out_dir=args.out, qrels=args.qrels, common=args.common)
+    names = [name for name, _ in args.group or []]
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise HCQRError(f"--group {twice} is given twice; name each optimizer arm once")
+    report, files = compare(
+        args.runs,
+        reference=args.reference,
+        out_dir=args.out,
+        qrels=args.qrels,
+        common=args.common,
+        margin=args.margin,
+        margin_pgold=args.margin_pgold,
+        strict_setup=args.strict_setup,
+        groups=dict(args.group or []),
+    )
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
         run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
         print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
     return 0
+
+
+def _bounded(text: str, high: float, what: str) -> float:
+    """``text`` as a number > 0 and <= ``high``, else argparse's error naming it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what} > 0 and <= {high:g}, got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise argparse.ArgumentTypeError(f"expected {what} > 0 and <= {high:g}, got {text!r}")
+    return value
+
+
+def _margin_points(text: str) -> float:
+    return _bounded(text, 100, "percentage points")
+
+
+def _margin_pgold(text: str) -> float:
+    return _bounded(text, 1, "a probability")
+
+
+def _group(text: str) -> tuple[str, list[str]]:
+    """``NAME=RUN,RUN[,...]`` as ``(NAME, [RUN, ...])``, else argparse's error naming it."""
+    name, sep, members = text.partition("=")
+    runs = [m.strip() for m in members.split(",") if m.strip()]
+    if not sep or not name.strip() or not runs:
+        raise argparse.ArgumentTypeError(f"expected NAME=RUN,RUN (runs by label or folder), got {text!r}")
+    return name.strip(), runs
 
 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -44,6 +88,38 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         action="store_true",
         help="runs still under way over the same question set: compare them on the questions every run "
         "has answered, saying how many (default: off, the runs must hold the same questions)",
+    )
+    p.add_argument(
+        "--margin",
+        type=_margin_points,
+        default=None,
+        metavar="POINTS",
+        help="equivalence margin for accuracy differences, in percentage points: a paired two one-sided test "
+        "(TOST) of each accuracy difference the report tests, numbered and Holm-adjusted with the report's other "
+        "tests",
+    )
+    p.add_argument(
+        "--margin-pgold",
+        type=_margin_pgold,
+        default=None,
+        metavar="P",
+        help="equivalence margin for gold-option probability differences (0 < P <= 1), tested the same way",
+    )
+    p.add_argument(
+        "--strict-setup",
+        action="store_true",
+        help="refuse runs whose setups differ (LM, model file, llama.cpp build and engine settings, temperature, "
+        "endpoint, library versions, questions, index, retrieval settings) or a run whose rows come from several "
+        "setups; default: compare them, flagged under the title and in the Setups table",
+    )
+    p.add_argument(
+        "--group",
+        type=_group,
+        action="append",
+        metavar="NAME=RUN,RUN",
+        help="replicate compiles (runs of one method and recipe that differ in compile seed) to report as one "
+        "optimizer arm: per-seed and pooled effects against the method's zero-shot run, a two-level bootstrap "
+        "interval and the between-seed SD; repeatable (default: compiled runs are grouped from their records)",
     )
     _add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)

@@ -7,7 +7,9 @@ discordant pairs (``statsmodels.stats.contingency_tables.mcnemar(..., exact=True
 test of b vs c; McNemar 1947).
 
 Modules: :mod:`~hcqr_dspy.reporting.runs` (loading runs), :mod:`~hcqr_dspy.reporting.stats` (McNemar,
-Wilson intervals), :mod:`~hcqr_dspy.reporting.tables`, :mod:`~hcqr_dspy.reporting.diagnostics`,
+Wilson intervals, paired TOST), :mod:`~hcqr_dspy.reporting.family` (every printed p-value numbered and
+Holm-adjusted as one family), :mod:`~hcqr_dspy.reporting.equivalence` (TOST against a margin),
+:mod:`~hcqr_dspy.reporting.tables`, :mod:`~hcqr_dspy.reporting.diagnostics`,
 :mod:`~hcqr_dspy.reporting.evidence_tables`, :mod:`~hcqr_dspy.reporting.hypotheses`,
 :mod:`~hcqr_dspy.reporting.program_diff` (the report's sections), :mod:`~hcqr_dspy.reporting.plots`,
 :mod:`~hcqr_dspy.reporting.provenance` (sessions) and :mod:`~hcqr_dspy.reporting.report` (:func:`compare`).

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.optimize.saved import META_FILE
+from hcqr_dspy.reporting.family import COMPILED, GAINS, MCNEMAR, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import format_difference, format_mde, mcnemar_exact, paired_difference
@@ -131,11 +132,19 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         n = len(shared)
         acc_zs = sum(zs.correct[q] for q in shared) / n if n else 0.0
         acc_run = sum(run.correct[q] for q in shared) / n if n else 0.0
+        acc_mde = mde_text(acc["mde"], 100, 1, unit=" points")
+        acc_p = p_text(
+            t["p_value"], section=COMPILED, label=compared(zs.label, run.label, "accuracy"), test=MCNEMAR, mde=acc_mde
+        )
+        gold_label = compared(zs.label, run.label, "p(gold)")
+        gold_p = p_text(
+            gold["wilcoxon_p"], section=COMPILED, label=gold_label, test=WILCOXON, mde=mde_text(gold["mde"])
+        )
         lines.append(
             f"| {zs.label} | {run.label} | {n} | {acc_zs:.1%} → {acc_run:.1%} | {format_difference(acc, 100, 1)} | "
-            f"{t['p_value']:.3g} ({t['b']}/{t['c']}) | {format_mde(acc['mde'], 100, 1)} | "
+            f"{acc_p} ({t['b']}/{t['c']}) | {format_mde(acc['mde'], 100, 1)} | "
             + (f"{format_difference(gold)}{'' if len(scored) == n else f' (n={len(scored)})'} | " if scored else "— | ")
-            + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
+            + gold_p
             + f" | {format_mde(gold['mde']) if scored else '—'} | "
             f"{zs.metrics['mean_seconds']:.1f} → {run.metrics['mean_seconds']:.1f} | {_cost(cost, why)} |"
         )
@@ -239,14 +248,21 @@ def gain_against_gain(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         n = len(gains1)
         mean1 = sum(gains1) / n if n else 0.0
         mean2 = sum(gains2) / n if n else 0.0
+        arms = (f"gain of {second[1].label} over {second[0].label}", f"gain of {first[1].label} over {first[0].label}")
+        acc_mde = mde_text(acc["mde"], 100, 1, limit=2, unit=" points")
+        acc_p = p_text(acc["wilcoxon_p"], section=GAINS, label=compared(*arms, "accuracy"), test=WILCOXON, mde=acc_mde)
+        gold_mde = mde_text(gold["mde"], limit=2)
+        gold_p = p_text(
+            gold["wilcoxon_p"], section=GAINS, label=compared(*arms, "p(gold)"), test=WILCOXON, mde=gold_mde
+        )
         lines.append(
             f"| {first[1].label} vs {first[0].label} | {second[1].label} vs {second[0].label} | {_training(first[1])} "
             f"| {n} | {mean1 * 100:+.1f} | {mean2 * 100:+.1f} | {format_difference(acc, 100, 1)} | "
-            + ("—" if acc["wilcoxon_p"] is None else f"{acc['wilcoxon_p']:.3g}")
+            + acc_p
             + f" | {format_mde(acc['mde'], 100, 1, limit=2)} | "
             + (f"{format_difference(gold)} (n={gold['n']})" if gold["n"] else "—")
             + " | "
-            + ("—" if gold["wilcoxon_p"] is None else f"{gold['wilcoxon_p']:.3g}")
+            + gold_p
             + f" | {format_mde(gold['mde'], limit=2) if gold['n'] else '—'} |"
         )
         figures[f"{first[1].label} vs {second[1].label}"] = {

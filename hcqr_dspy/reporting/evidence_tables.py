@@ -9,7 +9,9 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.evidence import load_qrels, paired_evidence_tests, qrels_metrics
+from hcqr_dspy.reporting.family import EVIDENCE, MCNEMAR, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.stats import discordant_mde, minimum_detectable_effect
 
 
 def evidence_table(runs: Sequence[Run], reference: Run) -> str:
@@ -36,11 +38,26 @@ def evidence_table(runs: Sequence[Run], reference: Run) -> str:
         if run is not reference and reference.metrics.get("evidence_n"):
             t = paired_evidence_tests(ref_ev, {row["qid"]: row.get("evidence") for row in run.rows})
         if t:
+            gold_mde = mde_text(discordant_mde(t["gold_b"], t["gold_c"], t["n"]), 100, 1, unit=" points")
+            margin_sd = t.get("margin_sd")
+            margin_mde = mde_text(minimum_detectable_effect(t["n"], margin_sd) if margin_sd else None, limit=2)
             cells += [
                 f"{t['gold_b']}/{t['gold_c']}",
-                f"{t['gold_p']:.3g}",
+                p_text(
+                    t["gold_p"],
+                    section=EVIDENCE,
+                    label=compared(reference.label, run.label, "gold option mentioned"),
+                    test=MCNEMAR,
+                    mde=gold_mde,
+                ),
                 f"{t['margin_mean_diff']:+.3f}",
-                f"{t['margin_p']:.3g}",
+                p_text(
+                    t["margin_p"],
+                    section=EVIDENCE,
+                    label=compared(reference.label, run.label, "evidence margin"),
+                    test=WILCOXON,
+                    mde=margin_mde,
+                ),
             ]
         else:
             cells += ["reference" if run is reference else "–", "", "", ""]

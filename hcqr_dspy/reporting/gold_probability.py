@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from hcqr_dspy.reporting.family import GOLD_PROBABILITY, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import minimum_detectable_effect, paired_difference
 
@@ -81,10 +82,22 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
         acc_mde = minimum_detectable_effect(len(both), sd) if sd is not None else None
         row += [
             f"{_fmt(p['mean_diff'])} [{_fmt(p['ci_low'])}, {_fmt(p['ci_high'])}]",
-            "—" if p["wilcoxon_p"] is None else f"{p['wilcoxon_p']:.3g}",
+            p_text(
+                p["wilcoxon_p"],
+                section=GOLD_PROBABILITY,
+                label=compared(ref.label, run.label, "p(gold)"),
+                test=WILCOXON,
+                mde=mde_text(p["mde"]),
+            ),
             _mde(p["mde"]),
             f"{_fmt(lo['mean_diff'], 2)} [{_fmt(lo['ci_low'], 2)}, {_fmt(lo['ci_high'], 2)}]",
-            "—" if lo["wilcoxon_p"] is None else f"{lo['wilcoxon_p']:.3g}",
+            p_text(
+                lo["wilcoxon_p"],
+                section=GOLD_PROBABILITY,
+                label=compared(ref.label, run.label, "log-odds of p(gold)"),
+                test=WILCOXON,
+                mde=mde_text(lo["mde"], digits=2, limit=math.inf, unit=" log-odds"),
+            ),
             "— (no discordant pair)"
             if acc_mde is None
             else f"{acc_mde * 100:.1f}"

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hcqr_dspy.evaluation.metrics import hypothesis_changes
+from hcqr_dspy.reporting.family import HYPOTHESIS_VS_COT, MCNEMAR, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run
-from hcqr_dspy.reporting.stats import mcnemar_exact
+from hcqr_dspy.reporting.stats import discordant_mde, mcnemar_exact
 
 
 def hypothesis_table(runs: Sequence[Run]) -> str:
@@ -59,10 +60,14 @@ def hypothesis_vs_cot(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
             acc_c = sum(cot.correct.values()) / n
             key = run.label if len(cots) == 1 else f"{run.label} vs {cot.label}"
             figures[key] = {"n": n, "cot_run": cot.label, "hypothesis_accuracy": acc_h, "cot_accuracy": acc_c, **t}
-            lines.append(
-                f"| {run.label} | {cot.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | "
-                f"{t['p_value']:.3g} |"
+            p = p_text(
+                t["p_value"],
+                section=HYPOTHESIS_VS_COT,
+                label=compared(cot.label, f"{run.label}'s working hypothesis", "accuracy"),
+                test=MCNEMAR,
+                mde=mde_text(discordant_mde(t["b"], t["c"], n), 100, 1, unit=" points"),
             )
+            lines.append(f"| {run.label} | {cot.label} | {n} | {acc_h:.1%} | {acc_c:.1%} | {t['b']} | {t['c']} | {p} |")
     return "\n".join(lines), figures
 
 

@@ -21,7 +21,8 @@ question) and for the gold option's probability:
 - a two-sided p-value of the pooled effect from the same normal approximation, ``2 * (1 - Phi(|pooled| / SE))``,
   and, with a margin, a two one-sided test of equivalence with it (Schuirmann 1987).
 
-With one seed the compile's variance is unmeasured, and the report says so.
+An arm of one seed gets no pooled row (its effect is the zero-shot-against-compiled section's): the report says that
+the compile's variance is unmeasured.
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting.compiled import is_compiled, zero_shot_partner
+from hcqr_dspy.reporting.family import mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
 
+# The report section and test name the pooled effects' p-values are registered under (the family of tests).
+REPLICATES = "replicate compiles"
+POOLED_TEST = "pooled effect, two-level bootstrap SE (normal)"
 # Two-level bootstrap resamples and seed (reproducible intervals).
 REPLICATE_RESAMPLES = 10_000
 REPLICATE_SEED = 0
@@ -135,6 +140,28 @@ def replicate_groups(runs: Sequence[Run], explicit: dict[str, Sequence[str]] | N
     return groups
 
 
+def check_groups(runs: Sequence[Run], explicit: dict[str, Sequence[str]] | None) -> None:
+    """Refuse, before a report is written, ``--group`` arms that cannot be compared: those
+    :func:`replicate_groups` refuses, an arm of fewer than two runs, or one without a zero-shot run of its method
+    among ``runs`` (``runs[0]``: the report's reference).
+
+    Raises:
+        HCQRError: one line naming the group.
+    """
+    if not explicit:
+        return
+    groups = replicate_groups(runs, explicit)
+    for name in explicit:
+        members = groups[name]
+        if len(members) < 2:
+            raise HCQRError(f"--group {name}: one run ({members[0].label}); a group holds two or more compile seeds")
+        if zero_shot_partner(members[0], runs, runs[0]) is None:
+            raise HCQRError(
+                f"--group {name}: no zero-shot run of {members[0].config.get('method')} among the compared runs "
+                "to measure the optimizer against; add one"
+            )
+
+
 def two_level_bootstrap(
     diffs, resamples: int = REPLICATE_RESAMPLES, seed: int = REPLICATE_SEED
 ) -> dict[str, float | None]:
@@ -220,16 +247,14 @@ def replicates_table(
     runs: Sequence[Run],
     explicit: dict[str, Sequence[str]] | None = None,
     margins: dict[str, float] | None = None,
-    p_text=None,
 ) -> tuple[str | None, dict[str, Any]]:
     """Markdown and figures of every optimizer arm with a zero-shot partner (``runs[0]`` is the report's reference,
-    used to pick a partner where several qualify).
+    used to pick a partner where several qualify). Each pooled effect's p-value and TOST join the report's family
+    of tests (:func:`hcqr_dspy.reporting.family.p_text`).
 
     Args:
         explicit: ``--group`` arms (see :func:`replicate_groups`).
         margins: ``{"accuracy": fraction, "gold_prob": probability}`` equivalence margins (either may be absent).
-        p_text: ``p_text(p, label) -> str`` writes a p-value into the report (the report's numbered family);
-            default ``f"{p:.3g}"``.
 
     Returns:
         ``(None, {})`` when no run is compiled.
@@ -238,11 +263,9 @@ def replicates_table(
     if not groups:
         return None, {}
     margins = margins or {}
-    p_text = p_text or (lambda p, label: f"{p:.3g}")
     lines = [
-        "| optimizer arm | outcome | seeds | n | per-seed effects | pooled [95% CI] | between-seed SD | MDE | p"
-        + (" | TOST" if margins else "")
-        + " |",
+        "| optimizer arm | outcome | seeds | n | per-seed effects (seed: effect) | pooled [95% CI] | between-seed SD "
+        "| MDE | p" + (" | equivalence (TOST)" if margins else "") + " |",
         "|---|---|---:|---:|---|---|---:|---:|---:" + ("|---" if margins else "") + "|",
     ]
     notes: list[str] = []
@@ -252,42 +275,52 @@ def replicates_table(
         if zs is None:
             notes.append(f"{name}: no zero-shot run of {members[0].config.get('method')} among the compared runs")
             continue
+        if len(members) == 1:  # its effect is the zero-shot-against-compiled section's; nothing to pool
+            notes.append(
+                f"{name}: one compile seed ({members[0].label}): the compile's own variance is unmeasured, so its "
+                "effect (in the zero-shot-against-compiled section) is that of one draw of the optimizer, not of "
+                "the optimizer"
+            )
+            continue
         effects = arm_effects(zs, members)
         figures[name] = effects
-        for outcome, scale, digits, unit in (("accuracy", 100, 1, " points"), ("gold_prob", 1, 3, "")):
+        for outcome, scale, digits, unit, title in (
+            ("accuracy", 100, 1, " points", "accuracy, points"),
+            ("gold_prob", 1, 3, "", "p(gold)"),
+        ):
             e = effects[outcome]
             if e is None:
                 continue
             seeds = ", ".join(
                 f"{'?' if s is None else s}: {_fmt(x, scale, digits)}" for s, x in zip(effects["seeds"], e["per_seed"])
             )
-            sd = "unmeasured (1 seed)" if e["between_seed_sd"] is None else f"{e['between_seed_sd'] * scale:.{digits}f}"
-            mde = "—" if e["mde"] is None else f"{e['mde'] * scale:.{digits}f}"
-            label = f"{name} - {zs.label}, {'accuracy' if outcome == 'accuracy' else 'p(gold)'} (pooled)"
-            p = "—" if e["p_value"] is None else p_text(e["p_value"], label)
+            sd = f"{e['between_seed_sd'] * scale:.{digits}f}"
+            limit = 1.0  # a difference of two 0/1 or probability outcomes
+            mde = mde_text(e["mde"], scale, digits, limit, unit)
+            label = f"{name} vs {zs.label}: {title} (pooled over {e['seeds']} seeds)"
+            p = p_text(e["p_value"], section=REPLICATES, label=label, test=POOLED_TEST, mde=mde, difference=label)
             row = (
-                f"| {name} | {'accuracy' + unit if outcome == 'accuracy' else 'p(gold)'} | {e['seeds']} | {e['n']} "
-                f"| {seeds} | {_fmt(e['pooled'], scale, digits)} [{_fmt(e['ci_low'], scale, digits)}, "
-                f"{_fmt(e['ci_high'], scale, digits)}] | {sd} | {mde} | {p}"
+                f"| {name} | {title} | {e['seeds']} | {e['n']} | {seeds} | {_fmt(e['pooled'], scale, digits)} "
+                f"[{_fmt(e['ci_low'], scale, digits)}, {_fmt(e['ci_high'], scale, digits)}] | {sd} | {mde} | {p}"
             )
             if margins:
                 margin = margins.get(outcome)
                 tost = None if margin is None else equivalence(e["pooled"], e["se"], margin)
                 e["tost"] = tost
                 if tost is None:
-                    row += " | —" if margin is None else " | — (no spread)"
+                    row += " | —" if margin is None else " | not testable (no spread)"
                 else:
-                    verdict_p = p_text(tost["p_value"], f"{label}, TOST ±{margin * scale:g}")
-                    row += f" | ±{margin * scale:g}: p = {verdict_p}"
+                    within = f"±{margin * scale:g}{unit}"
+                    row += " | " + p_text(
+                        tost["p_value"],
+                        section=REPLICATES,
+                        label=label,
+                        test=f"TOST {within} (normal, bootstrap SE)",
+                        margin=within,
+                        difference=label,
+                    )
             lines.append(row + " |")
-        if len(members) == 1:
-            notes.append(
-                f"{name}: one compile seed: the compile's own variance is unmeasured, so this is the effect of one "
-                "draw of the optimizer, not of the optimizer"
-            )
-    if len(lines) == 2 and not notes:
-        return None, {}
     body = "\n".join(lines) if len(lines) > 2 else ""
     if notes:
         body += ("\n\n" if body else "") + "\n".join(f"- {n}" for n in notes)
-    return body, figures
+    return body or None, figures

@@ -16,7 +16,9 @@ from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.reporting.compiled import COMPILED_NOTE, GAIN_NOTE, compiled_table, gain_against_gain
 from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
+from hcqr_dspy.reporting.equivalence import EQUIVALENCE_NOTE, check_margins, equivalence_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
+from hcqr_dspy.reporting.family import collecting
 from hcqr_dspy.reporting.gold_probability import (
     GOLD_PROBABILITY_NOTE,
     baselines_and_letters,
@@ -29,7 +31,10 @@ from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
+from hcqr_dspy.reporting.replicates import REPLICATES_NOTE, check_groups, replicates_table
 from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, run_label, unique_labels
+from hcqr_dspy.reporting.setups import NOTE as SETUPS_NOTE
+from hcqr_dspy.reporting.setups import SetupCheck, setup_check
 from hcqr_dspy.reporting.stats import mcnemar_exact
 from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
 
@@ -151,8 +156,12 @@ def _report(
     common: bool,
     qrels_path: Path | None,
     explicit: bool,
+    margins: dict[str, float] | None = None,
+    setups: SetupCheck | None = None,
+    groups: dict[str, list[str]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The Markdown report and the ``comparison.json`` summary of runs ``ordered`` reference first."""
+    """The Markdown report and the ``comparison.json`` summary of runs ``ordered`` reference first; ``margins``:
+    the equivalence margins of :func:`~hcqr_dspy.reporting.equivalence.check_margins`."""
     ref = ordered[0]
     fallbacks, warnings = fallback_table(ordered)
     invalid = invalid_table(ordered)
@@ -160,7 +169,9 @@ def _report(
     diversity, diversity_figures = query_diversity_section(ordered)
     gold_md, gold_figures = gold_probability_table(ordered)
     compiled_md, compiled_figures = compiled_table(ordered)
+    replicates_md, replicates_figures = replicates_table(ordered, groups, margins)
     gains_md, gains_figures = gain_against_gain(ordered)
+    equivalence_md, equivalence_figures = equivalence_table(ordered, margins)
     calibration_md, calibration_figures = calibration_table(ordered)
     baselines_md, baselines_figures = baselines_and_letters(ordered)
     qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
@@ -175,14 +186,19 @@ def _report(
         if r.config.get("method") in PROGRAMS and PROGRAMS[r.config["method"]].uses_answer
     ]
     sessions = {r.label: session_summary(r) for r in ordered}
+    setups = setups or setup_check(ordered)  # each run's setup; pairs that differ are confounded
     sections = [
-        _heading(ref, qids, answered, common),
-        comparison_table(ordered, ref),
-        MCNEMAR_NOTE + (f"\n\n{note}" if (note := cache_note(ordered)) else ""),
-        "## Differences from the reference (percentage points)\n\n" + stage_differences(ordered, ref),
+        _heading(ref, qids, answered, common) + (f"\n\n{warning}" if (warning := setups.warning()) else ""),
+        setups.mark(comparison_table(ordered, ref)),
+        MCNEMAR_NOTE
+        + (f"\n\n{note}" if (note := cache_note(ordered)) else "")
+        + (f"\n\n{dagger}" if (dagger := setups.note()) else ""),
+        "## Differences from the reference (percentage points)\n\n" + setups.mark(stage_differences(ordered, ref)),
         *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),
         *_section("Zero-shot against compiled programs (paired within each method)", compiled_md, COMPILED_NOTE),
+        *_section("Replicate compiles: each optimizer arm over its seeds", replicates_md, REPLICATES_NOTE),
         *_section("Optimizer gain against optimizer gain (difference in differences)", gains_md, GAIN_NOTE),
+        *_section("Equivalence within the margin (TOST, paired)", equivalence_md, EQUIVALENCE_NOTE),
         *_section("Calibration", calibration_md),
         *_section("Chance and letter habits", baselines_md),
         *_section("Warnings", "\n".join(f"- **{w}**" for w in warnings)),
@@ -196,6 +212,7 @@ def _report(
         *_section("Working hypothesis vs final answer", hypothesis_table(ordered), HYPOTHESIS_NOTE),
         *_section("Working hypotheses across runs", agreement, AGREEMENT_NOTE),
         "## Runs\n\n" + "\n".join(f"- {r.label}: `{r.path}`; {provenance_line(sessions[r.label])}" for r in ordered),
+        *_section("Setups", setups.table(), SETUPS_NOTE),
         "## Questions answered differently\n\n" + disagreements(ordered, qids),
         *_section("Programs: instructions and demos", program_diff(ordered, ref)),
     ]
@@ -213,11 +230,15 @@ def _report(
         "gold_probability": gold_figures,
         "compiled": compiled_figures,
         "compiled_gain_difference": gains_figures,
+        "replicates": replicates_figures,
+        "margins": margins or {},
+        "equivalence": equivalence_figures,
         "calibration": calibration_figures,
         "baselines": baselines_figures,
         "hypothesis_vs_cot": h_vs_cot_figures,
         "upstream_agreement": agreement_figures,
         "sessions": sessions,
+        "setups": setups.summary(),
     }
     return "\n\n".join(sections) + "\n", summary
 
@@ -228,6 +249,10 @@ def compare(
     out_dir: str | Path | None = None,
     qrels: str | Path | None = None,
     common: bool = False,
+    margin: float | None = None,
+    margin_pgold: float | None = None,
+    strict_setup: bool = False,
+    groups: dict[str, list[str]] | None = None,
 ) -> tuple[str, list[Path]]:
     """Compare runs: Markdown report and plots.
 
@@ -239,14 +264,27 @@ def compare(
         common: Runs still under way over the same question set are compared on the questions every run
             has answered (rows, metrics and judgments restricted to them; the report says how many of
             each run's questions that is). Without it, runs must hold the same questions.
+        margin: Equivalence margin for accuracy differences, in percentage points (> 0, <= 100): a paired TOST
+            (:mod:`~hcqr_dspy.reporting.equivalence`) for each accuracy difference the report tests.
+        margin_pgold: Equivalence margin for gold-option probability differences (> 0, <= 1), the same way.
+        strict_setup: Refuse runs whose setups differ, or a mixed run (:mod:`~hcqr_dspy.reporting.setups`);
+            without it they are compared, flagged under the title and their deltas marked confounded.
+        groups: Optimizer arms named by hand, ``{arm name: [run labels or folders]}`` (replicate compiles of one
+            recipe and method); compiled runs not named are grouped from their records
+            (:func:`~hcqr_dspy.reporting.replicates.replicate_groups`).
+
+    Every p-value the report prints is numbered and Holm-adjusted over the report's family of tests
+    (:mod:`~hcqr_dspy.reporting.family`); ``comparison.json``'s ``tests`` lists them.
 
     Returns:
         The Markdown report and the written files.
 
     Raises:
         HCQRError: fewer than two runs, the same folder twice, unknown reference, different
-            question sets, or an ``out_dir`` that is a file or cannot be created.
+            question sets, an ``out_dir`` that is a file or cannot be created, a margin out of its range, or
+            with ``strict_setup`` runs on different setups (the first differing field and the two runs named).
     """
+    margins = check_margins(margin, margin_pgold)
     out = _checked_out(run_dirs, out_dir)
     runs = [load_run(p) for p in run_dirs]
     unique_labels(runs)
@@ -258,14 +296,23 @@ def compare(
             restrict(r, qids)
     ref = _reference(runs, reference)
     ordered = [ref] + [r for r in runs if r is not ref]
-    report, summary = _report(  # before anything is written: a report that fails leaves no files behind
-        ordered,
-        qids,
-        answered,
-        common,
-        Path(qrels) if qrels else qrels_beside(ref.folder.dataset),
-        explicit=bool(qrels),
-    )
+    check_groups(ordered, groups)  # before anything is written
+    setups = setup_check(ordered)
+    if strict_setup:
+        setups.refuse()
+    with collecting() as family:  # every p-value the sections print joins the report's family of tests
+        report, summary = _report(  # before anything is written: a report that fails leaves no files behind
+            ordered,
+            qids,
+            answered,
+            common,
+            Path(qrels) if qrels else qrels_beside(ref.folder.dataset),
+            explicit=bool(qrels),
+            margins=margins,
+            setups=setups,
+            groups=groups,
+        )
+    report, summary["tests"] = family.finish(report)  # numbered, Holm-adjusted, listed near the top
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -1,6 +1,6 @@
 """The paired statistics of a comparison: exact McNemar test, Wilson score interval, paired bootstrap interval,
-Wilcoxon signed-rank test and the minimum detectable effect (scipy, statsmodels), and how a paired difference
-and an MDE are written in reports and run descriptions.
+Wilcoxon signed-rank test, the minimum detectable effect and the paired two one-sided tests of equivalence (TOST)
+(scipy, statsmodels), and how a paired difference and an MDE are written in reports and run descriptions.
 
 Accuracy differences against a reference run are tested with the exact McNemar test on the discordant pairs
 (``statsmodels.stats.contingency_tables.mcnemar(..., exact=True)``: a two-sided binomial test of b vs c;
@@ -132,3 +132,49 @@ def format_mde(mde: float | None, scale: float = 1.0, digits: int = 3, limit: fl
     if mde is None:
         return "— (no spread)"
     return f"{mde * scale:.{digits}f}" if mde <= limit else "undetectable"
+
+
+def discordant_mde(b: int, c: int, n: int) -> float | None:
+    """:func:`minimum_detectable_effect` of a paired 0/1 difference known by its discordant counts: over ``n``
+    pairs, ``c`` differences of +1, ``b`` of -1 and the rest 0 (their standard deviation, ``ddof=1``). ``None``
+    for fewer than two pairs or no discordant pair."""
+    if n < 2:
+        return None
+    mean = (c - b) / n
+    var = (b + c - n * mean * mean) / (n - 1)
+    return minimum_detectable_effect(n, max(var, 0.0) ** 0.5)
+
+
+def tost_paired(reference: Sequence[float], other: Sequence[float], margin: float) -> dict[str, Any]:
+    """Two one-sided tests of equivalence (TOST; Schuirmann 1987, "A comparison of the two one-sided tests
+    procedure and the power approach for assessing the equivalence of average bioavailability", J.
+    Pharmacokinet. Biopharm. 15(6)) for paired outcomes: whether the mean per-question difference
+    ``other - reference`` lies within ``(-margin, +margin)``, by two one-sided paired t-tests
+    (``statsmodels.stats.weightstats.ttost_paired(other, reference, -margin, margin)``). H0 is
+    ``|mean| >= margin``: a small ``p_value`` shows equivalence; a large one shows nothing.
+
+    Args:
+        reference: The reference side's outcomes (0/1 correctness, or probabilities).
+        other: The other side's outcomes, in the same question order.
+        margin: The equivalence margin, > 0, on the outcomes' scale (a fraction for 0/1 outcomes).
+
+    Returns:
+        ``n``, ``mean_diff``, ``sd_diff``, ``margin``, ``low_p`` (H0: mean <= -margin), ``high_p`` (H0: mean >=
+        margin) and ``p_value`` (the larger of the two). With fewer than two pairs or no spread in the differences
+        (the t statistic is then undefined) the p-values are ``None`` and ``reason`` says why.
+    """
+    import numpy as np
+    from statsmodels.stats.weightstats import ttost_paired
+
+    x = np.asarray(other, dtype=float)
+    y = np.asarray(reference, dtype=float)
+    diff = x - y
+    n = int(diff.size)
+    out: dict[str, Any] = {"n": n, "mean_diff": float(diff.mean()) if n else None, "margin": margin}
+    sd = float(diff.std(ddof=1)) if n > 1 else None
+    out["sd_diff"] = sd
+    if n < 2 or not sd:
+        why = "fewer than two pairs" if n < 2 else "no spread in the paired differences"
+        return {**out, "low_p": None, "high_p": None, "p_value": None, "reason": why}
+    p, low, high = ttost_paired(x, y, -margin, margin)
+    return {**out, "low_p": float(low[1]), "high_p": float(high[1]), "p_value": float(p), "reason": None}

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hcqr_dspy.reporting.family import MCNEMAR, REFERENCE, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run, judged_ids
-from hcqr_dspy.reporting.stats import mcnemar_exact
+from hcqr_dspy.reporting.stats import discordant_mde, mcnemar_exact
 
 
 def _calls(m: dict[str, Any]) -> str:
@@ -39,7 +40,14 @@ def comparison_table(runs: Sequence[Run], reference: Run | None = None) -> str:
         if reference is not None and run is not reference:
             t = mcnemar_exact(reference.correct, run.correct)
             vs = f"{t['b']}/{t['c']}"
-            p = f"{t['p_value']:.3g}"
+            n = len(reference.correct)
+            p = p_text(
+                t["p_value"],
+                section=REFERENCE,
+                label=compared(reference.label, run.label, "accuracy"),
+                test=MCNEMAR,
+                mde=mde_text(discordant_mde(t["b"], t["c"], n), 100, 1, unit=" points"),
+            )
         else:
             vs, p = ("reference", "") if reference is run else ("", "")
         lines.append(

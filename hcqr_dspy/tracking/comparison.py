@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hcqr_dspy.evaluation.records import read_json_object
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.reporting.family import MCNEMAR, REFERENCE, compared
 from hcqr_dspy.reporting.stats import format_difference, format_mde
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run, mlflow_run_link
 
@@ -35,7 +36,10 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
     ``run.<label>`` (each one's id); its description links each compared run. Metrics, per compared run
     label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
     (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
-    (LM calls per question). Where the comparison pairs compiled programs with zero-shot runs (the summary's
+    (LM calls per question), and ``mcnemar_p_holm.<label>``, that p-value Holm-adjusted over the report's family of
+    tests. Every numbered test of the report (the summary's ``tests``): ``test_p.<number>`` and
+    ``test_p_holm.<number>`` (raw and Holm-adjusted), the param ``test_family_size`` and a table of them in the
+    description. Where the comparison pairs compiled programs with zero-shot runs (the summary's
     ``compiled`` and ``compiled_gain_difference``), per compiled run ``compiled.delta_accuracy.<label>``,
     ``compiled.delta_gold_prob.<label>`` and their MDEs ``compiled.mde_accuracy.<label>``,
     ``compiled.mde_gold_prob.<label>`` (compiled minus its zero-shot run, paired), per two methods' gains
@@ -75,9 +79,12 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
         "runs": ",".join(r for r in run_ids.values() if r),
         **{f"run.{_metric_label(label)}": rid for label, rid in run_ids.items() if rid},
     }
-    with mlflow_run(
-        name, {"reference": ref, "questions": summary["questions"]}, tags=tags, store=mlflow_dir, traces=False
-    ) as run:
+    tests = summary.get("tests") or []  # a comparison written before the family was numbered has none
+    params = {"reference": ref, "questions": summary["questions"], "test_family_size": len(tests)}
+    reference_tests = {
+        t["label"]: t for t in tests if t["section"] == REFERENCE and t["test"] == MCNEMAR and t["margin"] is None
+    }
+    with mlflow_run(name, params, tags=tags, store=mlflow_dir, traces=False) as run:
         metrics: dict[str, float] = {}
         ref_acc = summary["runs"][ref].get("accuracy")
         for label, info in summary["runs"].items():
@@ -89,6 +96,11 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             if label != ref:
                 metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
                 metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
+                if (t := reference_tests.get(compared(ref, label, "accuracy"))) is not None:
+                    metrics[f"mcnemar_p_holm.{key}"] = t["p_holm"]
+        for t in tests:
+            metrics[f"test_p.{t['number']}"] = t["p_value"]
+            metrics[f"test_p_holm.{t['number']}"] = t["p_holm"]
         compiled_metrics, compiled_lines = _compiled(summary)
         mlflow.log_metrics({_metric_key(k): v for k, v in {**metrics, **compiled_metrics}.items()})
         lines = [
@@ -101,13 +113,33 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             info = summary["runs"][label]
             delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"
             p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
+            if (t := reference_tests.get(compared(ref, label, "accuracy"))) is not None:
+                p += f" (#{t['number']}; Holm {t['p_holm']:.3g})"
             link = mlflow_run_link(run_ids[label]) if run_ids[label] else None
             lines.append(f"| {label} | {info['accuracy']:.1%} | {delta} | {p} | {link or '–'} |")
-        mlflow.set_tag("mlflow.note.content", "\n".join(lines + compiled_lines))
+        mlflow.set_tag("mlflow.note.content", "\n".join(lines + compiled_lines + _tests_lines(tests)))
         for f in sorted(out.iterdir()):
             if f.is_file() and f.suffix in (".md", ".json", ".png"):
                 mlflow.log_artifact(str(f), artifact_path="comparison")
         return run.info.run_id
+
+
+def _tests_lines(tests: list[dict]) -> list[str]:
+    """The description's table of the report's numbered tests (none without)."""
+    if not tests:
+        return []
+    return [
+        "",
+        f"Tests in the report (family of {len(tests)}; Holm-adjusted):",
+        "",
+        "| # | compares | test | p | Holm p | rejected at 5% after Holm |",
+        "|---:|---|---|---:|---:|---|",
+        *(
+            f"| {t['number']} | {t['label']} | {t['test']} | {t['p_value']:.3g} | {t['p_holm']:.3g} | "
+            f"{'yes' if t['reject'] else 'no'} |"
+            for t in tests
+        ),
+    ]
 
 
 def _difference_metrics(prefix: str, mde_prefix: str, key: str, diffs: dict[str, dict]) -> dict[str, float]:
