@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.saved import STATE_FILE, fresh_state
 from hcqr_dspy.reporting.compiled import zero_shot_partner
 from hcqr_dspy.reporting.runs import Run
@@ -32,9 +33,31 @@ def program_state(run: Run) -> dict[str, Any] | None:
         return None
 
 
+def shown_demos(run: Run) -> dict[str, dict[str, int]] | None:
+    """Each stage's demos of a saved program as its prompts show them
+    (:func:`~hcqr_dspy.optimize.demo_counts.count_saved_program`: bootstrapped, labelled, rendered, saved);
+    ``None`` for a zero-shot run or a program folder that cannot be loaded."""
+    folder = (run.config.get("saved_program") or {}).get("folder")
+    if not folder:
+        return None
+    try:
+        return count_saved_program(folder)
+    except HCQRError:
+        return None
+
+
+def _demo_text(count: dict[str, int] | None, saved: int) -> str:
+    if count is None:
+        return str(saved) if saved == 0 else f"{saved} saved"
+    text = f"{count['rendered']} shown ({count['bootstrapped']} bootstrapped, {count['labelled']} labelled"
+    return text + (f"; {count['saved']} saved)" if count["saved"] != count["rendered"] else ")")
+
+
 def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
     """Markdown: how each saved program's instructions and demos differ, per predictor, from the zero-shot
     run of its own method (:func:`~hcqr_dspy.reporting.compiled.zero_shot_partner`), else from the reference's.
+    Demos are counted as the prompts show them (:func:`shown_demos`); a zero-shot program's or an unloadable
+    folder's as saved.
 
     ``None`` when no run ran a saved program (then there is nothing to diff).
     """
@@ -56,14 +79,15 @@ def program_diff(runs: Sequence[Run], reference: Run) -> str | None:
         if state is None or ref_state is None:
             parts.append("(program state unavailable)")
             continue
+        counts, ref_counts = shown_demos(run) or {}, shown_demos(base) or {}
         for name in sorted(k for k in state if k != "metadata"):
             mine, theirs = state.get(name) or {}, ref_state.get(name) or {}
             a = (theirs.get("signature") or {}).get("instructions", "")
             b = (mine.get("signature") or {}).get("instructions", "")
             demos_a, demos_b = theirs.get("demos") or [], mine.get("demos") or []
             lines = [
-                f"**{name}**: {len(demos_a)} -> {len(demos_b)} demos; instructions "
-                + ("unchanged" if a == b else "changed")
+                f"**{name}**: demos {_demo_text(ref_counts.get(name), len(demos_a))} -> "
+                f"{_demo_text(counts.get(name), len(demos_b))}; instructions " + ("unchanged" if a == b else "changed")
             ]
             if a != b:
                 diff = difflib.unified_diff(a.splitlines(), b.splitlines(), base.label, run.label, lineterm="")
