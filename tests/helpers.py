@@ -360,3 +360,12 @@ def load_bench_module(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def write_session(folder) -> None:
+    """A run folder's ``sessions.jsonl`` with one ``hcqr eval`` session of this machine (no in-process engine)
+    that wrote every row: the record a run made today holds, so a comparison can check its setup."""
+    from hcqr_dspy.evaluation.provenance import session_record
+
+    record = {"session": 1, **session_record("eval"), "predictions_before": 0, "judgments_before": 0}
+    (Path(folder) / "sessions.jsonl").write_text(json.dumps(record) + "\n")

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import TINY_ROWS, comparison_row, snippet, write_jsonl
+from helpers import TINY_ROWS, comparison_row, snippet, write_jsonl, write_session
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
@@ -39,6 +39,7 @@ def make_run(folder, method, correct, qids=None, hypothesis=None, dur=None, data
             row["hypothesis"] = {"working_hypothesis": hypothesis[i]}
         rows.append(row)
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_session(folder)
     if dur:
         (folder / "dur.json").write_text(json.dumps(dur))
     return folder

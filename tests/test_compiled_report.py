@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import comparison_row
+from helpers import comparison_row, write_session
 from scipy import stats
 
 from hcqr_dspy.errors import HCQRError
@@ -40,6 +40,7 @@ def write_run(folder, method, correct, gold_prob, saved=None, lm="local"):
         for q, ok, p in zip(qids, correct, gold_prob)
     ]
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_session(folder)
     return folder
 
 

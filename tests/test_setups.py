@@ -104,8 +104,8 @@ def test_runs_apart_in_one_setting_are_flagged_confounded_and_refused_by_strict_
     title, warning = report.split("\n\n")[:2]
     assert title.startswith("# Comparison on 6 questions")
     assert warning == (
-        f"**Setups differ: simple_rag and hcqr differ in {field}.** Differences between these runs are not their "
-        "programs' alone; confounded deltas are marked † (see Setups)."
+        f"**Setups differ: simple_rag and hcqr differ in {field}.** Differences between these runs may not be their "
+        "programs' alone; confounded or unverified deltas are marked † (see Setups)."
     )
     assert "| hcqr † | 6 |" in report and "| simple_rag | 6 |" in report  # the delta marked, the reference not
     assert f"† confounded, its delta not its program's alone: hcqr ({field})" in report
@@ -162,10 +162,21 @@ def test_a_run_whose_sessions_span_two_setups_is_mixed(tmp_path):
     c = write_run(tmp_path / "c", "hcqr", {}, [session(1, 2)])
     with pytest.raises(HCQRError, match=r"^--strict-setup: run hcqr is mixed: .*2 setups \(not recorded for some rows"):
         compare([a, c], out_dir=tmp_path / "strict", strict_setup=True)
-    # a run recorded before sessions were: one setup, not recorded, and nothing to compare it on
+    # a run recorded before sessions were: one setup, not recorded, so nothing shows it shares the other's
     d = write_run(tmp_path / "d", "hcqr", {}, [])
-    report, _ = compare([a, d], out_dir=tmp_path / "out", strict_setup=True)
-    assert "| hcqr | 6 | one setup (not recorded) |" in report and "†" not in report
+    report, _ = compare([a, d], out_dir=tmp_path / "out")
+    assert report.split("\n\n")[1].startswith(
+        "**Setups unverified: no setup (engine, build, endpoint, library versions) was recorded for hcqr, so whether "
+        "they share one with the other runs cannot be checked.**"
+    )
+    assert "| hcqr | 6 | one setup (not recorded) |" in report and "| hcqr † |" in report
+    assert "Whether the runs share one setup cannot be checked." in report
+    setups = json.loads((tmp_path / "out" / "comparison.json").read_text())["setups"]
+    assert setups["one_setup"] is False and setups["confounded"] == {"hcqr": ["setup not recorded"]}
+    assert setups["unverified"] == [{"runs": ["simple_rag", "hcqr"], "not_recorded": ["hcqr"]}]
+    with pytest.raises(HCQRError, match=r"^--strict-setup: runs simple_rag and hcqr cannot be checked: no setup was"):
+        compare([a, d], out_dir=tmp_path / "strict", strict_setup=True)
+    assert not (tmp_path / "strict").exists()
 
 
 def evaluate(bench, stub, name, lm):

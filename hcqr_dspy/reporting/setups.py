@@ -20,13 +20,13 @@ also on the setup of every reply DSPy's cache served it (``cached_setups``, :mod
 reply made under another setup puts the row on that setup too, a reply cached without a record (or a row recorded
 before rows named their cached replies' setups) on a setup not recorded. A run whose rows are on more than one
 setup is *mixed*. Two runs *differ* in a field when both record it and their values differ; a field a run does not
-have (an index for a method without retrieval, an engine for an endpoint) or did not record is not compared.
+have (an index for a method without retrieval, an engine for an endpoint) is not compared. A pair with a run none of
+whose rows has a recorded setup (written before sessions were recorded) is *unverified*: flagged as a difference is,
+and refused by ``--strict-setup``, since nothing shows that the two share a setup.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -35,19 +35,8 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.lm.reply_setup import UNRECORDED
 from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.setup_fields import field_rank, lm_fields, run_fields, setup_value, shown_value
 
-# Program options that are retrieval settings (compared between runs that retrieve).
-RETRIEVAL_SETTINGS = ("budget", "k_per_query", "fusion", "max_context_tokens")
-# Where a run's index lies, not what it is (left out).
-INDEX_PLACES = ("path", "corpus_source")
-THREADS = "threads (flash attention on)"
-# The order fields are listed in (an index's fields come where "index" is).
-FIELD_ORDER = (
-    *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
-    *("response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch", "n_ubatch"),
-    *("flash_attn", "use_extra_bufts", THREADS, "dspy", "llama-cpp-python", "litellm"),
-    *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS),
-)
 NOTE = (
     "Fields that differ between runs are columns; those with one value wherever recorded are listed above. A run "
     "is *mixed* when its rows come from more than one setup: sessions on other settings or library versions, rows "
@@ -57,84 +46,6 @@ NOTE = (
     "not have (an index or budget for a method without retrieval, an engine for an endpoint) or did not record "
     "(–) is not compared. What is compared (method, program or saved program, demos, answer step) is no setup field."
 )
-
-
-def _rank(name: str) -> tuple[int, str]:
-    return (FIELD_ORDER.index("index"), name) if name.startswith("index ") else (FIELD_ORDER.index(name), "")
-
-
-def _value(value: Any) -> Any:
-    """A field's value as compared and shown: a SHA-256 cut to 12 digits, a mapping as compact JSON."""
-    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-        return value[:12]
-    if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return value
-
-
-def _shown(value: Any) -> str:
-    return "–" if value is None else ("on" if value else "off") if isinstance(value, bool) else str(value)
-
-
-def run_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a run's setup that its ``config.json`` records (``None``: not recorded or not applicable)."""
-    lm = config.get("lm") or {}
-    questions = config.get("questions") or {}
-    place = {"litellm": "provider's default endpoint", "packaged": "in-process", "gguf": "in-process"}
-    fields = {
-        "LM": lm.get("spec"),
-        "model": lm.get("model"),
-        "endpoint": lm.get("api_base") or place.get(lm.get("kind")),
-        "temperature": lm.get("temperature"),
-        "max tokens": lm.get("max_tokens"),
-        "n_ctx": lm.get("n_ctx"),
-        "response format": lm.get("response_format"),
-        "adapter": config.get("adapter"),
-        "questions": questions.get("content_sha256"),
-        "question ids": questions.get("ids_sha256"),
-        "seed": questions.get("seed"),
-        "limit": questions.get("limit"),
-    }
-    index = config.get("index")
-    if isinstance(index, dict):  # a method that retrieves
-        fields.update({f"index {k}": v for k, v in sorted(index.items()) if k not in INDEX_PLACES})
-        program = config.get("program") or {}
-        fields.update({k: program.get(k) for k in RETRIEVAL_SETTINGS})
-    return {k: _value(v) for k, v in fields.items()}
-
-
-def lm_fields(engine: Any, card: Any, packages: Any) -> dict[str, Any]:
-    """The fields of a setup that a session (or a cached reply's record) holds: the in-process engine's (model file,
-    build, CPU features, batches, flash attention, repacking, threads with flash attention on), an endpoint's model
-    card (without its address) and the library versions that decide replies there."""
-    engine = engine if isinstance(engine, dict) else {}
-    packages = packages if isinstance(packages, dict) else {}
-    fields: dict[str, Any] = {}
-    if engine:
-        fields.update(
-            {
-                "model file": engine.get("model_sha256"),
-                "llama.cpp build": engine.get("build"),
-                "llama.cpp CPU features": _features(engine.get("system_info")),
-                **{k: engine.get(k) for k in ("n_batch", "n_ubatch", "flash_attn", "use_extra_bufts")},
-                THREADS: engine.get("n_threads") if engine.get("flash_attn") else None,
-                "llama-cpp-python": packages.get("llama_cpp_python"),
-            }
-        )
-    else:
-        fields["litellm"] = packages.get("litellm")
-    if isinstance(card, dict) and card:
-        shown = {k: v for k, v in sorted(card.items()) if k not in ("url", "api_base") and v is not None}
-        fields["endpoint model card"] = ", ".join(f"{k} {v}" for k, v in shown.items())
-    fields["dspy"] = packages.get("dspy")
-    return {k: _value(v) for k, v in fields.items() if v is not None}
-
-
-def _features(system_info: Any) -> str | None:
-    """The CPU features a llama.cpp build uses, from ``llama_print_system_info`` (``AVX2 = 1 | ...``): those on."""
-    if not isinstance(system_info, str):
-        return None
-    return " ".join(re.findall(r"(\w+) = 1\b", system_info)) or system_info
 
 
 @dataclass
@@ -173,7 +84,7 @@ def arm_setup(run: Run) -> ArmSetup:
     """The setup of ``run``'s rows (see the module docstring)."""
     config = run.config
     sha = (config.get("lm") or {}).get("sha256")  # a gguf: file's, where sessions do not name it
-    fallback = {"model file": _value(sha)} if sha else {}
+    fallback = {"model file": setup_value(sha)} if sha else {}
     parts: list[Part] = []
 
     def add(recorded: bool, fields: dict[str, Any], qid: str, how: str) -> None:
@@ -222,7 +133,7 @@ def _agree(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def differences(a: ArmSetup, b: ArmSetup) -> dict[str, tuple[list[Any], list[Any]]]:
     """The fields both runs record with other values: ``{field: (a's values, b's values)}``, in field order."""
     out = {}
-    for name in sorted(a.names() & b.names(), key=_rank):
+    for name in sorted(a.names() & b.names(), key=field_rank):
         va, vb = a.values(name), b.values(name)
         if va and vb and set(va) != set(vb):
             out[name] = (va, vb)
@@ -232,7 +143,7 @@ def differences(a: ArmSetup, b: ArmSetup) -> dict[str, tuple[list[Any], list[Any
 def mixed_fields(arm: ArmSetup) -> list[str]:
     """What a mixed run's setups differ in: the fields with several recorded values, and ``not recorded for some
     rows`` when some of its rows are on a setup that was not recorded."""
-    names = sorted({k for p in arm.parts for k in p.fields}, key=_rank)
+    names = sorted({k for p in arm.parts for k in p.fields}, key=field_rank)
     varying = [k for k in names if len({p.fields.get(k) for p in arm.parts if k in p.fields}) > 1]
     if len({p.recorded for p in arm.parts}) > 1:
         varying.append("not recorded for some rows")
@@ -246,10 +157,12 @@ class SetupCheck:
     arms: list[ArmSetup]
     pairs: dict[tuple[str, str], dict[str, tuple[list[Any], list[Any]]]]
     confounded: dict[str, list[str]]  # a run against the reference -> why its delta is confounded
+    # a pair of runs -> those of the two whose rows were written on no recorded setup: the pair cannot be checked
+    unverified: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     @property
     def one_setup(self) -> bool:
-        return not any(self.pairs.values()) and not any(a.mixed for a in self.arms)
+        return not any(self.pairs.values()) and not any(a.mixed for a in self.arms) and not self.unverified
 
     def warning(self) -> str:
         """The line under the report's title naming every pair of runs that differ and every mixed run; ``""``
@@ -258,9 +171,16 @@ class SetupCheck:
             return ""
         said = [f"{a} and {b} differ in {', '.join(d)}" for (a, b), d in self.pairs.items() if d]
         said += [f"{a.label} is mixed ({', '.join(mixed_fields(a))})" for a in self.arms if a.mixed]
+        unchecked = sorted({label for who in self.unverified.values() for label in who})
+        if unchecked:
+            said.append(
+                f"no setup (engine, build, endpoint, library versions) was recorded for {', '.join(unchecked)}, so "
+                "whether they share one with the other runs cannot be checked"
+            )
+        head = "Setups differ" if any(self.pairs.values()) or any(a.mixed for a in self.arms) else "Setups unverified"
         return (
-            "**Setups differ: " + "; ".join(said) + ".** Differences between these runs are not their programs' "
-            "alone; confounded deltas are marked † (see Setups)."
+            f"**{head}: " + "; ".join(said) + ".** Differences between these runs may not be their programs' "
+            "alone; confounded or unverified deltas are marked † (see Setups)."
         )
 
     def mark(self, table: str) -> str:
@@ -284,13 +204,17 @@ class SetupCheck:
 
     def table(self) -> str:
         """The Setups section: one row per run with the fields that vary, the shared ones in one line."""
-        names = sorted(set().union(*(a.names() for a in self.arms)), key=_rank)
+        names = sorted(set().union(*(a.names() for a in self.arms)), key=field_rank)
         values = {n: {v for a in self.arms for v in a.values(n)} for n in names}
         varying = [n for n in names if len(values[n]) > 1 or any(len(a.values(n)) > 1 for a in self.arms)]
         shared = [n for n in names if n not in varying]
         unrecorded = [a.label for a in self.arms if any(not p.recorded for p in a.parts)]
-        if not self.one_setup:
-            head = "The runs ran on different setups." if any(self.pairs.values()) else "Some runs are mixed."
+        if any(self.pairs.values()):
+            head = "The runs ran on different setups."
+        elif any(a.mixed for a in self.arms):
+            head = "Some runs are mixed."
+        elif self.unverified:
+            head = "Whether the runs share one setup cannot be checked."
         elif unrecorded:
             head = f"The {len(self.arms)} runs' recorded setups agree."
         else:
@@ -300,7 +224,7 @@ class SetupCheck:
         groups: dict[tuple[str, ...], list[str]] = {}  # the runs that record a shared field -> the fields
         for n in shared:
             who = tuple(a.label for a in self.arms if a.values(n))
-            groups.setdefault(who, []).append(f"{n} {_shown(next(iter(values[n])))}")
+            groups.setdefault(who, []).append(f"{n} {shown_value(next(iter(values[n])))}")
         for who, said in groups.items():
             whom = "every run" if len(who) == len(self.arms) else ", ".join(who) + " only"
             head += f" Recorded for {whom}: " + "; ".join(said) + "."
@@ -318,10 +242,12 @@ class SetupCheck:
     @staticmethod
     def _cell(arm: ArmSetup, name: str) -> str:
         if name in arm.common or not any(name in p.fields for p in arm.parts):
-            return _shown(arm.common.get(name))
+            return shown_value(arm.common.get(name))
         if not arm.mixed:
-            return _shown(arm.parts[0].fields.get(name))
-        cells = [_shown(p.fields.get(name)) if p.recorded or name in p.fields else "not recorded" for p in arm.parts]
+            return shown_value(arm.parts[0].fields.get(name))
+        cells = [
+            shown_value(p.fields.get(name)) if p.recorded or name in p.fields else "not recorded" for p in arm.parts
+        ]
         return " / ".join(f"{cell} ({len(p.rows)} rows)" for cell, p in zip(cells, arm.parts))
 
     def summary(self) -> dict[str, Any]:
@@ -346,6 +272,7 @@ class SetupCheck:
             ],
             "mixed": {a.label: mixed_fields(a) for a in self.arms if a.mixed},
             "confounded": self.confounded,
+            "unverified": [{"runs": list(pair), "not_recorded": who} for pair, who in self.unverified.items()],
         }
 
     def refuse(self) -> None:
@@ -357,8 +284,8 @@ class SetupCheck:
         for (a, b), d in self.pairs.items():
             for name, (va, vb) in d.items():
                 raise HCQRError(
-                    f"--strict-setup: runs {a} and {b} differ in {name} ({' / '.join(map(_shown, va))} vs "
-                    f"{' / '.join(map(_shown, vb))}); nothing written"
+                    f"--strict-setup: runs {a} and {b} differ in {name} ({' / '.join(map(shown_value, va))} vs "
+                    f"{' / '.join(map(shown_value, vb))}); nothing written"
                 )
         for arm in self.arms:
             if arm.mixed:
@@ -366,6 +293,11 @@ class SetupCheck:
                     f"--strict-setup: run {arm.label} is mixed: its rows come from {len(arm.parts)} setups "
                     f"({', '.join(mixed_fields(arm))}); nothing written"
                 )
+        for (a, b), who in self.unverified.items():
+            raise HCQRError(
+                f"--strict-setup: runs {a} and {b} cannot be checked: no setup was recorded for {' and '.join(who)} "
+                "(its rows were written before sessions were recorded); nothing written"
+            )
 
 
 def setup_check(runs: Sequence[Run]) -> SetupCheck:
@@ -373,12 +305,20 @@ def setup_check(runs: Sequence[Run]) -> SetupCheck:
     why its delta against the reference is confounded (its differences, its or the reference's mixed setups)."""
     arms = [arm_setup(r) for r in runs]
     pairs = {(a.label, b.label): differences(a, b) for a, b in combinations(arms, 2)}
+    unrecorded = {a.label for a in arms if not a.mixed and not any(p.recorded for p in a.parts)}
+    unverified = {
+        (a.label, b.label): [x for x in (a.label, b.label) if x in unrecorded]
+        for a, b in combinations(arms, 2)
+        if a.label in unrecorded or b.label in unrecorded
+    }
     ref = arms[0]
     confounded: dict[str, list[str]] = {}
     for arm in arms[1:]:
         why = list(pairs[(ref.label, arm.label)])
         why += ["mixed"] if arm.mixed else []
         why += ["the reference mixed"] if ref.mixed else []
+        why += ["setup not recorded"] if arm.label in unrecorded else []
+        why += ["the reference's setup not recorded"] if ref.label in unrecorded else []
         if why:
             confounded[arm.label] = why
-    return SetupCheck(arms, pairs, confounded)
+    return SetupCheck(arms, pairs, confounded, unverified)

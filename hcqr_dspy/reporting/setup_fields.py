@@ -1,0 +1,99 @@
+"""What a run's setup consists of, field by field: those its ``config.json`` records (:func:`run_fields`) and those a
+session or a cached reply's record holds (:func:`lm_fields`), as :mod:`hcqr_dspy.reporting.setups` compares them."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# Program options that are retrieval settings (compared between runs that retrieve).
+RETRIEVAL_SETTINGS = ("budget", "k_per_query", "fusion", "max_context_tokens")
+# Where a run's index lies, not what it is (left out).
+INDEX_PLACES = ("path", "corpus_source")
+THREADS = "threads (flash attention on)"
+# The order fields are listed in (an index's fields come where "index" is).
+FIELD_ORDER = (
+    *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
+    *("response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch", "n_ubatch"),
+    *("flash_attn", "use_extra_bufts", THREADS, "dspy", "llama-cpp-python", "litellm"),
+    *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS),
+)
+
+
+def field_rank(name: str) -> tuple[int, str]:
+    return (FIELD_ORDER.index("index"), name) if name.startswith("index ") else (FIELD_ORDER.index(name), "")
+
+
+def setup_value(value: Any) -> Any:
+    """A field's value as compared and shown: a SHA-256 cut to 12 digits, a mapping as compact JSON."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return value
+
+
+def shown_value(value: Any) -> str:
+    return "–" if value is None else ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def run_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a run's setup that its ``config.json`` records (``None``: not recorded or not applicable)."""
+    lm = config.get("lm") or {}
+    questions = config.get("questions") or {}
+    place = {"litellm": "provider's default endpoint", "packaged": "in-process", "gguf": "in-process"}
+    fields = {
+        "LM": lm.get("spec"),
+        "model": lm.get("model"),
+        "endpoint": lm.get("api_base") or place.get(lm.get("kind")),
+        "temperature": lm.get("temperature"),
+        "max tokens": lm.get("max_tokens"),
+        "n_ctx": lm.get("n_ctx"),
+        "response format": lm.get("response_format"),
+        "adapter": config.get("adapter"),
+        "questions": questions.get("content_sha256"),
+        "question ids": questions.get("ids_sha256"),
+        "seed": questions.get("seed"),
+        "limit": questions.get("limit"),
+    }
+    index = config.get("index")
+    if isinstance(index, dict):  # a method that retrieves
+        fields.update({f"index {k}": v for k, v in sorted(index.items()) if k not in INDEX_PLACES})
+        program = config.get("program") or {}
+        fields.update({k: program.get(k) for k in RETRIEVAL_SETTINGS})
+    return {k: setup_value(v) for k, v in fields.items()}
+
+
+def lm_fields(engine: Any, card: Any, packages: Any) -> dict[str, Any]:
+    """The fields of a setup that a session (or a cached reply's record) holds: the in-process engine's (model file,
+    build, CPU features, batches, flash attention, repacking, threads with flash attention on), an endpoint's model
+    card (without its address) and the library versions that decide replies there."""
+    engine = engine if isinstance(engine, dict) else {}
+    packages = packages if isinstance(packages, dict) else {}
+    fields: dict[str, Any] = {}
+    if engine:
+        fields.update(
+            {
+                "model file": engine.get("model_sha256"),
+                "llama.cpp build": engine.get("build"),
+                "llama.cpp CPU features": _features(engine.get("system_info")),
+                **{k: engine.get(k) for k in ("n_batch", "n_ubatch", "flash_attn", "use_extra_bufts")},
+                THREADS: engine.get("n_threads") if engine.get("flash_attn") else None,
+                "llama-cpp-python": packages.get("llama_cpp_python"),
+            }
+        )
+    else:
+        fields["litellm"] = packages.get("litellm")
+    if isinstance(card, dict) and card:
+        shown = {k: v for k, v in sorted(card.items()) if k not in ("url", "api_base") and v is not None}
+        fields["endpoint model card"] = ", ".join(f"{k} {v}" for k, v in shown.items())
+    fields["dspy"] = packages.get("dspy")
+    return {k: setup_value(v) for k, v in fields.items() if v is not None}
+
+
+def _features(system_info: Any) -> str | None:
+    """The CPU features a llama.cpp build uses, from ``llama_print_system_info`` (``AVX2 = 1 | ...``): those on."""
+    if not isinstance(system_info, str):
+        return None
+    return " ".join(re.findall(r"(\w+) = 1\b", system_info)) or system_info
