@@ -66,7 +66,17 @@ class TestFamily:
         self.members: list[Member] = []
 
     def add(self, member: Member) -> str:
-        """Register ``member``; the placeholder :meth:`finish` replaces with its numbered text."""
+        """Register ``member``; the placeholder :meth:`finish` replaces with its numbered text. A test printed in
+        two sections (the same comparison, outcome, test and p-value: a compiled run against a reference that is
+        also its zero-shot run) is one member, with one number."""
+        for i, known in enumerate(self.members):
+            if (known.label, known.test, known.p_value, known.margin) == (
+                member.label,
+                member.test,
+                member.p_value,
+                member.margin,
+            ):
+                return _TOKEN.format(i)
         self.members.append(member)
         return _TOKEN.format(len(self.members) - 1)
 
