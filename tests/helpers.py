@@ -369,3 +369,23 @@ def write_session(folder) -> None:
 
     record = {"session": 1, **session_record("eval"), "predictions_before": 0, "judgments_before": 0}
     (Path(folder) / "sessions.jsonl").write_text(json.dumps(record) + "\n")
+
+
+def compile_spec(index, out, **kw):
+    """A ``CompileSpec`` of HCQR with the shipped bootstrap_fewshot recipe on 6 demo questions (budget 3, one
+    passage a query) over ``index``, into ``out``; ``kw`` replaces any field."""
+    from hcqr_dspy.workflows.compile_inputs import CompileSpec
+
+    repo = Path(__file__).resolve().parents[1]
+    base = dict(
+        recipe=str(repo / "optimizers" / "bootstrap_fewshot.yaml"),
+        method="hcqr",
+        train=str(repo / "data" / "demo" / "questions.json"),
+        index=str(index),
+        out=str(out),
+        lm="openai/unused",
+        train_size=6,
+        val_size=0,
+        program_options={"budget": 3, "k_per_query": 1},
+    )
+    return CompileSpec(**{**base, **kw})

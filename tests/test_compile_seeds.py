@@ -8,13 +8,12 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
-from helpers import GoldEngine, demo_gold, schema_lm
+from helpers import GoldEngine, compile_spec, demo_gold, schema_lm
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError, RecipeError
 from hcqr_dspy.optimize.saved import read_meta
 from hcqr_dspy.workflows.compile import run_compile
-from hcqr_dspy.workflows.compile_inputs import CompileSpec
 from hcqr_dspy.workflows.compile_seeds import parse_seeds, run_compile_seeds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,18 +26,7 @@ def gold_lm(**kw):
 
 
 def spec(demo_bm25, out, **kw):
-    base = dict(
-        recipe=str(RECIPES / "bootstrap_fewshot.yaml"),
-        method="hcqr",
-        train=QUESTIONS,
-        index=str(demo_bm25),
-        out=str(out),
-        lm="openai/unused",
-        train_size=6,
-        val_size=0,
-        program_options={"budget": 3, "k_per_query": 1},
-    )
-    return CompileSpec(**{**base, **kw})
+    return compile_spec(demo_bm25, out, **kw)
 
 
 def demos(folder):

@@ -11,7 +11,7 @@ import mlflow
 import pytest
 import yaml
 from dspy.utils import DummyLM
-from helpers import GoldEngine, demo_gold, schema_lm
+from helpers import GoldEngine, compile_spec, demo_gold, schema_lm
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import RecipeError
@@ -22,7 +22,7 @@ from hcqr_dspy.optimize.demo_counts import count_saved_program, keep_rendered_de
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import NoRetriever, load_program, read_meta
 from hcqr_dspy.retrieval import load_index
-from hcqr_dspy.workflows.compile_inputs import CompileSpec, draw_questions, seeded
+from hcqr_dspy.workflows.compile_inputs import draw_questions, seeded
 from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,18 +32,7 @@ INCOMPLETE = "This is an example of the task, though some input or output fields
 
 
 def spec(demo_bm25, out, **kw):
-    base = dict(
-        recipe=str(RECIPES / "bootstrap_fewshot.yaml"),
-        method="hcqr",
-        train=QUESTIONS,
-        index=str(demo_bm25),
-        out=str(out),
-        lm="openai/unused",
-        train_size=6,
-        val_size=0,
-        program_options={"budget": 3, "k_per_query": 1},
-    )
-    return CompileSpec(**{**base, **kw})
+    return compile_spec(demo_bm25, out, **kw)
 
 
 def prompts_by_stage(program, question):

@@ -18,12 +18,11 @@ import os
 import platform
 import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any
 
 from hcqr_dspy.lm import LlamaCppEngine
 from hcqr_dspy.lm.model_file import gguf_sha256
-from hcqr_dspy.lm.reply_setup import lm_settings, lm_setup, response_cache
+from hcqr_dspy.lm.reply_setup import lm_settings, lm_setup, package_versions, response_cache
 
 # Distributions whose versions can change a run's replies or retrieval (names as pip knows them).
 PACKAGES = (
@@ -72,17 +71,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    """Installed version of each distribution (:func:`importlib.metadata.version`); ``None`` if not installed."""
-    versions: dict[str, str | None] = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def engine_record(lm: Any) -> dict[str, Any] | None:
     """The in-process llama.cpp engine behind ``lm``: its context window, its settings
     (:class:`~hcqr_dspy.lm.engine_settings.EngineSettings`: threads, batches, flash attention, repacking),
@@ -129,7 +117,7 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
             "os": platform.platform(),
             "python": sys.version.split()[0],
         },
-        "packages": package_versions(),
+        "packages": package_versions(PACKAGES),
         "engine": engine_record(lm),
         "endpoint": getattr(lm, "hcqr_endpoint_card", None),
         "lm": lm_settings(lm) if lm is not None else None,

@@ -77,11 +77,12 @@ def reply_setup(lm: Any) -> dict[str, Any]:
         "model": getattr(lm, "model", None),
         "engine": described,
         "endpoint": endpoint,
-        "packages": _versions(REPLY_PACKAGES),
+        "packages": package_versions(REPLY_PACKAGES),
     }
 
 
-def _versions(names: tuple[str, ...]) -> dict[str, str | None]:
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed version of each distribution (:func:`importlib.metadata.version`); ``None`` if not installed."""
     versions: dict[str, str | None] = {}
     for name in names:
         try:
