@@ -2,15 +2,19 @@
 grouped, and their per-seed effects, pooled effect, two-level bootstrap interval, between-seed SD, MDE and TOST
 equal a direct computation on the rows."""
 
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import GoldEngine, compile_spec, demo_gold, schema_lm
 from scipy import stats
 from test_compiled_report import N, write_run
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.optimize.saved import read_meta
 from hcqr_dspy.reporting import compare, load_run
 from hcqr_dspy.reporting.replicates import (
     Z_80,
@@ -23,6 +27,7 @@ from hcqr_dspy.reporting.replicates import (
 )
 
 SEEDS = (0, 1, 2)
+QUESTIONS = str(Path(__file__).resolve().parents[1] / "data" / "demo" / "questions.json")
 
 
 def saved(seed, recipe="bootstrap_fewshot", train="medmcqa"):
@@ -189,3 +194,60 @@ def test_a_group_without_its_methods_zero_shot_run_is_refused(arms):
             groups={"x": ["sr_bfs_0", "sr_bfs_1"]},
         )
     assert not (root / "c2").exists()
+
+
+class DemoSensitiveEngine(GoldEngine):
+    """Answers the live question right or wrong by a hash of the question and the whole prompt's text: the
+    zero-shot program and each compiled seed (other demos, another prompt) get right a different subset."""
+
+    def fill(self, request, properties):
+        prompt = "".join(m.text or "" for m in request.messages)
+        self.right = lambda qid: hashlib.sha256((qid + prompt[:4000]).encode()).digest()[0] % 3 != 0
+        return super().fill(request, properties)
+
+
+def test_compare_of_dummy_lm_runs_of_three_compile_seeds_equals_a_direct_computation(demo_bm25, tmp_path):
+    """Three seeds of one recipe compiled and answered through the real compile and eval paths (a stub engine),
+    against the zero-shot run of their method: the report's per-seed and pooled figures equal those computed
+    here from the run folders' rows."""
+    from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
+    from hcqr_dspy.workflows.evaluate import run_evaluation
+    from hcqr_dspy.workflows.specs import EvalSpec
+
+    def lm():
+        return schema_lm(engine=DemoSensitiveEngine(demo_gold()))
+
+    spec = compile_spec(demo_bm25, tmp_path / "bfs", method="simple_rag", program_options={"budget": 3})
+    run_compile_seeds(spec, [0, 1, 2], track=False, lm=lm())
+    trained = set().union(*(read_meta(tmp_path / "bfs" / f"seed-{s}")["train"]["ids"] for s in (0, 1, 2)))
+    held_out = [q for q in demo_gold() if q not in trained]
+    assert len(held_out) >= 5
+    common = dict(dataset=QUESTIONS, ids=held_out, index=str(demo_bm25), lm="openai/unused")
+    runs = {"zs": EvalSpec(method="simple_rag", run_dir=str(tmp_path / "zs"), program_options={"budget": 3}, **common)}
+    for s in (0, 1, 2):
+        runs[s] = EvalSpec(
+            method=None, program=str(tmp_path / "bfs" / f"seed-{s}"), run_dir=str(tmp_path / f"s{s}"), **common
+        )
+    for eval_spec in runs.values():
+        run_evaluation(eval_spec, progress=False, track=False, lm=lm())
+    report, _ = compare([r.run_dir for r in runs.values()], out_dir=tmp_path / "cmp", margin=10)
+
+    def correct(folder):
+        return {
+            r["qid"]: float(r["correct"]) for r in map(json.loads, (tmp_path / folder / "predictions.jsonl").open())
+        }
+
+    zs = correct("zs")
+    matrix = np.array([[correct(f"s{s}")[q] - zs[q] for q in sorted(zs)] for s in (0, 1, 2)])
+    assert matrix.std() > 0  # the seeds' prompts answered differently: something to pool
+    arm = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["replicates"]["simple_rag + bootstrap_fewshot"]
+    assert arm["seeds"] == [0, 1, 2]
+    assert arm["accuracy"]["per_seed"] == pytest.approx(list(matrix.mean(axis=1)))
+    direct = two_level_bootstrap(matrix)
+    for key in ("pooled", "between_seed_sd", "ci_low", "ci_high", "mde", "p_value"):
+        assert arm["accuracy"][key] == pytest.approx(direct[key]), key
+    assert arm["accuracy"]["between_seed_sd"] == pytest.approx(matrix.mean(axis=1).std(ddof=1))
+    tost = equivalence(direct["pooled"], direct["se"], 0.10)
+    assert arm["accuracy"]["tost"]["p_value"] == pytest.approx(tost["p_value"])
+    section = report.split("## Replicate compiles: each optimizer arm over its seeds")[1].split("\n## ")[0]
+    assert "| simple_rag + bootstrap_fewshot | accuracy, points | 3 |" in section and "(TOST p " in section
