@@ -86,6 +86,9 @@ def test_a_failing_seed_keeps_the_others_and_a_rerun_compiles_only_what_is_missi
     assert [s["status"] for s in done["seeds"]] == ["compiled", "failed", "compiled"]
     assert done["seeds"][1]["error"] == "RuntimeError: the optimizer crashed"
     assert "seed 1 failed: RuntimeError: the optimizer crashed" in lines
+    # not an outage or bad input: the traceback says where it happened
+    [trace] = [line for line in lines if line.startswith("Traceback")]
+    assert "in seed_one_fails" in trace and trace.endswith("RuntimeError: the optimizer crashed")
     assert (tmp_path / "out" / "seed-0" / "meta.json").exists() and (tmp_path / "out" / "seed-2" / "meta.json").exists()
     assert not (tmp_path / "out" / "seed-1").exists()
     saved = {n: (tmp_path / "out" / f"seed-{n}" / "program.json").read_bytes() for n in (0, 2)}

@@ -14,6 +14,7 @@ already holds its complete saved program (an interrupted run) is skipped.
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -222,6 +223,8 @@ def run_compile_seeds(
             result = run_compile(one, mlflow_dir=mlflow_dir, track=track, lm=lm, reflection_lm=reflection_lm)
         except Exception as exc:  # one seed's failure keeps the others; the result names it
             error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            if not isinstance(exc, HCQRError):  # not an outage or bad input: where it happened is said in full
+                say(traceback.format_exc().rstrip())
             say(f"seed {seed} failed: {error}")
             results.append({"seed": seed, "out": one.out, "status": "failed", "result": None, "error": error})
             continue
