@@ -376,6 +376,9 @@ def test_a_folder_of_replicate_compiles_is_one_cell_a_seed(setup, mlflow_store):
     (replicates / "seed-9").mkdir()  # a seed whose compile never finished: no meta.json, no cell
     exp = load_experiment(write_exp(setup, methods=["hcqr"], programs={"bfs": "programs/hcqr-seeds"}, reference="hcqr"))
     assert exp.programs == {"bfs-seed-0": str(replicates / "seed-0"), "bfs-seed-2": str(replicates / "seed-2")}
+    twice = {"bfs": "programs/hcqr-seeds", "bfs-seed-0": "programs/hcqr-b3"}
+    with pytest.raises(ExperimentError, match=r"program cell 'bfs-seed-0' is named twice"):
+        load_experiment(write_exp(setup, methods=["hcqr"], programs=twice, reference="hcqr"))
     with pytest.raises(ExperimentError, match=r"no meta.json\) nor one of replicate compiles"):
         load_experiment(
             write_exp(setup, methods=["hcqr"], programs={"bfs": "programs/hcqr-seeds/seed-9"}, reference="hcqr")

@@ -125,7 +125,7 @@ def test_explicit_groups_are_checked(arms):
     assert [r.path.name for r in groups["mine"]] == ["sr_bfs_0", "sr_bfs_1"]
     with pytest.raises(HCQRError, match=r"--group mix: its runs differ in method"):
         replicate_groups(runs, {"mix": ["sr_bfs_0", "hcqr_bfs_0"]})
-    with pytest.raises(HCQRError, match=r"'nope' names no of the compared runs"):
+    with pytest.raises(HCQRError, match=r"'nope' names none of the compared runs"):
         replicate_groups(runs, {"x": ["nope"]})
     with pytest.raises(HCQRError, match=r"run simple_rag is not a saved \(compiled\) program"):
         replicate_groups(runs, {"x": ["sr"]})

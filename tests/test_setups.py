@@ -309,3 +309,29 @@ def test_a_reply_cached_by_an_engine_of_another_logical_batch_names_that_engines
     with reply_setups.cached_reply_setups() as cached:
         assert first("Name a colour.") == reply  # served to the engine that made it: no record needed
     assert cached.summary() == [{"setup": made["fingerprint"], "calls": 1}]
+
+
+def test_a_compiled_run_is_paired_with_the_zero_shot_run_on_its_own_setup_and_a_confounded_pair_is_marked(tmp_path):
+    def compiled(seed):
+        return {"saved_program": {"folder": f"/p/seed-{seed}", "recipe": "bootstrap_fewshot", "seed": seed}}
+
+    rows = [[comparison_row(f"q{i}", "simple_rag", (i + s) % 3 != 0) for i in range(N)] for s in range(3)]
+    zs = write_run(tmp_path / "zs", "simple_rag", {}, [session(1, 0)], rows[0])
+    ub = write_run(tmp_path / "zs-ub", "simple_rag", {}, [session(1, 0, engine={"n_ubatch": 256})], rows[0])
+    seeds = [write_run(tmp_path / f"s{s}", "simple_rag", compiled(s), [session(1, 0)], rows[s]) for s in (1, 2)]
+    # the reference is the zero-shot run on another n_ubatch; the compiled runs are paired with the one on theirs
+    report, _ = compare([ub, zs, *seeds], reference=str(ub), out_dir=tmp_path / "out")
+    figures = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert {f["zero_shot"] for f in figures["compiled"].values()} == {"simple_rag (local) (zs)"}
+    assert figures["replicates"]["simple_rag + bootstrap_fewshot"]["zero_shot"] == "simple_rag (local) (zs)"
+    assert figures["replicates"]["simple_rag + bootstrap_fewshot"]["confounded"] == {}
+    # with only the zero-shot run on the other setup, every section that pairs them marks the pair
+    report, _ = compare([ub, *seeds], out_dir=tmp_path / "out2")
+    compiled_section = report.split("## Zero-shot against compiled programs")[1].split("\n## ")[0]
+    assert "| simple_rag+bootstrap_fewshot (local) (s1) † |" in compiled_section
+    assert (
+        "† setups differ, the delta is not the program's alone: simple_rag+bootstrap_fewshot (local) (s1) against"
+        in (compiled_section)
+    )
+    replicates = report.split("## Replicate compiles")[1].split("\n## ")[0]
+    assert "| simple_rag + bootstrap_fewshot † | accuracy, points |" in replicates and "(n_ubatch)" in replicates

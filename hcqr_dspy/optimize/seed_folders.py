@@ -30,12 +30,16 @@ def seed_folders(path: str | Path) -> dict[int, Path]:
 def expand_replicates(programs: dict[str, str]) -> dict[str, str]:
     """``{name: program reference}`` with each replicate-compile folder (:func:`seed_folders`) replaced by one entry
     per saved seed, named ``<name>-seed-<N>``; other references (folders, ``runs:/`` and ``models:/`` URIs) as they
-    are, in order."""
+    are, in order.
+
+    Raises:
+        ValueError: two entries of one name (a cell ``x-seed-0`` beside a replicate folder ``x``)."""
     out: dict[str, str] = {}
     for name, ref in programs.items():
         seeds = {} if ref.startswith(("runs:/", "models:/")) else seed_folders(ref)
-        if seeds:
-            out.update({f"{name}-seed-{seed}": str(sub) for seed, sub in seeds.items()})
-        else:
-            out[name] = ref
+        entries = {f"{name}-seed-{seed}": str(sub) for seed, sub in seeds.items()} if seeds else {name: ref}
+        for entry, where in entries.items():
+            if entry in out:
+                raise ValueError(f"program cell {entry!r} is named twice (once by a folder of replicate compiles)")
+            out[entry] = where
     return out

@@ -19,6 +19,7 @@ from hcqr_dspy.optimize.saved import META_FILE
 from hcqr_dspy.reporting.family import COMPILED, GAINS, MCNEMAR, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.setups import pair_confounds
 from hcqr_dspy.reporting.stats import format_difference, format_mde, mcnemar_exact, paired_difference
 
 COMPILED_NOTE = (
@@ -54,8 +55,9 @@ def _lm(run: Run) -> str | None:
 
 def zero_shot_partner(run: Run, runs: Sequence[Run], reference: Run | None = None) -> Run | None:
     """The zero-shot run of ``run``'s method and LM among ``runs`` (no saved program, no borrowed answer step);
-    where several qualify, the ``reference`` if it is one of them, else none (the pairing would be a guess).
-    ``None`` when there is no such run."""
+    where several qualify, the one on ``run``'s own setup if exactly one is
+    (:func:`~hcqr_dspy.reporting.setups.pair_confounds`), else the ``reference`` if it is one of them, else none
+    (the pairing would be a guess). ``None`` when there is no such run."""
     candidates = [
         other
         for other in runs
@@ -67,6 +69,9 @@ def zero_shot_partner(run: Run, runs: Sequence[Run], reference: Run | None = Non
     ]
     if len(candidates) == 1:
         return candidates[0]
+    same_setup = [c for c in candidates if not pair_confounds(c, run)]
+    if len(same_setup) == 1:  # the one zero-shot run on the compiled run's own setup
+        return same_setup[0]
     return reference if reference is not None and any(c is reference for c in candidates) else None
 
 
@@ -121,6 +126,7 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         "|---|---|---:|---|---|---|---:|---|---:|---:|---|---|",
     ]
     figures: dict[str, Any] = {}
+    notes: list[str] = []
     for zs, run in pairs:
         shared = sorted(set(zs.correct) & set(run.correct))
         acc = paired_difference([float(zs.correct[q]) for q in shared], [float(run.correct[q]) for q in shared])
@@ -140,8 +146,12 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         gold_p = p_text(
             gold["wilcoxon_p"], section=COMPILED, label=gold_label, test=WILCOXON, mde=mde_text(gold["mde"])
         )
+        confounds = pair_confounds(zs, run)
+        if confounds:
+            notes.append(f"{run.label} against {zs.label}: {', '.join(confounds)}")
         lines.append(
-            f"| {zs.label} | {run.label} | {n} | {acc_zs:.1%} → {acc_run:.1%} | {format_difference(acc, 100, 1)} | "
+            f"| {zs.label} | {run.label}{' †' if confounds else ''} | {n} | {acc_zs:.1%} → {acc_run:.1%} | "
+            f"{format_difference(acc, 100, 1)} | "
             f"{acc_p} ({t['b']}/{t['c']}) | {format_mde(acc['mde'], 100, 1)} | "
             + (f"{format_difference(gold)}{'' if len(scored) == n else f' (n={len(scored)})'} | " if scored else "— | ")
             + gold_p
@@ -162,6 +172,8 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
         }
     if not pairs:
         lines = []
+    if notes:
+        lines += ["", "† setups differ, the delta is not the program's alone: " + "; ".join(notes) + " (see Setups)."]
     if alone:
         lines += [
             "",

@@ -37,6 +37,7 @@ from hcqr_dspy.reporting.compiled import is_compiled, zero_shot_partner
 from hcqr_dspy.reporting.family import mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.setups import pair_confounds
 
 # The report section and test name the pooled effects' p-values are registered under (the family of tests).
 REPLICATES = "replicate compiles"
@@ -108,7 +109,7 @@ def replicate_groups(runs: Sequence[Run], explicit: dict[str, Sequence[str]] | N
             found = [r for r in runs if member in (r.label, r.path.name, str(r.path))]
             if len(found) != 1:
                 raise HCQRError(
-                    f"--group {name}: {member!r} names {'no' if not found else len(found)} of the compared runs "
+                    f"--group {name}: {member!r} names {'none' if not found else len(found)} of the compared runs "
                     f"({', '.join(r.label for r in runs)})"
                 )
             run = found[0]
@@ -283,7 +284,15 @@ def replicates_table(
             )
             continue
         effects = arm_effects(zs, members)
+        confounded = {r.label: why for r in members if (why := pair_confounds(zs, r))}
+        effects["confounded"] = confounded
         figures[name] = effects
+        if confounded:
+            notes.append(
+                f"{name} †: setups differ from {zs.label}'s, the pooled effect is not the optimizer's alone: "
+                + "; ".join(f"{label} ({', '.join(why)})" for label, why in confounded.items())
+            )
+        mark = " †" if confounded else ""
         for outcome, scale, digits, unit, title in (
             ("accuracy", 100, 1, " points", "accuracy, points"),
             ("gold_prob", 1, 3, "", "p(gold)"),
@@ -300,7 +309,7 @@ def replicates_table(
             label = f"{name} vs {zs.label}: {title} (pooled over {e['seeds']} seeds)"
             p = p_text(e["p_value"], section=REPLICATES, label=label, test=POOLED_TEST, mde=mde, difference=label)
             row = (
-                f"| {name} | {title} | {e['seeds']} | {e['n']} | {seeds} | {_fmt(e['pooled'], scale, digits)} "
+                f"| {name}{mark} | {title} | {e['seeds']} | {e['n']} | {seeds} | {_fmt(e['pooled'], scale, digits)} "
                 f"[{_fmt(e['ci_low'], scale, digits)}, {_fmt(e['ci_high'], scale, digits)}] | {sd} | {mde} | {p}"
             )
             if margins:

@@ -300,6 +300,17 @@ class SetupCheck:
             )
 
 
+def pair_confounds(a: Run, b: Run) -> list[str]:
+    """Why a paired difference of runs ``a`` and ``b`` is not their programs' alone: the setup fields they differ
+    in, ``mixed`` where either's rows come from several setups, ``setup not recorded`` where either recorded none;
+    empty on one setup."""
+    arm_a, arm_b = arm_setup(a), arm_setup(b)
+    why = list(differences(arm_a, arm_b))
+    why += ["mixed"] if arm_a.mixed or arm_b.mixed else []
+    unrecorded = [arm for arm in (arm_a, arm_b) if not arm.mixed and not any(p.recorded for p in arm.parts)]
+    return why + (["setup not recorded"] if unrecorded else [])
+
+
 def setup_check(runs: Sequence[Run]) -> SetupCheck:
     """The setups of ``runs`` (the reference first) compared: every pair's differences, and for each other run
     why its delta against the reference is confounded (its differences, its or the reference's mixed setups)."""
