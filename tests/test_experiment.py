@@ -400,6 +400,24 @@ def test_bad_program_cells_are_refused_when_the_file_is_read(setup, programs, me
         load_experiment(write_exp(setup, programs=programs))
 
 
+def test_a_program_compiled_on_the_experiments_questions_is_refused_by_check_before_any_cell(
+    setup, mlflow_store, capsys
+):
+    folder = saved_hcqr(setup)
+    meta = json.loads((folder / "meta.json").read_text())
+    ids = ["d1-0", "d1-1", "d1-2"]  # trained on the grid's questions
+    meta["train"] = {"dataset": "d1", "ids": ids, "text_sha256": ["0" * 64] * 3}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    path = write_exp(setup, programs={"b3": "programs/hcqr-b3"})
+    assert main(["experiment", str(path), "--check", "--mlflow-dir", str(mlflow_store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(r"program cell 'b3': saved program .*hcqr-b3: the evaluation set 'd1' overlaps the training", err)
+    lm = routed_lm()
+    with pytest.raises(ExperimentError, match="overlaps the training set"):
+        run_experiment(load_experiment(path), runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=lm)
+    assert lm.history == [] and not (setup / "runs").exists()
+
+
 def test_a_program_with_another_budget_is_refused_before_any_lm_call(setup, mlflow_store, capsys):
     saved_hcqr(setup, budget=5)
     path = write_exp(setup, programs={"hcqr_b5": "programs/hcqr-b5"})

@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
 from hcqr_dspy.lm import build_lm
+from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import load_index
@@ -26,7 +28,7 @@ from hcqr_dspy.tracking.store import existing_mlflow_run_id
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track
-from hcqr_dspy.workflows.specs import EvalSpec, resolve_method
+from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve_method
 
 
 def run_experiment(
@@ -123,6 +125,7 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
             message names the first such cell and how many more, its ``problems`` every one.
     """
     cells, problems = [], []
+    samples: dict[str, list] = {}  # dataset name -> the questions every cell answers
     for name, ref in exp.programs.items():
         where = f"experiment {exp.name}: program cell {name!r}"
         try:
@@ -139,6 +142,8 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
             )
         elif PROGRAMS[method].uses_retrieval and not exp.index:
             problems.append(f"{where} is a {method} program: give 'index'")
+        elif overlap := _training_overlap(exp, meta, ref, samples):
+            problems.append(f"{where}: {overlap}")
         else:
             cells.append((name, method))
     if problems:
@@ -146,6 +151,28 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
         message = problems[0] + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
         raise ExperimentError(message, problems=problems)
     return cells
+
+
+def _training_overlap(exp: Experiment, meta: dict[str, Any], ref: str, samples: dict[str, list]) -> str | None:
+    """Why a saved program cannot answer the experiment's questions (it was compiled on some of them, as
+    :func:`~hcqr_dspy.workflows.specs.resolve` refuses when the cell runs), or ``None``; ``samples`` keeps each
+    dataset's question sample, read once."""
+    if not meta.get("train"):
+        return None
+    for dname, file in exp.datasets.items():
+        if dname not in samples:
+            questions = exp.questions
+            samples[dname] = select(
+                load_questions(file),
+                limit=questions.get("limit"),
+                seed=int(questions.get("seed", 0)),
+                ids=questions.get("ids"),
+            )
+        try:
+            refuse_overlap(meta["train"], samples[dname], dataset_name(file), f"saved program {ref}")
+        except HCQRError as exc:
+            return str(exc)
+    return None
 
 
 def _judge_cells(exp: Experiment, run_dirs: list[Path], mlflow_dir, lm: Any = None) -> None:
