@@ -94,7 +94,7 @@ def test_the_demos_counted_are_the_demos_each_stage_prompt_shows(
     assert meta["demos"] == expected and meta["bootstrap_shortfall"] == {"asked": 2, "bootstrapped": 1}
     assert "  hypothesis: 1 demos (1 bootstrapped, 0 labelled) in its prompt" in printed.out
     assert "  answer: 2 demos (1 bootstrapped, 1 labelled) in its prompt" in printed.out
-    warning = "warning: BootstrapFewShot kept 1 bootstrapped trace(s) per stage, fewer than the 2 asked"
+    warning = "warning: BootstrapFewShot (seed 0) kept 1 bootstrapped trace(s) per stage, fewer than the 2 asked"
     assert [line for line in printed.err.splitlines() if line.startswith("warning:")][0].startswith(warning)
     run = mlflow.MlflowClient().get_run(meta["mlflow_run_id"])
     assert run.data.tags["bootstrap_shortfall"] == "1 of 2 asked"

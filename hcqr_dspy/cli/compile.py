@@ -109,7 +109,7 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {demo_counts(info)} in its prompt, instructions {changed}")
     if out["bootstrap_shortfall"]:
-        print(shortfall_warning(out["bootstrap_shortfall"], out["optimizer"]), file=sys.stderr)
+        print(shortfall_warning(out["bootstrap_shortfall"], out["optimizer"], out["seed"]), file=sys.stderr)
     c = out["compile_cost"]
     print(
         f"  compile cost: {c['lm_calls']} LM calls (+{c['cached_lm_calls']} from the cache), "

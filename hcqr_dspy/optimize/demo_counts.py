@@ -105,10 +105,10 @@ def bootstrap_shortfall(asked: int, counts: dict[str, dict[str, int]]) -> dict[s
     return {"asked": asked, "bootstrapped": got} if asked > got else None
 
 
-def shortfall_warning(shortfall: dict[str, int], optimizer: str) -> str:
-    """One line saying that a compile bootstrapped fewer traces than asked."""
+def shortfall_warning(shortfall: dict[str, int], optimizer: str, seed: int | None = None) -> str:
+    """One line saying that a compile (of compile seed ``seed``, where given) bootstrapped fewer traces than asked."""
     return (
-        f"warning: {optimizer} kept {shortfall['bootstrapped']} bootstrapped trace(s) per stage, fewer than the "
+        f"warning: {optimizer}{'' if seed is None else f' (seed {seed})'} kept {shortfall['bootstrapped']} bootstrapped trace(s) per stage, fewer than the "
         f"{shortfall['asked']} asked (max_bootstrapped_demos): too few training questions passed the metric, or "
         "the optimizer chose fewer; the stages' other demos are labelled examples or none"
     )
