@@ -107,8 +107,9 @@ def bootstrap_shortfall(asked: int, counts: dict[str, dict[str, int]]) -> dict[s
 
 def shortfall_warning(shortfall: dict[str, int], optimizer: str, seed: int | None = None) -> str:
     """One line saying that a compile (of compile seed ``seed``, where given) bootstrapped fewer traces than asked."""
+    which = optimizer if seed is None else f"{optimizer} (seed {seed})"
     return (
-        f"warning: {optimizer}{'' if seed is None else f' (seed {seed})'} kept {shortfall['bootstrapped']} bootstrapped trace(s) per stage, fewer than the "
+        f"warning: {which} kept {shortfall['bootstrapped']} bootstrapped trace(s) per stage, fewer than the "
         f"{shortfall['asked']} asked (max_bootstrapped_demos): too few training questions passed the metric, or "
         "the optimizer chose fewer; the stages' other demos are labelled examples or none"
     )
