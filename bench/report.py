@@ -1,9 +1,10 @@
 """The benchmark's results file and report: one reader/writer of ``results.json`` and ``RESULTS.md``.
 
 ``bench/retrieval.py``, ``bench/scale.py``, ``bench/milvus.py``, ``bench/pipeline.py``, ``bench/lm.py``,
-``bench/lm_pipeline.py``, ``bench/lm_overhead.py`` and ``bench/lm_ratio.py`` each measure one section (``retrieval``,
-``scale``, ``milvus``, ``pipeline``, ``lm``, ``lm_pipeline/<model>/<build>``, ``lm_overhead/<model>/<build>`` and
-``lm_ratio/<model>/<build>``) and merge it here with
+``bench/lm_pipeline.py``, ``bench/lm_overhead.py``, ``bench/lm_ratio.py``, ``bench/serving.py`` and
+``bench/eval_memory.py`` each measure one section (``retrieval``, ``scale``, ``milvus``, ``pipeline``, ``lm``,
+``lm_pipeline/<model>/<build>``, ``lm_overhead/<model>/<build>``, ``lm_ratio/<model>/<build>``, ``serving`` and
+``eval_memory/<method>/<traces>``) and merge it here with
 :func:`write_results`, which re-renders ``RESULTS.md`` from the whole file (the LM sections with
 ``bench/report_lm.py``). None imports another, except what the LM scripts on the demo share
 (``bench/demo_setup.py``).
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from report_lm import render_lm, render_lm_overhead, render_lm_pipeline, render_lm_ratio
+from report_memory import render_eval_memory
 from report_serving import render_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +116,7 @@ def render(results: dict) -> str:
         lines += render_lm_ratio(results[key])
     if results.get("serving"):
         lines += render_serving(results["serving"])
+    lines += render_eval_memory(results)
     return "\n".join(lines)
 
 

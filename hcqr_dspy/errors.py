@@ -55,6 +55,11 @@ class DiskFullError(OutageError):
     SQLite's "database or disk is full"); every file that was whole before is still whole."""
 
 
+class StoreLockedError(OutageError):
+    """The MLflow store (its SQLite file) stayed locked by another process for the whole wait
+    (``$HCQR_MLFLOW_LOCK_SECONDS``): finished questions are saved and the same command resumes once it is free."""
+
+
 class BackendUnavailableError(OutageError):
     """The retrieval backend (a Milvus server, ...) stopped answering mid-run and stayed unreachable after
     retries with back-off."""
@@ -156,3 +161,8 @@ class RecipeError(HCQRError):
 
 class ProgramFormatError(HCQRError):
     """A saved program that cannot be used: missing files, another format, a newer version, an unknown method."""
+
+
+class SplitError(HCQRError):
+    """A question file cannot be split as asked (``hcqr split``): fractions that are not three numbers from 0 to 1
+    summing to 1, a file too small for them, or an output folder that holds other records or an earlier split."""

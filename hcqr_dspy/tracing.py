@@ -22,22 +22,81 @@ hypothesis outcome are logged as feedback by the scorers of
 :mod:`hcqr_dspy.tracking.scorers` when the run is scored, and the DUR judge's labels by
 ``hcqr judge``.
 
+How much a question's trace holds is its level (:data:`TRACE_LEVELS`; ``hcqr eval --traces``, ``$HCQR_TRACES``):
+``full`` is all of the above; ``light`` leaves out the DSPy spans (the evaluation does not turn on
+``mlflow.dspy.autolog``), cuts every text of a stage span's inputs and outputs to :data:`LIGHT_TEXT_CHARS`
+characters (the answer step's context included) and keeps no passage text in documents (their ids, titles, scores
+and ranks stay); ``off`` records no question traces at all. MLflow writes traces in the background and drops them
+once its queue is full; every :data:`TRACE_BACKLOG_QUESTIONS` questions :func:`question` waits until the traces
+before it are written, which bounds the traces held in memory and loses none.
+
 Nothing here records anything unless a trace is active: an untracked run
 (``--no-mlflow``, ``hcqr ask``) never imports MLflow through this module.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
+
+from hcqr_dspy.errors import HCQRError
 
 # The trace tags of a question (the evaluation sets them; tests and filters read them).
 QUESTION_TAGS = ("qid", "method", "dataset", "run_folder", "lm", "program")
 # Characters of a passage's text kept in a span's documents (the UI shows them; the store keeps every span).
 DOCUMENT_CHARS = 2000
+TRACE_LEVELS = ("full", "light", "off")
+"""What a tracked evaluation records per question, most first (see the module's text)."""
+TRACES_VARIABLE = "HCQR_TRACES"
+LIGHT_TEXT_CHARS = 200
+"""Characters a ``light`` trace keeps of each text in a stage span's inputs and outputs."""
+TRACE_BACKLOG_QUESTIONS = 100
+"""Question traces MLflow may hold unwritten: every this many, :func:`question` waits for them to be written."""
+_LIGHT: ContextVar[bool] = ContextVar("hcqr_light_trace", default=False)  # set by question() for its block
+_questions_traced = itertools.count(1)
+# The stop a tracking layer set when the MLflow store failed under the traces written in the background (it stayed
+# locked past its wait, its disk filled): the next question's trace raises it instead of starting (:func:`question`).
+_STOPS: list[BaseException] = []
+
+
+def stop_questions(error: BaseException | None) -> None:
+    """Make every later :func:`question` raise ``error`` (an :class:`~hcqr_dspy.errors.OutageError`), so that a run
+    stops between questions with what is saved; ``None`` lifts the stop. Thread-safe: set from the thread that met
+    the failure."""
+    _STOPS[:] = [error] if error is not None else []
+
+
+def trace_level(level: str | None = None) -> str:
+    """``level``, else ``$HCQR_TRACES``, else ``full``.
+
+    Raises:
+        HCQRError: not one of :data:`TRACE_LEVELS` (one line naming them).
+    """
+    value = (level or os.environ.get(TRACES_VARIABLE, "") or "full").strip()
+    if value not in TRACE_LEVELS:
+        where = "--traces" if level else f"${TRACES_VARIABLE}"
+        raise HCQRError(f"{where}={value!r}: choose one of {', '.join(TRACE_LEVELS)}")
+    return value
+
+
+def kept(value: Any) -> Any:
+    """``value`` as a span records it: in a ``light`` trace every string over :data:`LIGHT_TEXT_CHARS` characters
+    (in dicts, lists and tuples too) is cut there and says how long it was; in a ``full`` trace, ``value``."""
+    if not _LIGHT.get():
+        return value
+    if isinstance(value, str) and len(value) > LIGHT_TEXT_CHARS:
+        return f"{value[:LIGHT_TEXT_CHARS]} ... ({len(value)} characters)"
+    if isinstance(value, dict):
+        return {k: kept(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [kept(v) for v in value]
+    return value
 
 
 def active() -> bool:
@@ -54,7 +113,7 @@ class SpanHandle:
 
     def output(self, value: Any) -> None:
         if self.span is not None:
-            self.span.set_outputs(value)
+            self.span.set_outputs(kept(value))
 
     @property
     def trace_id(self) -> str | None:
@@ -70,7 +129,7 @@ def span(
     Args:
         name: Span name (``hypothesis``, ``answer`` ...).
         span_type: An :class:`mlflow.entities.SpanType` value.
-        inputs: The span's inputs.
+        inputs: The span's inputs (texts cut in a ``light`` trace: :func:`kept`).
         attributes: Span attributes.
 
     Yields:
@@ -83,7 +142,7 @@ def span(
 
     with mlflow.start_span(name=name, span_type=span_type, attributes=attributes) as s:
         if inputs is not None:
-            s.set_inputs(inputs)
+            s.set_inputs(kept(inputs))
         yield SpanHandle(s)
 
 
@@ -92,11 +151,14 @@ def document(passage: Any, score: float | None, **metadata: Any) -> dict[str, An
     (:meth:`mlflow.entities.Document.to_dict`: ``page_content``, ``metadata``, ``id``).
 
     ``metadata`` holds ``doc_uri`` (the passage id, which the MLflow UI shows as the document's
-    name), ``title``, ``score`` and what the caller adds (``rank``, ``found_by`` ...).
+    name), ``title``, ``score`` and what the caller adds (``rank``, ``found_by`` ...). The text is cut to
+    :data:`DOCUMENT_CHARS` characters; a ``light`` trace keeps none.
     """
     from mlflow.entities import Document
 
     text = passage.content if len(passage.content) <= DOCUMENT_CHARS else passage.content[:DOCUMENT_CHARS] + " ..."
+    if _LIGHT.get():
+        text = ""
     meta = {
         "doc_uri": passage.id,
         "title": passage.title,
@@ -227,21 +289,37 @@ def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def question(name: str, question_text: str, options: dict[str, str], tags: dict[str, str]) -> Iterator[QuestionTrace]:
-    """Open the root span of one question's trace and tag the trace.
+def question(
+    name: str, question_text: str, options: dict[str, str], tags: dict[str, str], level: str = "full"
+) -> Iterator[QuestionTrace]:
+    """Open the root span of one question's trace and tag the trace. After every
+    :data:`TRACE_BACKLOG_QUESTIONS`-th question of the process it waits until MLflow has written the traces before it
+    (``mlflow.flush_trace_async_logging``).
 
     Args:
         name: The root span's name (the method).
         question_text, options: The root span's inputs.
         tags: Trace tags (:data:`QUESTION_TAGS`); values are made strings.
+        level: ``full`` or ``light`` (:data:`TRACE_LEVELS`): how much the spans opened in the block keep.
 
     Yields:
         A :class:`QuestionTrace`; call :meth:`QuestionTrace.finish` with the question's row before the block ends.
+
+    Raises:
+        OutageError: the stop set by :func:`stop_questions`, before anything is recorded.
     """
+    if _STOPS:
+        raise _STOPS[0]
     import mlflow
 
-    with mlflow.start_span(name=name, span_type="CHAIN") as root:
-        root.set_inputs({"question": question_text, "options": options})
-        tags = {k: str(v) for k, v in tags.items() if v is not None}
-        mlflow.update_current_trace(tags=tags)
-        yield QuestionTrace(root, tags)
+    token = _LIGHT.set(level == "light")
+    try:
+        with mlflow.start_span(name=name, span_type="CHAIN") as root:
+            root.set_inputs({"question": question_text, "options": options})
+            tags = {k: str(v) for k, v in tags.items() if v is not None}
+            mlflow.update_current_trace(tags=tags)
+            yield QuestionTrace(root, tags)
+    finally:
+        _LIGHT.reset(token)
+    if next(_questions_traced) % TRACE_BACKLOG_QUESTIONS == 0:
+        mlflow.flush_trace_async_logging()

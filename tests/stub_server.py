@@ -22,6 +22,7 @@ class Stub:
     timeout), ``huge`` (a 1 MB reply), ``empty`` (an empty reply), ``auth`` (HTTP 401, the key is
     refused), ``html`` (HTTP 200 with a ``text/html`` page, as a proxy's login or error page),
     ``html502`` (HTTP 502 with a ``text/html`` page, as a reverse proxy whose upstream is down),
+    ``auth_echo`` (HTTP 401 whose message echoes the refused key, as some gateways do),
     ``truncated`` (HTTP 200, ``application/json``, the first half of a good reply's JSON, its
     ``Content-Length`` matching what is sent). In ``ok`` mode a prompt asking for HCQR's hypothesis
     or queries (its output field names) gets fields of that shape. ``down_after`` requests, it
@@ -123,11 +124,13 @@ class Stub:
                     self.end_headers()
                     self.wfile.write(page)
                     return
-                if stub.mode == "auth":
+                if stub.mode in ("auth", "auth_echo"):
+                    key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                    echo = f": {key} (at {self.path})" if stub.mode == "auth_echo" else ""
                     error = json.dumps(
                         {
                             "error": {
-                                "message": "Incorrect API key provided",
+                                "message": f"Incorrect API key provided{echo}",
                                 "type": "invalid_request_error",
                                 "code": "invalid_api_key",
                             }

@@ -14,6 +14,7 @@ def bm25_index(tmp_path, tiny_corpus_file, capsys):
     assert main(["index", "--corpus", str(tiny_corpus_file), "--retriever", "bm25", "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passages"] == 8 and report["size_bytes"] > 0
+    assert report["retriever"] == "bm25" and "backend" not in report  # BM25 has no vector store
     return out
 
 

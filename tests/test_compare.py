@@ -78,6 +78,18 @@ def judgments_for(folder, qids):
     write_judgments(folder, [judgment(q, positive_label="USEFUL", negative_label="NOT_USEFUL") for q in qids])
 
 
+def test_questions_both_runs_got_wrong_with_other_letters_are_answered_differently(tmp_path):
+    a = make_run(tmp_path / "a", "simple_rag", [True, False, False, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, False, False, False])
+    rows = [json.loads(line) for line in (b / "predictions.jsonl").read_text().splitlines()]
+    rows[1]["prediction"], rows[2]["prediction"], rows[2]["valid"] = "C", None, False  # other letter; invalid
+    (b / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report, _ = compare([a, b], reference="simple_rag", out_dir=tmp_path / "out")
+    listed = report.split("## Questions answered differently")[1].split("\n## ")[0]
+    assert "| q1 | A | B ✗ | C ✗ |" in listed and "| q2 | A | B ✗ | invalid ✗ |" in listed
+    assert "| q0 |" not in listed and "| q3 |" not in listed
+
+
 def test_report_table_and_plots(tmp_path):
     a = make_run(tmp_path / "a", "simple_rag", [True] * 12 + [False] * 13)
     b = make_run(
@@ -99,6 +111,7 @@ def test_report_table_and_plots(tmp_path):
     # the only test in this report: #1 of a family of one, so its Holm-adjusted p is the raw one
     assert "| hcqr | 25 | 72.0% |" in report and "| 2/8 | 0.109 (#1; Holm 0.109) |" in report and "75.0%" in report
     assert "| q10 | A | A ✓ | B ✗ |" in report and "| q12 | A | B ✗ | A ✓ |" in report  # disagreements
+    assert "| q20 |" not in report  # both wrong with the same letter: answered alike
     # hypothesis (gold A): q0-q14 "A" (right), q15-q24 "B" (wrong). Kept right: q0-q9 and q12-q14 = 13;
     # broke: q10-q11; fixed: q15-q19; kept wrong: q20-q24. Hypothesis accuracy 15/25, changed 7/25.
     assert "| hcqr | 25 | 60.0% | 28.0% | 13 | 5 | 5 | 2 | 0 | 0 |" in report
@@ -612,7 +625,7 @@ def test_an_ambiguous_reference_a_run_folder_as_out_and_stale_plots(tmp_path):
     BM25Retriever(
         load_corpus(write_jsonl(tmp_path / "c.jsonl", [snippet(*r) for r in TINY_ROWS])), show_progress=False
     ).save(index)
-    with pytest.raises(HCQRError, match=r"--out .*idx is an index folder; write the comparison to a folder of its own"):
+    with pytest.raises(HCQRError, match=r"--out .*idx is an index folder \(it holds manifest.json.*the comparison"):
         compare([a, h], out_dir=index)
     assert not (index / "comparison.md").exists()
     compare([a, h], out_dir=tmp_path / "out")

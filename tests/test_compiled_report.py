@@ -254,3 +254,23 @@ def test_long_labels_stay_within_mlflows_metric_name_limit_and_apart(runs, mlflo
     assert max(len(k) for k in run.data.metrics) == 250
     with pytest.raises(HCQRError, match="'hcqr\\+bootstrap_fewshot' matches 2 runs"):  # its label made unique
         compare(folders, reference="hcqr+bootstrap_fewshot", out_dir=root / "cmp_long")
+
+
+def test_a_difference_drawn_without_its_interval_is_hollow_and_the_axis_says_why(tmp_path):
+    scored = [0.6, 0.5, 0.4, 0.7, 0.3] + [None] * (N - 5)  # p(gold) on 5 questions: too few pairs for an interval
+    zero = write_run(tmp_path / "zs", "simple_rag", [True, False] * (N // 2), scored)
+    compiled = write_run(tmp_path / "c", "simple_rag", [True] * N, [p and p + 0.1 for p in scored], saved=tmp_path)
+    fig = compiled_figure([load_run(zero), load_run(compiled)])
+    axis = fig.axes[1]
+    assert "hollow: no interval (under 10 paired questions)" in axis.get_xlabel()
+    points = {line.get_color(): line for line in axis.lines if len(line.get_xdata()) == 1}
+    assert points["#DD8452"].get_markerfacecolor() == "white"  # Δ p(gold): 5 pairs, a point alone
+    assert points["#4C72B0"].get_markerfacecolor() != "white"  # Δ accuracy: 12 pairs, drawn with its interval
+    full = [0.5] * N
+    fig = compiled_figure(
+        [
+            load_run(write_run(tmp_path / "zs2", "cot", [False] * N, full)),
+            load_run(write_run(tmp_path / "c2", "cot", [True] * N, [0.6] * N, saved=tmp_path)),
+        ]
+    )
+    assert "hollow" not in fig.axes[1].get_xlabel()

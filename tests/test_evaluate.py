@@ -169,7 +169,8 @@ def test_a_bug_stops_the_run_with_one_line_and_a_saved_traceback_then_resumes_on
     qs = questions(4)
     buggy = Buggy()
     with pytest.raises(
-        ProgramError, match=r"question 'q1' raised TypeError: .*traceback in .*q1\.txt.*this is a bug"
+        ProgramError,
+        match=r"question 'q1' raised TypeError: .*traceback in .*/tracebacks/q1-[0-9a-f]{16}\.txt.*this is a bug",
     ) as err:
         run(buggy, qs, tmp_path, lm_answering(lambda i: "A"))
     assert "\n" not in str(err.value)
@@ -183,6 +184,43 @@ def test_a_bug_stops_the_run_with_one_line_and_a_saved_traceback_then_resumes_on
     assert fixed.calls == [f"Question number {i}?" for i in (1, 2, 3)]
     assert [r["valid"] for r in result.rows] == [True] * 4 and result.resumed == 1
     assert not (tmp_path / "tracebacks").exists()  # the question succeeded: its stale traceback is gone
+
+
+def test_long_or_colliding_question_ids_get_traceback_files_of_their_own(tmp_path, caplog):
+    """A traceback file is named by a hash of the question id: a 5,000-character id (over a file name's 255 bytes)
+    gets a file, and its row no error log; "a/b" and "a_b" get two files, and clearing one leaves the other."""
+    import logging
+
+    long_id = "q" * 5000
+
+    def question(qid):  # every one "Question number 1?", the one Buggy fails on
+        return check_question(qid, {"question": "Question number 1?", "options": OPTIONS, "answer": "A"}, "t")
+
+    dspy_log = logging.getLogger("dspy")  # DSPy's executor logs a failed item there (not propagated to the root)
+    dspy_log.addHandler(caplog.handler)
+    try:
+        saved = {}
+        for qid in (long_id, "a/b", "a_b"):
+            with pytest.raises(ProgramError, match="this is a bug") as err:
+                run(Buggy(), [question(qid)], tmp_path, lm_answering(lambda i: "A"))
+            saved[qid] = err.value.traceback_file
+            assert saved[qid] is not None and saved[qid].parent == tmp_path / "tracebacks", str(err.value)[:300]
+            assert len(saved[qid].name) <= 61
+            head, _, rest = saved[qid].read_text(encoding="utf-8").partition("\n\n")
+            assert head == "qid: " + json.dumps(qid) and "len(None)" in rest
+        assert saved["a/b"] != saved["a_b"] and len(set(saved.values())) == 3
+        assert sorted(p.name for p in (tmp_path / "tracebacks").iterdir()) == sorted(p.name for p in saved.values())
+
+        # "a/b" fixed: its file goes, "a_b"'s stays
+        run(Buggy(fixed=True), [question("a/b")], tmp_path, lm_answering(lambda i: "A"))
+        assert not saved["a/b"].exists() and saved["a_b"].exists() and saved[long_id].exists()
+        result = run(Buggy(fixed=True), [question(long_id), question("a_b")], tmp_path, lm_answering(lambda i: "A"))
+    finally:
+        dspy_log.removeHandler(caplog.handler)
+    assert [r.getMessage()[:300] for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [(r["qid"], r["valid"]) for r in result.rows] == [(long_id, True), ("a_b", True)]
+    assert {r["qid"] for r in read_rows(tmp_path / PREDICTIONS)} == {long_id, "a/b", "a_b"}
+    assert not (tmp_path / "tracebacks").exists()
 
 
 def test_run_folder_with_other_config_is_refused(tmp_path):

@@ -369,7 +369,7 @@ def write_recipe(folder, **fields):
     [  # yaml.safe_dump sorts the keys: "optimizer" comes after "compile" and "metric", before the rest
         (
             {"optimizer": "SuperOpt"},
-            r"r\.yaml:1: optimizer: Input should be 'BootstrapFewShot', .*'GEPA' or 'LabeledFewShot' "
+            r"r\.yaml:1: optimizer: Input should be 'BootstrapFewShot', .*'LabeledFewShot' or 'SIMBA' "
             r"\(got 'SuperOpt'\)$",
         ),
         (

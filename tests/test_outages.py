@@ -13,6 +13,8 @@ import re
 import signal
 import threading
 import time
+import urllib.request
+from contextlib import contextmanager
 
 import pytest
 from stub_server import Stub
@@ -157,26 +159,71 @@ class Milvus:
         os.killpg(self.server.process.pid, sig)  # the server leads its own process group
 
 
-@pytest.fixture(scope="module")
-def milvus(tmp_path_factory):
+@contextmanager
+def served_tiny_index(folder, **server_options):
+    """A Milvus server with its data in ``folder`` and the tiny corpus's index on it, stopped on the way out (the
+    test is skipped, saying why, where the server cannot start)."""
     from helpers import TINY_ROWS, snippet, write_jsonl
     from support.cli_args import milvus_index_argv
     from support.milvus_server import LocalMilvusServer, running_or_skip
 
     from hcqr_dspy.cli import main
 
-    folder = tmp_path_factory.mktemp("milvus-outages")
-    server = LocalMilvusServer(data_dir=folder / "server")
+    server = LocalMilvusServer(data_dir=folder / "server", **server_options)
     with running_or_skip(server) as uri:
         corpus = write_jsonl(folder / "tiny.jsonl", [snippet(*r) for r in TINY_ROWS])
         assert main(milvus_index_argv(corpus, uri, "tiny", folder / "index")) == 0
         yield Milvus(server, folder / "index")
 
 
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory):
+    with served_tiny_index(tmp_path_factory.mktemp("milvus-outages")) as m:
+        yield m
+
+
+@pytest.fixture
+def restartable_milvus(tmp_path_factory):
+    """A server of its own whose coordinators' etcd sessions last 3 s (``common.session.ttl``, 30 s by default):
+    restarted on its data it serves again 4 to 15 s after it stopped, not about 55 s, through the same phases. The
+    module's server keeps the default, since a server frozen (SIGSTOP) for longer than its sessions last loses them."""
+    with served_tiny_index(tmp_path_factory.mktemp("milvus-restart"), session_ttl=3) as m:
+        yield m
+
+
 @pytest.fixture
 def milvus_up(milvus):
     milvus.ensure_up()
     return milvus
+
+
+# What pymilvus 3.0 raised searching a Milvus 2.3.5 standalone server in the seconds after its SIGTERM.
+RESTARTING_SERVER_MESSAGES = (
+    'empty grpc client: failed to connect 127.0.0.1:35031, reason: connection error: desc = "transport: error while '
+    'dialing: dial tcp 127.0.0.1:35031: connect: connection refused"',
+    "empty grpc client: find no available rootcoord, check rootcoord state",
+)
+
+
+def milvus_error(code: int, message: str):
+    """The ``MilvusException`` pymilvus raises for a call whose answer carries this status (``check_status``)."""
+    from pymilvus.exceptions import MilvusException
+    from pymilvus.grpc_gen import common_pb2
+
+    status = common_pb2.Status(code=code, reason=message, error_code=common_pb2.UnexpectedError)
+    return MilvusException.from_status(status)
+
+
+@pytest.mark.parametrize("message", RESTARTING_SERVER_MESSAGES)
+def test_a_restarting_servers_empty_grpc_client_is_transient_and_other_unexpected_errors_are_not(message):
+    """Code 65535 is Milvus's code for any error it has no code of its own for: only a restarting server's message
+    under it is tried again; the same message under a code that names another fault is not."""
+    from hcqr_dspy.retrieval.milvus.retries import transient
+
+    assert transient(milvus_error(65535, message))
+    assert not transient(milvus_error(1100, message))  # invalid parameter
+    assert not transient(milvus_error(65535, "failed to search: segcore error: unknown data type"))
+    assert not transient(milvus_error(65535, "empty grpc client: etcdserver: permission denied"))
 
 
 def retry_milvus_searches(monkeypatch, window: str, search_timeout: str | None = None) -> None:
@@ -262,8 +309,9 @@ def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(
 ):
     """The server process is stopped for good (SIGTERM, its whole process group) after two questions: the third
     question's search finds nothing listening, is tried again for the 2 s window, and the run stops with one line.
-    (Its resumption is the frozen server's above, the same run-folder logic: a server restarted on its data answers
-    only once its old etcd session has expired, so this test leaves the server down for the fixture to stop.)"""
+    (Its resumption is the frozen server's above, the same run-folder logic; a server back within the window is the
+    restarted one's below. This server, restarted on its data, would answer only once its old etcd sessions have
+    expired, about 55 s, so this test leaves it down for the fixture to stop.)"""
     m = milvus_up
     stub = Stub()
     retry_milvus_searches(monkeypatch, "2")
@@ -278,5 +326,65 @@ def test_a_milvus_server_stopped_mid_eval_is_retried_then_an_outage_in_one_line(
         assert_one_line_outage(message, 2, capfd)
         assert no_library_traceback(pymilvus_log) and no_tracebacks_saved(bench / "run")
         assert [r["qid"] for r in RunFolder.open(bench / "run").rows()] == ["q0", "q1"]
+    finally:
+        stub.stop()
+
+
+class Restart:
+    """Stops a server with SIGTERM and starts it again on its data folder, in a thread of its own."""
+
+    def __init__(self, server):
+        self.server, self.error = server, None
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            self.server.stop()  # SIGTERM to its process group; waits for it to exit
+            self.server.start()
+        except BaseException as exc:  # raised again by join(), in the test's thread
+            self.error = exc
+
+    def begin(self) -> None:
+        """Start the restart; return once the server has begun to stop (its health check no longer answers OK, a few
+        milliseconds after SIGTERM), while its proxy still answers for a few seconds."""
+        health = f"http://127.0.0.1:{self.server.metrics_port}/healthz"
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(health, timeout=1) as resp:
+                    if b"OK" not in resp.read():
+                        return
+            except OSError:  # an HTTP error status, or nothing listening
+                return
+            time.sleep(0.05)
+
+    def join(self) -> None:
+        if self.thread.ident is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_milvus_server_restarted_mid_eval_is_retried_and_the_run_goes_on(bench, restartable_milvus, monkeypatch):
+    """The server is stopped with SIGTERM after two questions and started again on its data. The third question's
+    search meets the phases of the restart: the proxy answering while the coordinators behind it have stopped (code
+    65535, "empty grpc client: failed to connect ...: connect: connection refused" or "empty grpc client: find no
+    available rootcoord, check rootcoord state"), nothing listening ("Fail connecting to server", or gRPC UNAVAILABLE),
+    the collection reloading (101, "collection not loaded"). It is tried again until the server answers, and the run
+    ends with the rows of an uninterrupted one."""
+    m = restartable_milvus
+    stub = Stub()
+    try:
+        fresh = run_eval(bench, stub, "fresh", "simple_rag", m.index)
+        retry_milvus_searches(monkeypatch, "60", search_timeout="5")
+        before, restart = m.server.process.pid, Restart(m.server)
+        try:
+            result = run_eval(bench, stub, "run", "simple_rag", m.index, on_row=after_rows(2, restart.begin))
+        finally:
+            restart.join()
+        assert m.server.process.pid != before  # restarted: another process serves the same data and address
+        assert (result.ran, len(result.rows)) == (6, 6)
+        assert untimed(result.rows) == untimed(fresh.rows)
     finally:
         stub.stop()

@@ -172,5 +172,5 @@ def test_installed_package_finds_demo_recipes_and_experiments_from_another_folde
     assert (
         f"recipe 'nope' not found (looked in optimizers/, {home / 'shipped' / 'optimizers'}/); recipes there: "
         "bootstrap_fewshot, bootstrap_grounded, bootstrap_random_search, gepa, gepa_gold_prob, labeled_fewshot, "
-        "mipro_instructions, mipro_light"
+        "mipro_instructions, mipro_light, simba"
     ) in failed.stderr

@@ -278,7 +278,8 @@ def test_bad_input_is_refused_one_line_per_fault(demo, tmp_path, capsys):
     # the index itself as --out: refused before anything is written into it
     assert main(["replay", hcqr, "--index", str(demo["bm25"]), "--out", str(demo["bm25"])]) == 2
     (line,) = errors(capsys)
-    assert line.endswith("is an index folder; write the replay to a folder of its own")
+    assert "is an index folder (it holds manifest.json" in line
+    assert line.endswith("written by `hcqr index`); write the replay to a folder of its own")
     assert not list(Path(demo["bm25"]).glob("*.md"))
 
 

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -265,6 +266,112 @@ def test_malformed_requests_are_refused_or_rejected_record_by_record(served):
     assert len(stub.seen) - seen == 6  # three LM calls for each good record, none for the bad one
 
 
+def send(url: str, body: bytes, content_type: str | None, declared: int | None = None) -> tuple[int, dict]:
+    """POST raw ``body`` (``Content-Type`` left out when ``None``; sent chunked, without a length, when ``declared``
+    is -1; else with ``Content-Length: declared`` or the body's length): the HTTP status and the JSON reply."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        conn.putrequest("POST", where.path)
+        if content_type is not None:
+            conn.putheader("Content-Type", content_type)
+        if declared == -1:
+            conn.putheader("Transfer-Encoding", "chunked")
+            conn.endheaders()
+            for start in range(0, len(body), 1 << 20):
+                part = body[start : start + (1 << 20)]
+                conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+            conn.send(b"0\r\n\r\n")
+        else:
+            conn.putheader("Content-Length", str(len(body) if declared is None else declared))
+            conn.endheaders()
+            conn.send(body)
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
+def assert_no_trace(body: dict, served) -> None:
+    """An error body with a one-line message, no stack trace and no path of the server."""
+    text = json.dumps(body)
+    assert "stack_trace" not in body and "Traceback" not in text, text[:2000]
+    for path in (str(REPO), str(served["tmp"]), "site-packages", sys.prefix, "/tmp/"):
+        assert path not in text, (path, text[:2000])
+    assert "\n" not in body["message"], body["message"]
+
+
+def test_requests_mlflow_would_answer_with_a_stack_trace_or_a_500_are_a_4xx_with_one_line(served):
+    url, stub = served["url"], served["stub"]
+    seen = len(stub.seen)
+    good = {"dataframe_records": [{"question": "Question number 12? Yellow halos.", "options": OPTIONS}]}  # "A"
+    csv = b'question,options\nQ?,"{""A"": ""alpha"", ""B"": ""beta""}"\n'
+    cases = [  # MLflow alone: a 400 with a stack trace, 500, 500, a 400 with a stack trace
+        (csv, "text/csv", 415, "Content-Type text/csv cannot carry a record's options"),
+        (json.dumps(good).encode(), None, 415, "the request has no Content-Type; send application/json"),
+        (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json", 400, "nested deeper than the 32"),
+        (b"abc", "application/vnd.apache.parquet", 400, "Failed to parse input as a Pandas DataFrame"),
+    ]
+    for body, content_type, status, said in cases:
+        got, reply = send(url, body, content_type)
+        assert got == status and said in reply["message"], (content_type, got, reply)
+        assert_no_trace(reply, served)
+    # a body that is not JSON: one line, not MLflow's message that echoes the body over several lines
+    status, reply = send(url, b'{"dataframe_records": [\n', "application/json")
+    assert (status, reply["message"]) == (400, "the body is not valid JSON: Expecting value: line 2 column 1 (char 24)")
+    # 33 levels are refused, the 5 of dataframe_split are answered (test_..._every_request_format_is_answered)
+    status, reply = send(url, b"[" * 33 + b"]" * 33, "application/json")
+    assert (status, reply["error_code"]) == (400, "BAD_REQUEST") and "32 levels" in reply["message"], reply
+    assert len(stub.seen) == seen  # nothing refused reached the LM
+    status, reply = send(url, json.dumps(good).encode(), "application/json; charset=utf-8")
+    assert status == 200 and reply["predictions"][0]["answer"] == "A", reply
+
+
+def test_a_request_body_over_the_limit_is_refused_with_413(served):
+    from hcqr_dspy.tracking.serve_guard import MAX_REQUEST_BYTES
+
+    url, stub = served["url"], served["stub"]
+    seen = len(stub.seen)
+    record = {"question": "Question number 13? Yellow halos.", "options": OPTIONS}  # "ABC"[26 % 3] = "C"
+    body = json.dumps({"dataframe_records": [record]}).encode()
+    full = body + b" " * (MAX_REQUEST_BYTES - len(body))  # valid JSON of exactly the limit
+    over = f"the request body has {MAX_REQUEST_BYTES + 1} bytes, over the {MAX_REQUEST_BYTES} bytes a request may have"
+    # a 100 MB body refused by its Content-Length before any of it is read; one byte over the limit; one sent
+    # in chunks, without a length, refused as it arrives
+    for payload, declared, said in [
+        (b"", 100_000_000, "the request body has 100000000 bytes, over the"),
+        (full + b" ", None, over),
+        (full + b" ", -1, f"the request body is over the {MAX_REQUEST_BYTES} bytes a request may have"),
+    ]:
+        status, reply = send(url, payload, "application/json", declared)
+        assert (status, reply["error_code"]) == (413, "REQUEST_TOO_LARGE"), reply
+        assert reply["message"].startswith(said) and "HCQR_SERVE_MAX_REQUEST_BYTES" in reply["message"], reply
+        assert_no_trace(reply, served)
+    assert len(stub.seen) == seen
+    for declared in (None, -1):  # a body of exactly the limit is answered
+        status, reply = send(url, full, "application/json", declared)
+        assert status == 200 and reply["predictions"][0]["answer"] == "C", reply
+
+
+def test_the_request_size_limit_is_read_from_its_variable(monkeypatch):
+    from hcqr_dspy.errors import HCQRError
+    from hcqr_dspy.tracking.serve_guard import MAX_REQUEST_BYTES, max_request_bytes
+
+    monkeypatch.delenv("HCQR_SERVE_MAX_REQUEST_BYTES", raising=False)
+    assert max_request_bytes() == MAX_REQUEST_BYTES == 16 * 1024 * 1024
+    monkeypatch.setenv("HCQR_SERVE_MAX_REQUEST_BYTES", "1048576")
+    assert max_request_bytes() == 1048576
+    for bad in ("0", "-5", "16M", "1e6"):
+        monkeypatch.setenv("HCQR_SERVE_MAX_REQUEST_BYTES", bad)
+        with pytest.raises(
+            HCQRError, match=f"^HCQR_SERVE_MAX_REQUEST_BYTES must be a number of bytes above 0, got '{bad}'$"
+        ):
+            max_request_bytes()
+
+
 def test_registered_program_predicts_in_process(served, monkeypatch, request):
     """``mlflow.pyfunc.load_model(...).predict`` takes a DataFrame, a list of records or one record; a request that
     cannot be answered raises the same one-line error the server answers with HTTP 400."""
@@ -300,6 +407,10 @@ def test_registered_program_predicts_in_process(served, monkeypatch, request):
     assert str(refused.value) == "no record of the request can be answered: record 0 (qid '0'): options.B: empty"
     with pytest.raises(MlflowException, match="Expected data to be dictionary, got list"):
         model.predict([{"question": "Q?", "options": ["alpha", "beta"]}])
+    # outside MLflow's scoring server, loading the model leaves MLflow's request handling as it is
+    from mlflow.pyfunc import scoring_server
+
+    assert not getattr(scoring_server._async_catch_mlflow_exception, "hcqr_guarded", False)
 
 
 def test_registered_program_has_a_signature_and_every_request_format_is_answered(served):
@@ -401,9 +512,11 @@ def test_a_request_runs_its_questions_concurrently_and_each_leaves_a_served_trac
         assert tags["model_id"].startswith("m-")
     # `hcqr served` lists them, newest first, filtered by model and version
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         store = ["--mlflow-dir", str(served["store"])]
         assert main(["served", *store, "--model", "served-hcqr/1", "--limit", "8", "--json"]) == 0
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)]  # MLflow's deprecations, none printed
     listed = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {r["qid"] for r in listed} == {r["qid"] for r in records}
     assert {(r["model"], r["valid"]) for r in listed} == {("served-hcqr v1", True)}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.retrieval.query_runtime import RUNTIMES
+from hcqr_dspy.tracing import TRACE_LEVELS
 from hcqr_dspy.tracking.store import store_dir, tracking_uri
 
 # The names the parser offers, written here so that `hcqr --help` imports neither the method
@@ -239,6 +240,15 @@ def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
     p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
     _add_mlflow_args(p)
+    p.add_argument(
+        "--traces",
+        choices=TRACE_LEVELS,
+        default=None,
+        help="what each question's MLflow trace keeps: full (DSPy's spans with every prompt, passage texts), light "
+        "(hcqr's own spans: question, stages, retrieval, answer; texts cut, no prompts or passage texts) or off (no "
+        "traces, none scored; params, metrics and run files still tracked); store bytes a question for each in "
+        "docs/runs.md (default: $HCQR_TRACES, else full)",
+    )
     _add_lm_args(p)
 
 

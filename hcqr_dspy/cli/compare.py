@@ -20,11 +20,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # imported when the command runs: matplotlib, statsmodels and mlflow take seconds, `hcqr --help` none
     from hcqr_dspy.reporting import compare
     from hcqr_dspy.tracking.comparison import track_comparison
+    from hcqr_dspy.tracking.store import check_existing_store, store_outages
 
     names = [name for name, _ in args.group or []]
     if len(set(names)) < len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise HCQRError(f"--group {twice} is given twice; name each optimizer arm once")
+    if not args.no_mlflow:  # a store that is there and cannot be read is refused before the report is written
+        check_existing_store(args.mlflow_dir)
     report, files = compare(
         args.runs,
         reference=args.reference,
@@ -39,7 +42,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(report)
     print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
     if not args.no_mlflow:
-        run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
+        with store_outages(args.mlflow_dir, saved=lambda: f"the report is saved in {args.out}"):
+            run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
         print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
     return 0
 

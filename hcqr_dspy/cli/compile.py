@@ -60,6 +60,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         register=args.register,
         alias=args.alias,
         seed=args.seed,
+        replace=args.replace,
     )
     if seeds is None and recipe_seeds(spec) is None:
         out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
@@ -117,6 +118,8 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
     )
     if out["scores"].get("val_score") is not None:
         print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")
+    if out["scores"].get("train_score") is not None:
+        print(f"  the optimizer's score on its training questions: {out['scores']['train_score']:.1%}")
     if out["mlflow_run_id"]:
         print(
             f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
@@ -178,6 +181,12 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "--out",
         required=True,
         help="folder of the saved program (e.g. programs/hcqr-bfs); with --seeds, the folder of its seed-N/ folders",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="compile over the finished saved program in --out (refused without it; not with --seeds, which skips "
+        "the seeds saved already)",
     )
     p.add_argument(
         "--register",

@@ -53,7 +53,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.specs import EvalSpec
 
     spec = _spec(EvalSpec, args, args.dataset, labelled=True)
-    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    result, run_dir, run_id = run_evaluation(
+        spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, traces=args.traces
+    )
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
     if run_id:
@@ -68,7 +70,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hcqr_dspy.workflows.specs import EvalSpec
 
     spec = _spec(EvalSpec, args, args.input, labelled=False)
-    result, run_dir, run_id, out = run_prediction(spec, args.out, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
+    result, run_dir, run_id, out = run_prediction(
+        spec, args.out, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, traces=args.traces
+    )
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     scored = "accuracy" in result.metrics
     print(

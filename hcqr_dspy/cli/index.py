@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_search_option_args, _positive_int, _search_options
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.folders import out_folder_fault
 from hcqr_dspy.retrieval import build_retriever, load_corpus, load_encoder, load_index
 from hcqr_dspy.retrieval.base import check_index_target
 from hcqr_dspy.retrieval.milvus import MilvusRetriever, MilvusSettings, parse_params
@@ -71,6 +72,9 @@ def _milvus_settings(args: argparse.Namespace):
 
 def cmd_index(args: argparse.Namespace) -> int:
     milvus = _milvus_settings(args)  # bad Milvus flags fail here, before anything is read or contacted
+    fault = out_folder_fault(Path(args.out), "index")  # a run's (or another tool's) records are never replaced
+    if fault:
+        raise HCQRError(fault)
     out = check_index_target(args.out)  # fail before minutes of encoding, not after
     dense = args.retriever != "bm25"
     if not dense:
@@ -112,13 +116,14 @@ def cmd_index(args: argparse.Namespace) -> int:
     summary = {
         "index": str(out),
         "retriever": args.retriever,
-        "backend": args.backend,
         "passages": len(corpus),
         "build_seconds": round(t_build, 2),
         "passages_per_second": round(len(corpus) / t_build, 1),
         "size_bytes": size,
     }
     dense_part = next((r for r in [retriever, *getattr(retriever, "retrievers", [])] if r.kind == "dense"), None)
+    if dense_part is not None or retriever.kind == "milvus":  # a vector store holds it (BM25 has none)
+        summary["backend"] = args.backend
     if dense_part is not None:
         summary.update(encoder=dense_part.encoder_name, **dense_part.build_stats)
         if milvus is None:

@@ -26,13 +26,18 @@ from hcqr_dspy.cli import (
     replay,
     rescore,
     served,
+    split,
     ui,
 )
 from hcqr_dspy.cli import compile as compile_command
 from hcqr_dspy.cli.common import HelpFormatter
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.redaction import redact, redact_exception
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# MLflow draws a "Downloading artifacts" bar for each artifact it reads back (a compile reads its logged model's
+# files); the commands print what they did themselves. MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=true shows them.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def _versions() -> str:
@@ -64,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
 
     # in the order `hcqr --help` lists them
-    modules = (index, evaluate, ask, demo, judge, rescore, compare, replay, experiment, compile_command)
+    modules = (split, index, evaluate, ask, demo, judge, rescore, compare, replay, experiment, compile_command)
     modules += (register, prompts, served, ui)
     for module in modules:
         module.add_parsers(command)
@@ -78,8 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except HCQRError as exc:
-        print(f"hcqr: error: {exc}", file=sys.stderr)
+        print(f"hcqr: error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hcqr: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: its traceback is printed, cleaned of secrets first
+        redact_exception(exc)
+        raise

@@ -14,13 +14,14 @@ from hcqr_dspy.errors import HCQRError
 
 def cmd_prompts(args: argparse.Namespace) -> int:
     from hcqr_dspy.tracking.prompts import move_alias, prompt_diff, prompt_versions
-    from hcqr_dspy.tracking.store import configure, existing_store
+    from hcqr_dspy.tracking.store import browse_store, open_store
 
-    existing_store(args.mlflow_dir, "run `hcqr compile` or `hcqr register`")
-    configure(args.mlflow_dir)
+    # read-only (an archived study) unless an alias is moved; a locked or malformed store is refused in one line
+    browse_store(args.mlflow_dir, "run `hcqr compile` or `hcqr register`")
     if args.alias is not None:
         if args.old is None or args.new is not None:
             raise HCQRError("--alias ALIAS takes the model version: hcqr prompts MODEL VERSION --alias ALIAS")
+        open_store(args.mlflow_dir)
         for uri in move_alias(args.name, args.alias, args.old):
             print(f"{uri} @{args.alias}")
         print(f"models:/{args.name}/{args.old} @{args.alias}")

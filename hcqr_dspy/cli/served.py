@@ -14,11 +14,12 @@ from hcqr_dspy.cli.common import _positive_int
 
 def cmd_served(args: argparse.Namespace) -> int:
     from hcqr_dspy.tracking.served_traces import served_filter, served_questions
-    from hcqr_dspy.tracking.store import configure, existing_store
+    from hcqr_dspy.tracking.store import browse_store
 
     served_filter(args.model)  # a malformed --model is refused before the store is opened
-    existing_store(args.mlflow_dir, "serve a model with MLFLOW_TRACKING_URI set to it")
-    rows = served_questions(configure(args.mlflow_dir), args.model, args.limit)
+    # read-only (an archived study) is fine; a locked or malformed store is refused in one line
+    _, experiment_id = browse_store(args.mlflow_dir, "serve a model with MLFLOW_TRACKING_URI set to it")
+    rows = served_questions(experiment_id, args.model, args.limit)
     for row in rows:
         if args.json:
             print(json.dumps(row))

@@ -12,14 +12,15 @@ from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _positive_int
 from hcqr_dspy.tracking.experiment_page import key_metrics_url
-from hcqr_dspy.tracking.store import configure, existing_store
+from hcqr_dspy.tracking.store import browse_store, existing_store
 from hcqr_dspy.tracking.ui import check_port, serve_ui
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
     folder = existing_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
     check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
-    experiment_id = configure(args.mlflow_dir)
+    # a read-only store (an archived study) is served as it is; a locked or malformed one is refused in one line
+    _, experiment_id = browse_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
     print(
         f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
         f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}",

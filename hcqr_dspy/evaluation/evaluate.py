@@ -6,9 +6,10 @@ Only a bad LM reply makes a question *invalid*: unparseable output, a letter
 outside the options, a prompt over the model's window. Programs turn those into
 rows themselves (``valid=False``, ``error`` naming the stage). Anything else a
 program raises is a bug: the run stops at that question with one line naming
-it and the exception, the traceback goes to ``tracebacks/<qid>.txt`` in the run
-folder, nothing is saved for that question, and the same command resumes once
-the bug is fixed. When the LM stays unreachable after DSPy's retries, the run
+it and the exception, the traceback goes to ``tracebacks/<prefix>-<hash>.txt`` in
+the run folder (named by a hash of the id: :mod:`hcqr_dspy.evaluation.tracebacks`),
+nothing is saved for that question, and the same command resumes once the bug
+is fixed. When the LM stays unreachable after DSPy's retries, the run
 stops cleanly too (:class:`~hcqr_dspy.errors.LMUnavailableError`).
 """
 
@@ -92,6 +93,7 @@ def evaluate(
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     trace_tags: dict[str, str] | None = None,
+    trace_level: str = "full",
 ) -> EvalResult:
     """Run ``program`` over ``examples``, writing ``predictions.jsonl`` as it goes.
 
@@ -106,6 +108,7 @@ def evaluate(
         on_row: Called with each new row after it is written.
         trace_tags: Record each question as an MLflow trace (:func:`hcqr_dspy.tracing.question`) with
             these tags plus ``qid``; the row keeps the trace's id as ``trace_id``. ``None``: no traces.
+        trace_level: ``full`` or ``light`` (:data:`hcqr_dspy.tracing.TRACE_LEVELS`): what each trace keeps.
 
     Returns:
         :class:`EvalResult` over every question of ``examples``.
@@ -138,7 +141,8 @@ def evaluate(
     def work(example: dspy.Example) -> dict[str, Any]:
         if trace_tags is None:
             return answer(example)
-        with tracing.question(method, example.question, example.options, {**trace_tags, "qid": example.qid}) as trace:
+        tags = {**trace_tags, "qid": example.qid}
+        with tracing.question(method, example.question, example.options, tags, trace_level) as trace:
             row = answer(example)
             trace.finish(row)
         return row

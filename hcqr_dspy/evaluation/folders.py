@@ -1,11 +1,39 @@
-"""Folders a command is given: the same run folder named twice, and an ``--out`` folder that holds another tool's
-records (a file, a run folder, an index folder)."""
+"""Folders a command is given: the same run folder named twice, an output folder that holds another tool's
+records (a run, an index, a saved program, a comparison, a replay), whose files the command would mix with, delete
+or overwrite, and a run folder whose records lost their ``config.json``.
+
+Each tool's folder is known by the files it writes at its top (:data:`RECORDS`); a command writing a folder of one
+kind refuses a folder that holds any other kind's files (:func:`out_folder_fault`): ``hcqr eval --run-dir``, ``hcqr
+index --out``, ``hcqr compile --out``, ``hcqr compare --out`` and ``hcqr replay --out``. A run folder is checked
+and claimed for its one writer by :func:`claim_run_dir`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hcqr_dspy.evaluation.run_folder import CONFIG
+from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.lock import WriterLock
+from hcqr_dspy.evaluation.records import remove_empty_folders, write_probe
+
+# a run folder's configuration and records (hcqr_dspy.evaluation.run_folder names its summaries)
+CONFIG = "config.json"
+PREDICTIONS = "predictions.jsonl"
+SESSIONS = "sessions.jsonl"
+JUDGMENTS = "judgments.jsonl"
+OPTION_PROBS = "option_probs.jsonl"
+ROW_FILES = (PREDICTIONS, SESSIONS, JUDGMENTS, OPTION_PROBS)  # records its configuration decides
+
+# kind -> (what the folder is called in a message, the command that writes it, the files (globs) that mark it).
+# The saved program's, comparison's and replay's names are those of hcqr_dspy.optimize.saved (STATE_FILE,
+# META_FILE), hcqr_dspy.reporting.report and hcqr_dspy.workflows.replay (REPORT, SUMMARY), modules above this layer.
+RECORDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "run": ("a run folder", "hcqr eval", (CONFIG, PREDICTIONS, SESSIONS)),
+    "index": ("an index folder", "hcqr index", ("manifest.json",)),
+    "program": ("a saved program folder", "hcqr compile", ("meta.json", "program.json", "seed-*/meta.json")),
+    "comparison": ("a comparison folder", "hcqr compare", ("comparison.md", "comparison.json")),
+    "replay": ("a replay folder", "hcqr replay", ("replay.md", "replay.json")),
+}
 
 
 def repeated_folder(path: str | Path, seen: dict[Path, str]) -> str | None:
@@ -18,14 +46,97 @@ def repeated_folder(path: str | Path, seen: dict[Path, str]) -> str | None:
     return None
 
 
-def out_folder_fault(out: Path, what: str) -> str | None:
-    """Why ``--out`` folder ``out`` cannot hold ``what`` (a comparison, a replay): it is a file, a run folder or an
-    index folder (another tool's records, which the report's files would mix with); ``None`` when it can."""
-    from hcqr_dspy.retrieval.base import MANIFEST
+def records_held(folder: Path) -> dict[str, list[str]]:
+    """The kinds of :data:`RECORDS` whose files ``folder`` holds: ``{kind: [file, ...]}`` (paths relative to it, in
+    :data:`RECORDS`' order); empty for a missing folder, a file, or a folder of none of them."""
+    if not folder.is_dir():
+        return {}
+    held = {}
+    for kind, (_, _, patterns) in RECORDS.items():
+        found = [str(p.relative_to(folder)) for pattern in patterns for p in sorted(folder.glob(pattern))]
+        if found:
+            held[kind] = found
+    return held
 
+
+def out_folder_fault(out: Path, what: str, option: str = "--out") -> str | None:
+    """Why output folder ``out`` cannot hold ``what``, as one line naming the folder, the files that say what it
+    is, and what to do; ``None`` when it can.
+
+    Args:
+        out: The folder given (missing is fine).
+        what: The :data:`RECORDS` kind the command writes (``comparison``, ``replay``, ``run``, ``index``,
+            ``program``): its own earlier records are the command's to resume or replace, never refused here.
+        option: The command's flag naming ``out``.
+
+    Faults: ``out`` is a file; it holds the records of another kind (:func:`records_held`).
+    """
     if out.exists() and not out.is_dir():
-        return f"--out {out} exists and is not a folder; choose another --out"
-    for marker, kind in ((CONFIG, "a run folder"), (MANIFEST, "an index folder")):
-        if (out / marker).exists():
-            return f"--out {out} is {kind}; write the {what} to a folder of its own"
+        return f"{option} {out} exists and is not a folder; choose another {option}"
+    for kind, files in records_held(out).items():
+        if kind != what:
+            name, command = RECORDS[kind][:2]
+            return (
+                f"{option} {out} is {name} (it holds {', '.join(files[:3])}, written by `{command}`); "
+                f"write the {what} to a folder of its own"
+            )
     return None
+
+
+def run_without_config(folder: Path) -> str | None:
+    """Why run folder ``folder`` cannot be started or resumed: it holds a run's records (a non-empty file of
+    :data:`ROW_FILES`) but no ``config.json``, so what decided them is unknown and new rows would mix with them;
+    ``None`` when it has its ``config.json`` or holds no records."""
+    if not folder.is_dir() or (folder / CONFIG).exists():
+        return None
+    held = []
+    for name in ROW_FILES:
+        try:
+            data = (folder / name).read_bytes()
+        except OSError:
+            continue
+        if data.strip():
+            rows = sum(1 for line in data.splitlines() if line.strip())
+            held.append(f"{name}: {rows} row{'' if rows == 1 else 's'}" if name == PREDICTIONS else name)
+    if not held:
+        return None
+    return (
+        f"run folder {folder} holds the records of a run ({', '.join(held)}) but no {CONFIG}, so the settings they "
+        f"were made with are unknown and they cannot be resumed; put its {CONFIG} back, or give --run-dir another "
+        "folder"
+    )
+
+
+def run_dir_fault(folder: Path) -> str | None:
+    """Why ``hcqr eval --run-dir`` ``folder`` cannot hold a run: it is a file, it holds another tool's records
+    (:func:`out_folder_fault`), or a run's records without their ``config.json`` (:func:`run_without_config`);
+    ``None`` when it can (missing, empty, or a run folder)."""
+    if folder.exists() and not folder.is_dir():
+        return f"run folder {folder} is a file; give --run-dir a folder"
+    return out_folder_fault(folder, "run", option="--run-dir") or run_without_config(folder)
+
+
+def claim_run_dir(folder: Path, command: str) -> tuple[WriterLock, list[Path]]:
+    """Check run folder ``folder`` (:func:`run_dir_fault`), create it if needed, check that a file can be written
+    in it (:func:`~hcqr_dspy.evaluation.records.write_probe`) and take its
+    :class:`~hcqr_dspy.evaluation.lock.WriterLock` for ``command``, before anything is written or any LM is asked.
+
+    Returns:
+        The lock taken, and the folders this call created (deepest first; removed again when it fails).
+
+    Raises:
+        RunError: :func:`run_dir_fault`'s faults; the folder cannot be created or written (a full or read-only
+            disk); another live process writes it (its pid, host and command named).
+    """
+    if fault := run_dir_fault(folder):
+        raise RunError(fault)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        write_probe(folder)
+        return WriterLock(folder, command).acquire(), made
+    except OSError as exc:
+        remove_empty_folders(made)
+        raise RunError(f"run folder {folder} is not writable: {exc.strerror or exc}") from None
+    except RunError:
+        remove_empty_folders(made)
+        raise

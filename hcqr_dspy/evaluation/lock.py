@@ -105,7 +105,8 @@ class WriterLock:
                 del self._held[self.key]
                 with contextlib.suppress(OSError):
                     self.file.unlink()
-                held[0].close()
+                with contextlib.suppress(OSError):  # a label a full disk refused is flushed again here: dropped
+                    held[0].close()  # the file is closed (and its flock dropped) all the same
 
     def __enter__(self) -> WriterLock:
         return self.acquire()

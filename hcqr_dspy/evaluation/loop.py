@@ -15,7 +15,9 @@ from dspy.utils.parallelizer import ParallelExecutor
 
 from hcqr_dspy.errors import LMUnavailableError, OutageError, RunError
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error, lm_failure
+from hcqr_dspy.evaluation.progress import ProgressReport
 from hcqr_dspy.evaluation.records import JsonlTable
+from hcqr_dspy.lm.memory import bounded_lm_memory, trim_global_history
 
 
 def run_resumable(
@@ -31,7 +33,9 @@ def run_resumable(
 ) -> tuple[list[dict[str, Any]], int, int]:
     """Apply ``work`` to each item without a record in ``table`` yet, appending each record as it finishes.
 
-    Items run in DSPy's ``ParallelExecutor`` (``num_threads`` at once). The
+    Items run in DSPy's ``ParallelExecutor`` (``num_threads`` at once), with what DSPy keeps in memory per LM call
+    bounded (:func:`~hcqr_dspy.lm.memory.bounded_lm_memory`: its response cache's memory tier, its histories, no DSPy
+    trace), so the loop's memory does not grow with the items it has run (the records it returns do). The
     first failure stops the loop: items in flight finish, no new item starts,
     and finished records are kept. An error in ``stop_errors`` (the LM is not
     answering) becomes :class:`~hcqr_dspy.errors.LMUnavailableError`; a failed write becomes
@@ -46,7 +50,8 @@ def run_resumable(
         work: Makes an item's record (with ``qid``).
         stop_errors: The exceptions that mean the LM is not answering.
         num_threads: Items in flight at once.
-        progress: Show a progress bar.
+        progress: Show the progress (:class:`~hcqr_dspy.evaluation.progress.ProgressReport`: a bar on a terminal,
+            whole lines in a log, with the running accuracy of records that have ``correct``).
         on_row: Called with each new record after it is written.
         on_error: Turns an item's other exception into the one raised.
 
@@ -84,6 +89,8 @@ def run_resumable(
             stop.set()
             failure.append((item, exc))
             return None
+        finally:
+            trim_global_history()
         try:
             table.append(row)
         except OSError as exc:  # disk full, folder removed: stop, never drop rows silently
@@ -95,17 +102,25 @@ def run_resumable(
             finished[key(item)] = row
         if on_row:
             on_row(row)
+        if report is not None:
+            report.row(row)
         return row
 
     new_rows: list[dict[str, Any]] = []
+    report = ProgressReport(len(items), done.values(), table.what) if progress and todo else None
     if todo:
         # timeout=0: no straggler resubmission. DSPy's ParallelExecutor otherwise starts an item again once it has
         # run 120 s (its default ``timeout``) while at most 3 remain (dspy/utils/parallelizer.py, _execute_parallel),
         # which ran a question twice and recorded it twice (a slow remote LM with --threads 3).
         executor = ParallelExecutor(
-            num_threads=num_threads, disable_progress_bar=not progress, max_errors=len(todo) + 1, timeout=0
+            num_threads=num_threads, disable_progress_bar=True, max_errors=len(todo) + 1, timeout=0
         )
-        executor.execute(run_one, todo)
+        try:
+            with bounded_lm_memory():
+                executor.execute(run_one, todo)
+        finally:
+            if report is not None:
+                report.close()
         new_rows = [finished[key(item)] for item in todo if key(item) in finished]
     by_key = {**done, **{r["qid"]: r for r in new_rows}}
     rows = [by_key[key(item)] for item in items if key(item) in by_key]

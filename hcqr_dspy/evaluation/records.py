@@ -22,15 +22,19 @@ from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
 
 
 def write_probe(folder: Path) -> None:
-    """Create ``folder`` if needed, then write and delete a probe file in it.
+    """Create ``folder`` if needed, then write and delete a probe file in it (``.write-test-<pid>``, deleted
+    whether the write succeeds or not: a full disk creates the file but cannot write it).
 
     Raises:
         OSError: the folder cannot be created or written (read-only or full disk, ``/proc`` ...).
     """
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".write-test-{os.getpid()}"
-    probe.write_text("ok")
-    probe.unlink()
+    try:
+        probe.write_text("ok")
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -135,13 +139,15 @@ class JsonlTable:
 
     def append(self, row: dict[str, Any]) -> None:
         """Append one record as one line, flushed and fsynced (thread-safe). A write that fails part-way
-        (disk full) is cut back to the last whole line, so the file stays whole.
+        (disk full) is cut back to the last whole line, so the file stays whole; a file this write created is
+        removed again.
 
         Raises:
             OSError: the write failed (disk full, folder removed ...).
         """
         data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
         with self._lock:
+            new = not self.path.exists()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 start = os.fstat(fd).st_size
@@ -153,6 +159,8 @@ class JsonlTable:
                 except OSError as exc:
                     try:
                         os.ftruncate(fd, start)
+                        if new:
+                            self.path.unlink()
                     except OSError:
                         pass  # a partial last line is dropped by read() and cut by drop_partial_tail()
                     if exc.filename is None:

@@ -13,9 +13,11 @@ Layout (one folder per evaluation)::
     dur.json            summary of the judgments (:func:`hcqr_dspy.judge.metrics.dur_metrics`)
     option_probs.jsonl  the answer step's letter distribution per question, scored again for rows that lack
                         it (``hcqr rescore``; :mod:`hcqr_dspy.evaluation.option_probs`)
-    tracebacks/<qid>.txt
+    tracebacks/<prefix>-<hash>.txt
                         the traceback of a question whose program raised an error that is not a
-                        bad LM reply (the run stopped there; nothing was saved for that question)
+                        bad LM reply (the run stopped there; nothing was saved for that question),
+                        named by a hash of its id, the whole id on the file's first line
+                        (:mod:`~hcqr_dspy.evaluation.tracebacks`)
     .writer.lock        held while a process writes the folder (:class:`~hcqr_dspy.evaluation.lock.WriterLock`)
 
 :class:`RunFolder` creates, reopens (resume) and reads these, and appends records; the evaluation, the
@@ -33,27 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.folders import CONFIG, JUDGMENTS, OPTION_PROBS, PREDICTIONS, SESSIONS, claim_run_dir
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.metrics import summarize
+from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
 from hcqr_dspy.evaluation.provenance import malformed_fields, session_record
-from hcqr_dspy.evaluation.records import (
-    JsonlTable,
-    atomic_write_text,
-    read_json_object,
-    remove_empty_folders,
-    write_probe,
-)
+from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text, read_json_object, remove_empty_folders
 from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, first_recorded, moved_inputs
 from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
-CONFIG = "config.json"
-PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
-JUDGMENTS = "judgments.jsonl"
 DUR_METRICS = "dur.json"
-SESSIONS = "sessions.jsonl"
-OPTION_PROBS = "option_probs.jsonl"
 
 
 class RunFolder:
@@ -75,7 +68,8 @@ class RunFolder:
         self.option_probs_table = JsonlTable(self.path / OPTION_PROBS, "option probabilities")
         self.sessions_table = JsonlTable(self.path / SESSIONS, "session", key="session")
         self.writer: WriterLock | None = None
-        self._made: list[Path] = []  # folders claim() created, removed by release() until start()
+        self._made: list[Path] = []  # folders claim() created, removed by release() while empty
+        self._written: list[Path] = []  # the config.json start() wrote into a folder without one, until a session
         self.first_recorded: list[str] = []  # identities start() recorded that the resumed configuration lacked
 
     def __repr__(self) -> str:
@@ -101,28 +95,15 @@ class RunFolder:
     @classmethod
     def claim(cls, path: str | Path, command: str = "eval") -> RunFolder:
         """Become the folder's one writer before anything is written or any LM is asked: the folder is
-        created if needed and its :class:`WriterLock` taken for ``command``. Until :meth:`start`,
-        :meth:`release` removes again the folders this call created (a refused command leaves nothing).
+        created if needed and its :class:`WriterLock` taken for ``command``. :meth:`release` removes again the
+        folders this call created while they are empty (a refused command leaves nothing).
 
         Raises:
-            RunError: another live process writes the folder (its pid, host and command named), the path is
-                a file, or the folder is not writable.
+            RunError: see :func:`~hcqr_dspy.evaluation.folders.claim_run_dir` (another live process writes the
+                folder, it is a file, holds other records or is not writable).
         """
         folder = cls(path)
-        if folder.path.exists() and not folder.path.is_dir():
-            raise RunError(f"run folder {folder.path} is a file; give --run-dir a folder")
-        made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]
-        try:
-            write_probe(folder.path)
-        except OSError as exc:
-            remove_empty_folders(made)
-            raise RunError(f"run folder {folder.path} is not writable: {exc.strerror or exc}") from None
-        try:
-            folder.writer = WriterLock(folder.path, command).acquire()
-        except RunError:
-            remove_empty_folders(made)
-            raise
-        folder._made = made
+        folder.writer, folder._made = claim_run_dir(folder.path, command)
         return folder
 
     def start(self, config: dict[str, Any]) -> list[str]:
@@ -143,6 +124,7 @@ class RunFolder:
         """
         cpath = self.path / CONFIG
         moved: list[str] = []
+        self._written = [] if cpath.exists() else [cpath]
         if cpath.exists():
             old = read_json_object(cpath, "run configuration")
             keys = differing_keys(old, config)
@@ -155,12 +137,11 @@ class RunFolder:
             self.first_recorded = first_recorded(old, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
-        self._made = []
         return moved
 
     def release(self) -> None:
-        """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); a folder claimed
-        but never started is removed again if this process created it."""
+        """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); the folders it
+        created are removed again while empty (a run refused before its first record)."""
         if self.writer is not None:
             self.writer.release()
             self.writer = None
@@ -340,7 +321,12 @@ class RunFolder:
         try:
             self.sessions_table.append(record)
         except OSError as exc:
+            for file in self._written:  # a new run refused at its first record: release() removes its folders
+                file.unlink(missing_ok=True)
+            if disk_full(exc):
+                raise disk_full_error(exc, f"nothing was recorded in {self.path}") from None
             raise RunError(f"cannot write {self.sessions_table.path}: {exc.strerror or exc}") from None
+        self._written, self._made = [], []
         return record
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -387,7 +373,8 @@ class RunFolder:
         return metrics
 
     def save_traceback(self, qid: str, exc: BaseException) -> Path | None:
-        """Write ``exc``'s traceback to ``tracebacks/<qid>.txt`` (:mod:`~hcqr_dspy.evaluation.tracebacks`)."""
+        """Write ``exc``'s traceback to ``tracebacks/`` (a file named by a hash of ``qid``:
+        :mod:`~hcqr_dspy.evaluation.tracebacks`)."""
         return save_traceback(self.path, qid, exc)
 
     def clear_traceback(self, qid: str) -> None:

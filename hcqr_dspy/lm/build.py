@@ -14,6 +14,7 @@ from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.lm.packaged import packaged_model_path
 from hcqr_dspy.lm.reply_setup import record_reply_setups, register_lm
 from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
+from hcqr_dspy.redaction import redact, redact_logging, register_secret
 
 
 def build_lm(
@@ -43,6 +44,9 @@ def build_lm(
     Raises:
         LMSpecError: see :func:`parse_lm_spec`, :func:`packaged_model_path`,
             or an unset key variable.
+
+    A remote LM's key is registered with :mod:`hcqr_dspy.redaction` and its errors are masked before DSPy's
+    other callbacks (MLflow's tracing) see them (:mod:`hcqr_dspy.lm.redacted_errors`).
     """
     import dspy
 
@@ -63,6 +67,10 @@ def build_lm(
             if not key:
                 raise LMSpecError(f"environment variable {cfg.api_key_env} (the API key for {cfg.model}) is not set")
             kwargs["api_key"] = key
+            register_secret(key)  # masked wherever it would be printed or recorded
+        from hcqr_dspy.lm import redacted_errors
+
+        redacted_errors.install()
         if cache:
             key_cache_by_endpoint()
         lm = dspy.LM(
@@ -72,6 +80,7 @@ def build_lm(
         if cache and card and "unavailable" not in card:
             key_cache_by_card(cfg.api_base, card)
         lm.hcqr_endpoint_card = card
+        redact_logging()  # DSPy's and LiteLLM's log handlers exist once they are imported
     lm.hcqr_config = cfg
     register_lm(lm)  # its replies are cached with its setup (hcqr_dspy.lm.reply_setup)
     if cache:
@@ -99,7 +108,7 @@ def check_lm(lm, timeout: float = 60.0) -> None:
     try:
         lm("Reply with the word OK.", max_tokens=5, cache=False, timeout=timeout)
     except Exception as exc:  # any failure of a one-word request means the LM cannot be used
-        first = (str(exc).splitlines() or [""])[0][:300]
+        first = (redact(str(exc)).splitlines() or [""])[0][:300]
         raise LMSpecError(f"the LM {lm.hcqr_config.spec!r} cannot be used: {type(exc).__name__}: {first}") from None
     finally:
         quiet.setLevel(level)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm.packaged import DEFAULT_LOCAL, PACKAGED_MODELS
+from hcqr_dspy.redaction import check_endpoint_url
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def parse_lm_spec(
 
     Raises:
         LMSpecError: empty spec, unknown ``local:`` name, ``gguf:`` without a
-            path, or a LiteLLM name without a provider prefix.
+            path, a LiteLLM name without a provider prefix, or an API base carrying credentials
+            (:func:`~hcqr_dspy.redaction.check_endpoint_url`).
     """
     spec = (spec or "").strip()
     if not spec:
@@ -87,6 +89,8 @@ def parse_lm_spec(
             f"{option} {spec!r} is not <provider>/<model>: name both, without spaces, "
             "e.g. openai/gpt-4o-mini, ollama_chat/llama3.1, hosted_vllm/Qwen/Qwen3-4B-Instruct-2507"
         )
+    flags = "--reflection-" if option == "--reflection-lm" else "--"  # the endpoint flags beside the spec's
+    check_endpoint_url(api_base, option=f"{flags}api-base", key_option=f"{flags}api-key-env")
     return LMConfig(spec, "litellm", spec, api_base=api_base, api_key_env=api_key_env)
 
 

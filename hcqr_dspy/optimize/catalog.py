@@ -2,7 +2,10 @@
 
 Each :class:`Optimizer` entry says
 
-* **where the seed goes** (``seed``): ``"argument"``, the constructor's ``seed`` (MIPROv2: its ``rng`` draws the
+* **where the seed goes** (``seed``): ``"compile"``, ``compile(seed=...)`` (SIMBA: ``random.Random(seed)`` and
+  ``numpy.random.default_rng(seed)`` shuffle the training questions into its mini-batches, pick the programs it
+  samples trajectories from, the demos it drops and the strategy it applies: append a demo or a rule), or
+  ``"argument"``, the constructor's ``seed`` (MIPROv2: its ``rng`` draws the
   demo candidate sets, the proposer's tips and data batches, its minibatches, and seeds optuna's TPE sampler;
   ``compile(seed=...)`` is read as ``seed or self.seed``, so a compile seed of 0 is silently the constructor's,
   and hcqr sets the constructor's only. GEPA: ``random.Random(self.seed)`` picks its minibatches and candidates),
@@ -13,16 +16,22 @@ Each :class:`Optimizer` entry says
   its candidate ``c`` shuffles the training questions with ``random.Random(c)``, ``c`` in
   ``range(-3, num_candidate_programs)`` whatever the seed. LabeledFewShot: ``random.Random(0).sample`` of the
   training questions for each predictor). Sources: ``dspy/teleprompt/bootstrap.py``, ``random_search.py``,
-  ``vanilla.py``, ``mipro_optimizer_v2.py``, ``gepa/gepa.py`` (DSPy 3.4). :func:`hcqr_dspy.optimize.compile.split_train`
-  draws and orders the training questions with the recipe's seed, so the seed reaches every optimizer.
+  ``vanilla.py``, ``mipro_optimizer_v2.py``, ``gepa/gepa.py``, ``simba.py`` (DSPy 3.4).
+  :func:`hcqr_dspy.optimize.compile.split_train` draws and orders the training questions with the recipe's seed,
+  so the seed reaches every optimizer.
 * **its candidate scores** (``scores``, ``score_scale``): where the score of the program it returned is read
   (``candidate_programs``: BootstrapFewShotWithRandomSearch's candidates, best first, ``"score"`` each;
   ``program_score``: MIPROv2's best full evaluation ``program.score``; ``gepa_results``: GEPA's
   ``detailed_results.val_aggregate_scores[best_idx]``, with ``track_stats``) and its scale (``dspy.Evaluate``
-  scores are percentages, 100; GEPA's are fractions, 1). ``None``: it scores no candidate.
+  scores are percentages, 100; GEPA's are fractions, 1; SIMBA's ``candidate_programs``, best first, hold the mean
+  metric over the training questions, fractions) and the questions they were measured on (``scored_on``:
+  ``"valset"``, reported as ``val_score``; ``"trainset"``, SIMBA, which keeps no validation set, as
+  ``train_score``). ``None``: it scores no candidate.
 * **whether it needs a reflection LM** (GEPA).
 * **the metrics it accepts** (:mod:`hcqr_dspy.optimize.feedback`); ``()``: it takes no metric (LabeledFewShot
   copies training questions without running the program).
+* **its mini-batch size** (``batch_setting``: SIMBA's ``bsize``, which it asserts is at most the training
+  questions), checked before it runs.
 * **the settings that bound its demos** (``demo_settings``) and the one that asks for bootstrapped traces
   (``bootstrap_setting``), with the constructor's defaults where a recipe leaves them out.
 """
@@ -33,9 +42,18 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from dspy.teleprompt import GEPA, BootstrapFewShot, BootstrapFewShotWithRandomSearch, LabeledFewShot, MIPROv2
+from dspy.teleprompt import (
+    GEPA,
+    SIMBA,
+    BootstrapFewShot,
+    BootstrapFewShotWithRandomSearch,
+    LabeledFewShot,
+    MIPROv2,
+)
 
-OptimizerName = Literal["BootstrapFewShot", "BootstrapFewShotWithRandomSearch", "MIPROv2", "GEPA", "LabeledFewShot"]
+OptimizerName = Literal[
+    "BootstrapFewShot", "BootstrapFewShotWithRandomSearch", "MIPROv2", "GEPA", "LabeledFewShot", "SIMBA"
+]
 ACCURACY_METRICS = ("accuracy", "grounded")
 FEEDBACK_METRICS = ("feedback", "feedback_gold_prob")
 
@@ -45,13 +63,20 @@ class Optimizer:
     """What hcqr knows of one DSPy optimizer class (see the module note)."""
 
     cls: type
-    seed: Literal["argument", "train_order"]
+    seed: Literal["argument", "compile", "train_order"]
     scores: Literal["candidate_programs", "program_score", "gepa_results"] | None
     score_scale: float | None
     reflection_lm: bool
     metrics: tuple[str, ...]
     demo_settings: tuple[str, ...] = ()
     bootstrap_setting: str | None = None
+    scored_on: Literal["valset", "trainset"] = "valset"
+    batch_setting: str | None = None  # a mini-batch size: the training questions must be at least this many
+
+    @property
+    def score_key(self) -> str:
+        """The name its candidate score is reported under: ``val_score`` or ``train_score``."""
+        return "val_score" if self.scored_on == "valset" else "train_score"
 
     @property
     def name(self) -> str:
@@ -113,6 +138,17 @@ CATALOG: dict[str, Optimizer] = {
             metrics=(),
             demo_settings=("k",),
         ),
+        Optimizer(
+            SIMBA,
+            seed="compile",
+            scores="candidate_programs",
+            score_scale=1.0,
+            reflection_lm=False,
+            metrics=ACCURACY_METRICS,
+            demo_settings=("max_demos",),
+            scored_on="trainset",
+            batch_setting="bsize",
+        ),
     )
 }
 if set(CATALOG) != set(get_args(OptimizerName)):  # pragma: no cover - a catalog edited without its name list
@@ -169,7 +205,7 @@ def seed_problem(
     every seed compiles the same program.
     """
     e = entry(optimizer)
-    if e.seed == "argument":
+    if e.seed in ("argument", "compile"):
         return None
     why = f"{optimizer} takes no seed of its own (the seed only draws and orders the training questions) and"
     if demos_asked(optimizer, settings, compile_args) == 0:

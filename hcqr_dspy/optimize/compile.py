@@ -89,16 +89,26 @@ def compile_program(
     contexts trimmed to ``demo_context_tokens``.
 
     Raises:
-        RecipeError: see :func:`build_optimizer`; ``demo_predictors`` naming no predictor; metric
+        RecipeError: see :func:`build_optimizer`; ``demo_predictors`` naming no predictor; a mini-batch larger than
+            the training questions (SIMBA's ``bsize``); metric
             ``feedback_gold_prob`` with an LM that gives no option probabilities (before any call), or a question
             the metric could not score (after the optimizer, which catches a metric's errors).
     """
     check_recipe_for(recipe, student, dspy.settings.lm)
+    e = entry(recipe.optimizer)
+    batch = e.setting(e.batch_setting, recipe.settings) if e.batch_setting else None
+    if batch is not None and batch > len(trainset):
+        raise RecipeError(
+            f"recipe {recipe.path}: {recipe.optimizer} {e.batch_setting} {batch} is more than the {len(trainset)} "
+            f"training questions; lower {e.batch_setting} or train on more questions"
+        )
     metric = (
         make_metric(recipe.metric, getattr(student, "retriever", None)) if entry(recipe.optimizer).metrics else None
     )
     optimizer = build_optimizer(recipe, metric, reflection_lm)
     kwargs = dict(recipe.compile)
+    if entry(recipe.optimizer).seed == "compile":  # SIMBA: compile(seed=...) draws its batches and strategies
+        kwargs["seed"] = recipe.seed
     if "valset" in inspect.signature(type(optimizer).compile).parameters and valset:
         kwargs["valset"] = valset
     student.demo_context_tokens = recipe.demo_context_tokens  # demos are shown trimmed while candidates are scored
@@ -164,15 +174,16 @@ def optimizer_scores(compiled: Any, optimizer: str) -> dict[str, float]:
     ``val_score``: BootstrapFewShotWithRandomSearch's best candidate (``candidate_programs[0]["score"]``), MIPROv2's
     best full evaluation (``program.score``), both percentages from ``dspy.Evaluate``; GEPA's best candidate's
     aggregate score on its validation set (``detailed_results``, with ``track_stats``; a fraction).
-    ``candidates``: how many programs it scored. An optimizer that scores no candidate (BootstrapFewShot,
-    LabeledFewShot): ``{}``.
+    ``train_score`` instead, for an optimizer that scores on the training questions (SIMBA: its best candidate's
+    mean metric, a fraction). ``candidates``: how many programs it scored. An optimizer that scores no candidate
+    (BootstrapFewShot, LabeledFewShot): ``{}``.
     """
     e = entry(optimizer)
     out: dict[str, float] = {}
     if e.scores == "candidate_programs":
         candidates = getattr(compiled, "candidate_programs", None)
         if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) and "score" in candidates[0]:
-            out["val_score"] = float(candidates[0]["score"]) / e.score_scale
+            out[e.score_key] = float(candidates[0]["score"]) / e.score_scale
             out["candidates"] = float(len(candidates))
     elif e.scores == "program_score":
         if isinstance(getattr(compiled, "score", None), (int, float)):

@@ -10,7 +10,7 @@ from pathlib import Path
 from hcqr_dspy.evaluation.metrics import hypothesis_changes
 from hcqr_dspy.judge.controls import CONTROL_LIMITS, control_flags
 from hcqr_dspy.reporting.runs import Run
-from hcqr_dspy.reporting.stats import wilson_interval
+from hcqr_dspy.reporting.stats import MIN_PAIRS_FOR_INTERVAL, wilson_interval
 
 
 def _pyplot():
@@ -300,6 +300,7 @@ def compiled_figure(runs: Sequence[Run]):
     left.set_ylim(0, 1)
     left.set_ylabel("accuracy (95% Wilson CI)")
     left.set_title("Accuracy: zero-shot (grey) and compiled (blue)", fontsize=9)
+    no_interval = False  # a point drawn without its interval (fewer pairs than an interval needs)
     for k, (name, color) in enumerate((("Δ accuracy", "#4C72B0"), ("Δ p(gold)", "#DD8452"))):
         legend = name  # on the first marker drawn (a row may have no p(gold))
         for i, row in enumerate(rows):
@@ -307,17 +308,20 @@ def compiled_figure(runs: Sequence[Run]):
             if d["mean_diff"] is None:
                 continue
             y = i + (k - 0.5) * 0.25
-            err = None
+            err, face = None, color
             if d["ci_low"] is not None:
                 err = [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]]
-            right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, capsize=4, label=legend)
+            else:
+                no_interval, face = True, "white"  # hollow: a point estimate alone
+            right.errorbar([d["mean_diff"]], [y], xerr=err, fmt="o", color=color, mfc=face, capsize=4, label=legend)
             legend = None
     right.set_ylim(len(rows) - 0.5, -0.5)  # each pair's markers beside its label, the first on top
     right.axvline(0, color="black", linewidth=0.8)
     right.set_yticks(range(len(rows)), [row[0] for row in rows], fontsize=8)
+    hollow = f"; hollow: no interval (under {MIN_PAIRS_FOR_INTERVAL} paired questions)" if no_interval else ""
     right.set_xlabel(
-        "compiled - zero-shot (gain rows: one method's gain - another's), paired,\n95% bootstrap CI; "
-        "accuracy as a fraction (0.1 = 10 points)",
+        "compiled - zero-shot (gain rows: one method's gain - another's), paired,\n95% bootstrap CI"
+        f"{hollow}; accuracy as a fraction (0.1 = 10 points)",
         fontsize=8,
     )
     right.set_title("Paired differences", fontsize=9)

@@ -107,12 +107,13 @@ def stage_differences(runs: Sequence[Run], reference: Run) -> str:
 
 
 def disagreements(runs: Sequence[Run], qids: Sequence[str]) -> str:
-    """Markdown list of the questions on which the runs' correctness differs."""
+    """Markdown list of the questions the runs answer differently: their correctness differs, or they give other
+    letters (both wrong with different letters, or one invalid)."""
     by_run = [{r["qid"]: r for r in run.rows} for run in runs]
     lines = ["| qid | gold | " + " | ".join(run.label for run in runs) + " |", "|---|---|" + "---|" * len(runs)]
     for q in qids:
-        marks = [rows[q]["correct"] for rows in by_run]
-        if len(set(marks)) > 1:
+        answers = {(rows[q]["correct"], rows[q]["prediction"]) for rows in by_run}
+        if len(answers) > 1:
             cells = [f"{rows[q]['prediction'] or 'invalid'} {'✓' if rows[q]['correct'] else '✗'}" for rows in by_run]
             lines.append(f"| {q} | {by_run[0][q]['gold']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else "No question is answered differently."

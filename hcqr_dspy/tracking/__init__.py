@@ -10,6 +10,9 @@ as params, the metrics of the evaluation, the run folder's ``config.json``, ``pr
 ``config.json``).
 
 Modules: :mod:`~hcqr_dspy.tracking.store` (where the store is, opening it, its locks and outages),
+:mod:`~hcqr_dspy.tracking.store_faults` (a store locked by another process, full or malformed: the wait, the one-line
+errors, MLflow's background failures kept off stderr), :mod:`~hcqr_dspy.tracking.trace_repair` (question traces a
+stopped process or a failed store left out, rebuilt from the rows),
 :mod:`~hcqr_dspy.tracking.experiment_page` (the experiment's description and key-metrics view),
 :mod:`~hcqr_dspy.tracking.mlflow_runs` (runs, their params, metrics, artifacts and descriptions),
 :mod:`~hcqr_dspy.tracking.datasets` (the question set as an MLflow evaluation dataset),

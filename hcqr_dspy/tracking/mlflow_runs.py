@@ -197,6 +197,34 @@ def drop_autolog_placeholders(run_id: str) -> int:
     return len(placeholders)
 
 
+COMPILE_OUT_TAG = "hcqr.out"  # a compile run's saved-program folder (resolved path)
+
+
+def close_stale_compile_runs(out: Path, store: str | Path | None = None) -> list[str]:
+    """Close as ``FAILED`` the MLflow runs of earlier compiles into ``out`` (tag :data:`COMPILE_OUT_TAG`) that are
+    still ``RUNNING``: their process was killed or lost its machine before it could end them. Call it holding
+    ``out``'s writer lock (:func:`hcqr_dspy.workflows.compile.run_compile`), so that no live compile's run is
+    among them.
+
+    Returns:
+        The ids of the runs closed.
+    """
+    import mlflow
+
+    experiment_id = configure(store, EXPERIMENT)
+    folder = str(Path(out).resolve())
+    running = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string="tags.kind = 'compile' AND attributes.status = 'RUNNING'",
+        output_format="list",
+    )
+    client = mlflow.MlflowClient()
+    stale = [run.info.run_id for run in running if run.data.tags.get(COMPILE_OUT_TAG) == folder]
+    for run_id in stale:
+        client.set_terminated(run_id, "FAILED")
+    return stale
+
+
 def describe_compile_run(
     run_id: str,
     method: str,
@@ -213,12 +241,16 @@ def describe_compile_run(
     import mlflow
 
     score = scores.get("val_score")
+    if score is not None:
+        scored = f"The optimizer's validation score: {score:.1%}."
+    elif scores.get("train_score") is not None:
+        scored = f"The optimizer's score on its training questions: {scores['train_score']:.1%}."
+    else:
+        scored = f"{recipe.optimizer} scores no candidate on a validation set."
     lines = [
         f"**Compile** of `{method}` with recipe `{recipe.name}` ({recipe.optimizer}) on {train} training + {val} "
         f"validation questions of `{dataset}`.",
-        f"The optimizer's validation score: {score:.1%}."
-        if score is not None
-        else f"{recipe.optimizer} scores no candidate on a validation set.",
+        scored,
     ]
     if prompts:
         lines.append("Prompts: " + ", ".join(f"`{uri}`" for uri in prompts) + ".")

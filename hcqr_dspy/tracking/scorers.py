@@ -47,6 +47,8 @@ from hcqr_dspy.judge.judge import DURJudge
 from hcqr_dspy.lm.adapter import HCQRAdapter
 
 CODE = AssessmentSource(source_type="CODE", source_id="hcqr-dspy")
+SCORE_BATCH = 1000
+"""Traces read and scored per ``mlflow.genai.evaluate`` call (:func:`score_rows`): the traces in memory at once."""
 
 
 def _gold(expectations: dict[str, Any] | None) -> str | None:
@@ -165,6 +167,10 @@ def score_rows(
 ) -> dict[str, float]:
     """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
 
+    The traces are read and scored :data:`SCORE_BATCH` at a time (one ``mlflow.genai.evaluate`` call each), so a
+    run of any length holds one batch of traces in memory; each call logs its batch's means, and the means over
+    every batch (weighted by their traces) are logged last.
+
     Args:
         rows: The run's rows; those with a ``trace_id`` whose trace is in the store are scored.
         dataset: The run's MLflow evaluation dataset (:func:`hcqr_dspy.tracking.datasets.questions_dataset`):
@@ -175,32 +181,44 @@ def score_rows(
         scorers: Scorers to use instead of :func:`evaluation_scorers`.
 
     Returns:
-        MLflow's aggregated scorer metrics (``correct/mean`` ...); ``{}`` when no trace was found.
+        MLflow's aggregated scorer metrics (``correct/mean`` ...) over every scored trace; ``{}`` when no trace was
+        found.
     """
     import pandas as pd
 
     mlflow.flush_trace_async_logging()  # traces are written in the background: every one must be in the store now
     ids = [r["trace_id"] for r in rows if r.get("trace_id")]
-    found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids) if t is not None]
-    if len(found) < len(ids):
+    totals: dict[str, float] = {}
+    scored = 0
+    for start in range(0, len(ids), SCORE_BATCH):
+        found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids[start : start + SCORE_BATCH]) if t]
+        if not found:
+            continue
+        data = pd.DataFrame({"trace": found})
+        if dataset is not None:
+            _name_as(data, dataset, digest)
+        # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
+        # warnings, e.g. failed scorer calls, still reach stderr through logging)
+        chatter = io.StringIO()
+        with redirect_stdout(chatter), redirect_stderr(chatter):
+            result = mlflow.genai.evaluate(data=data, scorers=list(scorers or evaluation_scorers(labelled)))
+        for key, value in result.metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(value) * len(found)
+        scored += len(found)
+        del found, data, result
+    if scored < len(ids):
         print(
-            f"hcqr: note: {len(ids) - len(found)} of {len(ids)} question traces are not in this MLflow store; "
+            f"hcqr: note: {len(ids) - scored} of {len(ids)} question traces are not in this MLflow store; "
             "they are not scored",
             file=sys.stderr,
         )
-    if not found:
+    if not scored:
         return {}
-    data = pd.DataFrame({"trace": found})
-    if dataset is not None:
-        _name_as(data, dataset, digest)
-    # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
-    # warnings, e.g. failed scorer calls, still reach stderr through logging)
-    chatter = io.StringIO()
-    with redirect_stdout(chatter), redirect_stderr(chatter):
-        result = mlflow.genai.evaluate(data=data, scorers=list(scorers or evaluation_scorers(labelled)))
-    metrics = {k: float(v) for k, v in result.metrics.items()}
+    metrics = {k: v / scored for k, v in totals.items()}
+    if scored > SCORE_BATCH:
+        mlflow.log_metrics(metrics)  # each call logged its own batch's means
     print(
-        f"scored {len(found)} question traces with mlflow.genai.evaluate: "
+        f"scored {scored} question traces with mlflow.genai.evaluate: "
         + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())),
         file=sys.stderr,
     )

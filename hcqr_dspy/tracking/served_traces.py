@@ -34,7 +34,7 @@ def served_questions(experiment_id: str, model: str | None = None, limit: int = 
     import mlflow
 
     traces = mlflow.search_traces(
-        experiment_ids=[experiment_id],
+        locations=[experiment_id],  # experiment ids (MLflow 3: `experiment_ids` is deprecated for it)
         filter_string=served_filter(model),
         max_results=limit,
         order_by=["timestamp_ms DESC"],

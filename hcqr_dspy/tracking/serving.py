@@ -46,6 +46,10 @@ request is refused with HTTP 400 and the JSON body ``{"error_code": "INVALID_PAR
 "no record of the request can be answered: record <row> (qid '<qid>'): <field>: <reason>; ...", "rejected":
 [{"row", "qid", "field", "reason"}, ...]}`` (plus MLflow's ``sqlstate`` and ``error_class``): no stack trace,
 no server path (:func:`request_rejected`). In process, ``pyfunc.predict`` raises that exception.
+
+Before MLflow's scoring server reads a request, a body over 16 MiB is refused with HTTP 413, ``text/csv`` or no
+``Content-Type`` with 415, JSON that is not JSON or nested more than 32 levels with 400, and MLflow's own error
+answers lose their ``stack_trace`` (:mod:`hcqr_dspy.tracking.serve_guard`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from hcqr_dspy.optimize.saved import load_program, read_meta
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.model_signature import input_example, program_signature
+from hcqr_dspy.tracking.serve_guard import guard_scoring_server
 from hcqr_dspy.tracking.serve_runtime import (
     answer_all,
     request_deadline,
@@ -99,9 +104,15 @@ class ProgramModel:
     def load_context(self, context) -> None:
         """Load the program against its index and build its LM (once per serving process).
 
+        In MLflow's scoring server it first guards the server's ``/invocations`` endpoint
+        (:func:`hcqr_dspy.tracking.serve_guard.guard_scoring_server`: oversized, CSV and deeply nested requests
+        refused with a 4xx, no stack trace in an error answer).
+
         Raises:
-            HCQRError: the index or program cannot be loaded, or the LM spec is unusable.
+            HCQRError: the index or program cannot be loaded, the LM spec is unusable, or the scoring server cannot
+                be guarded.
         """
+        guard_scoring_server()
         config = {**(context.model_config or {})}
         for key, var in ENV_OVERRIDES.items():
             if os.environ.get(var):

@@ -9,6 +9,7 @@ model by :mod:`hcqr_dspy.tracking.serving`. Several seeds of one recipe: :mod:`h
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,13 @@ from hcqr_dspy.optimize.compile import compile_program, optimizer_scores
 from hcqr_dspy.optimize.demo_counts import bootstrap_shortfall, stage_demos
 from hcqr_dspy.optimize.saved import save_program
 from hcqr_dspy.programs.costs import lm_costs
-from hcqr_dspy.tracking.mlflow_runs import describe_compile_run, drop_autolog_placeholders, mlflow_run
+from hcqr_dspy.tracking.mlflow_runs import (
+    COMPILE_OUT_TAG,
+    close_stale_compile_runs,
+    describe_compile_run,
+    drop_autolog_placeholders,
+    mlflow_run,
+)
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.compile_inputs import CompileInputs, CompileSpec, check_inputs
@@ -81,7 +88,9 @@ def compile_and_save(
             validation score ``val_score`` where it has one, :func:`~hcqr_dspy.optimize.compile.optimizer_scores`; the
             training and validation sizes; per predictor the demos its prompt shows, ``demos.<stage>``, of them
             ``demos.<stage>.bootstrapped`` and ``demos.<stage>.labelled``, and whether its instructions changed),
-            the tags ``seed`` and, when it kept fewer bootstrapped traces than asked, ``bootstrap_shortfall``, and
+            the tags ``seed``, ``hcqr.out`` (the folder: the next compile into it closes as ``FAILED`` a run that a
+            killed compile left ``RUNNING``) and, when it kept fewer bootstrapped traces than asked,
+            ``bootstrap_shortfall``, and
             the program as an MLflow pyfunc model logged
             from code (:func:`hcqr_dspy.tracking.serving.log_program_model`: no pickle; the model
             config names the index and the LM), registered as ``spec.register`` (with
@@ -135,6 +144,13 @@ def compile_and_save(
         }
         tags = {"kind": "compile", "method": spec.method, "optimizer": recipe.optimizer, "recipe": recipe.name}
         tags.update({"lm": spec.lm, "dataset": checked.train_name, "seed": str(recipe.seed)})
+        tags[COMPILE_OUT_TAG] = str(out.resolve())
+        for stale in close_stale_compile_runs(out, mlflow_dir):
+            print(
+                f"hcqr: note: MLflow run {stale} of an earlier compile into {out} was left running (the process was "
+                "stopped); closed as FAILED",
+                file=sys.stderr,
+            )
         with mlflow_run(
             f"compile · {spec.method} · {recipe.name} · {spec.lm}", params, tags=tags, store=mlflow_dir, traces=False
         ) as run:
@@ -162,8 +178,11 @@ def compile_and_save(
                     },
                 }
             )
-            if not scores:
-                mlflow.set_tag("val_score", f"none: {recipe.optimizer} does not score candidates on a validation set")
+            if "val_score" not in scores:
+                also = "; it scores them on its training questions (train_score)" if "train_score" in scores else ""
+                mlflow.set_tag(
+                    "val_score", f"none: {recipe.optimizer} does not score candidates on a validation set{also}"
+                )
             if shortfall:
                 mlflow.set_tag("bootstrap_shortfall", f"{shortfall['bootstrapped']} of {shortfall['asked']} asked")
             drop_autolog_placeholders(run_id)

@@ -17,12 +17,14 @@ import dspy
 
 from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import HCQRError, ProgramFormatError, RecipeError
+from hcqr_dspy.evaluation.folders import out_folder_fault
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.optimize.catalog import entry
 from hcqr_dspy.optimize.compile import check_recipe_for, split_train
+from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.recipes import Recipe, load_recipe
-from hcqr_dspy.optimize.saved import META_FILE, question_keys, refuse_overlap
+from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, question_keys, read_meta, refuse_overlap
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 
@@ -50,6 +52,7 @@ class CompileSpec:
         register / alias: Model Registry name and alias of the compiled program.
         seed: The compile's seed, instead of the recipe's ``seed`` (or ``seeds``).
         name: The program's name in the Prompt Registry and the logged model's (default: ``out``'s folder name).
+        replace: Compile over a finished saved program in ``out`` (refused otherwise; one compile only).
     """
 
     recipe: str
@@ -73,6 +76,7 @@ class CompileSpec:
     alias: str | None = None
     seed: int | None = None
     name: str | None = None
+    replace: bool = False
 
 
 @dataclass
@@ -110,6 +114,41 @@ def probe_writable(folder: Path) -> None:
                 p.rmdir()
             except OSError:
                 pass
+
+
+def finished_program(folder: Path) -> dict[str, Any] | None:
+    """``meta.json`` of the complete saved program in ``folder`` (:func:`~hcqr_dspy.optimize.saved.read_meta`
+    accepts it and its ``program.json`` loads into its method); ``None`` when there is none, or only the part of
+    one that an interrupted save left (a compile saves over that)."""
+    if not (folder / META_FILE).is_file():
+        return None
+    try:
+        meta = read_meta(folder)
+        count_saved_program(folder)
+    except ProgramFormatError:
+        return None
+    return meta
+
+
+def check_out(out: Path, replace: bool = False) -> None:
+    """Refuse an ``--out`` that one compile cannot write: a file, a folder holding anything but a saved program
+    (another tool's records named: :func:`~hcqr_dspy.evaluation.folders.out_folder_fault`), or a finished saved
+    program (:func:`finished_program`) unless ``replace``.
+
+    Raises:
+        ProgramFormatError: one line naming the folder, what it holds and what to do.
+    """
+    if out.is_dir() and (fault := out_folder_fault(out, "program")):
+        raise ProgramFormatError(fault)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
+        raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
+    if not replace and (meta := finished_program(out)):
+        recipe = meta["recipe"] or {}
+        raise ProgramFormatError(
+            f"--out {out} holds a finished saved program ({META_FILE}, {STATE_FILE}: {meta['method']}, recipe "
+            f"{recipe.get('name')}, seed {recipe.get('seed')}, saved {meta['created']}); give --replace to compile "
+            "over it, or choose another --out"
+        )
 
 
 def check_registry_names(register: str, alias: str | None, option: str = "--register") -> None:
@@ -210,8 +249,8 @@ def check_inputs(spec: CompileSpec, track: bool = True, lm=None, reflection_lm=N
     """Check every input of one compile before its first LM call, and build what it runs on.
 
     Checked: :func:`check_request`; a recipe giving several ``seeds`` with no ``spec.seed`` (that is
-    :mod:`hcqr_dspy.workflows.compile_seeds`' job); ``spec.out`` (missing, empty or a saved program, and
-    writable); :func:`draw_questions`; the index; the recipe against the program and the LM
+    :mod:`hcqr_dspy.workflows.compile_seeds`' job); ``spec.out`` (:func:`check_out`, and writable);
+    :func:`draw_questions`; the index; the recipe against the program and the LM
     (:func:`~hcqr_dspy.optimize.compile.check_recipe_for`). The task LM (and GEPA's reflection LM) are built here
     unless given.
 
@@ -227,8 +266,7 @@ def check_inputs(spec: CompileSpec, track: bool = True, lm=None, reflection_lm=N
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     reflection_spec = spec.reflection_lm or recipe.reflection_lm
     out = Path(spec.out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_FILE).is_file())):
-        raise ProgramFormatError(f"{out} exists and is not a saved program folder; choose another --out")
+    check_out(out, spec.replace)
     train_name, trainset, valset, keys = draw_questions(spec, recipe)
     retriever, index_info = open_index(spec.method, spec.index)
     student = make_program(spec.method, retriever, **spec.program_options)

@@ -26,7 +26,14 @@ from hcqr_dspy.optimize.catalog import seed_problem
 from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.saved import META_FILE, read_meta
 from hcqr_dspy.workflows.compile import run_compile
-from hcqr_dspy.workflows.compile_inputs import CompileSpec, check_inputs, check_request, draw_questions, seeded
+from hcqr_dspy.workflows.compile_inputs import (
+    CompileSpec,
+    check_inputs,
+    check_request,
+    draw_questions,
+    finished_program,
+    seeded,
+)
 
 SEED_FOLDER = re.compile(r"^seed-(\d+)$")
 SEED_LOCK = re.compile(r"^\.seed-\d+\.writer\.lock$")  # run_compile's lock beside a seed's folder
@@ -130,10 +137,8 @@ def saved_seed(folder: Path, spec: CompileSpec, recipe, seed: int, train_ids: li
             f"{folder} holds files but no {META_FILE} (not a saved program, or a save interrupted before it was "
             f"written): remove it to compile seed {seed} again, or choose another --out"
         )
-    try:
-        meta = read_meta(folder)
-        count_saved_program(folder)  # program.json loads into the method
-    except ProgramFormatError:
+    meta = finished_program(folder)
+    if meta is None:
         return False  # an interrupted save: meta.json of an earlier attempt; the compile saves over it
     have = (
         meta["method"],
@@ -164,8 +169,9 @@ def run_compile_seeds(
     :func:`~hcqr_dspy.workflows.compile.run_compile`).
 
     Checked before the first LM call, nothing written when refused: the seeds (:func:`check_seeds`); ``spec.seed``
-    unset; the recipe and the request (:func:`~hcqr_dspy.workflows.compile_inputs.check_request`, for every seed's
-    alias too); a recipe whose optimizer no seed can change (:func:`~hcqr_dspy.optimize.catalog.seed_problem`);
+    and ``spec.replace`` unset; the recipe and the request
+    (:func:`~hcqr_dspy.workflows.compile_inputs.check_request`, for every seed's alias too); a recipe whose
+    optimizer no seed can change (:func:`~hcqr_dspy.optimize.catalog.seed_problem`);
     ``spec.out`` (:func:`check_root`); each seed's training questions and holdout overlap
     (:func:`~hcqr_dspy.workflows.compile_inputs.draw_questions`) and folder (:func:`saved_seed`); and every other
     input, with the LMs built once for all seeds (:func:`~hcqr_dspy.workflows.compile_inputs.check_inputs`).
@@ -186,6 +192,8 @@ def run_compile_seeds(
     say = report or (lambda line: None)
     if spec.seed is not None:
         raise HCQRError(f"give either --seed {spec.seed} or --seeds, not both")
+    if spec.replace:
+        raise HCQRError("--replace applies to one compile; --seeds skips the seeds saved already")
     recipe = check_request(spec, track, reflection_lm)
     if seeds is None and recipe.seeds is None:
         raise RecipeError(f"recipe {recipe.name!r} gives one seed, not seeds: give --seeds")

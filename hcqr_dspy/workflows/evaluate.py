@@ -25,10 +25,13 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
+from hcqr_dspy.tracing import trace_level
 from hcqr_dspy.tracking.datasets import log_question_set, question_set_entity, questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
 from hcqr_dspy.tracking.model_links import evaluated_model, link_run_to_model, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
+from hcqr_dspy.tracking.store_faults import WATCH
+from hcqr_dspy.tracking.trace_repair import question_traces
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
 
 DEFAULT_RUNS = Path("runs")
@@ -55,6 +58,7 @@ def run_evaluation(
     track: bool = True,
     lm: Any = None,
     on_row: Any = None,
+    traces: str | None = None,
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming the run folder if it has rows) and track one evaluation as an MLflow run.
 
@@ -71,6 +75,9 @@ def run_evaluation(
         lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
             (tests, notebooks); ``spec.lm`` is still what the config records.
         on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluation.evaluate.evaluate`).
+        traces: What a tracked question's trace keeps (:func:`hcqr_dspy.tracing.trace_level`: ``full``, ``light``,
+            ``off``; ``None``: ``$HCQR_TRACES``, else ``full``); ``off`` records no traces and scores none. The
+            run's tag ``hcqr.traces`` names the last session's level.
 
     Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
     (:func:`mlflow_run_name`) and tagged likewise; its description links the MLflow run that compiled a saved program;
@@ -87,6 +94,7 @@ def run_evaluation(
             unusable run folder, :class:`~hcqr_dspy.errors.LMUnavailableError`
             or :class:`~hcqr_dspy.errors.ProgramError` mid-run.
     """
+    level = trace_level(traces)  # a bad level is refused before anything is written
     config, questions, program_module = resolve(spec, mlflow_dir)
     # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
     folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
@@ -111,9 +119,9 @@ def run_evaluation(
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
                 result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
             return result, folder.path, None
-        with store_outages(mlflow_dir):
+        with store_outages(mlflow_dir, saved=lambda: saved_questions(folder, questions)):
             return _tracked_evaluation(
-                spec, config, questions, program_module, lm, folder, mlflow_dir, progress, on_row
+                spec, config, questions, program_module, lm, folder, mlflow_dir, progress, on_row, level
             )
     finally:
         folder.release()
@@ -129,8 +137,9 @@ def _tracked_evaluation(
     mlflow_dir: str | Path | None,
     progress: bool,
     on_row: Any,
+    level: str = "full",
 ) -> tuple[EvalResult, Path, str | None]:
-    """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces and scores."""
+    """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces (at ``level``) and scores."""
     old_id = existing_mlflow_run_id(folder.mlflow_run_id, mlflow_dir)
     labelled = all(q.answer is not None for q in questions)
     dname = dataset_name(spec.dataset)
@@ -140,10 +149,11 @@ def _tracked_evaluation(
     tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
-    with mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir) as run:
+    with mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir, traces=level == "full") as run:
         import mlflow  # heavy: imported once an MLflow run is opened
 
         run_id = run.info.run_id
+        mlflow.set_tag(TRACES_TAG, level)
         folder.set_mlflow_run_id(run_id)
         if old_id is None:
             describe_mlflow_run(run_id, config, kind)
@@ -175,7 +185,8 @@ def _tracked_evaluation(
                     num_threads=spec.num_threads,
                     progress=progress,
                     on_row=on_row,
-                    trace_tags=trace_tags,
+                    trace_tags=None if level == "off" else trace_tags,
+                    trace_level=level,
                 )
             except BaseException:
                 # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
@@ -184,6 +195,14 @@ def _tracked_evaluation(
                     log_run_folder(folder)
                 raise
             log_run_folder(folder)
+        WATCH.stop_if_failed(saved_questions(folder, questions))  # the store failed under the last traces
+        # the traces a killed process, a locked store or a full disk left out are rebuilt from the rows
+        trace_ids, rebuilt = {}, 0
+        if level != "off":
+            trace_ids, rebuilt = question_traces(
+                result.rows, questions, run_id, run.info.experiment_id, spec.method, trace_tags
+            )
+            note_rebuilt_traces(rebuilt, len(result.rows))
         if model["model_id"]:
             # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
             # with the question set, below
@@ -193,15 +212,37 @@ def _tracked_evaluation(
         log_metrics({("n_correct" if k == "correct" else k): v for k, v in result.metrics.items()})
         if model["model_id"]:
             log_model_metrics(model["model_id"], result.metrics, question_set_entity(questions_ds, digest))
-        if result.ran or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true":
+        if level != "off" and (result.ran or rebuilt or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true"):
             from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 
-            score_rows(result.rows, questions_ds, labelled=labelled, digest=digest)
+            traced = [{**r, "trace_id": trace_ids[r["qid"]]} for r in result.rows]
+            score_rows(traced, questions_ds, labelled=labelled, digest=digest)
+            WATCH.stop_if_failed(saved_questions(folder, questions))
             mlflow.set_tag(SCORED_TAG, "true")
     return result, folder.path, run_id
 
 
 SCORED_TAG = "hcqr.scored"
+TRACES_TAG = "hcqr.traces"  # the trace level of the run's last session (hcqr_dspy.tracing.TRACE_LEVELS)
+
+
+def saved_questions(folder: RunFolder, questions: Sequence[dspy.Example]) -> str:
+    """``"N/M questions are saved in <predictions.jsonl>"``: the rows of ``questions`` the run folder holds."""
+    wanted = {str(q.qid) for q in questions}
+    saved = sum(1 for r in folder.rows() if r["qid"] in wanted)
+    return f"{saved}/{len(questions)} questions are saved in {folder.predictions.path}"
+
+
+def note_rebuilt_traces(rebuilt: int, total: int) -> None:
+    """Say on stderr how many question traces were rebuilt from the rows
+    (:func:`hcqr_dspy.tracking.trace_repair.question_traces`)."""
+    if rebuilt:
+        print(
+            f"hcqr: note: {rebuilt} of {total} question traces were missing or unfinished in the MLflow store (a "
+            "process stopped, or the store failed, before they were written); rebuilt from the run folder's rows, "
+            "without their LM and retrieval spans",
+            file=sys.stderr,
+        )
 
 
 def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
@@ -328,7 +369,7 @@ def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Se
 
 
 def run_prediction(
-    spec: EvalSpec, out: str | Path, mlflow_dir: str | Path | None = None, track: bool = True
+    spec: EvalSpec, out: str | Path, mlflow_dir: str | Path | None = None, track: bool = True, traces: str | None = None
 ) -> tuple[EvalResult, Path, str | None, Path]:
     """Answer a file of questions (``spec.labelled`` false: gold answers optional) and write the answers.
 
@@ -343,7 +384,7 @@ def run_prediction(
     """
     path = answers_target(out)
     refuse_bound(spec.method, "hcqr predict")  # a saved program's method is never a bound (compile refuses them)
-    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_dir, track=track)
+    result, run_dir, run_id = run_evaluation(spec, mlflow_dir=mlflow_dir, track=track, traces=traces)
     questions = select(load_questions(spec.dataset, labelled=False), limit=spec.limit, seed=spec.seed, ids=spec.ids)
     write_answers(path, result.rows, questions)
     return result, run_dir, run_id, path

@@ -29,6 +29,7 @@ from hcqr_dspy.retrieval.base import Retriever
 from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, log_run_folder
 from hcqr_dspy.tracking.model_links import judged_dataset, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id
+from hcqr_dspy.tracking.trace_repair import rebuilt_traces
 
 JUDGE_MAX_TOKENS = 512
 
@@ -242,7 +243,8 @@ def log_dur_feedback(folder: RunFolder) -> int:
     from mlflow.entities import AssessmentError, AssessmentSource
 
     mlflow.flush_trace_async_logging()
-    trace_ids = {r["qid"]: r.get("trace_id") for r in folder.rows()}
+    rebuilt = rebuilt_traces(folder.mlflow_run_id)  # a row whose own trace was lost: the one rebuilt for it
+    trace_ids = {r["qid"]: rebuilt.get(r["qid"]) or r.get("trace_id") for r in folder.rows()}
     logged = 0
     for j in folder.judgments():
         trace_id = trace_ids.get(j["qid"])

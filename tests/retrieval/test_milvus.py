@@ -399,13 +399,14 @@ def test_server_restart_keeps_a_finished_index_usable(tmp_path, pathoma_vectors)
     from support.milvus_server import LocalMilvusServer, running_or_skip
 
     pv = pathoma_vectors
-    server = LocalMilvusServer(data_dir=tmp_path / "server")
+    # 3 s etcd sessions: the restarted server serves once the old process's sessions expired (30 s by default)
+    server = LocalMilvusServer(data_dir=tmp_path / "server", session_ttl=3)
     with running_or_skip(server) as uri:
         built = build(pv, uri, "pathoma_restart")
         folder = built.save(tmp_path / "index")
         first = load_index(folder)
         before = [[h.passage_id for h in q] for q in first.search(pv.texts[:3], 5)]
-        for r in (built, first):  # clients close first, so the server's port is not left in TIME_WAIT
+        for r in (built, first):  # clients close first
             r.index.collection.close()
         server.stop()
         assert server.start() == uri  # a restart keeps the address the index folder records

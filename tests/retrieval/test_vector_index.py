@@ -169,7 +169,8 @@ def test_cli_index_faiss_and_search_ef_search(medcpt_spec, synthetic_corpus_file
     out = tmp_path / "idx"
     hnsw = ("--encoder", medcpt_spec, "--faiss", "HNSW32", "--embeddings", str(tmp_path / "e"))
     assert main(index_argv(synthetic_corpus_file, out, *hnsw)) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss"] == "HNSW32"
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["faiss"], summary["backend"]) == ("HNSW32", "faiss")
     assert main(["search", "--index", str(out), "--ef-search", "32", "--k", "2", "graves"]) == 0
     assert main(["search", "--index", str(out), "--nprobe", "4", "graves"]) == 2
     assert "search option nprobe does not apply to faiss index 'HNSW32'" in capsys.readouterr().err

@@ -16,7 +16,11 @@ How a server is started here:
 1. The package's own config writer (``milvus.MilvusServerConfig``, run in
    the server's virtualenv) renders ``milvus.yaml`` into a fresh data
    folder, with every component port chosen free on 127.0.0.1 beforehand
-   and the component addresses set to 127.0.0.1.
+   and the component addresses set to 127.0.0.1. Its check that each port
+   is free binds it with ``SO_REUSEADDR`` here, as the server's own (Go)
+   listeners do: a restart takes its old proxy port at once, while the
+   connections the stopped server closed still hold it in TIME_WAIT (60 s
+   on Linux), where a bind without it is refused.
 2. The embedded etcd gets its own config file so that its client and peer
    ports are free ones on 127.0.0.1 too (the package leaves the peer port
    at etcd's default 2380, so two servers on one machine would collide).
@@ -70,19 +74,33 @@ PORT_KEYS = (
 GRACEFUL_STOP_SECONDS = 3
 # Tries at free ports for the components when one is taken between being found free and bound.
 PORT_ATTEMPTS = 3
-PORT_REUSE_SECONDS = 90  # a restart waits this long for its proxy port to leave TIME_WAIT (60 s on Linux)
 COMPONENTS = ("rootCoord", "proxy", "queryCoord", "queryNode", "indexNode", "dataCoord", "dataNode")
 
 # Run by the server's virtualenv python: render the config with the package's own writer, unpack the binary.
 _PREPARE = r"""
-import json, os, sys
+import json, os, socket, sys
 import milvus
+
+def try_bind_port(self, port):  # as the package's own check, with SO_REUSEADDR, as the server's listeners bind
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+milvus.MilvusServerConfig.try_bind_port = try_bind_port
 a = json.loads(sys.argv[1])
 cfg = milvus.MilvusServerConfig(data_dir=a["data_dir"], **a["ports"])
 cfg.set("authorization_enabled", a["auth"])
 for comp in a["components"]:
     cfg.set(comp + ".ip", "127.0.0.1")
 cfg.set("common.gracefulStopTimeout", a["graceful_stop_seconds"])
+if a["session_ttl"]:
+    cfg.set("common.session.ttl", a["session_ttl"])
 cfg.resolve()
 milvus._initialize_data_files(a["bin_base"])
 print(json.dumps({"version": milvus.__version__, "configs": os.path.join(cfg.base_data_dir, "configs"),
@@ -99,27 +117,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_bindable(port: int, timeout: float) -> None:
-    """Wait until ``port`` can be bound on 127.0.0.1 without SO_REUSEADDR, as the `milvus` package's config check
-    binds it: connections the stopped server closed hold it in TIME_WAIT for up to 60 s (Linux's TCP_TIMEWAIT_LEN).
-
-    Raises:
-        MilvusServerError: still taken after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise MilvusServerError(
-                        f"port {port} of the restarted Milvus server is still taken: {exc}"
-                    ) from None
-        time.sleep(1.0)
 
 
 def server_python(venv: str | Path | None = None) -> Path:
@@ -150,6 +147,13 @@ class LocalMilvusServer(process_group.ServerProcess):
         auth: Turn on Milvus authorization; clients then need the token
             :attr:`token` (``root:Milvus``, Milvus's default root user).
         startup_timeout: Seconds to wait for the server to answer.
+        session_ttl: Seconds its components' etcd sessions live without a
+            keep-alive (``common.session.ttl``; Milvus's default, 30, when
+            ``None``). Started again after :meth:`stop`, Milvus 2.3.5 serves
+            only once the sessions of the stopped process have expired: about
+            55 s after the restart with the default, 4 to 15 s with 3 (15
+            when its first try to register comes before they expired). A
+            process frozen (SIGSTOP) for longer than this loses its sessions.
 
     Example:
         >>> with LocalMilvusServer() as server:
@@ -162,12 +166,14 @@ class LocalMilvusServer(process_group.ServerProcess):
         data_dir: str | Path | None = None,
         auth: bool = False,
         startup_timeout: float = 180.0,
+        session_ttl: int | None = None,
     ):
         self.venv = Path(venv or os.environ.get("HCQR_MILVUS_SERVER_VENV") or DEFAULT_VENV)
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else None
         self.auth = auth
         self.startup_timeout = startup_timeout
+        self.session_ttl = session_ttl
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -197,7 +203,7 @@ class LocalMilvusServer(process_group.ServerProcess):
 
         The first start takes free ports; starting again after :meth:`stop`
         (a restart, on the same ``data_dir`` when one was given) serves the
-        same URI, waiting up to ``PORT_REUSE_SECONDS`` for its port to be free.
+        same URI.
 
         Raises:
             MilvusServerError: the virtualenv is missing, the config could not
@@ -215,7 +221,6 @@ class LocalMilvusServer(process_group.ServerProcess):
             peer_port, self.metrics_port = _free_port(), _free_port()
             if self._proxy_port is not None:  # a restart serves the same address, as a user's server does
                 ports["proxy_port"] = self._proxy_port
-                _wait_bindable(self._proxy_port, PORT_REUSE_SECONDS)
             args = {
                 "data_dir": str(self.data_dir),
                 "ports": ports,
@@ -223,6 +228,7 @@ class LocalMilvusServer(process_group.ServerProcess):
                 "components": COMPONENTS,
                 "bin_base": str(self.venv / SERVER_BIN_FOLDER),
                 "graceful_stop_seconds": GRACEFUL_STOP_SECONDS,
+                "session_ttl": self.session_ttl,
             }
             prep = subprocess.run([str(py), "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True)
             # a free port found here can be taken by another process (a server another test worker starts)

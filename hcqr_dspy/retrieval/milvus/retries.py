@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,9 +21,11 @@ from hcqr_dspy.errors import HCQRError, MilvusOutageError
 
 RETRY_SECONDS = 300.0
 """Seconds a search keeps retrying a Milvus server that stopped answering before it fails (a run then stops as an
-outage): long enough for a standalone server to restart on its data (Milvus 2.3.5 answers again only once its previous
-etcd session has expired, then says "collection not loaded" while it reloads the collection). A search fails at most
-this plus :data:`SEARCH_TIMEOUT` seconds after it began."""
+outage): long enough for a standalone server to restart on its data. Milvus 2.3.5, stopped with SIGTERM, answers
+"empty grpc client" (:data:`RESTARTING_SERVER_MESSAGE`) while it stops, nothing while it is down, and once started
+again serves only when its coordinators' previous etcd sessions have expired (``common.session.ttl``, 30 s by
+default: about 55 s from the restart here), then says "collection not loaded" while it reloads the collection. A
+search fails at most this plus :data:`SEARCH_TIMEOUT` seconds after it began."""
 
 SEARCH_TIMEOUT = 60.0
 """Seconds one search try may take (pymilvus's per-call ``timeout``, which also bounds pymilvus's own retries of a
@@ -48,6 +51,25 @@ TRANSIENT_GRPC_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_
 # a restarted server says while it reloads), 103 collection not fully loaded, 106 collection on
 # recovering, 401 replica not available, 503 channel not available, 601 segment not loaded, 905 node not available.
 TRANSIENT_MILVUS_CODES = frozenset({1, 2, 4, 8, 101, 103, 106, 401, 503, 601, 905})
+
+UNEXPECTED_MILVUS_CODE = 65535
+"""Milvus's code for an error it has no code for (``errUnexpected``, ``(1<<16)-1``, pkg/util/merr/errors.go): what
+``merr.Code`` gives any error that is not one of its own, so the code alone says nothing; the message decides."""
+
+RESTARTING_SERVER_MESSAGE = re.compile(
+    r"empty grpc client: (failed to connect \S+, reason: .*connect: connection refused"
+    r"|find no available [a-z]+, check [a-z]+ state)"
+)
+"""What a Milvus 2.3 proxy answers, under :data:`UNEXPECTED_MILVUS_CODE`, while the coordinators behind it are
+stopped or not yet registered: a standalone server stopping (SIGTERM stops its coordinators first, the proxy last) or
+a cluster's coordinator restarting. The proxy's client of a coordinator (``ClientBase.call``,
+internal/util/grpcclient/client.go) wraps why it has no connection as "empty grpc client: ...": the coordinator's
+address refusing connections (``wrapErrConnect``, "failed to connect ADDR, reason: connection error: desc =
+"transport: error while dialing: dial tcp ADDR: connect: connection refused"") or its session gone from etcd
+(``getAddr`` of internal/distributed/rootcoord/client/client.go and the other coordinators' clients: "find no
+available rootcoord, check rootcoord state"). Seen from pymilvus 3.0 as ``MilvusException(code=65535,
+compatible_code=1, retriable=False)`` with exactly these messages, searching a Milvus 2.3.5 standalone server in the
+seconds after its SIGTERM. Other "empty grpc client" causes (an etcd error reading the session) stay failures."""
 
 
 def retry_settings() -> tuple[float, float]:
@@ -76,7 +98,8 @@ def _env_seconds(name: str, default: float, zero: bool = False) -> float:
 def transient(exc: BaseException) -> bool:
     """Whether a failed Milvus call may succeed if tried again: a gRPC status in :data:`TRANSIENT_GRPC_CODES`, or a
     ``MilvusException`` (not pymilvus's check of our own arguments, ``ParamError``) whose code is in
-    :data:`TRANSIENT_MILVUS_CODES` or that the server marked retriable."""
+    :data:`TRANSIENT_MILVUS_CODES`, that the server marked retriable, or whose code is the generic
+    :data:`UNEXPECTED_MILVUS_CODE` and whose message is a restarting server's (:data:`RESTARTING_SERVER_MESSAGE`)."""
     import grpc
     from pymilvus.exceptions import MilvusException, ParamError
 
@@ -85,7 +108,9 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, MilvusException) and not isinstance(exc, ParamError):
         if isinstance(exc.code, grpc.StatusCode):  # pymilvus's own retries ran out ("Retry timeout: ...")
             return exc.code.name in TRANSIENT_GRPC_CODES
-        return bool(getattr(exc, "retriable", False)) or exc.code in TRANSIENT_MILVUS_CODES
+        if getattr(exc, "retriable", False) or exc.code in TRANSIENT_MILVUS_CODES:
+            return True
+        return exc.code == UNEXPECTED_MILVUS_CODE and bool(RESTARTING_SERVER_MESSAGE.search(str(exc.message or "")))
     return False
 
 
