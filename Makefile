@@ -17,8 +17,10 @@
 #               HCQR and Simple RAG on each of 10 demo questions back to back with the 0.5B model, their wall-time
 #               ratio with a paired interval (bench/lm_ratio.py, about 30 minutes on 2 cores),
 #               and requests per minute of a served
-#               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute)
-#   make bench-scale / bench-milvus / bench-lm / bench-serving   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
+#               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute),
+#               and the memory and MLflow store growth of `hcqr eval` over 20,000 questions against the tests' stub LM
+#               (bench/eval_memory.py; MEMORY_QUESTIONS=N for another count; about 2 hours on 2 cores)
+#   make bench-scale / bench-milvus / bench-lm / bench-serving / bench-memory   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)
 SHELL := /bin/bash
@@ -41,7 +43,7 @@ export HF_HUB_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus bench-lm bench-serving clean
+.PHONY: setup setup-llm setup-model-135m setup-model-0p5b setup-model-1p5b setup-milvus-server test docs demo bench bench-scale bench-milvus bench-lm bench-serving bench-memory clean
 
 setup: $(STAMPS)/base
 $(STAMPS)/base: pyproject.toml
@@ -104,6 +106,7 @@ else
 	$(PY) bench/lm_overhead.py
 	$(PY) bench/lm_ratio.py
 	$(PY) bench/serving.py
+	$(PY) bench/eval_memory.py --questions $(MEMORY_QUESTIONS)
 endif
 
 PAUSE_ARG := $(if $(PAUSE),--pause-study $(PAUSE))
@@ -118,6 +121,10 @@ bench-lm: setup-model-1p5b setup-model-0p5b
 
 bench-serving: setup
 	$(PY) bench/serving.py
+
+MEMORY_QUESTIONS ?= 20000
+bench-memory: setup
+	$(PY) bench/eval_memory.py --questions $(MEMORY_QUESTIONS)
 
 bench-milvus: setup setup-milvus-server
 	HCQR_MILVUS_SERVER_VENV=$(abspath $(MILVUS_VENV)) $(PY) bench/milvus.py $(PAUSE_ARG)
