@@ -1,6 +1,7 @@
 """`hcqr ui` runs the real MLflow server on 127.0.0.1 and, when stopped, stops it and all its workers."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,10 @@ def test_hcqr_ui_stops_its_server_and_workers_when_stopped(mlflow_store):
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
         assert proc.returncode == 0
+        printed = proc.stderr.read()
+        # the links it prints: MLflow 3.17's Evaluation runs page and the every-run table with the key metrics
+        assert re.search(rf"evaluation runs: http://127\.0\.0\.1:{port}/#/experiments/\d+/evaluation-runs\n", printed)
+        assert re.search(r"/#/experiments/\d+/runs\?viewStateShareKey=hcqr-key-metrics", printed)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _positive_int
-from hcqr_dspy.tracking.experiment_page import key_metrics_url
+from hcqr_dspy.tracking.experiment_page import evaluation_runs_url, key_metrics_url
 from hcqr_dspy.tracking.store import browse_store, existing_store
 from hcqr_dspy.tracking.ui import check_port, serve_ui
 
@@ -23,7 +23,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     _, experiment_id = browse_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
     print(
         f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
-        f"  runs with their key metrics: {key_metrics_url(experiment_id, args.host, args.port)}",
+        f"  evaluation runs: {evaluation_runs_url(experiment_id, args.host, args.port)}\n"
+        f"  every run with the key metrics: {key_metrics_url(experiment_id, args.host, args.port)}",
         file=sys.stderr,
     )
     return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)

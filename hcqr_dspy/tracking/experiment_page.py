@@ -21,8 +21,10 @@ run by hcqr-dspy as DSPy programs.
   `answer`, and feedback `correct`, `valid`, `hypothesis` (kept/fixed/broke), `dur` (DUR judge). Filter e.g.
   `tags.method = 'hcqr'` and `feedback.correct = 'false'`.
 * **Evaluation runs / Datasets** — each run's questions as an MLflow evaluation dataset, scored with
-  `mlflow.genai.evaluate`.
-* **Models** — compiled programs registered with `hcqr compile --register NAME`, served with `mlflow models serve`.
+  `mlflow.genai.evaluate`; *Evaluation runs* lists evaluations and comparisons, *Training runs* every run.
+* **Agent versions** — the model each evaluation ran (zero-shot and compiled side by side, with accuracy per
+  dataset); compiled programs registered with `hcqr compile --register NAME` are served with
+  `mlflow models serve`.
 """
 # The metrics a reader looks at first: logged by every evaluation run (and shown first by `hcqr` tables).
 KEY_METRICS = ("accuracy", "accuracy_se", "invalid_rate", "dur", "mean_lm_calls")
@@ -58,5 +60,12 @@ def set_experiment_page(client: Any, experiment_id: str) -> None:
 
 
 def key_metrics_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
-    """The address of the runs table with :data:`KEY_METRICS` as its columns, on a UI at ``host:port``."""
+    """The address of the runs table with :data:`KEY_METRICS` as its columns (MLflow 3.17's *Training runs* page,
+    which lists every run of the experiment), on a UI at ``host:port``."""
     return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?viewStateShareKey={KEY_VIEW}"
+
+
+def evaluation_runs_url(experiment_id: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The address of MLflow 3.17's *Evaluation runs* page of the experiment (evaluations and comparisons, not
+    compiles), on a UI at ``host:port``."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/evaluation-runs"
