@@ -73,7 +73,7 @@ def write_exp(folder, **overrides):
     "overrides, message",
     [
         ({"metods": ["cot"]}, r"metods: unknown key; allowed: api_base, .*, methods, .*threads$"),
-        ({"methods": ["cot", "magic"]}, r"methods.1: unknown method 'magic'; allowed: cot, simple_rag, hcqr"),
+        ({"methods": ["cot", "magic"]}, r"methods.1: unknown method 'magic'; allowed: cot, hcqr, hcqr_hypothesis"),
         ({"methods": ["cot", "cot"]}, r"methods: method\(s\) cot listed twice"),
         ({"methods": []}, r"methods: List should have at least 1 item"),
         ({"datasets": {"d1": "nope.json"}}, r"datasets.d1: file .*nope.json not found"),

@@ -8,31 +8,16 @@ import os
 import sys
 from pathlib import Path
 
+from hcqr_dspy.cli.method_names import method_names
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.retrieval.query_runtime import RUNTIMES
 from hcqr_dspy.tracing import TRACE_LEVELS
 from hcqr_dspy.tracking.store import store_dir, tracking_uri
 
-# The names the parser offers, written here so that `hcqr --help` imports neither the method
-# registry nor dspy (seconds of imports). tests/test_cli.py checks them against
-# hcqr_dspy.programs.PROGRAMS and hcqr_dspy.retrieval.fusion.STRATEGIES.
-METHODS = (
-    "cot",
-    "simple_rag",
-    "hcqr",
-    "hyde",
-    "query_rewrite",
-    "query_rewrite_options",
-    "rerank_rag",
-    "main_rag",
-    "hcqr_no_support",
-    "hcqr_no_distinction",
-    "hcqr_no_key_features",
-    "hcqr_show_hypothesis",
-    "hcqr_hypothesis",
-    "oracle_rag",
-    "no_context",
-)
+# The names the parser offers, written here so that `hcqr --help` imports neither the registries nor dspy
+# (seconds of imports). tests/test_cli.py checks them against hcqr_dspy.retrieval.fusion.STRATEGIES, the
+# hypothesis signatures and the retriever kinds. The method names are read from the programs' source files
+# (hcqr_dspy.cli.method_names).
 HYPOTHESIS_STYLES = ("features_first", "options_first")
 FUSION_STRATEGIES = ("score_sum", "rrf", "round_robin")
 RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
@@ -257,7 +242,7 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
         "--method",
         default=None,
         metavar="METHOD",
-        help=f"one of: {', '.join(METHODS)} (default: hcqr, or the saved program's)",
+        help=f"one of: {', '.join(method_names())} (default: hcqr, or the saved program's)",
     )
     p.add_argument(
         "--program",

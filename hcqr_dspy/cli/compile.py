@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
     FUSION_STRATEGIES,
-    METHODS,
     _add_endpoint_args,
     _add_lm_args,
     _add_mlflow_args,
@@ -23,6 +22,7 @@ from hcqr_dspy.cli.common import (
     _store,
     _ui_hint,
 )
+from hcqr_dspy.cli.method_names import method_names
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "--program",
         default="hcqr",
         metavar="METHOD",
-        help=f"method to compile, one of: {', '.join(METHODS)} (default: hcqr)",
+        help=f"method to compile, one of: {', '.join(method_names())} (default: hcqr)",
     )
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
     p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")

@@ -1,17 +1,18 @@
-"""Programs: one ``dspy.Module`` per method, registered by name.
+"""Programs: one ``dspy.Module`` per method, each registered by name where it is written
+(``@register_method("name")``, :mod:`hcqr_dspy.programs.registry`).
 
-Methods: ``cot`` (no retrieval), ``simple_rag`` (the question, top 15),
-``hcqr``, and the baselines ``hyde``, ``query_rewrite``,
-``query_rewrite_options``, ``rerank_rag`` and ``main_rag``. HCQR's ablations are options of
-:class:`HCQR` (``roles``, ``show_hypothesis``), registered with those options
-fixed as ``hcqr_no_support``, ``hcqr_no_distinction``,
-``hcqr_no_key_features`` and ``hcqr_show_hypothesis``; ``hcqr_hypothesis``
-answers with HCQR's working hypothesis alone (no retrieval), to measure that step.
+Importing this package imports every module in it, so a method module placed here is registered whenever
+the package is used; the methods and what each retrieves with are listed in ``docs/usage.md`` ("Methods").
+HCQR's ablations are options of :class:`HCQR` (``roles``, ``show_hypothesis``) registered with those options
+fixed (:func:`~hcqr_dspy.programs.variants.variant`).
 
-The registry is :mod:`hcqr_dspy.programs.registry`, the shared base :mod:`hcqr_dspy.programs.base`, the
-LM signatures :mod:`hcqr_dspy.programs.signatures`. This package re-exports the public names users import
-(``from hcqr_dspy.programs import HCQR, make_program, PROGRAMS``).
+The shared base is :mod:`hcqr_dspy.programs.base`, the LM signatures :mod:`hcqr_dspy.programs.signatures`.
+This package re-exports the public names users import (``from hcqr_dspy.programs import HCQR, make_program,
+PROGRAMS``).
 """
+
+import importlib
+import pkgutil
 
 from hcqr_dspy.programs.base import MCQProgram, accepted_options
 from hcqr_dspy.programs.cot import CoT
@@ -26,9 +27,21 @@ from hcqr_dspy.programs.hcqr import (
 from hcqr_dspy.programs.hyde import HyDE
 from hcqr_dspy.programs.main_rag import MainRAG
 from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
-from hcqr_dspy.programs.registry import PROGRAMS, check_option_values, check_options, make_program, refuse_bound
+from hcqr_dspy.programs.registry import (
+    PROGRAMS,
+    check_option_values,
+    check_options,
+    make_program,
+    refuse_bound,
+    register_method,
+)
 from hcqr_dspy.programs.rerank_rag import RerankRAG
 from hcqr_dspy.programs.simple_rag import SimpleRAG
+
+# Every other module of the package too: a method module registers its methods when imported.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+del _module
 
 __all__ = [
     "CoT",
@@ -51,4 +64,5 @@ __all__ = [
     "WorkingHypothesis",
     "make_program",
     "refuse_bound",
+    "register_method",
 ]

@@ -19,9 +19,11 @@ import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
 from hcqr_dspy.programs.cot import CoT
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.signatures import AnswerQuestion
 
 
+@register_method("oracle_rag")
 class OracleRAG(MCQProgram):
     """Retrieve with ``question + gold option text`` (one query), answer as Simple RAG does.
 
@@ -30,7 +32,6 @@ class OracleRAG(MCQProgram):
         budget: Passages retrieved and shown (15, as Simple RAG).
     """
 
-    method = "oracle_rag"
     uses_answer = True
 
     def __init__(self, retriever, budget: int = 15, **kwargs):
@@ -47,10 +48,9 @@ class OracleRAG(MCQProgram):
         return dspy.Prediction(**self.answer_from_passages(question, options, fused, stages), queries=[query])
 
 
+@register_method("no_context")
 class NoContext(CoT):
     """Simple RAG's answer step with an empty context (no retrieval)."""
-
-    method = "no_context"
 
     def __init__(self, retriever=None, budget: int = 15, **kwargs):
         super().__init__(retriever, budget, **kwargs)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.signatures import AnswerQuestionNoContext
 
 
+@register_method("cot")
 class CoT(MCQProgram):
     """Chain-of-thought answering without retrieval.
 
@@ -15,7 +17,6 @@ class CoT(MCQProgram):
         >>> CoT()(question="...", options={"A": "...", "B": "..."}).answer
     """
 
-    method = "cot"
     uses_retrieval = False
 
     def __init__(self, retriever=None, budget: int = 15, **kwargs):

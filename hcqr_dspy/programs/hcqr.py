@@ -58,6 +58,7 @@ from hcqr_dspy.programs.hypothesis import (
     query_names,
 )
 from hcqr_dspy.programs.queries import clean_query, dedupe
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import (
     HYPOTHESIS_STYLES,
@@ -69,6 +70,7 @@ from hcqr_dspy.programs.variants import variant
 from hcqr_dspy.retrieval.fusion import STRATEGIES, FusedPassage
 
 
+@register_method("hcqr")
 class HCQR(MCQProgram):
     """Hypothesis-conditioned query rewriting over one shared retriever.
 
@@ -103,8 +105,6 @@ class HCQR(MCQProgram):
         >>> HCQR(retriever, roles=("support", "key_features")).settings()["k_per_query"]
         8
     """
-
-    method = "hcqr"
 
     def __init__(
         self,
@@ -282,6 +282,7 @@ def _as_roles(passage: FusedPassage, positions: list[list[int]]) -> FusedPassage
     return FusedPassage(passage.passage_id, passage.score, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
 
 
+@register_method("hcqr_hypothesis")
 class WorkingHypothesis(MCQProgram):
     """HCQR's working hypothesis alone, as the answer: no retrieval, no rewrite (``hcqr_hypothesis``).
 
@@ -295,7 +296,6 @@ class WorkingHypothesis(MCQProgram):
         hypothesis_style: ``"features_first"`` (the paper's order) or ``"options_first"``.
     """
 
-    method = "hcqr_hypothesis"
     uses_retrieval = False
 
     def __init__(self, retriever=None, budget: int = 15, hypothesis_style: str = "features_first", **kwargs):
@@ -329,31 +329,35 @@ class WorkingHypothesis(MCQProgram):
         )
 
 
-HCQRNoSupport = variant(
-    HCQR,
-    "HCQRNoSupport",
-    "hcqr_no_support",
-    "HCQR ablation without q1 (support): distinction and key-feature queries only, budget kept.",
-    roles=("distinction", "key_features"),
+HCQRNoSupport = register_method("hcqr_no_support")(
+    variant(
+        HCQR,
+        "HCQRNoSupport",
+        "HCQR ablation without q1 (support): distinction and key-feature queries only, budget kept.",
+        roles=("distinction", "key_features"),
+    )
 )
-HCQRNoDistinction = variant(
-    HCQR,
-    "HCQRNoDistinction",
-    "hcqr_no_distinction",
-    "HCQR ablation without q2 (distinction): support and key-feature queries only, budget kept.",
-    roles=("support", "key_features"),
+HCQRNoDistinction = register_method("hcqr_no_distinction")(
+    variant(
+        HCQR,
+        "HCQRNoDistinction",
+        "HCQR ablation without q2 (distinction): support and key-feature queries only, budget kept.",
+        roles=("support", "key_features"),
+    )
 )
-HCQRNoKeyFeatures = variant(
-    HCQR,
-    "HCQRNoKeyFeatures",
-    "hcqr_no_key_features",
-    "HCQR ablation without q3 (key features): support and distinction queries only, budget kept.",
-    roles=("support", "distinction"),
+HCQRNoKeyFeatures = register_method("hcqr_no_key_features")(
+    variant(
+        HCQR,
+        "HCQRNoKeyFeatures",
+        "HCQR ablation without q3 (key features): support and distinction queries only, budget kept.",
+        roles=("support", "distinction"),
+    )
 )
-HCQRShowHypothesis = variant(
-    HCQR,
-    "HCQRShowHypothesis",
-    "hcqr_show_hypothesis",
-    "HCQR ablation that shows the hypothesis to the answer step (anchoring control).",
-    show_hypothesis=True,
+HCQRShowHypothesis = register_method("hcqr_show_hypothesis")(
+    variant(
+        HCQR,
+        "HCQRShowHypothesis",
+        "HCQR ablation that shows the hypothesis to the answer step (anchoring control).",
+        show_hypothesis=True,
+    )
 )

@@ -25,10 +25,12 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import AnswerQuestion, WriteHypotheticalPassage
 
 
+@register_method("hyde")
 class HyDE(MCQProgram):
     """Hypothetical-document retrieval (HyDE) over the shared retriever.
 
@@ -43,8 +45,6 @@ class HyDE(MCQProgram):
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.hypothetical_passage, pred.queries == [pred.hypothetical_passage], pred.answer
     """
-
-    method = "hyde"
 
     def __init__(self, retriever, budget: int = 15, **kwargs):
         super().__init__(retriever=retriever, budget=budget, **kwargs)

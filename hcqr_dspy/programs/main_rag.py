@@ -53,6 +53,7 @@ from scipy.special import logsumexp
 
 from hcqr_dspy.errors import LMCapabilityError
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import AnswerQuestion, JudgeDocumentSupport
 
@@ -120,6 +121,7 @@ def judge_bar(scores: list[float], n_std: float) -> tuple[float, float, float]:
     return mean - n_std * std, mean, std
 
 
+@register_method("main_rag")
 class MainRAG(MCQProgram):
     """Retrieve ``pool_k`` passages with the question, keep those the LM judge scores above the adaptive bar.
 
@@ -142,8 +144,6 @@ class MainRAG(MCQProgram):
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.judge_scoring, pred.judge_threshold, [p["judge_score"] for p in pred.passages]
     """
-
-    method = "main_rag"
 
     def __init__(
         self,

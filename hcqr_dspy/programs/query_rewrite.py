@@ -35,12 +35,14 @@ import dspy
 from hcqr_dspy.data import format_options
 from hcqr_dspy.programs.base import MCQProgram, stage
 from hcqr_dspy.programs.queries import clean_query, dedupe
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import AnswerQuestion, RewriteQuestion, RewriteQuestionWithOptions, ask_for_count
 from hcqr_dspy.programs.variants import variant
 from hcqr_dspy.retrieval.fusion import STRATEGIES
 
 
+@register_method("query_rewrite")
 class QueryRewrite(MCQProgram):
     """A generic LM query rewriter (no hypothesis) over the shared retriever.
 
@@ -61,8 +63,6 @@ class QueryRewrite(MCQProgram):
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> pred.queries, pred.query_sources, pred.k_per_query
     """
-
-    method = "query_rewrite"
 
     def __init__(
         self,
@@ -128,10 +128,11 @@ class QueryRewrite(MCQProgram):
         )
 
 
-QueryRewriteOptions = variant(
-    QueryRewrite,
-    "QueryRewriteOptions",
-    "query_rewrite_options",
-    "Generic query rewriter shown the options but no hypothesis (the paper's control for exposing the options).",
-    show_options=True,
+QueryRewriteOptions = register_method("query_rewrite_options")(
+    variant(
+        QueryRewrite,
+        "QueryRewriteOptions",
+        "Generic query rewriter shown the options but no hypothesis (the paper's control for exposing the options).",
+        show_options=True,
+    )
 )

@@ -1,46 +1,101 @@
 """The method registry: every method's ``dspy.Module`` by its registered name, and building one by name.
 
-:data:`PROGRAMS` maps a method name to its class; :func:`make_program` builds one; :func:`check_options`
-and :func:`check_option_values` check constructor options given in a file (an experiment, ``meta.json``)
-before anything is built for real.
+A method registers itself where it is written, as retrievers do (:mod:`hcqr_dspy.retrieval.registry`)::
+
+    @register_method("simple_rag")
+    class SimpleRAG(MCQProgram): ...
+
+    HCQRNoSupport = register_method("hcqr_no_support")(variant(HCQR, "HCQRNoSupport", "...", roles=(...)))
+
+The decorator sets the class's ``method`` to the name. Importing :mod:`hcqr_dspy.programs` imports every module
+of the package, so a method module placed there is registered whenever the package is used, with no list to
+extend; a method written elsewhere (a plugin, a test) is registered once its module is imported, before the
+registry is asked for it. :data:`PROGRAMS` maps each registered name to its class, in name order (A to Z), and
+is read when asked: names registered later appear in it. :func:`make_program`, :func:`check_options`,
+:func:`check_option_values` and :func:`refuse_bound` (a class with ``uses_answer``) read it.
+
+The command line lists the names without importing this package (DSPy takes seconds to import):
+:mod:`hcqr_dspy.cli.method_names` reads the ``register_method("name")`` calls from this package's source files
+(Python's ``ast``), and adds the names registered in the running process once this module is loaded. So every
+built-in method is written as a ``register_method`` call with its name as a string literal;
+``tests/programs/test_registry.py`` checks that those names are the registered ones, and that the methods
+table of ``docs/usage.md`` names each of them. ``--method`` is checked when the command runs (the names listed
+in the error), not by the parser.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
-import hcqr_dspy.programs.hcqr as hcqr_family
 from hcqr_dspy.config import check_arguments
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram
-from hcqr_dspy.programs.bounds import NoContext, OracleRAG
-from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.programs.hyde import HyDE
-from hcqr_dspy.programs.main_rag import MainRAG
-from hcqr_dspy.programs.query_rewrite import QueryRewrite, QueryRewriteOptions
-from hcqr_dspy.programs.rerank_rag import RerankRAG
-from hcqr_dspy.programs.simple_rag import SimpleRAG
 
-PROGRAMS: dict[str, type[MCQProgram]] = {
-    cls.method: cls
-    for cls in (
-        CoT,
-        SimpleRAG,
-        hcqr_family.HCQR,
-        HyDE,
-        QueryRewrite,
-        QueryRewriteOptions,
-        RerankRAG,
-        MainRAG,
-        hcqr_family.HCQRNoSupport,
-        hcqr_family.HCQRNoDistinction,
-        hcqr_family.HCQRNoKeyFeatures,
-        hcqr_family.HCQRShowHypothesis,
-        hcqr_family.WorkingHypothesis,
-        OracleRAG,
-        NoContext,
-    )
-}
+P = TypeVar("P", bound=type[MCQProgram])
+
+# A method's name: in run folders' paths, MLflow run names and on the command line.
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+_REGISTERED: dict[str, type[MCQProgram]] = {}
+
+
+def register_method(name: str) -> Callable[[P], P]:
+    """Class decorator: register a :class:`~hcqr_dspy.programs.base.MCQProgram` subclass as method ``name``.
+
+    Its ``method`` attribute is set to ``name`` (recorded in ``settings()``, run folders and saved programs);
+    :data:`PROGRAMS` and every command then know it. Registering the same class again (a module reloaded) is
+    allowed.
+
+    Args:
+        name: Lower-case letters, digits and ``_``, starting with a letter (``"simple_rag"``).
+
+    Raises:
+        ValueError: ``name`` is not such a name, is taken by another class, or the class is registered under
+            another name already.
+        TypeError: what is decorated is not a subclass of ``MCQProgram``.
+    """
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"a method name is lower-case letters, digits and _ (starting with a letter), got {name!r}")
+
+    def decorate(cls: P) -> P:
+        if not (isinstance(cls, type) and issubclass(cls, MCQProgram)):
+            raise TypeError(f"register_method({name!r}) decorates a subclass of MCQProgram, not {cls!r}")
+        known = _REGISTERED.get(name)
+        if known is not None and _where(known) != _where(cls):
+            raise ValueError(f"method {name!r} is already registered by {_where(known)}")
+        own = vars(cls).get("method")
+        if own is not None and own != name and _REGISTERED.get(own) is cls:
+            raise ValueError(f"{_where(cls)} is already registered as method {own!r}")
+        cls.method = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return decorate
+
+
+def _where(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Registered(Mapping[str, type[MCQProgram]]):
+    """The registered methods, read when asked, in name order (A to Z)."""
+
+    def __getitem__(self, name: str) -> type[MCQProgram]:
+        return _REGISTERED[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(_REGISTERED))
+
+    def __len__(self) -> int:
+        return len(_REGISTERED)
+
+    def __repr__(self) -> str:
+        return f"PROGRAMS({', '.join(self)})"
+
+
+PROGRAMS: Mapping[str, type[MCQProgram]] = _Registered()
 
 
 def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -69,8 +124,9 @@ def check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def refuse_bound(method: str, command: str) -> None:
-    """Refuse a bound (a method that reads the gold answer, :mod:`hcqr_dspy.programs.bounds`) where no gold
-    answer may be used: ``hcqr predict``, ``hcqr ask``, serving, ``hcqr compile``.
+    """Refuse a bound (a registered class with ``uses_answer``: it reads the gold answer,
+    :mod:`hcqr_dspy.programs.bounds`) where no gold answer may be used: ``hcqr predict``, ``hcqr ask``, serving,
+    ``hcqr compile``.
 
     Raises:
         HCQRError: ``method`` uses the gold answer.

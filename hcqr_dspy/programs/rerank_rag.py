@@ -35,6 +35,7 @@ import dspy
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import AnswerQuestion, RatePassageRelevance, restrict_range
 
@@ -73,6 +74,7 @@ def scorer_name(scorer: Any) -> str:
     return name_or_path if isinstance(name_or_path, str) and name_or_path else type(scorer).__name__
 
 
+@register_method("rerank_rag")
 class RerankRAG(MCQProgram):
     """Retrieve ``pool_k`` passages with the question, rerank them, answer from the best ``budget``.
 
@@ -93,8 +95,6 @@ class RerankRAG(MCQProgram):
         >>> pred = program(question="A 70-year-old ...", options={"A": "...", "B": "..."})
         >>> [p["rerank_score"] for p in pred.passages], pred.reranker, pred.rerank_parse_failures
     """
-
-    method = "rerank_rag"
 
     def __init__(
         self, retriever, budget: int = 15, pool_k: int = 50, cross_encoder: str | PairScorer | None = None, **kwargs

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dspy
 
 from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.registry import register_method
 from hcqr_dspy.programs.signatures import AnswerQuestion
 
 
+@register_method("simple_rag")
 class SimpleRAG(MCQProgram):
     """Retrieve with the question alone (options not shown to retrieval), answer from the top ``budget``.
 
@@ -15,8 +17,6 @@ class SimpleRAG(MCQProgram):
         retriever: The shared retriever.
         budget: Passages retrieved and shown (15 in the paper).
     """
-
-    method = "simple_rag"
 
     def __init__(self, retriever, budget: int = 15, **kwargs):
         super().__init__(retriever=retriever, budget=budget, **kwargs)
