@@ -254,19 +254,38 @@ class QuestionTrace:
         from mlflow.entities import AssessmentSource
 
         self.root.set_outputs(root_outputs(row))
+        mlflow.update_current_trace(
+            request_preview=self.root.inputs.get("question") if isinstance(self.root.inputs, dict) else None,
+            response_preview=response_preview(row),
+        )
         if row.get("gold") is not None:
             source = AssessmentSource(source_type="HUMAN", source_id=f"benchmark:{self.tags.get('dataset', 'gold')}")
             mlflow.log_expectation(trace_id=self.trace_id, name="answer", value=row["gold"], source=source)
         row["trace_id"] = self.trace_id
 
 
+RESPONSE_PREVIEW_CHARS = 400
+"""Characters of a question's reasoning its trace's response preview keeps (the Traces tab's response column)."""
+
+
+def response_preview(row: dict[str, Any]) -> str:
+    """What the Traces tab shows as a question's response: ``"<letter>: <reasoning>"`` (the reasoning cut to
+    :data:`RESPONSE_PREVIEW_CHARS` characters), or ``"invalid: <error>"`` for an invalid reply."""
+    if not row.get("valid"):
+        return f"invalid: {row.get('error') or 'no option letter'}"[:RESPONSE_PREVIEW_CHARS]
+    reasoning = " ".join(str(row.get("reasoning") or "").split())
+    return f"{row.get('prediction')}: {reasoning}"[: len(str(row.get("prediction"))) + 2 + RESPONSE_PREVIEW_CHARS]
+
+
 def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
-    """The root span's outputs: answer first (the Traces tab shows it as the response)."""
+    """The root span's outputs: answer first, then validity, the answer step's letter distribution
+    (``option_probs``, where the LM gave one: :mod:`hcqr_dspy.programs.option_probs`) and what the method found."""
     h = row.get("hypothesis") or None
     return {
         "answer": row.get("prediction"),
         "valid": row.get("valid"),
         **({"error": row["error"]} if row.get("error") else {}),
+        **({"option_probs": row["option_probs"]} if row.get("option_probs") else {}),
         **({"hypothesis": h} if "hypothesis" in row else {}),
         **({"queries": row["queries"]} if row.get("queries") else {}),
         **(

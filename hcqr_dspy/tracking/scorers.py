@@ -21,7 +21,9 @@ trace's root span outputs (:func:`hcqr_dspy.tracing.root_outputs`) and its
 * ``hypothesis`` — for HCQR runs, how the answer relates to the working
   hypothesis: ``kept_right``, ``kept_wrong``, ``fixed``, ``broke``,
   ``changed_wrong_to_wrong`` or ``invalid_answer``
-  (:func:`hcqr_dspy.evaluation.metrics.hypothesis_outcome`).
+  (:func:`hcqr_dspy.evaluation.metrics.hypothesis_outcome`);
+* ``gold_prob`` — the answer step's probability of the gold letter, its letter distribution as rationale
+  (only for an LM with log-probabilities: :mod:`hcqr_dspy.programs.option_probs`).
 
 The DUR judge is a scorer too (:func:`dur_scorer`): it labels the context the
 trace's ``answer`` span received. ``hcqr judge`` labels run folders through
@@ -91,9 +93,23 @@ def hypothesis(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedbac
     )
 
 
+@scorer(
+    name="gold_prob",
+    description="The answer step's probability of the gold option letter (its letter distribution in the "
+    "rationale); only where the LM gave log-probabilities.",
+)
+def gold_prob(outputs: dict[str, Any], expectations: dict[str, Any]) -> Feedback | None:
+    probs, gold = outputs.get("option_probs"), _gold(expectations)
+    if not probs or gold is None:
+        return None  # no letter distribution (an LM without log-probabilities) or no gold answer
+    shown = ", ".join(f"p({letter})={p:.3f}" for letter, p in sorted(probs.items()))
+    return Feedback(name="gold_prob", value=float(probs.get(gold, 0.0)), source=CODE, rationale=f"gold {gold}; {shown}")
+
+
 def evaluation_scorers(labelled: bool = True) -> list[Scorer]:
-    """The scorers of a run: ``correct``, ``valid`` and ``hypothesis``; ``valid`` alone without gold answers."""
-    return [correct, valid, hypothesis] if labelled else [valid]
+    """The scorers of a run: ``correct``, ``valid``, ``hypothesis`` and ``gold_prob``; ``valid`` alone without gold
+    answers."""
+    return [correct, valid, hypothesis, gold_prob] if labelled else [valid]
 
 
 def answer_context(trace: Any) -> str | None:
