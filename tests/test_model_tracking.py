@@ -24,17 +24,19 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
         mlflow_dir=mlflow_store,
         lm=schema_lm("A"),
     )
-    assert first["prompts"] == ["prompts:/ptest.hypothesis/1", "prompts:/ptest.rewrite/1", "prompts:/ptest.answer/1"]
+    # version 1 of each stage is its zero-shot template (alias zero-shot), version 2 the compiled one
+    assert first["prompts"] == ["prompts:/ptest.hypothesis/2", "prompts:/ptest.rewrite/2", "prompts:/ptest.answer/2"]
     state = json.loads((setup / "p1" / "program.json").read_text())
     for stage in ("hypothesis", "rewrite", "answer"):
-        prompt = mlflow.genai.load_prompt(f"prompts:/ptest.{stage}/1")
+        prompt = mlflow.genai.load_prompt(f"prompts:/ptest.{stage}/2")
         system, *demos = prompt.template
         assert system == {"role": "system", "content": state[stage]["signature"]["instructions"]}
         assert len(demos) == 2 * len(state[stage]["demos"]) and len(demos) >= 2
         assert [m["role"] for m in demos[:2]] == ["user", "assistant"]
         assert state[stage]["demos"][0]["question"] in demos[0]["content"]
         assert prompt.tags["run_id"] == first["mlflow_run_id"] and prompt.tags["recipe"] == "bootstrap_fewshot"
-        assert mlflow.genai.load_prompt(f"prompts:/ptest.{stage}@champion").version == 1
+        assert mlflow.genai.load_prompt(f"prompts:/ptest.{stage}@champion").version == 2
+        assert mlflow.genai.load_prompt(f"prompts:/ptest.{stage}@zero-shot").template == [system]
     # linked to the compile run and to the logged model
     client = mlflow.MlflowClient()
     run = client.get_run(first["mlflow_run_id"])
@@ -49,19 +51,19 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
     )
     assert [m.model_id for m in models] == [model_id]
     note = run.data.tags["mlflow.note.content"]
-    assert "**Compile** of `hcqr` with recipe `bootstrap_fewshot`" in note and "`prompts:/ptest.answer/1`" in note
+    assert "**Compile** of `hcqr` with recipe `bootstrap_fewshot`" in note and "`prompts:/ptest.answer/2`" in note
     assert "Registered as `models:/ptest/1`" in note
 
     # other demos: a new version of every stage whose template changed; the same program again: no new version
     second = run_compile(
         spec(setup, register="ptest", out=str(setup / "p2"), train_size=4), mlflow_dir=mlflow_store, lm=schema_lm("A")
     )
-    assert "prompts:/ptest.answer/2" in second["prompts"]
+    assert "prompts:/ptest.answer/3" in second["prompts"]
     again = run_compile(
         spec(setup, register="ptest", out=str(setup / "p3"), train_size=4), mlflow_dir=mlflow_store, lm=schema_lm("A")
     )
     assert again["prompts"] == second["prompts"]
-    assert mlflow.genai.load_prompt("prompts:/ptest.answer@champion").version == 1  # the alias stays where it was
+    assert mlflow.genai.load_prompt("prompts:/ptest.answer@champion").version == 2  # the alias stays where it was
     # moving the model's alias with `hcqr prompts MODEL VERSION --alias` moves its prompts' alias along
     assert main(["prompts", "ptest", "2", "--alias", "champion", "--mlflow-dir", str(mlflow_store)]) == 0
     assert str(mlflow.MlflowClient().get_model_version_by_alias("ptest", "champion").version) == "2"
@@ -70,14 +72,15 @@ def test_compile_registers_each_stage_as_a_versioned_prompt(setup, mlflow_store,
     }
 
     capsys.readouterr()
-    assert main(["prompts", "ptest.answer", "1", "2", "--mlflow-dir", str(mlflow_store)]) == 0
+    assert main(["prompts", "ptest.answer", "2", "3", "--mlflow-dir", str(mlflow_store)]) == 0
     diff = capsys.readouterr().out
-    assert diff.startswith("--- ptest.answer v1\n+++ ptest.answer v2\n")
+    assert diff.startswith("--- ptest.answer v2\n+++ ptest.answer v3\n")
     assert any(line.startswith("-") and not line.startswith("---") for line in diff.splitlines())
     assert main(["prompts", "ptest.answer", "--mlflow-dir", str(mlflow_store)]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[0].startswith("ptest.answer v1  aliases: -") and listed[1].startswith(
-        "ptest.answer v2  aliases: champion"
+    assert listed[0].startswith("ptest.answer v1  aliases: zero-shot  demos: 0")
+    assert listed[1].startswith("ptest.answer v2  aliases: -") and listed[2].startswith(
+        "ptest.answer v3  aliases: champion"
     )
     assert main(["prompts", "ptest.answer", "1", "9", "--mlflow-dir", str(mlflow_store)]) == 2
     assert capsys.readouterr().err.startswith("hcqr: error: no prompt prompts:/ptest.answer/9")

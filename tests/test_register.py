@@ -49,7 +49,7 @@ def test_register_a_saved_program(compiled, setup, mlflow_store, capsys):  # noq
     # registered again: a new model version, the unchanged prompts linked again, not copied
     assert main(["register", str(compiled), "--name", "carried", "--mlflow-dir", str(mlflow_store)]) == 0
     assert str(client.get_registered_model("carried").latest_versions[-1].version) == "2"
-    assert "prompts:/carried.answer/1" in capsys.readouterr().out
+    assert "prompts:/carried.answer/2" in capsys.readouterr().out  # version 1: its zero-shot template
 
 
 def test_register_with_another_or_no_index(compiled, setup, mlflow_store, capsys):  # noqa: F811

@@ -100,5 +100,11 @@ def test_the_walkthrough_runs_top_to_bottom(tmp_path, monkeypatch, stub, capsys)
         assert metrics["n"] == 6, run_dir
     report = (tmp_path / "runs" / "walkthrough" / "comparison" / "comparison.md").read_text(encoding="utf-8")
     assert "hcqr+bootstrap_fewshot" in report and "hcqr+labeled_fewshot" in report
-    diff = ran[-1][1]  # `hcqr prompts NAME OLD NEW`: a diff of the two answer-step versions
-    assert diff.startswith("--- walkthrough-hcqr.answer v1\n+++ walkthrough-hcqr.answer v2\n")
+    prompts = [printed for step, printed in ran if step == "prompts"]
+    assert prompts[1].startswith("walkthrough-hcqr.answer v1  aliases: zero-shot  demos: 0")  # one version
+    assert "## system" in prompts[1] and "## user" not in prompts[1]
+    assert prompts[2].startswith("--- walkthrough-hcqr.answer v2\n+++ walkthrough-hcqr.answer v3\n")
+    # `hcqr prompts NAME zero-shot bootstrapped`: what BootstrapFewShot changed, demos added to the same instructions
+    diff = prompts[3].splitlines()
+    assert diff[:2] == ["--- walkthrough-hcqr.answer v1", "+++ walkthrough-hcqr.answer v2"]
+    assert "+## user" in diff and not [line for line in diff[2:] if line.startswith("-")]

@@ -1,5 +1,5 @@
-"""``hcqr prompts``: a compiled program's prompts in the MLflow Prompt Registry: their versions, or the diff of
-two versions of one stage.
+"""``hcqr prompts``: a compiled program's prompts in the MLflow Prompt Registry: their versions, one version, or
+the diff of two versions of one stage (``zero-shot``: the uncompiled program's).
 
 Its command imports MLflow when it runs, so that ``hcqr --help`` loads none.
 """
@@ -13,7 +13,8 @@ from hcqr_dspy.errors import HCQRError
 
 
 def cmd_prompts(args: argparse.Namespace) -> int:
-    from hcqr_dspy.tracking.prompts import move_alias, prompt_diff, prompt_versions
+    from hcqr_dspy.tracking.prompt_views import prompt_diff, prompt_text, prompt_versions
+    from hcqr_dspy.tracking.prompts import move_alias
     from hcqr_dspy.tracking.store import browse_store, open_store
 
     # read-only (an archived study) unless an alias is moved; a locked or malformed store is refused in one line
@@ -26,11 +27,12 @@ def cmd_prompts(args: argparse.Namespace) -> int:
             print(f"{uri} @{args.alias}")
         print(f"models:/{args.name}/{args.old} @{args.alias}")
         return 0
-    if (args.old is None) != (args.new is None):
-        raise HCQRError("give two versions to compare (OLD and NEW), or none to list the versions")
     if args.old is None:
         for line in prompt_versions(args.name):
             print(line)
+        return 0
+    if args.new is None:
+        print(prompt_text(args.name, args.old))
         return 0
     diff = prompt_diff(args.name, args.old, args.new)
     print(diff or f"{args.name}: versions {args.old} and {args.new} are the same")
@@ -42,12 +44,18 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command(
         "prompts",
         help="list the versions of a compiled stage's prompt (NAME: <program>.<stage>, e.g. hcqr-medqa.answer), "
-        "show the diff of two of them, or move a registered model's alias with its prompts' "
+        "print one, show the diff of two of them (zero-shot: the uncompiled program's), or move a registered "
+        "model's alias with its prompts' "
         "(hcqr prompts MODEL VERSION --alias ALIAS)",
     )
     p.add_argument("name", help="prompt name, <program>.<stage> (`hcqr compile` prints them)")
-    p.add_argument("old", nargs="?", default=None, help="a version number or alias")
-    p.add_argument("new", nargs="?", default=None, help="a version number or alias")
+    p.add_argument(
+        "old",
+        nargs="?",
+        default=None,
+        help="a version number or alias (zero-shot: the uncompiled program's); alone, that version is printed",
+    )
+    p.add_argument("new", nargs="?", default=None, help="a version number or alias, diffed against OLD")
     p.add_argument(
         "--alias",
         default=None,

@@ -41,6 +41,9 @@ def cmd_register(args: argparse.Namespace) -> int:
         + (" (bundled in the model)" if out["bundled"] else "")
     )
     print("prompts in MLflow's Prompt Registry: " + ", ".join(out["prompts"]))
+    last, version = out["prompts"][-1].removeprefix("prompts:/").rsplit("/", 1)
+    store = f" --mlflow-dir {shlex.quote(args.mlflow_dir)}" if args.mlflow_dir else ""
+    print(f"what compiling changed in a stage: hcqr prompts {last} zero-shot {args.alias or version}{store}")
     print(
         f"MLflow run {out['run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
         f"`hcqr eval --program {shlex.quote(uri)}`"

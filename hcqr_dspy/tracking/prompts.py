@@ -7,8 +7,15 @@ template (``mlflow.genai.register_prompt`` with a list of messages): the signatu
 ``user`` message (its input fields, ``name: value`` lines) and an ``assistant`` message (its output fields).
 ``mlflow.genai.load_prompt("prompts:/<program>.<stage>/<version>")`` gives them back; ``template[0]["content"]``
 is the instructions. A compile registers a new version of a stage only when its template differs from the stage's
-latest version (else it links that version again), links every version to the compile run and the logged model,
-and gives each the model's alias when it has one.
+latest compiled version and from its zero-shot version (else it links that version again), links every version to
+the compile run and the logged model, and gives each the model's alias when it has one.
+
+Each prompt also holds, once, its zero-shot version (:func:`register_zero_shot_prompts`): the stage's template in
+the same method built afresh with the same options (its signature's instructions, no demos), with the alias
+``zero-shot`` and the version tag ``zero_shot=true``, so that ``hcqr prompts <program>.<stage> zero-shot champion``
+is what the optimizer changed. It is registered before the stage's first compiled version, and again only when the
+method's zero-shot template differs from it (another method registered under the same name, a signature reworded):
+then the alias moves to the new version and a note on stderr says so.
 
 Prompt names allow letters, digits, ``-``, ``_`` and ``.`` (``mlflow.prompt.registry_utils``); a program's name
 with other characters is made one by :func:`safe_name`.
@@ -16,9 +23,9 @@ with other characters is made one by :func:`safe_name`.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
+import sys
 from typing import Any
 
 import dspy
@@ -27,6 +34,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.optimize.demo_counts import bootstrapped, default_adapter, renders
 
 NAME_RULE = re.compile(r"[^A-Za-z0-9_.-]+")
+ZERO_SHOT_ALIAS = "zero-shot"  # the alias of each prompt's zero-shot version
+ZERO_SHOT_TAG = "zero_shot"  # the version tag (``true``) of every zero-shot version, the alias's earlier ones too
 
 
 def safe_name(text: str) -> str:
@@ -74,10 +83,11 @@ def register_program_prompts(
     recipe: str | None = None,
     seed: int | None = None,
 ) -> list[Any]:
-    """Register each stage of ``program`` as the prompt ``<name>.<stage>`` (see the module docstring).
+    """Register each stage of ``program`` as the prompt ``<name>.<stage>`` (see the module docstring), after its
+    zero-shot version (:func:`register_zero_shot_prompts`).
 
     Args:
-        program: The (compiled) program.
+        program: The (compiled) program, a registered method's (``program.method``, ``program.options()``).
         name: The program's name: its registered model name, or its folder's name.
         run_id: The compile run the versions are linked to.
         alias: Give every stage's version this alias (the model version's alias).
@@ -91,16 +101,15 @@ def register_program_prompts(
     import mlflow.genai
 
     client = mlflow.MlflowClient()
+    zero_shot = register_zero_shot_prompts(program, name)
     versions = []
     for stage, predictor in program.named_predictors():
         full = prompt_name(name, stage)
         template = stage_template(predictor)
         shown = shown_demos(predictor)
         traces = sum(bootstrapped(d) for d in shown)
-        latest = _latest(client, full)
-        if latest is not None and latest.template == template:
-            version = latest
-        else:
+        version = _same_template(client, full, template, zero_shot.get(stage))
+        if version is None:
             version = mlflow.genai.register_prompt(
                 name=full,
                 template=template,
@@ -124,7 +133,7 @@ def register_program_prompts(
     return versions
 
 
-def _all_versions(client, name: str) -> list[Any]:
+def all_versions(client, name: str) -> list[Any]:
     """Every version of prompt ``name``, oldest first (none when there is no such prompt)."""
     from mlflow.exceptions import MlflowException
 
@@ -135,74 +144,90 @@ def _all_versions(client, name: str) -> list[Any]:
     return sorted(getattr(found, "prompt_versions", found) or [], key=lambda v: int(v.version))
 
 
-def _latest(client, name: str):
-    """The latest version of prompt ``name``, or ``None`` when it has none."""
-    found = _all_versions(client, name)
-    return found[-1] if found else None
+def _same_template(client, name: str, template: list[dict[str, str]], zero_shot: Any = None):
+    """The version of prompt ``name`` a compiled stage with ``template`` links again instead of registering a new
+    one: its latest compiled version (zero-shot versions aside), else its zero-shot version ``zero_shot``, when
+    that one's template is ``template``; ``None`` when neither is."""
+    compiled = [v for v in all_versions(client, name) if (v.tags or {}).get(ZERO_SHOT_TAG) != "true"]
+    for version in (compiled[-1] if compiled else None, zero_shot):
+        if version is not None and version.template == template:
+            return version
+    return None
 
 
-def render(template: str | list[dict[str, Any]]) -> list[str]:
-    """A prompt template as text lines: a text template as it is; a chat template message by message, each under
-    a ``## <role>`` heading."""
-    if isinstance(template, str):
-        return template.splitlines()
-    lines: list[str] = []
-    for message in template:
-        lines.append(f"## {message.get('role')}")
-        lines.extend(str(message.get("content", "")).splitlines())
-    return lines
-
-
-def prompt_diff(name: str, old: str, new: str) -> str:
-    """The unified diff (``difflib``) of two versions of prompt ``name``, versions or aliases (``3``, ``champion``).
+def zero_shot_program(program: dspy.Module) -> dspy.Module:
+    """``program``'s method built afresh with its constructor options (``program.options()``) over its retriever,
+    which is not searched: the program before any compile, whose predictors carry the signatures' own
+    instructions and no demos. A reranker's cross-encoder (``cross_encoder``) is left out: it is in no prompt, and
+    loading its weights would be the slowest step of registering.
 
     Raises:
-        HCQRError: the prompt or a version does not exist.
+        HCQRError: unknown method; see the method's ``options()``.
     """
-    import mlflow.genai
+    from hcqr_dspy.programs.registry import make_program
+
+    options = {k: v for k, v in program.options().items() if k != "cross_encoder"}
+    return make_program(program.method, program.retriever, **options)
+
+
+def _zero_shot_version(client, name: str):
+    """The version of prompt ``name`` with the alias ``zero-shot``, else its latest version tagged
+    ``zero_shot=true``; ``None`` when it has neither."""
     from mlflow.exceptions import MlflowException
 
-    def load(ref: str):
-        uri = f"prompts:/{name}/{ref}" if ref.isdigit() else f"prompts:/{name}@{ref}"
-        try:
-            return mlflow.genai.load_prompt(uri, link_to_model=False)
-        except MlflowException as exc:
-            raise HCQRError(f"no prompt {uri}: {exc.message.splitlines()[0]}") from None
-
-    a, b = load(old), load(new)
-    return "\n".join(
-        difflib.unified_diff(
-            render(a.template),
-            render(b.template),
-            fromfile=f"{name} v{a.version}",
-            tofile=f"{name} v{b.version}",
-            lineterm="",
-        )
-    )
+    try:
+        return client.get_prompt_version_by_alias(name, ZERO_SHOT_ALIAS)
+    except MlflowException:  # no such prompt, or no such alias
+        tagged = [v for v in all_versions(client, name) if (v.tags or {}).get(ZERO_SHOT_TAG) == "true"]
+        return tagged[-1] if tagged else None
 
 
-def prompt_versions(name: str) -> list[str]:
-    """One line per version of prompt ``name``, oldest first: version, aliases, demos, recipe, compile run.
+def register_zero_shot_prompts(program: dspy.Module, name: str) -> dict[str, Any]:
+    """Register each stage's zero-shot template (:func:`zero_shot_program`) as a version of ``<name>.<stage>``,
+    once: a prompt whose zero-shot version holds the same template (content equality: instructions and messages)
+    keeps it. A stage whose zero-shot template differs from the registered one gets a new version, the alias
+    ``zero-shot`` moves to it, and one line on stderr names both versions and their methods.
+
+    Each new version is tagged ``zero_shot=true``, ``method``, ``demos=0``, ``stage`` and ``program``.
+
+    Returns:
+        ``{stage: PromptVersion}``, the zero-shot version of every stage.
 
     Raises:
-        HCQRError: no such prompt.
+        HCQRError: see :func:`zero_shot_program`.
     """
     import mlflow
+    import mlflow.genai
 
     client = mlflow.MlflowClient()
-    found = _all_versions(client, name)
-    if not found:
-        raise HCQRError(f"no prompt {name!r} in this store; `hcqr compile` names its prompts <program>.<stage>")
-    lines = []
-    for v in found:
-        v = client.get_prompt_version(name, v.version) or v  # search results carry no aliases
-        aliases = ", ".join(getattr(v, "aliases", None) or []) or "-"
-        tags = v.tags or {}
-        lines.append(
-            f"{name} v{v.version}  aliases: {aliases}  demos: {tags.get('demos', '?')}  "
-            f"recipe: {tags.get('recipe', '-')}  run: {tags.get('run_id', '-')}"
+    fresh = zero_shot_program(program)
+    versions = {}
+    for stage, predictor in fresh.named_predictors():
+        full = prompt_name(name, stage)
+        template = stage_template(predictor)
+        current = _zero_shot_version(client, full)
+        if current is not None and current.template == template:
+            versions[stage] = current
+            continue
+        version = mlflow.genai.register_prompt(
+            name=full,
+            template=template,
+            commit_message=f"zero-shot: the uncompiled {fresh.method} program's {stage} step (no demos)",
+            tags={"stage": stage, "program": name},  # a new prompt takes these as its own tags too
         )
-    return lines
+        for key, value in {ZERO_SHOT_TAG: "true", "method": fresh.method, "demos": "0"}.items():
+            mlflow.genai.set_prompt_version_tag(full, version.version, key, value)
+        mlflow.genai.set_prompt_alias(full, ZERO_SHOT_ALIAS, version.version)
+        if current is not None:
+            print(
+                f"hcqr: note: the zero-shot prompt of {full} changed: version {current.version} holds the "
+                f"{(current.tags or {}).get('method', '?')!r} program's template, this {fresh.method!r} program's "
+                f"differs (another method registered under the name {name!r}, or its signature reworded); "
+                f"registered it as version {version.version} and moved the alias {ZERO_SHOT_ALIAS} to it",
+                file=sys.stderr,
+            )
+        versions[stage] = client.get_prompt_version(full, version.version)
+    return versions
 
 
 def move_alias(model: str, alias: str, version: str) -> list[str]:

@@ -4,7 +4,8 @@ this MLflow store's Model Registry, as ``hcqr compile --register`` does after a 
 The compile run that made the folder lives in the store of the machine that compiled it; a clone of the
 repository has the folder but not that store. Registering it here gives the same things a tracked compile gives:
 an MLflow run (tag ``kind=register``) holding the folder's ``program.json`` and ``meta.json`` as artifacts, each
-stage's instructions and demos as a version of the prompt ``<name>.<stage>`` (:mod:`hcqr_dspy.tracking.prompts`),
+stage's instructions and demos as a version of the prompt ``<name>.<stage>`` (:mod:`hcqr_dspy.tracking.prompts`;
+once per prompt, the method's zero-shot template too, alias ``zero-shot``),
 the pyfunc model (:mod:`hcqr_dspy.tracking.serving`) registered as a new version of ``name`` with the tags
 ``recipe`` and ``method``, and the alias on both when one is given. The original compile run's id
 (``meta.json``'s ``mlflow_run_id``) is kept as the tag ``compile_run_id``.
