@@ -15,6 +15,20 @@ HTML_PAGE = (
 )
 
 
+def mlflow_judge_reply(prompt: str) -> dict[str, str]:
+    """The reply to a prompt of MLflow's built-in judges (``{"rationale", "result"}``): ``RetrievalRelevance``'s
+    (one ``<document>``) is ``yes`` when the document mentions vision, ``RetrievalGroundedness``'s (a ``<claim>``)
+    is ``no``; any other such prompt (a probe) ``yes``."""
+    if "<claim>" in prompt:
+        return {"rationale": "Let's think step by step: the letter is not stated.", "result": "no"}
+    document = prompt.split("<document>")[1].split("</document>")[0] if "<document>" in prompt else "vision"
+    relevant = "vision" in document.lower()
+    return {
+        "rationale": f"Let's think step by step: {'on' if relevant else 'off'} topic.",
+        "result": "yes" if relevant else "no",
+    }
+
+
 class Stub:
     """An OpenAI chat-completions endpoint: answers ``{"reasoning", "answer"}`` by question number.
 
@@ -25,7 +39,8 @@ class Stub:
     ``auth_echo`` (HTTP 401 whose message echoes the refused key, as some gateways do),
     ``truncated`` (HTTP 200, ``application/json``, the first half of a good reply's JSON, its
     ``Content-Length`` matching what is sent). In ``ok`` mode a prompt asking for HCQR's hypothesis
-    or queries (its output field names) gets fields of that shape. ``down_after`` requests, it
+    or queries (its output field names) gets fields of that shape, and one in the JSON format of MLflow's built-in
+    judges gets :func:`mlflow_judge_reply`. ``down_after`` requests, it
     closes its socket: later connections are refused. ``switch_after`` requests answered in
     ``ok`` mode, it turns to mode ``switch_to`` (set ``mode`` back to ``"ok"`` to recover, or give
     ``switch_for``: the number of requests answered in ``switch_to`` before it is ``ok`` again). ``delay``
@@ -94,7 +109,9 @@ class Stub:
                 prompt = json.loads(body)["messages"][-1]["content"]
                 n = int(prompt.split("Question number ")[1].split("?")[0]) if "Question number " in prompt else 0
                 letter = "ABC"[(n * 2 + stub.shift) % 3]
-                if "`support_query`" in prompt:
+                if '"result": "yes|no"' in prompt:  # an MLflow built-in judge (its prompt's JSON format)
+                    ok = mlflow_judge_reply(prompt)
+                elif "`support_query`" in prompt:
                     ok = {
                         "support_query": "digoxin toxicity nausea",
                         "distinction_query": "digoxin versus hypokalemia",

@@ -39,6 +39,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
     if args.seed is not None and args.limit is None:
         raise HCQRError("--seed draws the --limit sample: give --limit N with it")
+    if args.mlflow_scorers is not None:
+        return _judge_with_mlflow_scorers(args)
     if not args.runs and args.labelled_set is None:
         raise HCQRError("give run folders to judge, or --labelled-set to measure the judge on hand-labelled contexts")
     if not args.runs and args.judge_lm is None:
@@ -86,6 +88,46 @@ def cmd_judge(args: argparse.Namespace) -> int:
             print(json.dumps({"run": str(run_dir), **metrics}))
             if args.labelled_out is not None:
                 _write(args.labelled_out, RunFolder(run_dir).read_json(AGREEMENT_FILE))
+    return 0
+
+
+def _judge_with_mlflow_scorers(args: argparse.Namespace) -> int:
+    """``hcqr judge RUN... --mlflow-scorers [NAMES]``: MLflow's retrieval judges on each run's traces
+    (:func:`hcqr_dspy.workflows.mlflow_judges.judge_with_mlflow_scorers`); one JSON line per run."""
+    from hcqr_dspy.judge.mlflow_record import scorer_names
+
+    scorers = scorer_names(args.mlflow_scorers)
+    if not args.runs:
+        raise HCQRError("--mlflow-scorers judges run folders' traces: give run folders")
+    for flag, given in (("--no-mlflow", args.no_mlflow), ("--labelled-set", args.labelled_set is not None)):
+        if given:
+            raise HCQRError(f"{flag} cannot go with --mlflow-scorers (MLflow's judges read and label MLflow traces)")
+    if args.seed is not None and args.limit is None:
+        raise HCQRError("--seed draws the --limit sample: give --limit N with it")
+    if args.judge_lm is not None:
+        parse_lm_spec(args.judge_lm, api_base=args.api_base, api_key_env=args.api_key_env, option="--judge-lm")
+    from hcqr_dspy.workflows.mlflow_judges import judge_with_mlflow_scorers
+
+    moves = _move_datasets(args.runs, args.dataset)
+    _report_moves(moves)
+    for done, run_dir in enumerate(args.runs):
+        try:
+            result = judge_with_mlflow_scorers(
+                run_dir,
+                scorers,
+                judge_lm=args.judge_lm,
+                api_base=args.api_base,
+                api_key_env=args.api_key_env,
+                mlflow_dir=args.mlflow_dir,
+                limit=args.limit,
+                seed=0 if args.seed is None else args.seed,
+                ids=_id_list(args.ids),
+            )
+        except HCQRError:
+            if not done:
+                _undo_moves(moves)  # refused before any run was judged: no dataset moved
+            raise
+        print(json.dumps({"run": str(run_dir), **result}))
     return 0
 
 
@@ -167,6 +209,17 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="write the --labelled-set agreement with each context's judgment to FILE (JSON; with several run "
         "folders, the last one's)",
+    )
+    p.add_argument(
+        "--mlflow-scorers",
+        nargs="?",
+        const="relevance,groundedness",
+        default=None,
+        metavar="NAMES",
+        help="instead of DUR, run MLflow's built-in judges RetrievalRelevance and RetrievalGroundedness on each "
+        "tracked run's question traces (NAMES: relevance, groundedness, comma-separated; default both) with the "
+        "judge LM at an OpenAI-compatible endpoint; their feedback is logged on the traces, a trace judged already "
+        "by the same judge LM is skipped",
     )
     _add_mlflow_args(p)
     _add_endpoint_args(p, who="the judge")

@@ -27,6 +27,7 @@ from hcqr_dspy.reporting.gold_probability import (
 )
 from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
 from hcqr_dspy.reporting.judge_tables import controls_note, judge_controls_table
+from hcqr_dspy.reporting.mlflow_judge_tables import MLFLOW_JUDGES_NOTE, mlflow_judges_table
 from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.provenance import provenance_line, session_summary
@@ -176,6 +177,7 @@ def _report(
     baselines_md, baselines_figures = baselines_and_letters(ordered)
     qrels_md, qrels_figures = qrels_table(ordered, qrels_path, explicit=explicit)
     controls, flags, judge_figures = judge_controls_table(ordered)
+    mlflow_judges_md, mlflow_judges_figures = mlflow_judges_table(ordered)
     h_vs_cot, h_vs_cot_figures = hypothesis_vs_cot(ordered)
     agreement, agreement_figures = upstream_agreement(ordered)
     warnings += flags + dur_sample_warning(ordered)
@@ -205,6 +207,7 @@ def _report(
         *_section("Invalid answers by stage and cause", invalid),
         *_section("Fallbacks", fallbacks, FALLBACKS_NOTE),
         *_section("DUR judge controls", controls, controls_note()),
+        *_section("MLflow retrieval judges", mlflow_judges_md, MLFLOW_JUDGES_NOTE),
         *_section("Evidence in the context (judge-free)", evidence, EVIDENCE_NOTE),
         *_section("Query diversity", diversity, QUERY_DIVERSITY_NOTE),
         *_section("Retrieval against relevance judgments", qrels_md),
@@ -225,6 +228,7 @@ def _report(
         "warnings": warnings,
         "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
         "judge_controls": judge_figures,
+        "mlflow_judges": mlflow_judges_figures,
         "qrels": qrels_figures,
         "query_diversity": diversity_figures,
         "gold_probability": gold_figures,
