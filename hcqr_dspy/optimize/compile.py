@@ -57,7 +57,9 @@ def split_train(
 
 def build_optimizer(recipe: Recipe, metric: Callable | None, reflection_lm=None):
     """The recipe's optimizer object: its settings, the recipe's ``seed`` where the optimizer takes one, the metric
-    where it takes one, the reflection LM where it needs one (:mod:`hcqr_dspy.optimize.catalog`).
+    where it takes one, the reflection LM where it needs one (:mod:`hcqr_dspy.optimize.catalog`). GEPA gets
+    ``track_stats=True`` unless the recipe sets it: only then does it attach its candidates' scores
+    (``detailed_results``) to the program it returns; the search is the same.
 
     Raises:
         RecipeError: an optimizer that needs a reflection LM (GEPA) without one.
@@ -75,6 +77,8 @@ def build_optimizer(recipe: Recipe, metric: Callable | None, reflection_lm=None)
         kwargs["reflection_lm"] = reflection_lm
     if e.metrics:
         kwargs["metric"] = metric
+    if e.scores == "gepa_results":
+        kwargs.setdefault("track_stats", True)
     return e.cls(**kwargs)
 
 

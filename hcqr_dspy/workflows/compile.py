@@ -23,11 +23,19 @@ from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.optimize.attempts import watch_bootstrapping
 from hcqr_dspy.optimize.catalog import bootstraps_asked
 from hcqr_dspy.optimize.compile import compile_program, optimizer_scores
 from hcqr_dspy.optimize.demo_counts import bootstrap_shortfall, stage_demos
 from hcqr_dspy.optimize.saved import save_program
+from hcqr_dspy.optimize.trials import trial_scores
 from hcqr_dspy.programs.costs import lm_costs
+from hcqr_dspy.tracking.compile_run import (
+    attempt_traces,
+    log_attempt_counts,
+    log_compile_questions,
+    log_trial_scores,
+)
 from hcqr_dspy.tracking.mlflow_runs import (
     COMPILE_OUT_TAG,
     close_stale_compile_runs,
@@ -82,9 +90,12 @@ def compile_and_save(
     Args:
         spec: What to compile (``spec.seed``: the seed, instead of the recipe's).
         mlflow_dir: MLflow store folder.
-        track: Log to MLflow: params, the optimizer's trials
-            (``mlflow.dspy.autolog(log_compiles=True)``), the saved program
-            folder as ``program`` artifacts, the recipe, metrics (the optimizer's own
+        track: Log to MLflow: params, ``mlflow.dspy.autolog(log_compiles=True)``'s artifacts,
+            the training and validation questions as datasets (input contexts ``training``, ``validation``), one
+            trace per bootstrapping attempt, the optimizer's score of each candidate or trial as a metric with
+            steps and the counts ``bootstrap.attempts``, ``bootstrap.passed``, ``bootstrap.errors``
+            (:mod:`hcqr_dspy.tracking.compile_run`), the saved program folder as ``program`` artifacts, the
+            recipe, metrics (the optimizer's own
             validation score ``val_score`` where it has one, :func:`~hcqr_dspy.optimize.compile.optimizer_scores`; the
             training and validation sizes; per predictor the demos its prompt shows, ``demos.<stage>``, of them
             ``demos.<stage>.bootstrapped`` and ``demos.<stage>.labelled``, and whether its instructions changed),
@@ -155,11 +166,24 @@ def compile_and_save(
             f"compile · {spec.method} · {recipe.name} · {spec.lm}", params, tags=tags, store=mlflow_dir, traces=False
         ) as run:
             run_id = run.info.run_id
-            mlflow.dspy.autolog(log_compiles=True, log_traces=False, log_traces_from_compile=False, silent=True)
+            log_compile_questions(checked.trainset, checked.valset, checked.train_name, run.info.experiment_id)
+            # tracing stays on inside compile() for the attempts' own traces; DSPy's module and LM calls are not
+            # traced (log_traces), nor are Evaluate's (whose metric patch would log onto the last attempt's trace)
+            mlflow.dspy.autolog(
+                log_compiles=True,
+                log_traces=False,
+                log_traces_from_compile=True,
+                log_traces_from_eval=False,
+                silent=True,
+            )
+            trace_tags = {"method": spec.method, "recipe": recipe.name, "optimizer": recipe.optimizer}
             try:
-                compiled, counts, shortfall = _compile(checked, cost)
+                with watch_bootstrapping(attempt_traces({**trace_tags, "mlflow_run_id": run_id})) as attempts:
+                    compiled, counts, shortfall = _compile(checked, cost)
             finally:
                 mlflow.dspy.autolog(disable=True, silent=True)
+            log_attempt_counts(attempts)
+            log_trial_scores(trial_scores(compiled, recipe.optimizer))
             save_program(compiled, out, mlflow_run_id=run_id, compile_cost=cost, **checked.meta)
             mlflow.log_artifacts(str(out), artifact_path="program")
             mlflow.log_artifact(recipe.path, artifact_path="recipe")
