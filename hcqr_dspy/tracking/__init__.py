@@ -16,6 +16,7 @@ stopped process or a failed store left out, rebuilt from the rows),
 :mod:`~hcqr_dspy.tracking.experiment_page` (the experiment's description and key-metrics view),
 :mod:`~hcqr_dspy.tracking.mlflow_runs` (runs, their params, metrics, artifacts and descriptions),
 :mod:`~hcqr_dspy.tracking.datasets` (the question set as an MLflow evaluation dataset),
+:mod:`~hcqr_dspy.tracking.compile_run` (a compile's questions, bootstrapping attempts and candidates' scores),
 :mod:`~hcqr_dspy.tracking.scorers` (scoring a run's traces), :mod:`~hcqr_dspy.tracking.comparison` (a
 comparison as a run), :mod:`~hcqr_dspy.tracking.ui` (``hcqr ui``), :mod:`~hcqr_dspy.tracking.serving` (a saved
 program as a pyfunc model) and :mod:`~hcqr_dspy.tracking.served_model` (that model's code).
