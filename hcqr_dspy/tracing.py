@@ -3,10 +3,12 @@
 A tracked evaluation (``hcqr eval``, ``hcqr predict``, experiments) records one
 trace per question. Its root span is named after the method (``hcqr``) and
 holds the question and options as inputs and the answer, validity, hypothesis,
-queries and the shown passages as outputs. Below it, besides the spans
-``mlflow.dspy.autolog()`` records for DSPy modules and LM calls, every method
+queries and the shown passages as outputs. Below it every method
 stage is a named span (:func:`hcqr_dspy.programs.base.stage`): ``hypothesis``,
-``rewrite``, ``retrieval``, ``answer`` ... Inside ``retrieval`` there is one
+``rewrite``, ``retrieval``, ``answer`` ... A stage that calls the LM holds one
+``CHAT_MODEL`` span per call (``LM <model>``: the messages, the reply and the
+token usage, :mod:`hcqr_dspy.tracking.lm_spans`); DSPy's modules and adapters
+record no spans of their own. Inside ``retrieval`` there is one
 ``RETRIEVER`` span per query (``retrieve q1 (support)``: the query as input,
 the hits as documents in MLflow's retriever-span format,
 :class:`mlflow.entities.Document` with the passage id, its title, text, score
@@ -23,12 +25,12 @@ hypothesis outcome are logged as feedback by the scorers of
 ``hcqr judge``.
 
 How much a question's trace holds is its level (:data:`TRACE_LEVELS`; ``hcqr eval --traces``, ``$HCQR_TRACES``):
-``full`` is all of the above; ``light`` leaves out the DSPy spans (the evaluation does not turn on
-``mlflow.dspy.autolog``), cuts every text of a stage span's inputs and outputs to :data:`LIGHT_TEXT_CHARS`
-characters (the answer step's context included) and keeps no passage text in documents (their ids, titles, scores
-and ranks stay); ``off`` records no question traces at all. MLflow writes traces in the background and drops them
-once its queue is full; every :data:`TRACE_BACKLOG_QUESTIONS` questions :func:`question` waits until the traces
-before it are written, which bounds the traces held in memory and loses none.
+``full`` is all of the above; ``light`` leaves out the LM call spans (the evaluation does not record them), cuts every
+text of a stage span's inputs and outputs to :data:`LIGHT_TEXT_CHARS` characters (the answer step's context included)
+and keeps no passage text in documents (their ids, titles, scores and ranks stay); ``off`` records no question traces
+at all. MLflow writes traces in the background and drops them once its queue is full; every
+:data:`TRACE_BACKLOG_QUESTIONS` questions :func:`question` waits until the traces before it are written, which bounds
+the traces held in memory and loses none.
 
 Nothing here records anything unless a trace is active: an untracked run
 (``--no-mlflow``, ``hcqr ask``) never imports MLflow through this module.

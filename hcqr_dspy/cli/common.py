@@ -229,7 +229,7 @@ def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
         "--traces",
         choices=TRACE_LEVELS,
         default=None,
-        help="what each question's MLflow trace keeps: full (DSPy's spans with every prompt, passage texts), light "
+        help="what each question's MLflow trace keeps: full (each LM call's messages and reply, passage texts), light "
         "(hcqr's own spans: question, stages, retrieval, answer; texts cut, no prompts or passage texts) or off (no "
         "traces, none scored; params, metrics and run files still tracked); store bytes a question for each in "
         "docs/runs.md (default: $HCQR_TRACES, else full)",

@@ -4,10 +4,9 @@ The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under ``<dir>
 store is in maintenance mode), where ``<dir>`` is ``--mlflow-dir`` or ``$HCQR_MLFLOW_DIR`` or ``./mlruns``; an
 explicit ``$MLFLOW_TRACKING_URI`` wins (:mod:`~hcqr_dspy.tracking.store`). Each run logs the full configuration
 as params, the metrics of the evaluation, the run folder's ``config.json``, ``predictions.jsonl`` and
-``metrics.json`` as artifacts, and DSPy traces through ``mlflow.dspy.autolog()``
-(:mod:`~hcqr_dspy.tracking.mlflow_runs`; each question's trace is built by :mod:`hcqr_dspy.tracing` and scored by
-:mod:`~hcqr_dspy.tracking.scorers`). A resumed evaluation continues its MLflow run (its id is kept in
-``config.json``).
+``metrics.json`` as artifacts, and one trace per question (built by :mod:`hcqr_dspy.tracing`, its LM calls
+recorded by :mod:`~hcqr_dspy.tracking.lm_spans`, scored by :mod:`~hcqr_dspy.tracking.scorers`).
+A resumed evaluation continues its MLflow run (its id is kept in ``config.json``).
 
 Modules: :mod:`~hcqr_dspy.tracking.store` (where the store is, opening it, its locks and outages),
 :mod:`~hcqr_dspy.tracking.store_faults` (a store locked by another process, full or malformed: the wait, the one-line
@@ -15,6 +14,7 @@ errors, MLflow's background failures kept off stderr), :mod:`~hcqr_dspy.tracking
 stopped process or a failed store left out, rebuilt from the rows),
 :mod:`~hcqr_dspy.tracking.experiment_page` (the experiment's description and key-metrics view),
 :mod:`~hcqr_dspy.tracking.mlflow_runs` (runs, their params, metrics, artifacts and descriptions),
+:mod:`~hcqr_dspy.tracking.lm_spans` (one span per LM call in a question's trace),
 :mod:`~hcqr_dspy.tracking.datasets` (the question set as an MLflow evaluation dataset),
 :mod:`~hcqr_dspy.tracking.compile_run` (a compile's questions, bootstrapping attempts and candidates' scores),
 :mod:`~hcqr_dspy.tracking.scorers` (scoring a run's traces), :mod:`~hcqr_dspy.tracking.comparison` (a

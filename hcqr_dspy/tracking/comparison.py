@@ -33,7 +33,8 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
 
     The run is named after what it compares (``compare hcqr vs simple_rag · medqa · local``) and tagged
     ``kind=comparison``, ``reference``, ``runs`` (the compared MLflow run ids, comma-separated) and
-    ``run.<label>`` (each one's id); its description links each compared run. Metrics, per compared run
+    ``run.<label>`` (each one's id); its description links each compared run. Its inputs are the compared runs'
+    question sets and models, tagged ``model.<label>`` (:func:`link_compared_runs`). Metrics, per compared run
     label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
     (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
     (LM calls per question), and ``mcnemar_p_holm.<label>``, that p-value Holm-adjusted over the report's family of
@@ -85,6 +86,7 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
         t["label"]: t for t in tests if t["section"] == REFERENCE and t["test"] == MCNEMAR and t["margin"] is None
     }
     with mlflow_run(name, params, tags=tags, store=mlflow_dir, traces=False) as run:
+        link_compared_runs(run.info.run_id, run_ids)
         metrics: dict[str, float] = {}
         ref_acc = summary["runs"][ref].get("accuracy")
         for label, info in summary["runs"].items():
@@ -122,6 +124,50 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
             if f.is_file() and f.suffix in (".md", ".json", ".png"):
                 mlflow.log_artifact(str(f), artifact_path="comparison")
         return run.info.run_id
+
+
+def link_compared_runs(run_id: str, run_ids: dict[str, str | None]) -> dict[str, str]:
+    """Give the comparison run ``run_id`` the inputs of the runs it compares: each one's question set (the
+    ``mlflow.entities.Dataset`` that run logged, same name and content digest; input context ``comparison``) and
+    the LoggedModel it evaluated (its model input, else its tag ``model_id``), each model also as the tag
+    ``model.<label>``. Compared runs that are not in this store, or have no run id, are left out.
+
+    Args:
+        run_id: The comparison run.
+        run_ids: The compared runs' MLflow run ids by label (``None``: a run folder never tracked).
+
+    Returns:
+        The model id linked per label.
+    """
+    import mlflow
+    from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient()
+    datasets: dict[tuple[str, str], object] = {}
+    models: dict[str, str] = {}
+    for label, rid in run_ids.items():
+        if not rid:
+            continue
+        try:
+            compared_run = client.get_run(rid)
+        except MlflowException:  # recorded in another store
+            continue
+        for entry in compared_run.inputs.dataset_inputs:
+            datasets.setdefault((entry.dataset.name, entry.dataset.digest), entry.dataset)
+        model_ids = [m.model_id for m in compared_run.inputs.model_inputs] or [compared_run.data.tags.get("model_id")]
+        if model_ids[0]:
+            models[label] = model_ids[0]
+    context = [InputTag(key="mlflow.data.context", value="comparison")]
+    if datasets or models:
+        client.log_inputs(
+            run_id,
+            datasets=[DatasetInput(dataset=d, tags=context) for d in datasets.values()],
+            models=[LoggedModelInput(m) for m in dict.fromkeys(models.values())],
+        )
+    for label, model_id in models.items():
+        client.set_tag(run_id, f"model.{_metric_label(label)}", model_id)
+    return models
 
 
 def _tests_lines(tests: list[dict]) -> list[str]:

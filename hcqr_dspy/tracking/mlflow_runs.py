@@ -1,5 +1,5 @@
 """MLflow runs: one per evaluation (started, or resumed by id), its params, metrics and run-folder artifacts,
-DSPy traces recorded while it runs, and its description."""
+the LM calls of its traces (:func:`dspy_tracing`), and its description."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def mlflow_run(
         run_id: Resume this MLflow run instead of starting a new one.
         store: Tracking folder (see :func:`store_dir`).
         experiment: MLflow experiment name.
-        traces: Record DSPy traces with ``mlflow.dspy.autolog()``.
+        traces: Record the LM calls of traces opened in the run (:func:`dspy_tracing`).
 
     Yields:
         The active ``mlflow.ActiveRun``.
@@ -69,19 +69,20 @@ def mlflow_run(
 
 @contextmanager
 def dspy_tracing(enabled: bool = True) -> Iterator[None]:
-    """Record DSPy module and LM calls as MLflow spans (``mlflow.dspy.autolog(log_traces=True)``) inside the
-    block; at its end autologging is turned off and the traces, exported in the background, are written."""
+    """Record each DSPy LM call made under an active trace as one MLflow span, its messages, reply and token usage
+    (:mod:`hcqr_dspy.tracking.lm_spans`), inside the block; DSPy's modules and adapters get no spans of their own.
+    At its end the recording stops and the traces, exported in the background, are written."""
     if not enabled:
         yield
         return
     import mlflow
-    import mlflow.dspy
 
-    mlflow.dspy.autolog(log_traces=True, silent=True)
+    from hcqr_dspy.tracking.lm_spans import recording
+
     try:
-        yield
+        with recording():
+            yield
     finally:
-        mlflow.dspy.autolog(disable=True, silent=True)
         mlflow.flush_trace_async_logging()
 
 
