@@ -8,9 +8,11 @@ Sources: MIRAGE-format JSON files ``{qid: {question, options, answer}}``
 (Xiong et al. 2024, the MIRAGE benchmark: MedQA-US, MMLU-Med, MedMCQA,
 PubMedQA*, BioASQ-Y/N), JSON Lines files with one ``{id, question, options,
 answer}`` object per line (``qid`` or ``id``; the line number when neither),
-or a hub dataset name through :func:`datasets.load_dataset` with the same fields
-(needs network access). Questions without gold answers (``hcqr predict``) are
-read with ``labelled=False``: their ``answer`` is ``None``.
+a Hugging Face dataset saved to disk (``FOLDER`` or ``FOLDER:SPLIT``) or an MLflow evaluation dataset
+(``mlflow:NAME``, ``mlflow:ID``, ``mlflow:REF@STORE``) with the same fields (:mod:`hcqr_dspy.data_sources`), or a
+hub dataset name through :func:`datasets.load_dataset` with the same fields (needs network access). Every source's
+rows pass the same checks (:func:`check_question`, unique ids). Questions without gold answers (``hcqr predict``)
+are read with ``labelled=False``: their ``answer`` is ``None``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import dspy
 
+from hcqr_dspy import data_sources
 from hcqr_dspy.config import read_text
 from hcqr_dspy.errors import DataError
 
@@ -119,16 +122,28 @@ def load_questions(source: str | Path, split: str = "test", labelled: bool = Tru
 
     Args:
         source: A MIRAGE-format ``.json`` file, a ``.jsonl`` file (one question
-            object per line), or a hub dataset name (with fields ``question``,
-            ``options``, ``answer`` and optionally ``id``).
+            object per line), a saved Hugging Face dataset's folder (``FOLDER`` or
+            ``FOLDER:SPLIT``), an MLflow evaluation dataset (``mlflow:REF@STORE``; a
+            ``mlflow:REF`` without store is refused here, the commands fill in theirs),
+            or a hub dataset name (with fields ``question``, ``options``, ``answer``
+            and optionally ``id``); see :mod:`hcqr_dspy.data_sources`.
         split: Split of a hub dataset.
         labelled: Every question must have a gold answer (evaluations). ``False``
             accepts questions without one (``answer=None``; see :func:`check_question`).
 
     Raises:
         DataError: unreadable or malformed file (see :func:`check_question`; a
-            JSON Lines file names the line), or a hub dataset that cannot be reached.
+            JSON Lines file names the line), a saved dataset or MLflow dataset that
+            cannot be read or lacks the fields (:mod:`hcqr_dspy.data_sources`), or a
+            hub dataset that cannot be reached.
     """
+    if data_sources.is_mlflow(source):
+        where = data_sources.MLFLOW + data_sources.mlflow_parts(str(source))[0]  # the store is long: named apart
+        return _from_mapping(data_sources.read_mlflow_dataset(str(source)), where, labelled)
+    folder = data_sources.hf_folder(source)
+    if folder is not None:
+        rows = data_sources.read_saved_dataset(folder[0], folder[1], labelled)
+        return _from_mapping(rows, str(source), labelled)
     path = Path(source)
     if path.is_file() and path.suffix == ".jsonl":
         return _from_mapping(_read_jsonl(path), str(path), labelled)
@@ -152,8 +167,11 @@ def load_questions(source: str | Path, split: str = "test", labelled: bool = Tru
                 f"could not load hub dataset {text!r} (split {split!r}): {type(exc).__name__}; it needs network "
                 "access to the Hugging Face hub, or pass a MIRAGE-format .json file"
             ) from None
-        return _from_mapping([dict(r) for r in ds], text, labelled)
-    raise DataError(f"benchmark {text!r} not found: give a MIRAGE-format .json file or a hub dataset name")
+        return _from_mapping(data_sources.dataset_rows(ds, text, labelled), text, labelled)
+    raise DataError(
+        f"benchmark {text!r} not found: give a MIRAGE-format .json file, a saved dataset's folder, "
+        "mlflow:NAME or a hub dataset name"
+    )
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -133,7 +133,7 @@ def test_cli_seeds_register_one_version_per_seed_and_report_the_demos_each_promp
         assert f"seed {n}: compiled, {folder}: hypothesis 2 demos (2 bootstrapped, 0 labelled)" in printed
         assert f"registered as models:/hcqr-seeds/{version.version} (alias champ-seed-{n})" in printed
     # each seed's stages are versions of the prompts hcqr-seeds.<stage>, tagged with their seed
-    prompt = mlflow.genai.load_prompt(f"prompts:/hcqr-seeds.answer/{len(versions)}")
+    prompt = mlflow.genai.load_prompt(f"prompts:/hcqr-seeds.answer/{len(versions) + 1}")  # 1: the zero-shot one
     assert prompt.tags["seed"] == "2" and prompt.tags["demos"] == "2" and prompt.tags["demos_bootstrapped"] == "2"
     assert len({tuple(demo_questions(out / f"seed-{n}")) for n in range(3)}) == 3
 
@@ -234,7 +234,7 @@ def test_parse_seeds():
 
 def test_an_evaluation_of_a_saved_program_records_its_compile_seed(demo_bm25, tmp_path):
     """config.json's saved_program names the compile's seed (replicate compiles are grouped by it); a run folder
-    recorded before the seed was resumes."""
+    of format 1 (no seed recorded) resumes."""
     from hcqr_dspy.workflows.evaluate import run_evaluation
     from hcqr_dspy.workflows.specs import EvalSpec
 
@@ -254,7 +254,7 @@ def test_an_evaluation_of_a_saved_program_records_its_compile_seed(demo_bm25, tm
     config_file = folder / "config.json"
     config = json.loads(config_file.read_text())
     assert result.ran == 2 and config["saved_program"]["seed"] == 3
-    del config["saved_program"]["seed"]  # as written before the seed was recorded
+    del config["saved_program"]["seed"], config["format"]  # a run folder of format 1: no seed recorded
     config_file.write_text(json.dumps(config))
     again, _, _ = run_evaluation(eval_spec, progress=False, track=False, lm=gold_lm())
     assert again.ran == 0 and json.loads(config_file.read_text())["saved_program"]["seed"] == 3

@@ -96,7 +96,13 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "e.g. the oracle_rag ceiling under a compiled HCQR's answer step; same forms as --program "
         "(default: the method's zero-shot answer step)",
     )
-    p.add_argument("--dataset", required=True, help="MIRAGE-format .json file or hub dataset name")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="questions: a MIRAGE-format .json or .jsonl file, a saved Hugging Face dataset's folder (FOLDER, or "
+        "FOLDER:SPLIT for a DatasetDict), an MLflow evaluation dataset (mlflow:NAME or mlflow:ID in --mlflow-dir's "
+        "store; mlflow:REF@STORE for another store) or a hub dataset name",
+    )
     _add_run_args(p, "evaluate")
     p.set_defaults(func=cmd_eval)
 

@@ -12,18 +12,11 @@ it to a new temporary folder each time) resume the same run, and the configurati
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 # Written anew by each session whatever the folder held (the MLflow run a resumed run continues).
 MUTABLE_KEYS = ("mlflow_run_id",)
-# Top-level keys, and a top-level key's fields, recorded only by later versions: compared when both configurations
-# have them, so that a run written before resumes (and then records them).
-LATER_KEYS = ("prompts_sha256",)
-LATER_FIELDS: dict[str, tuple[str, ...]] = {
-    "saved_program": ("program_sha256", "seed"),
-    "answer_step": ("program_sha256", "seed"),
-    "lm": ("sha256",),  # a gguf: file's bytes
-}
 # Top-level key -> its fields that say where an input lies, not what it is (``()``: the value itself).
 LOCATION_KEYS: dict[str, tuple[str, ...]] = {
     "dataset": (),
@@ -33,36 +26,26 @@ LOCATION_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def differing_keys(old: dict[str, Any], new: dict[str, Any], unrecorded: Sequence[str] = ()) -> list[str]:
     """The top-level keys whose identity differs between a folder's recorded ``old`` configuration and this
     session's ``new`` one, sorted; :data:`MUTABLE_KEYS` and :data:`LOCATION_KEYS` left out, a key absent on
-    one side and ``None`` on the other is no difference, nor a :data:`LATER_KEYS` key or :data:`LATER_FIELDS`
-    field ``old`` lacks."""
+    one side and ``None`` on the other is no difference, nor an identity ``old`` does not record (``unrecorded``:
+    ``prompts_sha256``, ``saved_program.program_sha256`` ...;
+    :attr:`~hcqr_dspy.evaluation.folder_format.StoredConfig.unrecorded`)."""
     return sorted(
         k
         for k in set(old) | set(new)
         if k not in MUTABLE_KEYS
-        and not (k in LATER_KEYS and k not in old)
-        and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k)))
+        and k not in unrecorded
+        and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k), unrecorded))
     )
 
 
-def first_recorded(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The :data:`LATER_KEYS` and :data:`LATER_FIELDS` that ``new`` records and ``old`` (written by an earlier
-    version) lacks: the rows written before were not checked against them."""
-    keys = [k for k in LATER_KEYS if k in new and k not in old]
-    for key, fields in LATER_FIELDS.items():
-        before, now = old.get(key), new.get(key)
-        if isinstance(before, dict) and isinstance(now, dict):
-            keys += [f"{key}.{f}" for f in fields if f in now and f not in before]
-    return keys
-
-
-def _as_old(key: str, old: Any, new: Any) -> Any:
-    """``new`` without the :data:`LATER_FIELDS` of ``key`` that ``old`` lacks."""
+def _as_old(key: str, old: Any, new: Any, unrecorded: Sequence[str]) -> Any:
+    """``new`` without the fields of ``key`` that ``old`` does not record (``unrecorded``)."""
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return new
-    return {k: v for k, v in new.items() if k in old or k not in LATER_FIELDS.get(key, ())}
+    return {k: v for k, v in new.items() if f"{key}.{k}" not in unrecorded}
 
 
 def moved_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -91,8 +74,8 @@ def _identity(key: str, value: Any) -> Any:
 
 
 def without_nones(value: Any) -> Any:
-    """``value`` with ``None``-valued keys dropped at every depth: a setting a newer version records
-    with its default ``None`` matches a configuration written before that setting existed."""
+    """``value`` with ``None``-valued keys dropped at every depth: a setting recorded as ``None`` and one not
+    recorded are the same setting."""
     if isinstance(value, dict):
         return {k: without_nones(v) for k, v in value.items() if v is not None}
     return value

@@ -2,8 +2,8 @@
 
 Layout (one folder per evaluation)::
 
-    config.json         the resolved configuration (method, program options, dataset and question
-                        fingerprints, index, LM); written once, after every input was checked
+    config.json         the resolved configuration (method, program options, dataset and question fingerprints,
+                        index, LM) and the folder's format (:mod:`.folder_format`); written once, inputs checked
     predictions.jsonl   one row per finished question, appended as it finishes (whole lines only)
     metrics.json        summary of the rows (:func:`hcqr_dspy.evaluation.metrics.summarize`)
     judgments.jsonl     DUR judge labels, one per judged question (``hcqr judge``)
@@ -34,14 +34,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from hcqr_dspy import data_sources
 from hcqr_dspy.errors import RunError
+from hcqr_dspy.evaluation.folder_format import StoredConfig, first_recorded, read_config, stored_config
 from hcqr_dspy.evaluation.folders import CONFIG, JUDGMENTS, OPTION_PROBS, PREDICTIONS, SESSIONS, claim_run_dir
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
 from hcqr_dspy.evaluation.provenance import malformed_fields, session_record
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text, read_json_object, remove_empty_folders
-from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, first_recorded, moved_inputs
+from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, moved_inputs
 from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
@@ -71,6 +73,7 @@ class RunFolder:
         self._made: list[Path] = []  # folders claim() created, removed by release() while empty
         self._written: list[Path] = []  # the config.json start() wrote into a folder without one, until a session
         self.first_recorded: list[str] = []  # identities start() recorded that the resumed configuration lacked
+        self._stored: StoredConfig | None = None  # config.json as last read or written
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -109,10 +112,9 @@ class RunFolder:
     def start(self, config: dict[str, Any]) -> list[str]:
         """Write ``config`` into a claimed folder, or check it against the one there (resume).
 
-        Call only after every input (LM, index, questions, program) has been checked: this is the first
-        write of the run. What must match is :mod:`~hcqr_dspy.evaluation.run_config`'s: inputs found at
-        other places (another checkout, data folder or download of a program) resume the run, and
-        ``config.json`` then records the new places.
+        Call only after every input (LM, index, questions, program) has been checked: this is the first write of
+        the run. What must match is :mod:`~hcqr_dspy.evaluation.run_config`'s: inputs found at other places resume
+        the run, and ``config.json`` then records the new places (:func:`~.folder_format.stored_config`).
 
         Returns:
             The locations that moved since the folder was written (``dataset``, ``index.path`` ...;
@@ -125,23 +127,23 @@ class RunFolder:
         cpath = self.path / CONFIG
         moved: list[str] = []
         self._written = [] if cpath.exists() else [cpath]
+        self._stored = None
         if cpath.exists():
-            old = read_json_object(cpath, "run configuration")
-            keys = differing_keys(old, config)
+            stored, old = self.stored, self.stored.config
+            keys = differing_keys(old, config, stored.unrecorded)
             if keys:
                 raise RunError(
                     f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
                     "use another --run-dir or remove it"
                 )
             moved = moved_inputs(old, config)
-            self.first_recorded = first_recorded(old, config)
+            self.first_recorded = first_recorded(stored.unrecorded, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
         return moved
 
     def release(self) -> None:
-        """Release the writer lock taken by :meth:`claim` (no-op for a folder opened to read); the folders it
-        created are removed again while empty (a run refused before its first record)."""
+        """Release :meth:`claim`'s writer lock (if any); the folders it created are removed again while empty."""
         if self.writer is not None:
             self.writer.release()
             self.writer = None
@@ -164,18 +166,29 @@ class RunFolder:
         return folder
 
     def _write_config(self, config: dict[str, Any]) -> None:
-        atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
+        """Write ``config`` (places as here) in the folder's format (:func:`~.folder_format.stored_config`)."""
+        stored = stored_config(config, self.path, self.stored if (self.path / CONFIG).is_file() else None)
+        atomic_write_text(self.path / CONFIG, json.dumps(stored, indent=2, sort_keys=True) + "\n")
+        self._stored = None
         self.__dict__.pop("config", None)
+
+    @property
+    def stored(self) -> StoredConfig:
+        """``config.json`` as read (:func:`~.folder_format.read_config`). Raises RunError: unreadable, newer format."""
+        if self._stored is None:
+            self._stored = read_config(read_json_object(f := self.path / CONFIG, "run configuration"), self.path, f)
+        return self._stored
 
     # -- configuration -------------------------------------------------------
     @cached_property
     def config(self) -> dict[str, Any]:
-        """The run's configuration.
+        """The run's configuration, its inputs' places resolved on this machine
+        (:func:`~hcqr_dspy.evaluation.folder_format.read_config`; no format number).
 
         Raises:
-            RunError: unreadable, or lacking ``method`` or ``dataset``.
+            RunError: unreadable, of a newer format, or lacking ``method`` or ``dataset``.
         """
-        config = read_json_object(self.path / CONFIG, "run configuration")
+        config = self.stored.config
         missing = [k for k in ("method", "dataset") if not config.get(k)]
         if missing:
             raise RunError(f"{self.path / CONFIG} lacks {', '.join(missing)}: not written by `hcqr eval`")
@@ -192,12 +205,13 @@ class RunFolder:
 
     @property
     def dataset_name(self) -> str:
-        """The dataset's name: the file stem (``medqa``) or the hub name."""
-        return Path(self.dataset).stem if Path(self.dataset).suffix else self.dataset
+        """The dataset's name: the file stem (``medqa``), a saved dataset's folder name, an MLflow dataset's NAME or
+        ID, or the hub name (:func:`hcqr_dspy.data_sources.label`)."""
+        return data_sources.label(self.dataset)
 
     @property
     def questions_record(self) -> dict[str, Any]:
-        """``count``, ``limit``, ``seed``, ``ids_sha256``, (runs since 0.2) ``content_sha256``, and
+        """``count``, ``limit``, ``seed``, ``ids_sha256``, ``content_sha256`` (format 1 may lack it), and
         ``labelled: false`` for questions read without gold answers (``hcqr predict``)."""
         return self.config.get("questions") or {}
 
@@ -226,7 +240,8 @@ class RunFolder:
     def set_dataset(self, place: str) -> None:
         """Record the dataset's new place under the writer lock (``run_questions.move_dataset`` checks it)."""
         with WriterLock(self.path, "move-dataset"):
-            self._write_config({**read_json_object(self.path / CONFIG, "run configuration"), "dataset": place})
+            self._stored = None
+            self._write_config({**self.stored.config, "dataset": place})
 
     def load_questions(self) -> dict[str, Any]:
         """The run's questions (from its dataset), by id.
@@ -330,7 +345,7 @@ class RunFolder:
         return record
 
     def sessions(self) -> list[dict[str, Any]]:
-        """The sessions that wrote this folder, oldest first (empty for folders written before sessions were recorded).
+        """The sessions that wrote this folder, oldest first (empty where ``sessions.jsonl`` is absent: format 1).
 
         Raises:
             RunError: a line that is not a session record, or one whose fields have the wrong types
@@ -373,8 +388,7 @@ class RunFolder:
         return metrics
 
     def save_traceback(self, qid: str, exc: BaseException) -> Path | None:
-        """Write ``exc``'s traceback to ``tracebacks/`` (a file named by a hash of ``qid``:
-        :mod:`~hcqr_dspy.evaluation.tracebacks`)."""
+        """Write ``exc``'s traceback to ``tracebacks/`` (named by a hash of ``qid``: :mod:`.tracebacks`)."""
         return save_traceback(self.path, qid, exc)
 
     def clear_traceback(self, qid: str) -> None:

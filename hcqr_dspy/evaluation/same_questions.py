@@ -18,8 +18,8 @@ def check_same_questions(
     Two runs match when they were made over the same questions: the content
     fingerprint of their question sets (ids, text, options, answer;
     :func:`~hcqr_dspy.evaluation.fingerprints.question_fingerprint`)
-    is equal. Runs recorded before content
-    fingerprints existed are matched by dataset and id hash. They must also hold
+    is equal. Runs whose record lacks the content fingerprint (run folder
+    format 1) are matched by dataset and id hash. They must also hold
     the same question ids, unless ``common`` is set: then runs still under way
     (a study resumed session by session) are compared on the questions every one
     of them has answered.

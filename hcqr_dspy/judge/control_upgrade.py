@@ -1,12 +1,12 @@
-"""Adding the on-topic control to judgments recorded before it existed: one judge call per question.
+"""Adding the on-topic control to judgments that lack it: one judge call per question.
 
-Judgments made when the controls were the positive and the negative one (recorded as ``controls: true``) hold
-the context's label and both control labels. Each of those calls is independent of the others
-(:meth:`hcqr_dspy.judge.judge.DURJudge.forward` labels the context and each control in its own call), so with the
-same judge (LM, mode, reasoning) the missing on-topic control can be judged alone and added: the recorded labels
-are kept as they are and each upgraded judgment says so (``on_topic_added``). The added labels are written first to
-``judgments_on_topic.jsonl`` (resumable, one record per question); when every judgment has its control, they are
-merged into ``judgments.jsonl`` in one atomic rewrite and that file is removed.
+Judgments against the positive and the negative control only (``controls: true``, run folder format 1:
+:mod:`hcqr_dspy.evaluation.folder_format`) hold the context's label and both control labels. Each of those calls
+is independent of the others (:meth:`hcqr_dspy.judge.judge.DURJudge.forward` labels the context and each control
+in its own call), so with the same judge (LM, mode, reasoning) the missing on-topic control can be judged alone
+and added: the recorded labels are kept as they are and each upgraded judgment says so (``on_topic_added``). The
+added labels are written first to ``judgments_on_topic.jsonl`` (resumable, one record per question); when every
+judgment has its control, they are merged into ``judgments.jsonl`` in one atomic rewrite and that file is removed.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hcqr_dspy import tracing
 from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.folder_format import lacks_on_topic_control as judged_before_on_topic
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text
 from hcqr_dspy.evaluation.run_folder import RunFolder
@@ -32,9 +33,6 @@ from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
 
 ADDED_FILE = "judgments_on_topic.jsonl"
-# What a judgment's ``controls`` said before the on-topic control existed (positive and negative).
-EARLIER_CONTROLS = True
-
 
 ADDED_FIELDS = ("on_topic_label", "on_topic_rationale", "on_topic_option", "on_topic_passages", "on_topic_error")
 
@@ -65,14 +63,6 @@ def read_added(folder: RunFolder) -> dict[str, dict[str, Any]]:
     return added
 
 
-def judged_before_on_topic(judgment: dict[str, Any], settings: dict[str, Any]) -> bool:
-    """Whether ``judgment`` was made with ``settings`` except that its controls were the positive and the
-    negative one only, so that adding the on-topic control makes it a judgment with ``settings``."""
-    return judgment.get("controls") is EARLIER_CONTROLS and all(
-        judgment.get(k) == v for k, v in settings.items() if k != "controls"
-    )
-
-
 def add_on_topic_controls(
     folder: RunFolder,
     retriever: Any,
@@ -85,7 +75,7 @@ def add_on_topic_controls(
     trace_tags: dict[str, str] | None = None,
     on_error: Callable[[Any, BaseException], BaseException] | None = None,
 ) -> list[dict[str, Any]]:
-    """Judge the on-topic control of every judgment made before it existed and merge it in.
+    """Judge the on-topic control of every judgment that lacks it (:func:`judged_before_on_topic`) and merge it in.
 
     Args:
         folder: The run folder whose ``judgments.jsonl`` holds such judgments.

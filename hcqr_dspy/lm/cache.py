@@ -18,7 +18,7 @@ _endpoint_cards: dict[str, str] = {}
 def key_cache_by_card(api_base: str, card: dict) -> None:
     """Key DSPy's cached replies from ``api_base`` by the model card it lists too (a vLLM server's ``root``: the
     checkpoint it loaded), so a server redeployed there with another checkpoint under the same model name is never
-    served the old one's replies. Replies cached there before the card was known are not served again."""
+    served the old one's replies. Replies cached there under a key without a card are not served again."""
     key_cache_by_endpoint()
     identity = {k: v for k, v in card.items() if k != "url"}
     _endpoint_cards[api_base.rstrip("/")] = json.dumps(identity, sort_keys=True)
@@ -31,8 +31,8 @@ def key_cache_by_endpoint() -> None:
     but puts the endpoint in, by overriding ``Cache.cache_key`` as DSPy's cache guide does for custom keys
     ("Use and Customize DSPy Cache"). The cache object is kept (its memory and disk stores, whatever
     ``dspy.configure_cache`` set): its class becomes a subclass of its own class. Requests without an
-    endpoint (in-process llama.cpp, a provider's default endpoint) keep the keys they had; a reply cached
-    under an endpoint by an older version, keyed without it, is never served for it again.
+    endpoint (in-process llama.cpp, a provider's default endpoint) keep DSPy's own keys; a reply cached
+    under DSPy's own key for a request with an endpoint is never served for it.
     """
     import dspy
 

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hcqr_dspy import __version__
 from hcqr_dspy.config import read_text, validate
 from hcqr_dspy.errors import HCQRError, ProgramFormatError
+from hcqr_dspy.evaluation.places import portable_meta, resolved_meta
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize.recipes import Recipe
 from hcqr_dspy.programs.base import MCQProgram, accepted_options
@@ -264,7 +265,7 @@ def save_program(program: MCQProgram, folder: str | Path, **meta: Any) -> Path:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "hcqr_dspy_version": __version__,
             "dspy_version": dspy.__version__,
-            **meta,
+            **portable_meta(meta, folder),  # places relative to the project or data root (evaluation.places)
         }
     )  # a record that read_meta would refuse is a bug here: pydantic's ValidationError, before anything is written
     folder.mkdir(parents=True, exist_ok=True)
@@ -299,8 +300,8 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         ProgramFormatError: a missing, unreadable or non-UTF-8 file, not JSON, another format, a format
             version newer than this package reads, an unknown method, options that do not fit it,
             unknown keys or ill-typed values (one line naming the file and the field); a ``program.json``
-            changed since it was saved (its SHA-256 against ``meta.json``'s ``program_sha256``; programs saved
-            before the hash was recorded have none and are not checked here).
+            changed since it was saved (its SHA-256 against ``meta.json``'s ``program_sha256``; format versions
+            1 and 2 have none, nor a file whose hash was deleted by hand, and are not checked here).
     """
     folder = Path(folder)
     meta = _read_record(folder)
@@ -322,7 +323,7 @@ def _read_record(folder: Path) -> dict[str, Any]:
         raise ProgramFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ProgramFormatError(f"{path} is not an {FORMAT} file")
-    return validate(ProgramMeta, raw, path, ProgramFormatError).model_dump()
+    return resolved_meta(validate(ProgramMeta, raw, path, ProgramFormatError).model_dump(), folder)
 
 
 def _state_bytes(folder: Path) -> bytes:
@@ -335,7 +336,7 @@ def _state_bytes(folder: Path) -> bytes:
 
 def _check_state(folder: Path, data: bytes, recorded: str | None) -> None:
     """Refuse ``program.json``'s bytes ``data`` when they are not the ones saved (``meta.json``'s SHA-256;
-    ``None``: a program saved before the hash was recorded, not checked)."""
+    ``None``: none recorded, not checked)."""
     if recorded is not None and (actual := hashlib.sha256(data).hexdigest()) != recorded:
         raise ProgramFormatError(
             f"{folder / STATE_FILE} was changed after the program was saved (SHA-256 {actual[:12]}..., "

@@ -3,14 +3,20 @@ MLflow run."""
 
 from __future__ import annotations
 
+import json
+
+from hcqr_dspy.data_sources import POSITION_TAG
 from hcqr_dspy.tracking.store import store_lock
 
 
 def questions_dataset(questions, name: str, experiment_id: str):
     """The MLflow evaluation dataset of a question set (``mlflow.genai.datasets``), created on first use.
 
-    One record per question: inputs ``question`` and ``options``, the expectation ``answer`` (the gold
-    letter, when the question has one) and the tag ``qid``. The same question set reuses its dataset.
+    One record per question (:func:`question_records`): inputs ``question`` and ``options``, the expectation
+    ``answer`` (the gold letter, when the question has one) and the tags ``qid`` and ``position`` (its place in
+    ``questions``, 0, 1, ...: MLflow returns records in no set order). The same question set reuses its dataset;
+    ``hcqr eval --dataset mlflow:NAME`` reads it back as the same questions in the same order
+    (:mod:`hcqr_dspy.data_sources`).
 
     Args:
         questions: The questions (``dspy.Example`` with ``qid``, ``question``, ``options``, ``answer``).
@@ -49,17 +55,33 @@ def _fill_dataset(dataset, questions, name: str, experiment_id: str, find):
             dataset = find()
             if dataset is None:
                 raise
-    dataset.merge_records(
-        [
-            {
-                "inputs": {"question": q.question, "options": dict(q.options)},
-                **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
-                "tags": {"qid": str(q.qid)},
-            }
-            for q in questions
-        ]
-    )
+    dataset.merge_records(question_records(questions))
     return dataset
+
+
+def question_records(questions) -> list[dict]:
+    """The records of :func:`questions_dataset`, one per question in order.
+
+    MLflow keeps one record per distinct inputs (a record whose inputs equal an earlier one's replaces it), so a
+    question whose text and options repeat an earlier question's (MMLU-Med holds 78 such pairs under other ids)
+    also gets its ``qid`` among its inputs: every question keeps a record of its own.
+    """
+    seen: set[str] = set()
+    records = []
+    for position, q in enumerate(questions):
+        inputs = {"question": q.question, "options": dict(q.options)}
+        key = json.dumps(inputs, sort_keys=True)
+        if key in seen:
+            inputs["qid"] = str(q.qid)
+        seen.add(key)
+        records.append(
+            {
+                "inputs": inputs,
+                **({"expectations": {"answer": q.answer}} if q.answer is not None else {}),
+                "tags": {"qid": str(q.qid), POSITION_TAG: str(position)},
+            }
+        )
+    return records
 
 
 def question_set_entity(dataset, digest: str):

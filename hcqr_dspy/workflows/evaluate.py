@@ -157,8 +157,10 @@ def _tracked_evaluation(
         folder.set_mlflow_run_id(run_id)
         if old_id is None:
             describe_mlflow_run(run_id, config, kind)
+        suffix = f"-{config['questions']['content_sha256'][:12]}"
+        # an hcqr dataset read back (--dataset mlflow:medqa-1a2b3c4d5e6f) is logged under its own name again
         questions_ds = questions_dataset(
-            questions, f"{dname}-{config['questions']['content_sha256'][:12]}", run.info.experiment_id
+            questions, dname if dname.endswith(suffix) else dname + suffix, run.info.experiment_id
         )
         digest = config["questions"]["content_sha256"][:8]
         if old_id is None:
@@ -257,8 +259,8 @@ def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
 
 
 def note_first_recorded(folder: RunFolder) -> None:
-    """Say on stderr when a resumed run folder, written by an earlier version, now records identities it did not
-    (:func:`hcqr_dspy.evaluation.run_config.first_recorded`): its earlier rows were not checked against them."""
+    """Say on stderr when a resumed run folder of format 1 now records identities it did not
+    (:func:`hcqr_dspy.evaluation.folder_format.first_recorded`): its earlier rows were not checked against them."""
     if folder.first_recorded:
         print(
             f"hcqr: note: {folder.path}: written by an earlier version that did not record "

@@ -11,7 +11,7 @@ from typing import Any
 
 import dspy
 
-from hcqr_dspy import __version__
+from hcqr_dspy import __version__, data_sources
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.fingerprints import prompt_fingerprint, question_fingerprint
@@ -25,6 +25,7 @@ from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
 from hcqr_dspy.retrieval import load_index, read_manifest
 from hcqr_dspy.tracking.model_links import resolve_model_uri
+from hcqr_dspy.tracking.store import tracking_uri
 from hcqr_dspy.workflows.programs import resolve_program_path
 
 
@@ -34,7 +35,9 @@ class EvalSpec:
 
     Attributes:
         method: Registered method name (``cot``, ``simple_rag``, ``hcqr``).
-        dataset: MIRAGE-format file or hub name.
+        dataset: MIRAGE-format file, saved Hugging Face dataset (``FOLDER[:SPLIT]``), MLflow evaluation dataset
+            (``mlflow:NAME``, ``mlflow:ID``, ``mlflow:REF@STORE``) or hub name (:mod:`hcqr_dspy.data_sources`);
+            :func:`resolve` fills in the store of an ``mlflow:`` dataset given without one.
         index: Index folder (``None`` only for methods without retrieval).
         lm: ``--lm`` spec.
         limit / seed / ids: Question selection (see :func:`hcqr_dspy.data.select`).
@@ -164,7 +167,8 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
     """Check every input before any LM call: method, options, LM spec, questions, index.
 
     A saved program (``spec.program``) fills ``spec.method``; a ``runs:/``
-    program is fetched from the MLflow store ``mlflow_dir``.
+    program is fetched from the MLflow store ``mlflow_dir``, and so is an ``mlflow:`` dataset
+    given without a store (``spec.dataset`` then names the store: ``mlflow:REF@<tracking URI>``).
 
     Returns:
         The run folder's config, the selected questions and the program.
@@ -183,6 +187,7 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         answer_folder = resolve_program_path(spec.answer_step, mlflow_dir)
         answer_meta = read_meta(answer_folder)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
+    spec.dataset = data_sources.with_store(spec.dataset, tracking_uri(mlflow_dir))
     questions = select(
         load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids
     )
@@ -199,9 +204,9 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
         "program": program.settings(),
         "prompts_sha256": prompt_fingerprint(program),  # what each stage's LM call is made of
         "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
-        # recorded only when given, so run folders made before the option existed still resume
+        # recorded only when given: absent is no answer step (run_config.without_nones)
         **({"answer_step": saved_program_record(spec.answer_step, answer_meta, answer_folder)} if answer_meta else {}),
-        "dataset": str(Path(spec.dataset).resolve()) if Path(spec.dataset).exists() else spec.dataset,
+        "dataset": data_sources.place(spec.dataset),
         "questions": {
             **question_fingerprint(questions),
             "limit": spec.limit,
@@ -279,14 +284,15 @@ def open_index(
         "corpus_count": manifest["corpus"]["count"],
         **({"vector_index": dense["vector_index"].get("factory") or dense["vector_index"]["backend"]} if dense else {}),
         **({"search_options": dict(retriever.search_options)} if retriever.search_options else {}),
-        # recorded only when not the default torch, so run folders made before the option existed still resume
+        # recorded only when not the default torch: absent is torch
         **({"encoder_backend": next(iter(runtimes))} if runtimes - {"torch"} else {}),
     }
 
 
 def dataset_name(dataset: str) -> str:
-    """A dataset's name: the file stem (``medqa`` for ``.../medqa.json``) or the hub name."""
-    return Path(dataset).stem if Path(dataset).exists() else dataset
+    """A dataset's name: the file stem (``medqa`` for ``.../medqa.json``), a saved dataset's folder name, an MLflow
+    dataset's NAME or ID, or the hub name (:func:`hcqr_dspy.data_sources.label`)."""
+    return data_sources.label(dataset)
 
 
 def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
