@@ -258,3 +258,13 @@ def test_an_evaluation_of_a_saved_program_records_its_compile_seed(demo_bm25, tm
     config_file.write_text(json.dumps(config))
     again, _, _ = run_evaluation(eval_spec, progress=False, track=False, lm=gold_lm())
     assert again.ran == 0 and json.loads(config_file.read_text())["saved_program"]["seed"] == 3
+
+
+def test_replicate_compiles_evaluations_are_named_apart_by_their_seed():
+    from hcqr_dspy.workflows.evaluate import mlflow_run_name
+
+    seeded = {"saved_program": {"recipe": "bootstrap_fewshot", "seed": 2}}
+    assert mlflow_run_name("hcqr", "mmlu", "local", seeded) == "hcqr+bootstrap_fewshot seed 2 · mmlu · local"
+    assert (
+        mlflow_run_name("hcqr", "mmlu", "local", {"saved_program": {"recipe": "mipro"}}) == "hcqr+mipro · mmlu · local"
+    )

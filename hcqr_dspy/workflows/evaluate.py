@@ -147,6 +147,9 @@ def _tracked_evaluation(
     kind = "evaluation" if labelled else "prediction"
     name = mlflow_run_name(spec.method, dname, spec.lm, config, kind)
     tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
+    seed = (config.get("saved_program") or {}).get("seed")
+    if seed is not None:  # replicate compiles of one recipe: the runs are told apart (and grouped) by it
+        tags["compile_seed"] = str(seed)
     # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
     # dspy.context: a context entered earlier keeps the callbacks it started with.
     with mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir, traces=level == "full") as run:
@@ -299,15 +302,18 @@ def program_label(config: dict[str, Any]) -> str:
 def mlflow_run_name(method: str, dataset: str, lm: str, config: dict[str, Any], kind: str = "evaluation") -> str:
     """An evaluation's MLflow run name, what tells runs apart first (the UI cuts long names): the program, then the
     dataset and the LM. The program is the method (``hcqr · medqa · local``) for a zero-shot program,
-    ``<method>+<recipe>`` for a compiled one (``+saved`` without a recipe), ``<name> v<version>`` for a registered
-    version, ``<method>+answer:<recipe>`` for a fresh method with a saved answer step; ``predict `` goes before it
-    for predictions."""
+    ``<method>+<recipe>`` for a compiled one (``+saved`` without a recipe; `` seed N`` after it for a compile
+    that recorded its seed, so replicate compiles are told apart), ``<name> v<version>`` for a registered version,
+    ``<method>+answer:<recipe>`` for a fresh method with a saved answer step; ``predict `` goes before it for
+    predictions."""
     saved = config.get("saved_program") or {}
     model = saved.get("model") or {}
     if model.get("version"):
         program = f"{model['name']} v{model['version']}"
     elif saved:
         program = f"{method}+{saved.get('recipe') or 'saved'}"
+        if saved.get("seed") is not None:
+            program += f" seed {saved['seed']}"
     elif config.get("answer_step"):
         program = f"{method}+answer:{config['answer_step'].get('recipe') or 'saved'}"
     else:
