@@ -127,9 +127,10 @@ def test_the_no_context_floor_takes_a_simple_rag_answer_step(tmp_path):
     assert floor.answer.signature.instructions == INSTRUCTIONS and len(floor.answer.demos) == 1
 
 
-def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(world, tiny_corpus_file, capsys):
+def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(world, tiny_corpus_file, caplog):
     """A checkout, data folder or program somewhere else is the same run (matched by the questions', corpus' and
     program's identities); the config then records the new places. Another corpus is still refused."""
+    import logging
     import shutil
     from pathlib import Path
 
@@ -150,11 +151,12 @@ def test_a_run_resumes_with_its_inputs_moved_and_still_refuses_other_inputs(worl
     }
     shutil.rmtree(world["index"])
     prog = Path(shutil.move(prog, root / "elsewhere" / "program"))
+    caplog.set_level(logging.INFO, logger="hcqr_dspy")  # the moved-inputs note is INFO
     lm = answering()
     result, _, _ = run_evaluation(spec(moved, answer_step=str(prog)), lm=lm, track=False, progress=False)
     assert result.ran == 1 and len(lm.history) == 1  # only the question the first session did not answer
     moved_note = "other places (dataset, index.path, answer_step.source, answer_step.folder)"
-    assert moved_note in capsys.readouterr().err
+    assert moved_note in caplog.text  # an INFO note of the hcqr_dspy logger
     config = RunFolder.open(folder).config
     assert config["dataset"] == moved["questions"] and config["index"]["path"] == moved["index"]
     assert config["answer_step"]["folder"] == str(prog.resolve())

@@ -5,6 +5,7 @@ copied to another clone (and its data to another data root) resolve there withou
 other machines' absolute ones alike. DummyLM answers; the demo data and a BM25 index over the demo corpus."""
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def stop_after_first_row(folder: Path) -> None:
     (folder / "predictions.jsonl").write_text(rows[0])
 
 
-def test_a_folder_without_a_format_number_resumes_as_the_same_configuration_and_another_is_refused(tmp_path, capsys):
+def test_a_folder_without_a_format_number_resumes_as_the_same_configuration_and_another_is_refused(
+    tmp_path, capsys, caplog
+):
     questions = str(shipped_dir("demo") / "questions.json")
     run_dir = tmp_path / "run"
     _, folder, _ = evaluate(method="cot", dataset=questions, run_dir=str(run_dir))
@@ -58,7 +61,7 @@ def test_a_folder_without_a_format_number_resumes_as_the_same_configuration_and_
     assert "format" not in resumed  # the folder keeps its format
     resumed.pop("mlflow_run_id")  # None: a run not tracked
     assert resumed == {**old, "prompts_sha256": written["prompts_sha256"]}  # and its record, now with the hash
-    assert "did not record prompts_sha256" in capsys.readouterr().err
+    assert "did not record prompts_sha256" in caplog.text  # a WARNING of the hcqr_dspy logger
 
     # a format 2 folder lacking an identity it records is another configuration
     (folder / "config.json").write_text(json.dumps({**old, "format": 2}))
@@ -95,7 +98,7 @@ def clone(root: Path) -> dict[str, Path]:
 
 
 def test_a_run_a_program_and_an_index_copied_to_another_clone_resolve_there_without_overrides(
-    tmp_path, tiny_corpus_file, monkeypatch, capsys
+    tmp_path, tiny_corpus_file, monkeypatch, capsys, caplog
 ):
     from hcqr_dspy.optimize.saved import NoRetriever, read_meta, save_program
     from hcqr_dspy.programs import make_program
@@ -104,6 +107,7 @@ def test_a_run_a_program_and_an_index_copied_to_another_clone_resolve_there_with
     from hcqr_dspy.workflows.register import serving_index
     from hcqr_dspy.workflows.specs import open_index
 
+    caplog.set_level(logging.INFO, logger="hcqr_dspy")  # notes are logged (the moved-inputs one is INFO)
     monkeypatch.delenv("HCQR_DATA", raising=False)
     a = clone(tmp_path / "a")
     monkeypatch.chdir(a["repo"])  # commands run from the clone's root
@@ -135,7 +139,7 @@ def test_a_run_a_program_and_an_index_copied_to_another_clone_resolve_there_with
     monkeypatch.chdir(b["repo"])
     dataset = "../shared/data/benchmark/questions.json"
     result, _, _ = evaluate(method=None, program="programs/p", dataset=dataset, index="indexes/bm25", run_dir="runs/r")
-    assert result.ran == 1 and "other places" not in capsys.readouterr().err  # the same places: nothing moved
+    assert result.ran == 1 and "other places" not in caplog.text  # the same places: nothing moved
     after = json.loads((folder.path / "config.json").read_text())
     assert after.pop("mlflow_run_id") is None and after == before  # its places as recorded (a run not tracked)
 

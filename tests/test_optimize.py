@@ -673,7 +673,7 @@ def test_compile_track_evaluate_and_compare_zero_shot_vs_compiled(setup, mlflow_
             lm=NoCall(),
         )
     comp_run = client.get_run(comp_id)
-    assert comp_run.info.run_name == "hcqr+bootstrap_fewshot · medqa · openai/unused"
+    assert comp_run.info.run_name == "hcqr+bootstrap_fewshot seed 0 · medqa · openai/unused"
     assert comp_run.data.tags["program"] == "compiled:bootstrap_fewshot"
     assert comp_run.data.tags["compile_run_id"] == out["mlflow_run_id"]
     # a runs:/ program is evaluated against the model its compile logged

@@ -28,7 +28,7 @@ def evaluate_with(bench, stub, name, api_base=None):
     return run_evaluation(spec, progress=False, track=False, lm=lm)
 
 
-def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machines(bench, capsys):
+def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machines(bench, caplog):
     first = Stub(down_after=3)
     with pytest.raises(LMUnavailableError):
         evaluate_with(bench, first, "run")
@@ -38,12 +38,12 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     assert one["machine"]["cpu"] == cpu_model() and one["machine"]["cores"] >= 1
     assert one["packages"]["dspy"] == metadata.version("dspy")
     assert one["engine"] is None  # an endpoint, not an in-process llama.cpp engine
-    capsys.readouterr()
+    caplog.clear()
 
     back = Stub()
     evaluate_with(bench, back, "run", api_base=first.base)  # resumed: the second session writes rows 4-6
     assert [(s["session"], s["predictions_before"]) for s in folder.sessions()] == [(1, 0), (2, 3)]
-    assert "another machine" not in capsys.readouterr().err  # resumed on the same machine: no note
+    assert "another machine" not in caplog.text  # resumed on the same machine: no note (logged notes)
     evaluate_with(bench, back, "run", api_base=first.base)  # nothing left to answer: no session recorded
     assert len(folder.sessions()) == 2
     evaluate_with(bench, back, "fresh")
@@ -59,7 +59,7 @@ def test_each_session_that_writes_rows_is_recorded_and_compare_names_the_machine
     record["machine"]["cpu"] = "Another CPU"
     (bench / "other" / SESSIONS).write_text(json.dumps(record) + "\n")
     evaluate_with(bench, back, "other", api_base=gone.base)
-    assert "earlier rows were written on another machine or LM stack (Another CPU" in capsys.readouterr().err
+    assert "earlier rows were written on another machine or LM stack (Another CPU" in caplog.text
     back.stop()
     (bench / "fresh" / SESSIONS).unlink()  # a run made before sessions were recorded ...
     RunFolder(bench / "fresh").record_session("judge")  # ... and judged since
@@ -108,7 +108,7 @@ def test_a_malformed_sessions_file_is_a_clear_error(bench, line, message):
         folder.sessions()
 
 
-def test_a_server_redeployed_with_another_checkpoint_under_the_same_name_is_another_lm_stack(bench, capsys):
+def test_a_server_redeployed_with_another_checkpoint_under_the_same_name_is_another_lm_stack(bench, caplog):
     """The server's model card (``GET /v1/models``, vLLM-shaped) is recorded with each session, without the
     fields vLLM fills anew per request; a resume whose server lists another checkpoint is noted, and compare
     counts two LM stacks. A listing without the model is recorded as unavailable, never guessed."""
@@ -124,17 +124,18 @@ def test_a_server_redeployed_with_another_checkpoint_under_the_same_name_is_anot
         "parent": None,
         "max_model_len": 4096,
     }
-    capsys.readouterr()
+    caplog.clear()
     same = Stub()  # the same checkpoint on another port: the same stack, no note
     with pytest.raises(LMUnavailableError):
         evaluate_with(bench, Stub(down_after=1), "moved")
     evaluate_with(
         bench, same, "moved", api_base=json.loads((bench / "moved" / "config.json").read_text())["lm"]["api_base"]
     )
-    assert "another machine" not in capsys.readouterr().err
+    assert "another machine" not in caplog.text
+    caplog.clear()
     redeployed = Stub(shift=1)  # another checkpoint served under the same model name
     evaluate_with(bench, redeployed, "swap", api_base=first.base)
-    err = capsys.readouterr().err
+    err = caplog.text
     assert "earlier rows were written on another machine or LM stack" in err
     assert "root /models/stub-checkpoint-0" in err and "root /models/stub-checkpoint-1" in err
     report, _ = compare([bench / "swap", bench / "moved"], out_dir=bench / "cmp")

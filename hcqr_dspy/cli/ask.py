@@ -62,7 +62,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     question, options = _read_question(args)
     parse_lm_spec(args.lm, api_base=args.api_base, api_key_env=args.api_key_env)
-    method, _, folder = resolve_method(
+    method, saved = resolve_method(
         args.method if args.program else (args.method or "hcqr"),
         args.program,
         _program_options(args),
@@ -75,8 +75,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         _progress(f"loading the index {args.index} ...")
         retriever = load_index(args.index, search_options=_search_options(args), encoder_backend=args.encoder_backend)
         _progress(f"  {len(retriever.corpus)} passages ({retriever.kind}) in {time.perf_counter() - t0:.1f} s")
-    program, meta = build_program(method, retriever, _program_options(args), folder)
-    if folder is not None:
+    program, meta = build_program(method, retriever, _program_options(args), saved)
+    if saved is not None:
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
     t0 = time.perf_counter()
     _progress(f"loading the model {args.lm} ...")

@@ -4,8 +4,8 @@ argument groups, and the lines that name the MLflow store a command wrote to."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from pathlib import Path
 
 from hcqr_dspy.cli.method_names import method_names
@@ -13,6 +13,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.retrieval.query_runtime import RUNTIMES
 from hcqr_dspy.tracing import TRACE_LEVELS
 from hcqr_dspy.tracking.store import store_dir, tracking_uri
+
+log = logging.getLogger(__name__)
 
 # The names the parser offers, written here so that `hcqr --help` imports neither the registries nor dspy
 # (seconds of imports). tests/test_cli.py checks them against hcqr_dspy.retrieval.fusion.STRATEGIES, the
@@ -115,7 +117,7 @@ def _undo_moves(moves: list[tuple[object, str]]) -> None:
 def _report_moves(moves: list[tuple[object, str]]) -> None:
     """One stderr line per run folder whose dataset place :func:`_move_datasets` changed."""
     for folder, before in moves:
-        print(f"{folder.path}: its questions are read from {folder.dataset} now (recorded: {before})", file=sys.stderr)
+        log.info(f"{folder.path}: its questions are read from {folder.dataset} now (recorded: {before})")
 
 
 def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
@@ -128,8 +130,9 @@ def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _progress(message: str) -> None:
-    """A line saying what the command is doing, on stderr (stdout keeps the result)."""
-    print(message, file=sys.stderr, flush=True)
+    """A line saying what the command is doing: an INFO record, on stderr (:mod:`hcqr_dspy.cli.logs`; hidden by
+    ``-q``); stdout keeps the result."""
+    log.info(message)
 
 
 # -- search options ------------------------------------------------------------

@@ -8,12 +8,14 @@ DSPy, MLflow or torch.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
-import sys
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _add_mlflow_args, _store, _ui_hint
 from hcqr_dspy.errors import HCQRError
+
+log = logging.getLogger(__name__)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -40,11 +42,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         groups=dict(args.group or []),
     )
     print(report)
-    print(f"written: {', '.join(str(f) for f in files)}", file=sys.stderr)
+    log.info(f"written: {', '.join(str(f) for f in files)}")
     if not args.no_mlflow:
         with store_outages(args.mlflow_dir, saved=lambda: f"the report is saved in {args.out}"):
             run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
-        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})", file=sys.stderr)
+        log.info(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
     return 0
 
 

@@ -7,6 +7,7 @@ DSPy, MLflow or torch.
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from hcqr_dspy.cli.common import (
     _ui_hint,
 )
 from hcqr_dspy.cli.method_names import method_names
+
+log = logging.getLogger(__name__)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -110,7 +113,7 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
         changed = "changed" if info["instructions_changed"] else "unchanged"
         print(f"  {name}: {demo_counts(info)} in its prompt, instructions {changed}")
     if out["bootstrap_shortfall"]:
-        print(shortfall_warning(out["bootstrap_shortfall"], out["optimizer"], out["seed"]), file=sys.stderr)
+        log.warning(shortfall_warning(out["bootstrap_shortfall"], out["optimizer"], out["seed"]))
     c = out["compile_cost"]
     print(
         f"  compile cost: {c['lm_calls']} LM calls (+{c['cached_lm_calls']} from the cache), "

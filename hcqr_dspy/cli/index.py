@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +17,13 @@ from pathlib import Path
 from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_search_option_args, _positive_int, _search_options
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.folders import out_folder_fault
+from hcqr_dspy.evaluation.progress import ProgressReport
 from hcqr_dspy.retrieval import build_retriever, load_corpus, load_encoder, load_index
 from hcqr_dspy.retrieval.base import check_index_target
 from hcqr_dspy.retrieval.milvus import MilvusRetriever, MilvusSettings, parse_params
 from hcqr_dspy.retrieval.vector_index import FaissIndex
+
+log = logging.getLogger(__name__)
 
 
 def _given(args: argparse.Namespace, *flags: str, given=lambda value: value is not None) -> list[str]:
@@ -102,12 +105,14 @@ def cmd_index(args: argparse.Namespace) -> int:
         corpus = load_corpus(args.corpus, duplicate_ids=args.duplicate_ids, store=staging)
         t_load = time.perf_counter() - t0
         renamed = f" ({corpus.renamed} repeated ids renamed <id>#N)" if corpus.renamed else ""
-        print(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}", file=sys.stderr)
+        log.info(f"loaded {len(corpus)} passages from {corpus.source} in {t_load:.1f}s{renamed}")
         t0 = time.perf_counter()
         if milvus is not None and args.retriever != "dense":
-            retriever = MilvusRetriever(corpus, milvus, encoder=encoder, show_progress=True, **options)
+            retriever = MilvusRetriever(corpus, milvus, encoder=encoder, show_progress=ProgressReport.shown, **options)
         else:
-            retriever = build_retriever(corpus, args.retriever, encoder=encoder, **options)
+            retriever = build_retriever(
+                corpus, args.retriever, encoder=encoder, show_progress=ProgressReport.shown, **options
+            )  # -q: no bars
         t_build = time.perf_counter() - t0
         out = retriever.save(out)
     finally:

@@ -8,6 +8,7 @@ Each subcommand is one module of :mod:`hcqr_dspy.cli` (its parser and ``cmd_<nam
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from hcqr_dspy.cli import (
 )
 from hcqr_dspy.cli import compile as compile_command
 from hcqr_dspy.cli.common import HelpFormatter
+from hcqr_dspy.cli.logs import add_verbosity_args, cli_logging
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.redaction import redact, redact_exception
 
@@ -38,6 +40,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # MLflow draws a "Downloading artifacts" bar for each artifact it reads back (a compile reads its logged model's
 # files); the commands print what they did themselves. MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=true shows them.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+log = logging.getLogger(__name__)
 
 
 def _versions() -> str:
@@ -63,10 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=_versions())
+    add_verbosity_args(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+        p = sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+        add_verbosity_args(p, after_command=True)  # `hcqr eval -q ...` as well as `hcqr -q eval ...`
+        return p
 
     # in the order `hcqr --help` lists them
     modules = (split, index, evaluate, ask, demo, judge, rescore, compare, replay, experiment, compile_command)
@@ -77,11 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one ``hcqr`` command; its exit code (2 and one ``hcqr: error:`` line on bad input, 130 on Ctrl-C)."""
+    """Run one ``hcqr`` command; its exit code (2 and one ``hcqr: error:`` line on bad input, 130 on Ctrl-C).
+
+    Its notes are printed on stderr at the level ``-v``/``-q`` chose (:func:`~hcqr_dspy.cli.logs.cli_logging`);
+    the error line is printed whatever the level."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with cli_logging(args.log_level):
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("hcqr %s: %s", args.command, _versions())
+            return args.func(args)
     except HCQRError as exc:
         print(f"hcqr: error: {redact(str(exc))}", file=sys.stderr)
         return 2

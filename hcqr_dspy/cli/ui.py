@@ -7,7 +7,7 @@ DSPy, MLflow or torch.
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import _positive_int
@@ -15,17 +15,18 @@ from hcqr_dspy.tracking.experiment_page import evaluation_runs_url, key_metrics_
 from hcqr_dspy.tracking.store import browse_store, existing_store
 from hcqr_dspy.tracking.ui import check_port, serve_ui
 
+log = logging.getLogger(__name__)
+
 
 def cmd_ui(args: argparse.Namespace) -> int:
     folder = existing_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
     check_port(args.host, args.port)  # a taken port fails here, before a link to another program is printed
     # a read-only store (an archived study) is served as it is; a locked or malformed one is refused in one line
     _, experiment_id = browse_store(args.mlflow_dir, "run `hcqr eval` or `make demo`")
-    print(
+    log.info(
         f"MLflow UI on http://{args.host}:{args.port} for {folder} (Ctrl-C stops it)\n"
         f"  evaluation runs: {evaluation_runs_url(experiment_id, args.host, args.port)}\n"
-        f"  every run with the key metrics: {key_metrics_url(experiment_id, args.host, args.port)}",
-        file=sys.stderr,
+        f"  every run with the key metrics: {key_metrics_url(experiment_id, args.host, args.port)}"
     )
     return serve_ui(args.mlflow_dir, host=args.host, port=args.port, workers=args.workers)
 

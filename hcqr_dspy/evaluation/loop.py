@@ -107,7 +107,9 @@ def run_resumable(
         return row
 
     new_rows: list[dict[str, Any]] = []
-    report = ProgressReport(len(items), done.values(), table.what) if progress and todo else None
+    report = (
+        ProgressReport(len(items), done.values(), table.what) if progress and todo and ProgressReport.shown else None
+    )
     if todo:
         # timeout=0: no straggler resubmission. DSPy's ParallelExecutor otherwise starts an item again once it has
         # run 120 s (its default ``timeout``) while at most 3 remain (dspy/utils/parallelizer.py, _execute_parallel),

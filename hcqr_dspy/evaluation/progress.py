@@ -41,6 +41,9 @@ class ProgressReport:
         stream: Where to write (default ``sys.stdout``); a bar where it is a terminal.
     """
 
+    shown: bool = True
+    """Whether loops show their progress at all (``hcqr -q`` turns it off: :mod:`hcqr_dspy.cli.logs`)."""
+
     def __init__(self, total: int, rows_before: Iterable[dict[str, Any]], what: str, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
         self.total, self.what = total, what

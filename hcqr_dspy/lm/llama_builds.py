@@ -22,12 +22,15 @@ Run as ``python -m hcqr_dspy.lm.llama_builds setup|verify|check`` (the Makefile 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LLAMA_CPP_VERSION = "0.3.36"
 PORTABLE_ARGS = (
@@ -200,8 +203,8 @@ def setup(cache: Path, version: str, skip: tuple[str, ...] = ()) -> int:
         if why is None:
             print(f"llama.cpp build: {variant.name} (wheel kept in {wheel_dir(variant, cache)})")
             return 0
-        print(f"llama.cpp build {variant.name} is not used on this machine: {why}", file=sys.stderr)
-    print("no llama.cpp build passed the crash check; local models cannot run here", file=sys.stderr)
+        log.warning(f"llama.cpp build {variant.name} is not used on this machine: {why}")
+    log.warning("no llama.cpp build passed the crash check; local models cannot run here")
     return 1
 
 
@@ -213,7 +216,7 @@ def verify(cache: Path, version: str) -> int:
         return 0
     variants = candidates(cpu_flags(), os.environ.get("HCQR_LLAMA_BUILD"))
     current = installed_variant(variants)
-    print(f"llama.cpp build {current.name if current else '?'} failed with the new model: {why}", file=sys.stderr)
+    log.warning(f"llama.cpp build {current.name if current else '?'} failed with the new model: {why}")
     return setup(cache, version, skip=(current.name,) if current else ())
 
 

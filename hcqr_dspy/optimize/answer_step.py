@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import ProgramFormatError
-from hcqr_dspy.optimize.saved import NoRetriever, load_program
+from hcqr_dspy.optimize.saved import NoRetriever, SavedProgram, read_saved_program
 
 ANSWER_PREDICTOR = "answer"
 
@@ -35,20 +35,23 @@ def answer_predictor(program: Any, what: str) -> Any:
     return predictors[ANSWER_PREDICTOR]
 
 
-def adopt_answer_step(program: Any, source: str | Path) -> None:
-    """Give ``program`` (a fresh method) the answer step of the saved program in ``source``: its instructions,
+def adopt_answer_step(program: Any, source: SavedProgram | str | Path) -> None:
+    """Give ``program`` (a fresh method) the answer step of the saved program ``source``: its instructions,
     its demos and the length its demos' contexts are cut to (``demo_context_tokens``).
 
     Args:
         program: A fresh program whose ``answer`` predictor is replaced in place.
-        source: A saved-program folder (from ``hcqr compile``; an MLflow URI resolved to one by the caller).
+        source: The saved program as read (:class:`~hcqr_dspy.optimize.saved.SavedProgram`), or its folder (from
+            ``hcqr compile``; an MLflow URI resolved to one by the caller), read here.
 
     Raises:
         ProgramFormatError: the saved program does not load, either program has no answer step, or the two
             answer steps have different input or output fields (a different signature: e.g. HCQR with the
             hypothesis shown, whose answer step also reads the hypothesis).
     """
-    saved, meta = load_program(source, NoRetriever())
+    record = source if isinstance(source, SavedProgram) else read_saved_program(source)
+    source, meta = record.folder, record.meta
+    saved = record.build(NoRetriever())
     theirs = answer_predictor(saved, f"saved program {source} ({meta['method']})")
     ours = answer_predictor(program, f"method {program.method!r}")
     if list(theirs.signature.fields) != list(ours.signature.fields):

@@ -6,19 +6,9 @@ A saved (usually compiled) program is a folder::
         program.json   DSPy's state of the program: each predictor's signature
                        instructions and field descriptions, and its demos
                        (``dspy.Module.save(path)`` with a ``.json`` path)
-        meta.json      what it is: format and version, the method and its
-                       constructor options, the optimizer and recipe that made
-                       it, the LM, the index it was compiled against, and the
-                       training questions (dataset, ids and a SHA-256 of each
-                       question text, for the overlap check), and the
-                       SHA-256 of program.json as saved (a hand edit after
-                       the compile is refused when it is read), each
-                       stage's demos as its prompt shows them (bootstrapped,
-                       labelled, rendered, saved) and, when the compile kept
-                       fewer bootstrapped traces than its recipe asked, how
-                       many (``bootstrap_shortfall``); a pydantic
-                       model, :class:`ProgramMeta`, checked when written and
-                       when read
+        meta.json      what it is: the method and its options, the recipe, LM, index and training
+                       questions of its compile, program.json's SHA-256 as saved (a hand edit
+                       is refused when read): :mod:`hcqr_dspy.optimize.program_meta`
 
 Why it is safe to load: both files are read with ``json``; the program is
 rebuilt from the method registry and only receives the JSON state
@@ -35,114 +25,27 @@ local folders only.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import dspy
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hcqr_dspy import __version__
 from hcqr_dspy.config import read_text, validate
 from hcqr_dspy.errors import HCQRError, ProgramFormatError
 from hcqr_dspy.evaluation.places import portable_meta, resolved_meta
 from hcqr_dspy.files import file_sha256
-from hcqr_dspy.optimize.recipes import Recipe
+from hcqr_dspy.optimize.program_meta import FORMAT, FORMAT_VERSION, META_FILE, STATE_FILE, ProgramMeta
 from hcqr_dspy.programs.base import MCQProgram, accepted_options
-from hcqr_dspy.programs.registry import PROGRAMS, check_options, make_program
-
-FORMAT = "hcqr-dspy-program"
-FORMAT_VERSION = 4  # 2: compile_cost; 3: program_sha256; 4: demos, bootstrap_shortfall
-STATE_FILE, META_FILE = "program.json", "meta.json"
-
-
-class TrainingSet(BaseModel):
-    """``meta.json``'s ``train``: every question the optimizer saw (training and validation), for the overlap check.
-
-    ``ids`` and ``text_sha256`` (:func:`text_sha256` of each question) are parallel lists, made by
-    :func:`question_keys`.
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    dataset: str
-    ids: list[str]
-    text_sha256: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
-    file: str | None = None
-    train_count: Annotated[int, Field(ge=0)] | None = None
-    val_count: Annotated[int, Field(ge=0)] | None = None
-
-    @model_validator(mode="after")
-    def _parallel(self) -> TrainingSet:
-        if len(self.ids) != len(self.text_sha256):
-            raise ValueError(f"{len(self.ids)} ids but {len(self.text_sha256)} text hashes")
-        if self.train_count is not None and self.train_count + (self.val_count or 0) != len(self.ids):
-            raise ValueError(f"train_count {self.train_count} + val_count {self.val_count or 0} != {len(self.ids)} ids")
-        return self
-
-
-class ProgramMeta(BaseModel):
-    """``meta.json`` of a saved program.
-
-    The format and its version are checked first (a newer version is refused before its keys are,
-    since it may have other ones); then the method (a registered one), its constructor options
-    (:func:`hcqr_dspy.programs.check_options`), the recipe that compiled it
-    (:class:`hcqr_dspy.optimize.recipes.Recipe`) and its training set (:class:`TrainingSet`). Unknown keys are
-    refused. The rest is recorded as :func:`save_program`'s callers give it.
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    format: Literal["hcqr-dspy-program"]
-    format_version: Annotated[int, Field(ge=1)]
-    method: str
-    options: dict[str, Any] = Field(default_factory=dict)
-    created: str
-    hcqr_dspy_version: str
-    dspy_version: str
-    optimizer: str | None = None
-    recipe: Recipe | None = None
-    lm: dict[str, str] | None = None
-    reflection_lm: str | None = None
-    demo_context_tokens: Annotated[int, Field(ge=0)] | None = None
-    index: dict[str, Any] | None = None
-    train: TrainingSet | None = None
-    mlflow_run_id: str | None = None
-    compile_cost: dict[str, float] | None = None
-    program_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    demos: dict[str, dict[str, Annotated[int, Field(ge=0)]]] | None = None
-    bootstrap_shortfall: dict[str, Annotated[int, Field(ge=0)]] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _readable_version(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("format") == FORMAT:
-            version = data.get("format_version")
-            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-                raise ValueError(
-                    f"saved in program format version {version}, newer than this hcqr-dspy reads "
-                    f"({FORMAT_VERSION}); upgrade hcqr-dspy"
-                )
-        return data
-
-    @field_validator("method")
-    @classmethod
-    def _registered(cls, method: str) -> str:
-        if method not in PROGRAMS:
-            raise ValueError(f"holds method {method!r}, not one of {', '.join(PROGRAMS)}")
-        return method
-
-    @model_validator(mode="after")
-    def _options_fit(self) -> ProgramMeta:
-        try:
-            check_options(self.method, self.options)
-        except ValueError as exc:
-            raise ValueError(f"options: {exc}") from None
-        return self
+from hcqr_dspy.programs.registry import PROGRAMS, make_program
 
 
 def normalize_text(text: str) -> str:
@@ -346,55 +249,149 @@ def _check_state(folder: Path, data: bytes, recorded: str | None) -> None:
         )
 
 
-def load_program(source: str | Path, retriever=None, method: str | None = None) -> tuple[MCQProgram, dict[str, Any]]:
-    """Rebuild a saved program against ``retriever``.
+@dataclass(frozen=True, eq=False)
+class SavedProgram:
+    """One saved program, read once for a command: its folder, ``meta.json`` and ``program.json``'s bytes.
+
+    Made by :func:`read_saved_program` (a local folder) or
+    :func:`hcqr_dspy.workflows.programs.resolve_saved_program` (a folder or an MLflow URI); what a command asks
+    about the program (its method, training set, recipe and seed, the LM it was compiled with, the program
+    itself) is asked of this object, not of the files.
+
+    Attributes:
+        source: The program as named (a folder, ``runs:/<run_id>[/program]``, ``models:/...``).
+        folder: The local folder read (an MLflow URI's download).
+        meta: ``meta.json`` validated by :class:`~hcqr_dspy.optimize.program_meta.ProgramMeta` (its ``model_dump()``,
+            ``None`` where unset; places resolved against ``folder``).
+        state_bytes: ``program.json``'s bytes as read: the bytes checked against ``meta.json``'s
+            ``program_sha256`` (where it records one), hashed in :attr:`state_sha256` and parsed in :attr:`state`.
+    """
+
+    source: str
+    folder: Path
+    meta: dict[str, Any]
+    state_bytes: bytes = field(repr=False)
+
+    @property
+    def method(self) -> str:
+        """The registered method (``meta.json``'s ``method``)."""
+        return self.meta["method"]
+
+    @property
+    def train(self) -> dict[str, Any] | None:
+        """The training set (:class:`~hcqr_dspy.optimize.program_meta.TrainingSet` as a dict: ``dataset``, ``ids``,
+        ``text_sha256`` ...), ``None`` for a program no optimizer trained."""
+        return self.meta["train"]
+
+    @property
+    def recipe(self) -> dict[str, Any] | None:
+        """The recipe that compiled it (:meth:`~hcqr_dspy.optimize.recipes.Recipe.record`), ``None`` for none."""
+        return self.meta["recipe"]
+
+    @property
+    def seed(self) -> int | None:
+        """The compile seed (``recipe.seed``), ``None`` without a recipe."""
+        return (self.recipe or {}).get("seed")
+
+    @property
+    def lm(self) -> dict[str, str] | None:
+        """The LM it was compiled with (``meta.json``'s ``lm``: ``spec`` ...), or ``None``."""
+        return self.meta["lm"]
+
+    @cached_property
+    def state_sha256(self) -> str:
+        """SHA-256 (hex) of :attr:`state_bytes`."""
+        return hashlib.sha256(self.state_bytes).hexdigest()
+
+    @cached_property
+    def state(self) -> dict[str, Any]:
+        """``program.json`` parsed (once per object): the DSPy state, one entry per predictor (and ``metadata``).
+
+        Raises:
+            ProgramFormatError: not UTF-8 JSON, or not a JSON object.
+        """
+        try:
+            state = json.loads(self.state_bytes.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProgramFormatError(f"{self.folder / STATE_FILE} is unreadable: {exc}") from None
+        if not isinstance(state, dict):
+            raise ProgramFormatError(f"{self.folder / STATE_FILE} is not a DSPy program state (a JSON object)")
+        return state
+
+    def described(self) -> dict[str, Any]:
+        """``meta`` plus ``"path"``: :attr:`source`."""
+        return {**self.meta, "path": self.source}
+
+    def build(self, retriever: Any = None, method: str | None = None) -> MCQProgram:
+        """The program with its instructions and demos, over ``retriever`` (any index; ``None`` for a method without
+        retrieval; :class:`NoRetriever` for its prompts only). Each call builds a new program from :attr:`state`.
+
+        Args:
+            retriever: The index to retrieve from.
+            method: If given, the method the caller expects; another one is refused.
+
+        Raises:
+            ProgramFormatError: ``method`` differs; the options do not fit the method; see :attr:`state`; the state
+                does not fit the method (a predictor missing or extra) or does not load into it.
+        """
+        folder, meta = self.folder, self.meta
+        if method is not None and method != meta["method"]:
+            raise ProgramFormatError(f"{folder} is a saved {meta['method']!r} program, not {method!r}")
+        options = meta["options"]
+        try:
+            program = make_program(meta["method"], retriever, **options)
+        except (TypeError, ValueError) as exc:
+            raise ProgramFormatError(
+                f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}"
+            ) from None
+        state = self.state
+        expected = {name for name, _ in program.named_predictors()}
+        found = {k for k in state if k != "metadata"}
+        if found != expected:
+            raise ProgramFormatError(
+                f"{folder / STATE_FILE} holds predictors {sorted(found)}, but method {meta['method']!r} "
+                f"with these options has {sorted(expected)}"
+            )
+        try:
+            program.load_state(copy.deepcopy(state))  # a program's demos are its own, not this object's
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProgramFormatError(
+                f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: {exc!r}"
+            ) from None
+        if meta["demo_context_tokens"] is not None:
+            program.demo_context_tokens = meta["demo_context_tokens"]
+        return program
+
+
+def read_saved_program(folder: str | Path, source: str | None = None) -> SavedProgram:
+    """Read the saved program in the local ``folder`` once: ``meta.json`` validated, ``program.json``'s bytes
+    checked against its recorded SHA-256.
 
     Args:
-        source: A saved-program folder (an MLflow URI is resolved to one first:
-            :func:`hcqr_dspy.workflows.programs.resolve_program_path`).
-        retriever: The index to retrieve from (any index; not saved with the program).
-        method: If given, the method the caller expects; another one is refused.
-
-    Returns:
-        The program with its instructions and demos, and its ``meta.json``
-        (plus ``"path"``: where it was read).
+        folder: A saved-program folder (for MLflow URIs see
+            :func:`hcqr_dspy.workflows.programs.resolve_saved_program`).
+        source: How the program was named (default: ``folder``).
 
     Raises:
-        ProgramFormatError: no such folder; see :func:`read_meta`; the state does not fit the
-            method (a predictor missing or extra), or ``method`` differs.
+        ProgramFormatError: no such folder; see :func:`read_meta`; ``program.json`` unreadable.
     """
-    folder = program_folder(source)
-    meta = _read_record(folder)  # program.json is checked against its hash below, on the bytes parsed
-    if method is not None and method != meta["method"]:
-        raise ProgramFormatError(f"{source} is a saved {meta['method']!r} program, not {method!r}")
-    options = meta["options"]
-    try:
-        program = make_program(meta["method"], retriever, **options)
-    except (TypeError, ValueError) as exc:
-        raise ProgramFormatError(
-            f"{folder / META_FILE}: options {options} do not fit method {meta['method']!r}: {exc}"
-        ) from None
-    data = _state_bytes(folder)
-    _check_state(folder, data, meta["program_sha256"])  # the bytes parsed here are the bytes checked, once
-    try:
-        state = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProgramFormatError(f"{folder / STATE_FILE} is unreadable: {exc}") from None
-    if not isinstance(state, dict):
-        raise ProgramFormatError(f"{folder / STATE_FILE} is not a DSPy program state (a JSON object)")
-    expected = {name for name, _ in program.named_predictors()}
-    found = {k for k in state if k != "metadata"}
-    if found != expected:
-        raise ProgramFormatError(
-            f"{folder / STATE_FILE} holds predictors {sorted(found)}, but method {meta['method']!r} "
-            f"with these options has {sorted(expected)}"
-        )
-    try:
-        program.load_state(state)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProgramFormatError(
-            f"{folder / STATE_FILE} does not load into a {meta['method']!r} program: {exc!r}"
-        ) from None
-    if meta["demo_context_tokens"] is not None:
-        program.demo_context_tokens = meta["demo_context_tokens"]
-    return program, {**meta, "path": str(source)}
+    path = program_folder(folder)
+    meta = _read_record(path)
+    data = _state_bytes(path)
+    _check_state(path, data, meta["program_sha256"])  # the bytes kept are the bytes checked
+    return SavedProgram(str(folder if source is None else source), path, meta, data)
+
+
+def load_program(source: str | Path, retriever=None, method: str | None = None) -> tuple[MCQProgram, dict[str, Any]]:
+    """Rebuild a saved program against ``retriever``: :func:`read_saved_program`, then :meth:`SavedProgram.build`
+    (``method``: the one the caller expects, another refused; a folder, an MLflow URI resolved to one first by
+    :func:`hcqr_dspy.workflows.programs.resolve_program_path`).
+
+    Returns:
+        The program with its instructions and demos, and its ``meta.json`` (plus ``"path"``: where it was read).
+
+    Raises:
+        ProgramFormatError: see :func:`read_saved_program` and :meth:`SavedProgram.build`.
+    """
+    saved = read_saved_program(source)
+    return saved.build(retriever, method), saved.described()

@@ -24,14 +24,16 @@ with other characters is made one by :func:`safe_name`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-import sys
 from typing import Any
 
 import dspy
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.optimize.demo_counts import bootstrapped, default_adapter, renders
+
+log = logging.getLogger(__name__)
 
 NAME_RULE = re.compile(r"[^A-Za-z0-9_.-]+")
 ZERO_SHOT_ALIAS = "zero-shot"  # the alias of each prompt's zero-shot version
@@ -219,12 +221,11 @@ def register_zero_shot_prompts(program: dspy.Module, name: str) -> dict[str, Any
             mlflow.genai.set_prompt_version_tag(full, version.version, key, value)
         mlflow.genai.set_prompt_alias(full, ZERO_SHOT_ALIAS, version.version)
         if current is not None:
-            print(
+            log.warning(
                 f"hcqr: note: the zero-shot prompt of {full} changed: version {current.version} holds the "
                 f"{(current.tags or {}).get('method', '?')!r} program's template, this {fresh.method!r} program's "
                 f"differs (another method registered under the name {name!r}, or its signature reworded); "
-                f"registered it as version {version.version} and moved the alias {ZERO_SHOT_ALIAS} to it",
-                file=sys.stderr,
+                f"registered it as version {version.version} and moved the alias {ZERO_SHOT_ALIAS} to it"
             )
         versions[stage] = client.get_prompt_version(full, version.version)
     return versions

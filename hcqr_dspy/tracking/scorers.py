@@ -34,7 +34,7 @@ the other questions of the run folder) and logs each label on the question's tra
 from __future__ import annotations
 
 import io
-import sys
+import logging
 from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
@@ -47,6 +47,8 @@ from mlflow.genai.scorers import Scorer, scorer
 from hcqr_dspy.evaluation.metrics import hypothesis_outcome, is_correct
 from hcqr_dspy.judge.judge import DURJudge
 from hcqr_dspy.lm.adapter import HCQRAdapter
+
+log = logging.getLogger(__name__)
 
 CODE = AssessmentSource(source_type="CODE", source_id="hcqr-dspy")
 SCORE_BATCH = 1000
@@ -223,20 +225,18 @@ def score_rows(
         scored += len(found)
         del found, data, result
     if scored < len(ids):
-        print(
+        log.warning(
             f"hcqr: note: {len(ids) - scored} of {len(ids)} question traces are not in this MLflow store; "
-            "they are not scored",
-            file=sys.stderr,
+            "they are not scored"
         )
     if not scored:
         return {}
     metrics = {k: v / scored for k, v in totals.items()}
     if scored > SCORE_BATCH:
         mlflow.log_metrics(metrics)  # each call logged its own batch's means
-    print(
+    log.info(
         f"scored {scored} question traces with mlflow.genai.evaluate: "
-        + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())),
-        file=sys.stderr,
+        + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items()))
     )
     return metrics
 

@@ -62,7 +62,7 @@ from typing import Any
 from hcqr_dspy import __version__
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.lm import build_lm, parse_lm_spec
-from hcqr_dspy.optimize.saved import load_program, read_meta
+from hcqr_dspy.optimize.saved import SavedProgram, read_saved_program
 from hcqr_dspy.programs.registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.model_signature import input_example, program_signature
@@ -117,8 +117,8 @@ class ProgramModel:
         for key, var in ENV_OVERRIDES.items():
             if os.environ.get(var):
                 config[key] = os.environ[var]
-        folder = Path(context.artifacts["program"])
-        meta = read_meta(folder)
+        saved = read_saved_program(Path(context.artifacts["program"]))  # read once: meta.json and program.json
+        meta = saved.meta
         index = config.get("index")
         if index == "bundled":
             index = context.artifacts["index"]
@@ -127,7 +127,7 @@ class ProgramModel:
             if not index:
                 raise HCQRError(f"the {meta['method']} program needs an index: set {ENV_OVERRIDES['index']}")
             retriever = load_index(index)
-        self.program, self.meta = load_program(folder, retriever)
+        self.program, self.meta = saved.build(retriever), saved.described()
         self.config = config
         self.threads = serve_threads(config, parse_lm_spec(config["lm"]).kind)
         self.trace_tags = None
@@ -201,6 +201,7 @@ def log_program_model(
     api_key_env: str | None = None,
     name: str = "program",
     prompts: list[Any] | None = None,
+    saved: SavedProgram | None = None,
 ) -> dict[str, Any]:
     """Log a saved program as a pyfunc model of the active MLflow run, with its signature and input example
     (:mod:`hcqr_dspy.tracking.model_signature`), and register it if asked.
@@ -215,6 +216,8 @@ def log_program_model(
         alias: Give that version this alias (``models:/NAME@ALIAS``); needs ``register``.
         name: The logged model's name.
         prompts: Prompt Registry versions (``prompts:/NAME/VERSION`` or ``PromptVersion``) to link to the model.
+        saved: The program in ``folder`` as the caller read it (:class:`~hcqr_dspy.optimize.saved.SavedProgram`);
+            ``None``: read here.
 
     Returns:
         ``{"model_uri", "model_id" (the LoggedModel's id), "registered": "models:/NAME/VERSION" or None, "version",
@@ -229,7 +232,7 @@ def log_program_model(
 
     if alias and not register:
         raise HCQRError("an alias needs a registered model name (--register NAME)")
-    meta = read_meta(folder)
+    meta = (saved or read_saved_program(folder)).meta
     artifacts = {"program": str(Path(folder).resolve())}
     index_ref = None
     if index:

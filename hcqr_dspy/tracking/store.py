@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -20,6 +19,8 @@ from hcqr_dspy.errors import HCQRError, OutageError
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
 from hcqr_dspy.tracking import store_faults
 from hcqr_dspy.tracking.experiment_page import EXPERIMENT, set_experiment_page
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DIR = "mlruns"
 
@@ -200,7 +201,7 @@ def existing_mlflow_run_id(run_id: str | None, path: str | Path | None = None) -
     if deleted is False:
         return run_id
     state = "was deleted from" if deleted else "is not in"
-    print(f"hcqr: note: MLflow run {run_id} {state} {tracking_uri(path)}; tracking in a new run", file=sys.stderr)
+    log.warning(f"hcqr: note: MLflow run {run_id} {state} {tracking_uri(path)}; tracking in a new run")
     return None
 
 

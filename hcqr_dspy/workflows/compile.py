@@ -9,7 +9,7 @@ model by :mod:`hcqr_dspy.tracking.serving`. Several seeds of one recipe: :mod:`h
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ from hcqr_dspy.tracking.mlflow_runs import (
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
 from hcqr_dspy.tracking.serving import log_program_model
 from hcqr_dspy.workflows.compile_inputs import CompileInputs, CompileSpec, check_inputs
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CompileSpec", "compile_and_save", "run_compile"]
 
@@ -157,10 +159,9 @@ def compile_and_save(
         tags.update({"lm": spec.lm, "dataset": checked.train_name, "seed": str(recipe.seed)})
         tags[COMPILE_OUT_TAG] = str(out.resolve())
         for stale in close_stale_compile_runs(out, mlflow_dir):
-            print(
+            log.info(
                 f"hcqr: note: MLflow run {stale} of an earlier compile into {out} was left running (the process was "
-                "stopped); closed as FAILED",
-                file=sys.stderr,
+                "stopped); closed as FAILED"
             )
         with mlflow_run(
             f"compile · {spec.method} · {recipe.name} · {spec.lm}", params, tags=tags, store=mlflow_dir, traces=False

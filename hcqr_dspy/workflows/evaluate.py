@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_o
 from hcqr_dspy.tracking.store_faults import WATCH
 from hcqr_dspy.tracking.trace_repair import question_traces
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RUNS = Path("runs")
 
@@ -242,11 +244,10 @@ def note_rebuilt_traces(rebuilt: int, total: int) -> None:
     """Say on stderr how many question traces were rebuilt from the rows
     (:func:`hcqr_dspy.tracking.trace_repair.question_traces`)."""
     if rebuilt:
-        print(
+        log.warning(
             f"hcqr: note: {rebuilt} of {total} question traces were missing or unfinished in the MLflow store (a "
             "process stopped, or the store failed, before they were written); rebuilt from the run folder's rows, "
-            "without their LM and retrieval spans",
-            file=sys.stderr,
+            "without their LM and retrieval spans"
         )
 
 
@@ -254,10 +255,9 @@ def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
     """Say on stderr when a resumed run folder's inputs were found at other places than it recorded (their
     identities matched: :mod:`hcqr_dspy.evaluation.run_config`)."""
     if moved:
-        print(
+        log.info(
             f"hcqr: note: {folder.path}: resumed with its inputs at other places ({', '.join(moved)}); what they "
-            "hold matches the run's record, and config.json now names the new places",
-            file=sys.stderr,
+            "hold matches the run's record, and config.json now names the new places"
         )
 
 
@@ -265,11 +265,10 @@ def note_first_recorded(folder: RunFolder) -> None:
     """Say on stderr when a resumed run folder of format 1 now records identities it did not
     (:func:`hcqr_dspy.evaluation.folder_format.first_recorded`): its earlier rows were not checked against them."""
     if folder.first_recorded:
-        print(
+        log.warning(
             f"hcqr: note: {folder.path}: written by an earlier version that did not record "
             f"{', '.join(folder.first_recorded)}; recorded from this session on (the rows before it are not "
-            "checked against them)",
-            file=sys.stderr,
+            "checked against them)"
         )
 
 
@@ -280,10 +279,9 @@ def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
     earlier = [machine_key(s) for s in folder.sessions()[:-1] if s.get("command") == "eval"]
     other = [k for k in dict.fromkeys(earlier) if k != now]
     if other:
-        print(
+        log.warning(
             f"hcqr: note: {folder.path}: earlier rows were written on another machine or LM stack ({other[-1]}); "
-            f"this session runs on {now}; `hcqr compare` reports it",
-            file=sys.stderr,
+            f"this session runs on {now}; `hcqr compare` reports it"
         )
 
 

@@ -129,11 +129,11 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
     for name, ref in exp.programs.items():
         where = f"experiment {exp.name}: program cell {name!r}"
         try:
-            method, meta, _ = resolve_method(None, ref, {}, mlflow_dir)
+            method, saved = resolve_method(None, ref, {}, mlflow_dir)
         except HCQRError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        budget = (meta.get("options") or {}).get("budget")
+        budget = (saved.meta.get("options") or {}).get("budget")
         if PROGRAMS[method].uses_retrieval and budget != exp.budget:
             shows = "records no budget" if budget is None else f"shows {budget} passages"
             problems.append(
@@ -142,7 +142,7 @@ def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
             )
         elif PROGRAMS[method].uses_retrieval and not exp.index:
             problems.append(f"{where} is a {method} program: give 'index'")
-        elif overlap := _training_overlap(exp, meta, ref, samples):
+        elif overlap := _training_overlap(exp, saved.meta, ref, samples):
             problems.append(f"{where}: {overlap}")
         else:
             cells.append((name, method))

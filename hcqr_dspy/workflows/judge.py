@@ -11,7 +11,7 @@ measures a judge on a labelled set alone, without a run.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +30,8 @@ from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, l
 from hcqr_dspy.tracking.model_links import judged_dataset, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id
 from hcqr_dspy.tracking.trace_repair import rebuilt_traces
+
+log = logging.getLogger(__name__)
 
 JUDGE_MAX_TOKENS = 512
 
@@ -88,10 +90,7 @@ def judge_and_track(
     """
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
     if not judgeable(folder):
-        print(
-            f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge",
-            file=sys.stderr,
-        )
+        log.warning(f"{folder.path}: no question has a retrieved context (method {folder.method}): nothing to judge")
         return None
     with WriterLock(folder.path, "judge"):  # one writer: a second judge (or an eval) of the folder is refused
         folder.judgments(), read_added(folder)  # malformed records are refused before the LM is built
@@ -144,7 +143,7 @@ def _judge_lm(
         lm = build_lm(
             spec, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env
         )
-        print(f"hcqr judge: {folder.path}: judge LM {spec} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
+        log.info(f"hcqr judge: {folder.path}: judge LM {spec} at {describe_endpoint(lm.hcqr_config)}")
         check_lm(lm)
     return lm, spec
 
@@ -330,6 +329,6 @@ def judge_labelled(
         lm = build_lm(
             judge_lm, max_tokens=max_tokens, n_ctx=n_ctx or DEFAULT_N_CTX, api_base=api_base, api_key_env=api_key_env
         )
-        print(f"hcqr judge: judge LM {judge_lm} at {describe_endpoint(lm.hcqr_config)}", file=sys.stderr)
+        log.info(f"hcqr judge: judge LM {judge_lm} at {describe_endpoint(lm.hcqr_config)}")
         check_lm(lm)
     return measure_agreement(lm, judge_lm, mode, reasoning, labelled_set, progress)

@@ -13,7 +13,7 @@ MLflow run (metrics ``retrieval_relevance/mean``, ``retrieval_groundedness/mean`
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.tracking import retrieval_judges as rj
 from hcqr_dspy.tracking.store import existing_store, open_store
 from hcqr_dspy.tracking.trace_repair import rebuilt_traces
+
+log = logging.getLogger(__name__)
 
 
 def _tracked_traces(folder: RunFolder, mlflow_dir: str | Path | None, qids: Sequence[str] | None) -> dict[str, str]:
@@ -118,10 +120,9 @@ def judge_with_mlflow_scorers(
     first_failure = None
     with rj.endpoint_env(endpoint):
         rj.probe(endpoint)  # an endpoint that cannot be used stops here: nothing is written
-        print(
+        log.info(
             f"hcqr judge: {folder.path}: MLflow's {', '.join(scorers)} with judge LM {spec} ({endpoint.model_uri}) "
-            f"at {endpoint.where()}, {len(traces)} question traces",
-            file=sys.stderr,
+            f"at {endpoint.where()}, {len(traces)} question traces"
         )
         with WriterLock(folder.path, "judge"):
             for qid, trace_id in traces.items():
@@ -133,16 +134,14 @@ def judge_with_mlflow_scorers(
             summary = _record(folder, traces, endpoint)
     if first_failure:
         counts["first_failure"] = first_failure
-        print(
+        log.warning(
             f"hcqr judge: {folder.path}: {counts['failed']} MLflow judge call(s) failed (first: {first_failure}); "
-            "their traces hold an error assessment and the same command judges them again",
-            file=sys.stderr,
+            "their traces hold an error assessment and the same command judges them again"
         )
     if counts["no_passages"]:
-        print(
+        log.warning(
             f"hcqr judge: note: {counts['no_passages']} trace(s) hold no RETRIEVER span with passage text (rebuilt "
-            "from the run folder, or recorded with --traces light): not judged",
-            file=sys.stderr,
+            "from the run folder, or recorded with --traces light): not judged"
         )
     return {**summary, "counts": counts}
 

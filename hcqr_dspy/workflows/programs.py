@@ -65,6 +65,16 @@ def resolve_program_path(source: str | Path, mlflow_dir: str | Path | None = Non
     return local
 
 
+def resolve_saved_program(source: str | Path, mlflow_dir: str | Path | None = None) -> saved.SavedProgram:
+    """The saved program a path or an MLflow URI names, read once (:func:`resolve_program_path`, then
+    :func:`hcqr_dspy.optimize.saved.read_saved_program`): what a command asks about it is asked of this object.
+
+    Raises:
+        ProgramFormatError: see :func:`resolve_program_path` and :func:`hcqr_dspy.optimize.saved.read_saved_program`.
+    """
+    return saved.read_saved_program(resolve_program_path(source, mlflow_dir), str(source))
+
+
 def load_program(
     source: str | Path, retriever=None, method: str | None = None, mlflow_dir: str | Path | None = None
 ) -> tuple[MCQProgram, dict[str, Any]]:
@@ -82,10 +92,10 @@ def load_program(
         :func:`hcqr_dspy.optimize.saved.load_program`.
 
     Raises:
-        ProgramFormatError: see :func:`resolve_program_path` and :func:`hcqr_dspy.optimize.saved.load_program`.
+        ProgramFormatError: see :func:`resolve_saved_program` and :meth:`hcqr_dspy.optimize.saved.SavedProgram.build`.
     """
-    program, meta = saved.load_program(resolve_program_path(source, mlflow_dir), retriever, method)
-    return program, {**meta, "path": str(source)}
+    program = resolve_saved_program(source, mlflow_dir)
+    return program.build(retriever, method), program.described()
 
 
 def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQProgram:

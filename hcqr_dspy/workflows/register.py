@@ -23,7 +23,7 @@ import mlflow
 from hcqr_dspy.errors import HCQRError, ProgramFormatError
 from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.lm.spec import check_route
-from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, NoRetriever, load_program
+from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, NoRetriever, read_saved_program
 from hcqr_dspy.retrieval import read_manifest
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
 from hcqr_dspy.tracking.prompts import register_program_prompts, safe_name
@@ -128,7 +128,8 @@ def register_saved_program(
         ProgramFormatError: ``folder`` is not a saved program that loads.
     """
     check_registry_names(name, alias, option="--name")
-    program, meta = load_program(folder, NoRetriever())  # its prompts only: never searched here
+    saved = read_saved_program(folder)  # read once: what is registered and logged is what was checked
+    program, meta = saved.build(NoRetriever()), saved.described()  # its prompts only: never searched here
     index, note = serving_index(meta, index, no_index)
     recipe = (meta.get("recipe") or {}).get("name")
     if lm is None:
@@ -153,8 +154,8 @@ def register_saved_program(
     with tempfile.TemporaryDirectory(prefix="hcqr-register-") as tmp:
         staged = Path(tmp) / Path(folder).resolve().name
         staged.mkdir()
-        for file in (STATE_FILE, META_FILE):
-            shutil.copyfile(Path(folder) / file, staged / file)
+        (staged / STATE_FILE).write_bytes(saved.state_bytes)  # the bytes checked against meta.json's SHA-256
+        shutil.copyfile(Path(folder) / META_FILE, staged / META_FILE)
         with mlflow_run(
             f"register · {meta['method']} · {label} · {name}", params, tags=tags, store=mlflow_dir, traces=False
         ) as run:
@@ -174,6 +175,7 @@ def register_saved_program(
                 api_base=api_base,
                 api_key_env=api_key_env,
                 name=safe_name(Path(folder).resolve().name),
+                saved=saved,
             )
             client = mlflow.MlflowClient()
             version = str(logged["version"])

@@ -14,7 +14,7 @@ LM is used unless another is given, and the record names the scorer (``scored_by
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.programs import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.workflows.programs import run_program
+
+log = logging.getLogger(__name__)
 
 
 def rescore_run(
@@ -125,10 +127,9 @@ def rescore_run(
         "absent": sum(r["option_probs"] is None for r in records),
         "scored_by": spec,
     }
-    print(
+    log.info(
         f"hcqr rescore: {folder.path}: {now} scored now, {resumed} earlier, {summary['already']} held their own, "
-        f"{summary['absent']} without reasoning to score",
-        file=sys.stderr,
+        f"{summary['absent']} without reasoning to score"
     )
     return summary
 

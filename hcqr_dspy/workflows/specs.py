@@ -15,18 +15,17 @@ from hcqr_dspy import __version__, data_sources
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.fingerprints import prompt_fingerprint, question_fingerprint
-from hcqr_dspy.files import file_sha256
 from hcqr_dspy.lm import DEFAULT_N_CTX, parse_lm_spec
 from hcqr_dspy.lm.adapter import response_format_dialect
 from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
-from hcqr_dspy.optimize.saved import STATE_FILE, load_program, read_meta, refuse_overlap
+from hcqr_dspy.optimize.saved import SavedProgram, refuse_overlap
 from hcqr_dspy.programs.base import accepted_options
 from hcqr_dspy.programs.registry import PROGRAMS, make_program
 from hcqr_dspy.retrieval import load_index, read_manifest
 from hcqr_dspy.tracking.model_links import resolve_model_uri
 from hcqr_dspy.tracking.store import tracking_uri
-from hcqr_dspy.workflows.programs import resolve_program_path
+from hcqr_dspy.workflows.programs import resolve_saved_program
 
 
 @dataclass
@@ -110,7 +109,7 @@ def check_program_options(method: str, options: dict[str, Any], flags: bool = Tr
 
 def resolve_method(
     method: str | None, program: str | None, program_options: dict[str, Any], mlflow_dir: str | Path | None = None
-) -> tuple[str, dict[str, Any] | None, Path | None]:
+) -> tuple[str, SavedProgram | None]:
     """The method to run, checked with its options; a saved program's own method when ``program`` is given.
 
     Args:
@@ -120,19 +119,19 @@ def resolve_method(
         mlflow_dir: The MLflow store of ``runs:/`` and ``models:/`` programs.
 
     Returns:
-        The method, and the saved program's metadata and folder (``None, None`` without one).
+        The method, and the saved program as read, once for the command
+        (:func:`~hcqr_dspy.workflows.programs.resolve_saved_program`; ``None`` without one).
 
     Raises:
         HCQRError: an unknown method, an option the method does not take, a saved program of another
             method or of a newer format, or given options of its own.
     """
-    saved = folder = None
+    saved = None
     if program:
-        folder = resolve_program_path(program, mlflow_dir)
-        saved = read_meta(folder)
-        if method and method != saved["method"]:
-            raise HCQRError(f"{program} is a saved {saved['method']!r} program, not {method!r}")
-        method = saved["method"]
+        saved = resolve_saved_program(program, mlflow_dir)
+        if method and method != saved.method:
+            raise HCQRError(f"{program} is a saved {saved.method!r} program, not {method!r}")
+        method = saved.method
     if method not in PROGRAMS:
         raise HCQRError(f"unknown method {method!r}; choose one of {', '.join(PROGRAMS)}")
     if saved and program_options:
@@ -141,13 +140,13 @@ def resolve_method(
             + ", ".join("--" + k.replace("_", "-") for k in sorted(program_options))
         )
     check_program_options(method, program_options)
-    return method, saved, folder
+    return method, saved
 
 
 def build_program(
-    method: str, retriever: Any, program_options: dict[str, Any], folder: Path | None = None
+    method: str, retriever: Any, program_options: dict[str, Any], saved: SavedProgram | None = None
 ) -> tuple[Any, dict[str, Any] | None]:
-    """A fresh ``method`` program over ``retriever``, or the saved program in ``folder``.
+    """A fresh ``method`` program over ``retriever``, or the ``saved`` program (as :func:`resolve_method` read it).
 
     Returns:
         The program and the saved program's metadata (``None`` for a fresh one).
@@ -155,8 +154,8 @@ def build_program(
     Raises:
         HCQRError: option values the method's constructor refuses, or a saved program that does not load.
     """
-    if folder is not None:
-        return load_program(folder, retriever)
+    if saved is not None:
+        return saved.build(retriever), saved.described()
     try:
         return make_program(method, retriever, **program_options), None
     except ValueError as exc:
@@ -179,33 +178,32 @@ def resolve(spec: EvalSpec, mlflow_dir: str | Path | None = None) -> tuple[dict[
             program of another method, of a newer format, or compiled on some of
             these questions, or given options of its own.
     """
-    spec.method, saved, folder = resolve_method(spec.method, spec.program, spec.program_options, mlflow_dir)
-    answer_folder = answer_meta = None
+    spec.method, saved = resolve_method(spec.method, spec.program, spec.program_options, mlflow_dir)
+    answer = None
     if spec.answer_step:
         if spec.program:
             raise HCQRError(f"{spec.program} is a saved program with its own answer step: drop --answer-step")
-        answer_folder = resolve_program_path(spec.answer_step, mlflow_dir)
-        answer_meta = read_meta(answer_folder)
+        answer = resolve_saved_program(spec.answer_step, mlflow_dir)
     lm_cfg = parse_lm_spec(spec.lm, api_base=spec.api_base, api_key_env=spec.api_key_env)
     spec.dataset = data_sources.with_store(spec.dataset, tracking_uri(mlflow_dir))
     questions = select(
         load_questions(spec.dataset, labelled=spec.labelled), limit=spec.limit, seed=spec.seed, ids=spec.ids
     )
-    if saved and saved.get("train"):
-        refuse_overlap(saved["train"], questions, dataset_name(spec.dataset), f"saved program {spec.program}")
-    if answer_meta and answer_meta.get("train"):
-        refuse_overlap(answer_meta["train"], questions, dataset_name(spec.dataset), f"answer step {spec.answer_step}")
+    if saved and saved.train:
+        refuse_overlap(saved.train, questions, dataset_name(spec.dataset), f"saved program {spec.program}")
+    if answer and answer.train:
+        refuse_overlap(answer.train, questions, dataset_name(spec.dataset), f"answer step {spec.answer_step}")
     retriever, index_info = open_index(spec.method, spec.index, spec.search_options, spec.encoder_backend)
-    program, _ = build_program(spec.method, retriever, spec.program_options, folder)
-    if answer_folder is not None:
-        adopt_answer_step(program, answer_folder)
+    program, _ = build_program(spec.method, retriever, spec.program_options, saved)
+    if answer is not None:
+        adopt_answer_step(program, answer)
     config = {
         "method": spec.method,
         "program": program.settings(),
         "prompts_sha256": prompt_fingerprint(program),  # what each stage's LM call is made of
-        "saved_program": saved_program_record(spec.program, saved, folder) if saved else None,
+        "saved_program": saved_program_record(saved) if saved else None,
         # recorded only when given: absent is no answer step (run_config.without_nones)
-        **({"answer_step": saved_program_record(spec.answer_step, answer_meta, answer_folder)} if answer_meta else {}),
+        **({"answer_step": saved_program_record(answer)} if answer else {}),
         "dataset": data_sources.place(spec.dataset),
         "questions": {
             **question_fingerprint(questions),
@@ -295,17 +293,18 @@ def dataset_name(dataset: str) -> str:
     return data_sources.label(dataset)
 
 
-def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """What a run folder records about the saved program it ran: where, its optimizer, recipe and compile ``seed``
+def saved_program_record(saved: SavedProgram) -> dict[str, Any]:
+    """What a run folder records about the ``saved`` program it ran: where, its optimizer, recipe and compile ``seed``
     (``meta.json``'s ``recipe.seed``: replicate compiles of one recipe differ in it; ``None`` for a program no
     recipe compiled), its training set, the SHA-256 of its ``program.json`` (instructions and demos edited by
     hand after the compile change it), and for a ``models:/`` URI the registered version and LoggedModel it
     resolved to (:func:`hcqr_dspy.tracking.model_links.resolve_model_uri`)."""
+    source, meta = saved.source, saved.meta
     recipe = meta.get("recipe") or {}
     train = meta.get("train") or {}
     return {
-        "source": str(source),
-        "folder": str(Path(folder).resolve()),
+        "source": source,
+        "folder": str(saved.folder.resolve()),
         "optimizer": meta.get("optimizer"),
         "recipe": recipe.get("name") if isinstance(recipe, dict) else recipe,
         "seed": recipe.get("seed") if isinstance(recipe, dict) else None,
@@ -314,7 +313,7 @@ def saved_program_record(source: str, meta: dict[str, Any], folder: Path) -> dic
         "train_dataset": train.get("dataset"),
         "train_count": train.get("train_count", len(train.get("ids") or [])),
         "val_count": train.get("val_count", 0),
-        "program_sha256": file_sha256(Path(folder) / STATE_FILE),
+        "program_sha256": saved.state_sha256,  # the bytes read and checked once, not the file read again
         # a models:/ URI as it resolved now: an alias moved later cannot change what this run ran
-        **({"model": resolve_model_uri(source)} if str(source).startswith("models:/") else {}),
+        **({"model": resolve_model_uri(source)} if source.startswith("models:/") else {}),
     }
