@@ -89,8 +89,9 @@ def redact_exception(exc: BaseException) -> BaseException:
 
 
 def check_endpoint_url(url: str | None, option: str = "--api-base", key_option: str = "--api-key-env") -> None:
-    """Refuse an endpoint URL that carries credentials: user-info (``http://user:pass@host``) or a query parameter
-    named like one (``?api_key=...``); they would be recorded with every run.
+    """Refuse an endpoint URL that carries credentials: user-info (``http://user:pass@host``), a query parameter
+    named like one (``?api_key=...``), or a fragment (``#key=...``: never sent to the endpoint, so nothing but a
+    place to hide a secret); they would be recorded with every run.
 
     Raises:
         LMSpecError: naming the option and where the key belongs instead (the value itself is not shown).
@@ -112,6 +113,11 @@ def check_endpoint_url(url: str | None, option: str = "--api-base", key_option: 
         raise LMSpecError(
             f"{option} must not carry credentials (query parameter {', '.join(named)}); they would be recorded "
             f"with the run: put the key in an environment variable and name it with {key_option}"
+        )
+    if "#" in url:
+        raise LMSpecError(
+            f"{option} must not carry a fragment (the part after '#'): it is never sent to the endpoint and would be "
+            f"recorded with the run; put a key in an environment variable and name it with {key_option}"
         )
 
 

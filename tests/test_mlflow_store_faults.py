@@ -10,6 +10,7 @@ After every fault the resume must leave MLflow agreeing with the run folder: eac
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -334,6 +335,12 @@ def test_a_read_only_store_is_browsed_by_ui_prompts_and_served(bench, tracked_ru
         assert code == 0 and out.strip() == "no served questions", err
         code, _, err = cli(capsys, ["prompts", "hcqr-x", "1", "--alias", "prod", "--mlflow-dir", str(store)])
         assert code == 2 and len(err) == 1 and f"the MLflow store {store} is read-only" in err[0]
+        run, copy = tracked_run.parent / "run", bench / "copy"  # `compare` records a run: refused before its report
+        shutil.copytree(run, copy)
+        argv = ["compare", str(run), str(copy), "--out", str(bench / "report"), "--mlflow-dir", str(store)]
+        code, out, err = cli(capsys, argv)
+        assert code == 2 and not out and len(err) == 1 and f"the MLflow store {store} is read-only" in err[0], err
+        assert not (bench / "report").exists()
         port = free_port()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         argv = [sys.executable, "-m", "hcqr_dspy.cli", "ui", "--mlflow-dir", str(store), "--port", str(port)]

@@ -195,3 +195,55 @@ def test_write_probes_on_a_full_disk_leave_nothing_behind(bench, small_disk, cap
     assert code == 0, err
     assert len(RunFolder.open(run_dir).rows()) == 6
     stub.stop()
+
+
+def test_a_run_inside_an_index_or_program_folder_is_refused_and_a_rebuild_keeps_what_the_index_did_not_write(
+    bench, capsys
+):
+    stub = Stub()
+    corpus = bench / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "p1", "title": "Digoxin", "content": "Digoxin toxicity: yellow vision."}))
+    idx = bench / "idx"
+    index_argv = ["index", "--corpus", str(corpus), "--retriever", "bm25", "--out", str(idx)]
+    assert main(index_argv) == 0
+    capsys.readouterr()
+    prog = bench / "prog"  # the files that mark a saved program folder
+    prog.mkdir()
+    (prog / META_FILE).write_text("{}")
+    (prog / STATE_FILE).write_text("{}")
+    seen = len(stub.seen)
+    for parent, kind, held, command in [
+        (idx, "an index folder", "manifest.json", "hcqr index"),
+        (prog, "a saved program folder", f"{META_FILE}, {STATE_FILE}", "hcqr compile"),
+    ]:
+        before = listing(parent)
+        code, _, err = cli(capsys, eval_argv(bench, parent / "runs" / "sub", stub, "--limit", "2", "--no-mlflow"))
+        assert code == 2 and len(err) == 1, err
+        assert err[0] == (
+            f"hcqr: error: --run-dir {parent / 'runs' / 'sub'} is inside {parent}, {kind} (it holds {held}, written "
+            f"by `{command}`); write the run to a folder of its own, outside it"
+        )
+        assert listing(parent) == before and not (parent / "runs").exists()
+    assert len(stub.seen) == seen  # refused before the LM was asked
+    code, _, err = cli(capsys, ["index", *index_argv[1:-1], str(idx / "inner")])  # an index inside another
+    assert code == 2 and len(err) == 1 and f"is inside {idx}, an index folder" in err[0], err
+    # a run folder and a note put inside the index (by hand, or before this was refused): a rebuild keeps both
+    code, _, err = cli(capsys, eval_argv(bench, bench / "a", stub, "--limit", "2", "--no-mlflow"))
+    assert code == 0, err
+    (idx / "runs").mkdir()
+    (bench / "a").rename(idx / "runs" / "a")
+    (idx / "notes.txt").write_text("why this index")
+    for foreign, kind in [(idx / "notes.txt", "file"), (idx / "runs", "folder")]:
+        before = listing(idx)
+        code, _, err = cli(capsys, index_argv)
+        assert code == 2 and len(err) == 1, err
+        assert err[0] == (
+            f"hcqr: error: index {idx} holds the {kind} {foreign}, which `hcqr index` did not write, and a rebuild "
+            f"replaces the whole folder; move it out of {idx} or give --out another folder"
+        )
+        assert listing(idx) == before
+        os.rename(foreign, bench / foreign.name)
+    assert len(RunFolder.open(bench / "runs" / "a").rows()) == 2
+    assert main(index_argv) == 0  # an index holding only its own files is rebuilt
+    assert sorted(p.name for p in bench.iterdir() if p.name.startswith(".idx")) == []
+    stub.stop()

@@ -56,6 +56,7 @@ def test_a_gateway_echoing_the_refused_key_is_masked_in_messages_traces_and_reco
         (["--api-base", "http://alice:{s}@127.0.0.1:9/v1"], "user name or password"),
         (["--api-base", "http://127.0.0.1:9/v1?api_key={s}"], "query parameter api_key"),
         (["--api-base", "http://127.0.0.1:9/v1?model=x&Access-Token={s}"], "query parameter Access-Token"),
+        (["--api-base", "http://127.0.0.1:1/v1#key={s}"], "a fragment (the part after '#')"),
     ],
 )
 def test_an_api_base_carrying_credentials_is_refused_in_one_line_without_them(bench, capsys, flags, named):

@@ -3,13 +3,15 @@ records (a run, an index, a saved program, a comparison, a replay), whose files 
 or overwrite, and a run folder whose records lost their ``config.json``.
 
 Each tool's folder is known by the files it writes at its top (:data:`RECORDS`); a command writing a folder of one
-kind refuses a folder that holds any other kind's files (:func:`out_folder_fault`): ``hcqr eval --run-dir``, ``hcqr
-index --out``, ``hcqr compile --out``, ``hcqr compare --out`` and ``hcqr replay --out``. A run folder is checked
+kind refuses a folder that holds any other kind's files, or lies inside an index or saved program folder
+(whose files are kept as one) (:func:`out_folder_fault`): ``hcqr eval --run-dir``, ``hcqr index --out``, ``hcqr
+compile --out``, ``hcqr compare --out``, ``hcqr replay --out`` and ``hcqr split --out``. A run folder is checked
 and claimed for its one writer by :func:`claim_run_dir`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hcqr_dspy.errors import RunError
@@ -46,17 +48,47 @@ def repeated_folder(path: str | Path, seen: dict[Path, str]) -> str | None:
     return None
 
 
-def records_held(folder: Path) -> dict[str, list[str]]:
-    """The kinds of :data:`RECORDS` whose files ``folder`` holds: ``{kind: [file, ...]}`` (paths relative to it, in
-    :data:`RECORDS`' order); empty for a missing folder, a file, or a folder of none of them."""
+def records_held(folder: Path, kinds: tuple[str, ...] = tuple(RECORDS)) -> dict[str, list[str]]:
+    """The kinds of :data:`RECORDS` (those of ``kinds``) whose files ``folder`` holds: ``{kind: [file, ...]}`` (paths
+    relative to it, in :data:`RECORDS`' order); empty for a missing folder, a file, or a folder of none of them."""
     if not folder.is_dir():
         return {}
     held = {}
     for kind, (_, _, patterns) in RECORDS.items():
+        if kind not in kinds:
+            continue
         found = [str(p.relative_to(folder)) for pattern in patterns for p in sorted(folder.glob(pattern))]
         if found:
             held[kind] = found
     return held
+
+
+def enclosing_records(out: Path, what: str) -> tuple[Path, str, list[str]] | None:
+    """The nearest folder above ``out`` (resolved) that is an index folder, or a saved program folder when ``what``
+    is not ``program`` (a replicate compile writes ``<out>/seed-<N>/``): ``(folder, kind, files)`` as
+    :func:`records_held` names them; ``None`` when there is none. ``hcqr index`` replaces its whole folder when it
+    rebuilds it, and a saved program's folder is read, registered and copied as one, so records written inside
+    either would be lost or mixed in."""
+    kinds = ("index",) if what == "program" else ("index", "program")
+    for folder in out.resolve().parents:
+        held = records_held(folder, kinds)
+        if held.get("program") == ["meta.json"]:
+            del held["program"]  # a lone meta.json (another tool's) is not a saved program
+        if "index" in held and not _is_index(folder):
+            del held["index"]  # another tool's manifest.json
+        for kind, files in held.items():
+            return folder, kind, files
+    return None
+
+
+def _is_index(folder: Path) -> bool:
+    """Whether ``folder/manifest.json`` is an hcqr index's (its ``format`` is ``hcqr-index``,
+    hcqr_dspy.retrieval.base's ``INDEX_FORMAT``)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "hcqr-index"
 
 
 def out_folder_fault(out: Path, what: str, option: str = "--out") -> str | None:
@@ -69,10 +101,18 @@ def out_folder_fault(out: Path, what: str, option: str = "--out") -> str | None:
             ``program``): its own earlier records are the command's to resume or replace, never refused here.
         option: The command's flag naming ``out``.
 
-    Faults: ``out`` is a file; it holds the records of another kind (:func:`records_held`).
+    Faults: ``out`` is a file; it is inside an index or saved program folder (:func:`enclosing_records`); it
+    holds the records of another kind (:func:`records_held`).
     """
     if out.exists() and not out.is_dir():
         return f"{option} {out} exists and is not a folder; choose another {option}"
+    if enclosing := enclosing_records(out, what):
+        folder, kind, files = enclosing
+        name, command = RECORDS[kind][:2]
+        return (
+            f"{option} {out} is inside {folder}, {name} (it holds {', '.join(files[:3])}, written by `{command}`); "
+            f"write the {what} to a folder of its own, outside it"
+        )
     for kind, files in records_held(out).items():
         if kind != what:
             name, command = RECORDS[kind][:2]

@@ -253,17 +253,46 @@ def check_index_target(path: str | Path) -> Path:
 
     Raises:
         RetrievalIndexError: ``path`` exists and is not an index folder (it
-            is never overwritten), or its parent cannot be created.
+            is never overwritten), holds anything its build did not write
+            (:func:`foreign_entry`; a rebuild replaces the whole folder), or
+            its parent cannot be created.
     """
     path = Path(path)
     if path.exists() and not (path / MANIFEST).is_file():
         if not path.is_dir() or any(path.iterdir()):
             raise RetrievalIndexError(f"{path} exists and is not an hcqr index folder; refusing to overwrite it")
+    if path.is_dir() and (foreign := foreign_entry(path)) is not None:
+        kind = "folder" if foreign.is_dir() else "file"
+        raise RetrievalIndexError(
+            f"index {path} holds the {kind} {foreign}, which `hcqr index` did not write, and a rebuild replaces the "
+            f"whole folder; move it out of {path} or give --out another folder"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RetrievalIndexError(f"cannot create the folder for index {path}: {exc.strerror or exc}") from None
     return path
+
+
+def foreign_entry(folder: Path) -> Path | None:
+    """The first path (sorted, top-most) in index folder ``folder`` that its build did not write: neither
+    ``manifest.json``, a file its ``files`` list, nor a folder holding one (a run folder, notes, an ``mlruns/``
+    store put there); ``None`` when there is none. An unreadable manifest lists no file."""
+    try:
+        listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    written = {MANIFEST, *(listed if isinstance(listed, dict) else ())}
+    parents = {str(parent) for name in written for parent in Path(name).parents}
+    pending = [folder]
+    while pending:
+        for entry in sorted(pending.pop(0).iterdir()):
+            name = str(entry.relative_to(folder))
+            if entry.is_dir() and not entry.is_symlink() and name in parents:
+                pending.append(entry)
+            elif name not in written or not entry.is_file():
+                return entry
+    return None
 
 
 REQUIRED_FIELDS = ("retriever", "corpus.source", "corpus.fingerprint", "corpus.count")

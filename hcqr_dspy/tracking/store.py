@@ -106,11 +106,7 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT, brow
     store_faults.WATCH.where = str(database.parent) if database is not None and database.name == "mlflow.db" else uri
     if database is not None and database.is_file() and not writable(database):
         if not browse:
-            raise HCQRError(
-                f"the MLflow store {store_faults.WATCH.where} is read-only (this process cannot write {database.name} "
-                "or its folder); `hcqr ui`, `hcqr prompts` and `hcqr served` can browse it, a command that records "
-                "runs needs a store it can write: give --mlflow-dir another folder"
-            )
+            raise read_only_error(database, store_faults.WATCH.where)
         return _browse(uri, experiment)
     lock = nullcontext()  # a tracking server creates its own schema
     if database is not None:
@@ -139,6 +135,16 @@ def configure(path: str | Path | None = None, experiment: str = EXPERIMENT, brow
 def writable(database: Path) -> bool:
     """Whether this process can write the SQLite file ``database`` and create its journal beside it."""
     return os.access(database, os.W_OK) and os.access(database.parent, os.W_OK)
+
+
+def read_only_error(database: Path, where: str) -> HCQRError:
+    """The one-line refusal of a store whose SQLite file ``database`` (at ``where``, as messages name the store)
+    this process cannot write, by a command that records runs."""
+    return HCQRError(
+        f"the MLflow store {where} is read-only (this process cannot write {database.name} or its folder); "
+        "`hcqr ui`, `hcqr prompts` and `hcqr served` can browse it, a command that records runs needs a store it "
+        "can write: give --mlflow-dir another folder"
+    )
 
 
 def _browse(uri: str, experiment: str) -> str:
@@ -268,15 +274,17 @@ def browse_store(path: str | Path | None, first: str) -> tuple[str, str]:
 
 
 def check_existing_store(path: str | Path | None = None) -> None:
-    """Refuse, in one line, a store that exists and cannot be read (locked through the whole wait, malformed),
-    before a command that tracks into it writes anything; a store not there yet is left for the command to
-    create.
+    """Refuse, in one line, a store that exists and cannot be read (locked through the whole wait, malformed) or
+    written (:func:`read_only_error`), before a command that tracks into it writes anything; a store not there yet
+    is left for the command to create.
 
     Raises:
-        HCQRError: as :func:`browse_store`.
+        HCQRError: as :func:`browse_store`; the store is read-only.
     """
     database = sqlite_file(tracking_uri(path))
     if database is not None and database.exists():
+        if not writable(database):
+            raise read_only_error(database, existing_store(path, ""))
         browse_store(path, "")
 
 
