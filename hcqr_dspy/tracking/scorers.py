@@ -1,12 +1,12 @@
-"""MLflow scorers of a question's trace, and scoring an evaluation's traces with ``mlflow.genai.evaluate``.
+"""MLflow scorers of a question's trace, and scoring an evaluation's traces with them.
 
 A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracing`);
-when every question of the run folder is answered, :func:`score_rows` passes those
-traces to ``mlflow.genai.evaluate`` inside the evaluation's MLflow run. MLflow then
-logs each scorer's value as feedback on the question's trace, the scorers'
-means as MLflow run metrics (``correct/mean`` ...), marks that MLflow run as an
-evaluation run (it is listed under *Evaluation runs*, and its per-question results appear
-in MLflow's evaluation view) and logs the run folder's questions (the MLflow
+when every question of the run folder is answered, :func:`score_rows` scores those
+traces inside the evaluation's MLflow run (its first batch through ``mlflow.genai.evaluate``,
+the rest with the same scorers, logged the same way). Each scorer's value is feedback on the
+question's trace, the scorers' means are MLflow run metrics (``correct/mean`` ...), and that
+MLflow run is an evaluation run (it is listed under *Evaluation runs*, and its per-question results appear
+in MLflow's evaluation view) with the run folder's questions (the MLflow
 evaluation dataset made by :func:`hcqr_dspy.tracking.datasets.questions_dataset`) as
 its input.
 
@@ -183,11 +183,16 @@ def score_rows(
     scorers: Sequence[Scorer] | None = None,
     digest: str | None = None,
 ) -> dict[str, float]:
-    """Score the traces of a run's rows with ``mlflow.genai.evaluate`` inside the active MLflow run.
+    """Score the traces of a run's rows inside the active MLflow run, in time linear in the number of traces.
 
-    The traces are read and scored :data:`SCORE_BATCH` at a time (one ``mlflow.genai.evaluate`` call each), so a
-    run of any length holds one batch of traces in memory; each call logs its batch's means, and the means over
-    every batch (weighted by their traces) are logged last.
+    The traces are read and scored :data:`SCORE_BATCH` at a time, so a run of any length holds one batch of traces
+    in memory. The first batch goes through ``mlflow.genai.evaluate``: MLflow marks the run as an evaluation run
+    (``mlflow.runType``), records ``dataset`` as its input and logs the batch's feedback. Every later batch is
+    scored by :func:`_log_scores` with the same scorers and logged as the same feedback (same names, values,
+    sources, root span and ``mlflow.assessment.sourceRunId``), because each ``mlflow.genai.evaluate`` call lists
+    every trace of the run after scoring (``mlflow.search_traces`` over the run): one call per batch would list
+    n traces n/:data:`SCORE_BATCH` times. The scorers' means over every scored trace (each name's mean over the
+    traces that have a numeric, boolean or yes/no value for it) are logged last as ``<name>/mean``.
 
     Args:
         rows: The run's rows; those with a ``trace_id`` whose trace is in the store are scored.
@@ -199,31 +204,37 @@ def score_rows(
         scorers: Scorers to use instead of :func:`evaluation_scorers`.
 
     Returns:
-        MLflow's aggregated scorer metrics (``correct/mean`` ...) over every scored trace; ``{}`` when no trace was
-        found.
+        The scorers' means (``correct/mean`` ...) over every scored trace; ``{}`` when no trace was found.
     """
     import pandas as pd
 
     mlflow.flush_trace_async_logging()  # traces are written in the background: every one must be in the store now
     ids = [r["trace_id"] for r in rows if r.get("trace_id")]
-    totals: dict[str, float] = {}
+    chosen = list(scorers or evaluation_scorers(labelled))
+    run_id = mlflow.active_run().info.run_id
+    values: dict[str, list[float]] = {}
     scored = 0
     for start in range(0, len(ids), SCORE_BATCH):
         found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids[start : start + SCORE_BATCH]) if t]
         if not found:
             continue
-        data = pd.DataFrame({"trace": found})
-        if dataset is not None:
-            _name_as(data, dataset, digest)
-        # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
-        # warnings, e.g. failed scorer calls, still reach stderr through logging)
-        chatter = io.StringIO()
-        with redirect_stdout(chatter), redirect_stderr(chatter):
-            result = mlflow.genai.evaluate(data=data, scorers=list(scorers or evaluation_scorers(labelled)))
-        for key, value in result.metrics.items():
-            totals[key] = totals.get(key, 0.0) + float(value) * len(found)
+        if scored:
+            batch = _log_scores(found, chosen, run_id)
+        else:
+            data = pd.DataFrame({"trace": found})
+            if dataset is not None:
+                _name_as(data, dataset, digest)
+            # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
+            # warnings, e.g. failed scorer calls, still reach stderr through logging)
+            chatter = io.StringIO()
+            with redirect_stdout(chatter), redirect_stderr(chatter):
+                result = mlflow.genai.evaluate(data=data, scorers=chosen)
+            batch = _result_values(result, len(found))
+            del data, result
+        for name, vs in batch.items():
+            values.setdefault(name, []).extend(vs)
         scored += len(found)
-        del found, data, result
+        del found
     if scored < len(ids):
         log.warning(
             f"hcqr: note: {len(ids) - scored} of {len(ids)} question traces are not in this MLflow store; "
@@ -231,14 +242,85 @@ def score_rows(
         )
     if not scored:
         return {}
-    metrics = {k: v / scored for k, v in totals.items()}
+    metrics = {f"{name}/mean": sum(vs) / len(vs) for name, vs in values.items() if vs}
     if scored > SCORE_BATCH:
-        mlflow.log_metrics(metrics)  # each call logged its own batch's means
-    log.info(
-        f"scored {scored} question traces with mlflow.genai.evaluate: "
-        + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items()))
-    )
+        mlflow.log_metrics(metrics)  # mlflow.genai.evaluate logged the first batch's means
+    log.info(f"scored {scored} question traces: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())))
     return metrics
+
+
+def _as_number(value: Any) -> float | None:
+    """A feedback value as MLflow aggregates it: a number or boolean as a float, ``yes``/``no`` as 1.0/0.0, else
+    ``None`` (not aggregated)."""
+    if isinstance(value, (bool, int, float)):
+        return None if value != value else float(value)  # NaN: a missing value in a table
+    if isinstance(value, str) and value.lower() in ("yes", "no"):
+        return float(value.lower() == "yes")
+    return None
+
+
+def _result_values(result: Any, n: int) -> dict[str, list[float]]:
+    """Each aggregated scorer's values in an ``mlflow.genai.evaluate`` result: its ``<name>/value`` column, or its
+    mean repeated ``n`` times (one per trace) where the result has no table."""
+    table = getattr(result, "result_df", None)
+    out: dict[str, list[float]] = {}
+    for key, mean in result.metrics.items():
+        name, _, aggregation = key.rpartition("/")
+        if aggregation != "mean":
+            continue
+        column = f"{name}/value"
+        if table is not None and column in table.columns:
+            out[name] = [v for v in map(_as_number, table[column]) if v is not None]
+        else:
+            out[name] = [float(mean)] * n
+    return out
+
+
+def _log_scores(traces: Sequence[Any], scorers: Sequence[Scorer], run_id: str) -> dict[str, list[float]]:
+    """Run ``scorers`` on each trace as ``mlflow.genai.evaluate`` does and log their feedback on it.
+
+    A scorer gets the root span's inputs and outputs, the trace's expectations (name -> value) and the trace; its
+    feedback gets the root span, the scorer's metadata and ``run_id`` as its source run. A scorer that raises gives
+    an error feedback (``SCORER_ERROR``) and one warning per scorer.
+
+    Returns:
+        Each feedback name's aggregable values (:func:`_as_number`) over ``traces``.
+    """
+    from mlflow.entities.assessment_error import AssessmentError
+    from mlflow.genai.evaluation.utils import add_scorer_metadata, standardize_scorer_value
+    from mlflow.tracing.constant import AssessmentMetadataKey
+
+    values: dict[str, list[float]] = {}
+    failed: dict[str, int] = {}
+    for trace in traces:
+        root = next((s for s in trace.data.spans if s.parent_id is None), None)
+        expectations = {a.name: a.expectation.value for a in trace.info.assessments or [] if a.expectation}
+        for sc in scorers:
+            try:
+                out = sc.run(
+                    inputs=root.inputs if root else None,
+                    outputs=root.outputs if root else None,
+                    expectations=expectations,
+                    trace=trace,
+                )
+                feedbacks = standardize_scorer_value(sc.name, out)
+            except Exception as e:
+                failed[sc.name] = failed.get(sc.name, 0) + 1
+                source = AssessmentSource(source_type="CODE", source_id=sc.name)
+                error = AssessmentError(error_code="SCORER_ERROR", error_message=str(e))
+                feedbacks = [Feedback(name=sc.name, source=source, error=error)]
+            add_scorer_metadata(sc, feedbacks)
+            for fb in feedbacks:
+                fb.trace_id = trace.info.trace_id
+                fb.metadata = {**(fb.metadata or {}), AssessmentMetadataKey.SOURCE_RUN_ID: run_id}
+                if root is not None:
+                    fb.span_id = root.span_id
+                mlflow.log_assessment(trace_id=fb.trace_id, assessment=fb)
+                if (v := _as_number(fb.value)) is not None:
+                    values.setdefault(fb.name, []).append(v)
+    for name, count in failed.items():
+        log.warning(f"hcqr: note: scorer {name} failed on {count} of {len(traces)} question traces")
+    return values
 
 
 def _name_as(data: Any, dataset: Any, digest: str | None = None) -> None:
