@@ -61,6 +61,10 @@ LIGHT_TEXT_CHARS = 200
 TRACE_BACKLOG_QUESTIONS = 100
 """Question traces MLflow may hold unwritten: every this many, :func:`question` waits for them to be written."""
 _LIGHT: ContextVar[bool] = ContextVar("hcqr_light_trace", default=False)  # set by question() for its block
+# {stage: PromptVersion} of the question being traced (question()'s ``prompts``): span() marks those stages' spans
+_PROMPTS: ContextVar[dict[str, Any]] = ContextVar("hcqr_stage_prompts", default={})  # noqa: B039 (never mutated)
+LINKED_PROMPTS = "mlflow.linkedPrompts"
+"""MLflow's trace tag and span attribute of the prompt versions used: JSON ``[{"name", "version"}]``."""
 _questions_traced = itertools.count(1)
 # The stop a tracking layer set when the MLflow store failed under the traces written in the background (it stayed
 # locked past its wait, its disk filled): the next question's trace raises it instead of starting (:func:`question`).
@@ -128,6 +132,9 @@ def span(
 ) -> Iterator[SpanHandle]:
     """A child span of the active one, or nothing when no trace is active.
 
+    A span named after a stage of the traced question's ``prompts`` (:func:`question`) also gets the attributes
+    ``prompt`` (``prompts:/NAME/VERSION``) and ``mlflow.linkedPrompts`` (:data:`LINKED_PROMPTS`).
+
     Args:
         name: Span name (``hypothesis``, ``answer`` ...).
         span_type: An :class:`mlflow.entities.SpanType` value.
@@ -142,6 +149,13 @@ def span(
         return
     import mlflow
 
+    version = _PROMPTS.get().get(name)
+    if version is not None:
+        attributes = {
+            **(attributes or {}),
+            "prompt": f"prompts:/{version.name}/{version.version}",
+            LINKED_PROMPTS: linked_prompts([version]),
+        }
     with mlflow.start_span(name=name, span_type=span_type, attributes=attributes) as s:
         if inputs is not None:
             s.set_inputs(kept(inputs))
@@ -234,6 +248,13 @@ def fusion_span(
     s.end(outputs=docs, end_time_ns=end_ns)
 
 
+def linked_prompts(versions: Sequence[Any]) -> str:
+    """The :data:`LINKED_PROMPTS` value of prompt versions (anything with ``name`` and ``version``)."""
+    import json
+
+    return json.dumps([{"name": v.name, "version": str(v.version)} for v in versions])
+
+
 def now_ns() -> int:
     return time.time_ns()
 
@@ -311,7 +332,12 @@ def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def question(
-    name: str, question_text: str, options: dict[str, str], tags: dict[str, str], level: str = "full"
+    name: str,
+    question_text: str,
+    options: dict[str, str],
+    tags: dict[str, str],
+    level: str = "full",
+    prompts: dict[str, Any] | None = None,
 ) -> Iterator[QuestionTrace]:
     """Open the root span of one question's trace and tag the trace. After every
     :data:`TRACE_BACKLOG_QUESTIONS`-th question of the process it waits until MLflow has written the traces before it
@@ -322,6 +348,8 @@ def question(
         question_text, options: The root span's inputs.
         tags: Trace tags (:data:`QUESTION_TAGS`); values are made strings.
         level: ``full`` or ``light`` (:data:`TRACE_LEVELS`): how much the spans opened in the block keep.
+        prompts: ``{stage: PromptVersion}``, the Prompt Registry versions the program's stages use: the trace is
+            tagged :data:`LINKED_PROMPTS` with all of them, and each stage's span names its own (:func:`span`).
 
     Yields:
         A :class:`QuestionTrace`; call :meth:`QuestionTrace.finish` with the question's row before the block ends.
@@ -333,14 +361,16 @@ def question(
         raise _STOPS[0]
     import mlflow
 
-    token = _LIGHT.set(level == "light")
+    token, marked = _LIGHT.set(level == "light"), _PROMPTS.set(dict(prompts or {}))
     try:
         with mlflow.start_span(name=name, span_type="CHAIN") as root:
             root.set_inputs({"question": question_text, "options": options})
             tags = {k: str(v) for k, v in tags.items() if v is not None}
-            mlflow.update_current_trace(tags=tags)
+            linked = {LINKED_PROMPTS: linked_prompts(list(prompts.values()))} if prompts else {}
+            mlflow.update_current_trace(tags={**tags, **linked})
             yield QuestionTrace(root, tags)
     finally:
         _LIGHT.reset(token)
+        _PROMPTS.reset(marked)
     if next(_questions_traced) % TRACE_BACKLOG_QUESTIONS == 0:
         mlflow.flush_trace_async_logging()

@@ -94,6 +94,7 @@ def evaluate(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     trace_tags: dict[str, str] | None = None,
     trace_level: str = "full",
+    trace_prompts: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Run ``program`` over ``examples``, writing ``predictions.jsonl`` as it goes.
 
@@ -109,6 +110,8 @@ def evaluate(
         trace_tags: Record each question as an MLflow trace (:func:`hcqr_dspy.tracing.question`) with
             these tags plus ``qid``; the row keeps the trace's id as ``trace_id``. ``None``: no traces.
         trace_level: ``full`` or ``light`` (:data:`hcqr_dspy.tracing.TRACE_LEVELS`): what each trace keeps.
+        trace_prompts: ``{stage: PromptVersion}``, the Prompt Registry versions the program's stages use: each
+            trace names them (:func:`hcqr_dspy.tracing.question`'s ``prompts``).
 
     Returns:
         :class:`EvalResult` over every question of ``examples``.
@@ -142,7 +145,7 @@ def evaluate(
         if trace_tags is None:
             return answer(example)
         tags = {**trace_tags, "qid": example.qid}
-        with tracing.question(method, example.question, example.options, tags, trace_level) as trace:
+        with tracing.question(method, example.question, example.options, tags, trace_level, trace_prompts) as trace:
             row = answer(example)
             trace.finish(row)
         return row

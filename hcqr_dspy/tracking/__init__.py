@@ -17,7 +17,8 @@ stopped process or a failed store left out, rebuilt from the rows),
 :mod:`~hcqr_dspy.tracking.lm_spans` (one span per LM call in a question's trace),
 :mod:`~hcqr_dspy.tracking.datasets` (the question set as an MLflow evaluation dataset),
 :mod:`~hcqr_dspy.tracking.compile_run` (a compile's questions, bootstrapping attempts and candidates' scores),
-:mod:`~hcqr_dspy.tracking.scorers` (scoring a run's traces), :mod:`~hcqr_dspy.tracking.comparison` (a
+:mod:`~hcqr_dspy.tracking.scorers` (scoring a run's traces), :mod:`~hcqr_dspy.tracking.prompt_links` (question
+traces linked to the prompt versions their stages used), :mod:`~hcqr_dspy.tracking.comparison` (a
 comparison as a run), :mod:`~hcqr_dspy.tracking.ui` (``hcqr ui``), :mod:`~hcqr_dspy.tracking.serving` (a saved
 program as a pyfunc model) and :mod:`~hcqr_dspy.tracking.served_model` (that model's code).
 

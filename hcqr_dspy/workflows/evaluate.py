@@ -29,6 +29,7 @@ from hcqr_dspy.tracing import trace_level
 from hcqr_dspy.tracking.datasets import log_question_set, question_set_entity, questions_dataset
 from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
 from hcqr_dspy.tracking.model_links import evaluated_model, link_run_to_model, log_model_metrics
+from hcqr_dspy.tracking.prompt_links import link_traces, model_prompts
 from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
 from hcqr_dspy.tracking.store_faults import WATCH
 from hcqr_dspy.tracking.trace_repair import question_traces
@@ -174,6 +175,7 @@ def _tracked_evaluation(
         if model["model_id"]:
             link_run_to_model(run_id, model)
             mlflow.set_active_model(model_id=model["model_id"])  # the traces of this evaluation name the model
+        prompts = model_prompts(model["model_id"])  # {stage: PromptVersion}: each trace is linked to them
         trace_tags = {
             "method": spec.method,
             "dataset": dname,
@@ -194,6 +196,7 @@ def _tracked_evaluation(
                     on_row=on_row,
                     trace_tags=None if level == "off" else trace_tags,
                     trace_level=level,
+                    trace_prompts=prompts,
                 )
             except BaseException:
                 # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
@@ -210,6 +213,7 @@ def _tracked_evaluation(
                 result.rows, questions, run_id, run.info.experiment_id, spec.method, trace_tags
             )
             note_rebuilt_traces(rebuilt, len(result.rows))
+            link_traces(trace_ids.values(), prompts)
         if model["model_id"]:
             # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
             # with the question set, below
