@@ -10,12 +10,9 @@ program cost (its ``meta.json``'s ``compile_cost``). The statistics are :mod:`hc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from hcqr_dspy.optimize.saved import META_FILE
 from hcqr_dspy.reporting.family import COMPILED, GAINS, MCNEMAR, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
@@ -76,19 +73,15 @@ def zero_shot_partner(run: Run, runs: Sequence[Run], reference: Run | None = Non
 
 
 def compile_cost(run: Run) -> tuple[dict[str, float] | None, str | None]:
-    """The saved program's ``compile_cost`` (LM calls, tokens, seconds), read from its folder's ``meta.json``,
-    or ``(None, why not)``: no folder recorded, the folder or its ``meta.json`` missing or unreadable, or no
-    (well-formed) cost in it (a program saved before compile costs were kept)."""
-    folder = (run.config.get("saved_program") or {}).get("folder")
-    if not folder:
+    """The saved program's ``compile_cost`` (LM calls, tokens, seconds), from its folder's ``meta.json``
+    (:attr:`~hcqr_dspy.reporting.runs.Run.program`, read once per comparison), or ``(None, why not)``: no folder
+    recorded, the folder or its ``meta.json`` missing or unreadable, or no (well-formed) cost in it (a program
+    saved before compile costs were kept)."""
+    if run.program is None:
         return None, "no program folder recorded"
-    path = Path(folder) / META_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except OSError:
-        return None, f"{path} missing"
-    except json.JSONDecodeError:
-        return None, f"{path} unreadable"
+    meta, why = run.program.meta
+    if why is not None:
+        return None, why
     cost = meta.get("compile_cost") if isinstance(meta, dict) else None
     keys = ("lm_calls", "prompt_tokens", "completion_tokens", "seconds")
     if not isinstance(cost, dict) or not all(isinstance(cost.get(k), (int, float)) for k in keys):

@@ -5,28 +5,21 @@ predictor."""
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.optimize.demo_counts import count_saved_program
-from hcqr_dspy.optimize.saved import STATE_FILE, fresh_state
+from hcqr_dspy.optimize.saved import fresh_state
 from hcqr_dspy.reporting.compiled import zero_shot_partner
 from hcqr_dspy.reporting.runs import Run
 
 
 def program_state(run: Run) -> dict[str, Any] | None:
-    """The run's program state (instructions, demos per predictor): a saved program's ``program.json``,
-    else the zero-shot program rebuilt from the method and its recorded options; ``None`` if unavailable."""
-    saved = run.config.get("saved_program")
-    if saved:
-        path = Path(saved.get("folder") or "") / STATE_FILE
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return None
+    """The run's program state (instructions, demos per predictor): a saved program's ``program.json``
+    (:attr:`~hcqr_dspy.reporting.runs.Run.program`, read once per comparison), else the zero-shot program rebuilt
+    from the method and its recorded options; ``None`` if unavailable."""
+    if run.config.get("saved_program"):
+        return run.program.state if run.program is not None else None
     try:
         return fresh_state(run.config.get("method"), run.config.get("program") or {})
     except HCQRError:
@@ -35,15 +28,9 @@ def program_state(run: Run) -> dict[str, Any] | None:
 
 def shown_demos(run: Run) -> dict[str, dict[str, int]] | None:
     """Each stage's demos of a saved program as its prompts show them
-    (:func:`~hcqr_dspy.optimize.demo_counts.count_saved_program`: bootstrapped, labelled, rendered, saved);
-    ``None`` for a zero-shot run or a program folder that cannot be loaded."""
-    folder = (run.config.get("saved_program") or {}).get("folder")
-    if not folder:
-        return None
-    try:
-        return count_saved_program(folder)
-    except HCQRError:
-        return None
+    (:attr:`~hcqr_dspy.reporting.saved_programs.ProgramFolder.demo_counts`: bootstrapped, labelled, rendered,
+    saved); ``None`` for a zero-shot run or a program folder that cannot be loaded."""
+    return run.program.demo_counts if run.program is not None else None
 
 
 def _demo_text(count: dict[str, int] | None, saved: int) -> str:

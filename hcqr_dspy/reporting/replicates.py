@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError
@@ -62,17 +61,14 @@ REPLICATES_NOTE = (
 
 def compile_seed(run: Run) -> int | None:
     """The compile seed of a run's saved program: its run record's ``saved_program.seed``, else the seed of the
-    recipe in the program folder's ``meta.json``; ``None`` when neither records one."""
+    recipe in the program folder's ``meta.json`` (:attr:`~hcqr_dspy.reporting.runs.Run.program`, read once per
+    comparison); ``None`` when neither records one."""
     saved = run.config.get("saved_program") or {}
     if isinstance(saved.get("seed"), int):
         return saved["seed"]
-    folder = saved.get("folder")
-    if not folder:
+    if run.program is None:
         return None
-    try:
-        meta = json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    meta, _ = run.program.meta
     seed = (meta.get("recipe") or {}).get("seed") if isinstance(meta, dict) else None
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 

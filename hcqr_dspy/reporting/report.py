@@ -34,6 +34,7 @@ from hcqr_dspy.reporting.provenance import provenance_line, session_summary
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
 from hcqr_dspy.reporting.replicates import REPLICATES_NOTE, check_groups, replicates_table
 from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, run_label, unique_labels
+from hcqr_dspy.reporting.saved_programs import ProgramFolders
 from hcqr_dspy.reporting.setups import NOTE as SETUPS_NOTE
 from hcqr_dspy.reporting.setups import SetupCheck, setup_check
 from hcqr_dspy.reporting.stats import mcnemar_exact
@@ -290,7 +291,8 @@ def compare(
     """
     margins = check_margins(margin, margin_pgold)
     out = _checked_out(run_dirs, out_dir)
-    runs = [load_run(p) for p in run_dirs]
+    programs = ProgramFolders()  # each saved-program folder read once for the whole report and its plots
+    runs = [load_run(p, programs=programs) for p in run_dirs]
     unique_labels(runs)
     qids = check_same_questions([r.folder for r in runs], [r.rows for r in runs], common=common)
     check_same_gold(runs)

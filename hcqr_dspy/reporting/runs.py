@@ -17,6 +17,7 @@ from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
 from hcqr_dspy.judge.metrics import dur_metrics
+from hcqr_dspy.reporting.saved_programs import ProgramFolder, ProgramFolders
 
 # What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluation.rows.prediction_row`).
 ROW_KEYS = ("prediction", "valid", "correct", "gold")
@@ -26,7 +27,9 @@ COST_KEYS = ("lm_calls", "prompt_tokens", "completion_tokens", "seconds")
 
 @dataclass
 class Run:
-    """A run folder, loaded: its configuration, rows, metrics and DUR judgments."""
+    """A run folder, loaded: its configuration, rows, metrics and DUR judgments, and the folder of the saved
+    program it ran (``program``: :class:`~hcqr_dspy.reporting.saved_programs.ProgramFolder`, read when first asked;
+    ``None`` for a run that recorded no program folder)."""
 
     folder: RunFolder
     label: str
@@ -34,6 +37,7 @@ class Run:
     metrics: dict[str, Any]
     dur: dict[str, Any] = field(default_factory=dict)
     judgments: list[dict[str, Any]] = field(default_factory=list)
+    program: ProgramFolder | None = None
 
     @property
     def path(self) -> Path:
@@ -71,8 +75,15 @@ def restrict(run: Run, qids: Sequence[str]) -> None:
     run.dur = dur_metrics(run.judgments) if run.judgments else {}  # judgments are the record DUR is computed from
 
 
-def load_run(path: str | Path, label: str | None = None) -> Run:
+def load_run(path: str | Path, label: str | None = None, programs: ProgramFolders | None = None) -> Run:
     """Load a run folder (through :class:`~hcqr_dspy.evaluation.run_folder.RunFolder`).
+
+    Args:
+        path: The run folder.
+        label: Its label in the report (default :func:`run_label`).
+        programs: Where the run's saved-program folder comes from: runs loaded with one ``programs`` share the
+            :class:`~hcqr_dspy.reporting.saved_programs.ProgramFolder` of a folder (each read once); default a
+            folder of the run's own.
 
     Raises:
         HCQRError: not a run folder, no finished question, unreadable records or judgments.
@@ -94,7 +105,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     judgments = folder.judgments()
     # the judgments file is the record (a judge stopped midway has not rewritten dur.json yet)
     dur = dur_metrics(judgments) if judgments else folder.read_json(DUR_METRICS)
-    return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments)
+    program = (programs or ProgramFolders()).get(saved["folder"]) if saved and saved.get("folder") else None
+    return Run(folder, label or run_label(folder.config, folder.path), rows, summarize(rows), dur, judgments, program)
 
 
 def _amount(value: Any) -> bool:
