@@ -85,9 +85,9 @@ def run_evaluation(
     Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
     (:func:`mlflow_run_name`) and tagged likewise; its description links the MLflow run that compiled a saved program;
     the questions are its input (an MLflow evaluation dataset); each question is a trace
-    (:mod:`hcqr_dspy.tracing`); and once every question is answered the traces are scored with
-    ``mlflow.genai.evaluate`` (:func:`hcqr_dspy.tracking.scorers.score_rows`; once per MLflow run: a rerun that answers
-    nothing new does not score again).
+    (:mod:`hcqr_dspy.tracing`); and once every question is answered the traces are scored
+    (:func:`hcqr_dspy.tracking.scorers.score_rows`; once per MLflow run: a rerun that answers nothing new does not
+    score again).
 
     Returns:
         The result, the run folder and the MLflow run id (``None`` untracked).
