@@ -257,6 +257,19 @@ def teachable_lm():
 
 
 # -- real servers started by tests (MLflow UI, MLflow scoring server): ports and process trees ------------
+def fill(disk: Path) -> Path:
+    """Write ``disk/filler`` until the disk is full."""
+    filler = disk / "filler"
+    with filler.open("wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from helpers import free_port, wait_until_serving
+from helpers import fill, free_port, wait_until_serving
 from stub_server import OPTIONS, SECRET, Stub
 from support.cli_args import eval_argv, stub_args
 
@@ -227,19 +227,6 @@ def tmpfs(folder: Path, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write ``disk/filler`` until the disk is full."""
-    filler = disk / "filler"
-    with filler.open("wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
-    return filler
 
 
 def test_a_store_whose_disk_fills_mid_run_stops_with_one_line_and_the_resume_relogs_the_traces(bench, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 import dspy
 import mlflow
 import pytest
-from helpers import TINY_ROWS, snippet, write_jsonl
+from helpers import TINY_ROWS, fill, snippet, write_jsonl
 from stub_server import SECRET, Stub
 from support import cli_args
 from support.cli_args import stub_args
@@ -296,19 +296,6 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {done.stderr.strip()}")
     yield disk
     subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write ``disk/filler`` until the disk is full."""
-    filler = disk / "filler"
-    with filler.open("wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
-    return filler
 
 
 def test_a_disk_that_fills_mid_run_stops_with_one_line_and_the_resume_matches_an_uninterrupted_run(
