@@ -9,7 +9,7 @@ from stub_server import SECRET, Stub
 from support.cli_args import stub_args
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.cli.demo import DemoPace
+from hcqr_dspy.cli.demo_command import DemoPace
 
 
 def hcqr_row(seconds, hypothesis, rewrite, answer):

@@ -15,22 +15,22 @@ from collections.abc import Sequence
 
 from hcqr_dspy import __version__
 from hcqr_dspy.cli import (
-    ask,
-    compare,
-    demo,
-    evaluate,
-    experiment,
-    index,
-    judge,
-    prompts,
-    register,
-    replay,
-    rescore,
-    served,
-    split,
-    ui,
+    ask_command,
+    compare_command,
+    compile_command,
+    demo_command,
+    evaluate_command,
+    experiment_command,
+    index_command,
+    judge_command,
+    prompts_command,
+    register_command,
+    replay_command,
+    rescore_command,
+    served_command,
+    split_command,
+    ui_command,
 )
-from hcqr_dspy.cli import compile as compile_command
 from hcqr_dspy.cli.common import HelpFormatter
 from hcqr_dspy.cli.logs import add_verbosity_args, cli_logging
 from hcqr_dspy.errors import HCQRError
@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     # in the order `hcqr --help` lists them
-    modules = (split, index, evaluate, ask, demo, judge, rescore, compare, replay, experiment, compile_command)
-    modules += (register, prompts, served, ui)
+    modules = (split_command, index_command, evaluate_command, ask_command, demo_command, judge_command)
+    modules += (rescore_command, compare_command, replay_command, experiment_command, compile_command)
+    modules += (register_command, prompts_command, served_command, ui_command)
     for module in modules:
         module.add_parsers(command)
     return parser

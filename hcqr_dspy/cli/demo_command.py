@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from hcqr_dspy.cli.ask import _show_answer
+from hcqr_dspy.cli.ask_command import _show_answer
 from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_lm_args, _positive_int, _progress, _store, _ui_hint
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.lm import parse_lm_spec
