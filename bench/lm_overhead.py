@@ -90,7 +90,7 @@ def measure(lm_spec: str, limit: int, budget: int = 15) -> dict:
     from demo_setup import demo_engine, demo_questions_and_index
 
     from hcqr_dspy.lm.adapter import HCQRAdapter
-    from hcqr_dspy.programs.registry import make_program
+    from hcqr_dspy.programs.method_registry import make_program
 
     lm, engine = demo_engine(lm_spec)
     llm = engine.llm

@@ -126,7 +126,7 @@ def measure(lm_spec: str, limit: int, warmup: int, budget: int) -> dict:
     from demo_setup import demo_engine, demo_questions_and_index
 
     from hcqr_dspy.evaluation.provenance import cpu_model
-    from hcqr_dspy.programs.registry import make_program
+    from hcqr_dspy.programs.method_registry import make_program
 
     lm, engine = demo_engine(lm_spec)
     questions, retriever = demo_questions_and_index(warmup + limit)

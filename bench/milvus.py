@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "results.json"))
     args = ap.parse_args(argv)
-    from hcqr_dspy.retrieval.base import library_versions
+    from hcqr_dspy.retrieval.retriever_base import library_versions
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not engines or set(engines) - set(ENGINES):

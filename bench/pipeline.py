@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
     from hcqr_dspy.lm import build_lm
     from hcqr_dspy.retrieval import build_retriever, load_corpus
-    from hcqr_dspy.retrieval.base import library_versions
+    from hcqr_dspy.retrieval.retriever_base import library_versions
     from hcqr_dspy.workflows.evaluate import run_evaluation
     from hcqr_dspy.workflows.specs import EvalSpec
 

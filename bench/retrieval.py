@@ -317,7 +317,7 @@ def main(argv=None) -> int:
         return 2
     from hcqr_dspy.errors import HCQRError
     from hcqr_dspy.retrieval import load_corpus
-    from hcqr_dspy.retrieval.base import library_versions
+    from hcqr_dspy.retrieval.retriever_base import library_versions
 
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")

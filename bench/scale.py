@@ -866,7 +866,7 @@ def main(argv=None) -> int:
         }[kind]
         print(json.dumps(fn(*rest)))
         return 0
-    from hcqr_dspy.retrieval.base import library_versions
+    from hcqr_dspy.retrieval.retriever_base import library_versions
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     if not types or set(types) - {*types_for(1), "BM25"} or "Flat" not in types:

@@ -93,7 +93,7 @@ class LMSpecError(HCQRError):
 
 class TruncatedReplyError(HCQRError):
     """An LM reply was cut at ``max_tokens`` (finish reason ``length``): the step that asked is a bad reply of
-    cause ``truncated`` (:func:`hcqr_dspy.programs.replies.bad_reply`), never parsed as if it were whole
+    cause ``truncated`` (:func:`hcqr_dspy.programs.invalid_replies.bad_reply`), never parsed as if it were whole
     (:class:`hcqr_dspy.lm.adapter.HCQRAdapter` raises it)."""
 
 

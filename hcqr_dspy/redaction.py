@@ -1,6 +1,6 @@
 """Secrets kept out of messages and records: API keys, URL credentials, credential-like query parameters.
 
-A key is read only from the variable ``--api-key-env`` names (:func:`hcqr_dspy.lm.build.build_lm`), and its
+A key is read only from the variable ``--api-key-env`` names (:func:`hcqr_dspy.lm.dspy_lm.build_lm`), and its
 value is registered here (:func:`register_secret`) so that any text about to be printed or recorded can be
 cleaned of it (:func:`redact`), even where a gateway echoes it back in an error ("Incorrect API key provided:
 Bearer sk-..."). Besides registered values, :func:`redact` masks what has a secret's form in any text: the

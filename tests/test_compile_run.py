@@ -13,8 +13,8 @@ from helpers import schema_lm, teachable_lm, teaching_questions
 from test_optimize import RECIPES, setup, spec  # noqa: F401 - setup is a fixture
 
 from hcqr_dspy.optimize.attempts import watch_bootstrapping
-from hcqr_dspy.optimize.compile import build_optimizer
 from hcqr_dspy.optimize.feedback import make_metric
+from hcqr_dspy.optimize.recipe_compile import build_optimizer
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import load_program
 from hcqr_dspy.optimize.trials import trial_scores

@@ -17,8 +17,8 @@ from hcqr_dspy.cli import main
 from hcqr_dspy.errors import RecipeError
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.optimize.catalog import CATALOG, seed_problem
-from hcqr_dspy.optimize.compile import build_optimizer, optimizer_scores
 from hcqr_dspy.optimize.demo_counts import count_saved_program, keep_rendered_demos, stage_demos
+from hcqr_dspy.optimize.recipe_compile import build_optimizer, optimizer_scores
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import NoRetriever, load_program, read_meta
 from hcqr_dspy.retrieval import load_index

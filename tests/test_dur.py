@@ -10,8 +10,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.metrics import hypothesis_changes, summarize
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.controls import control_flags, negative_control_pairs, positive_control_document
-from hcqr_dspy.judge.judging import judge_run
-from hcqr_dspy.judge.metrics import dur_metrics
+from hcqr_dspy.judge.dur_metrics import dur_metrics
+from hcqr_dspy.judge.run_judging import judge_run
 from hcqr_dspy.retrieval import BM25Retriever
 
 
@@ -237,7 +237,7 @@ def sampled_runs(tmp_path, answered: dict[str, int]):
 
 
 def test_a_judged_sample_is_drawn_from_the_whole_question_sample_so_runs_at_any_stage_share_it(tmp_path, tiny_corpus):
-    from hcqr_dspy.judge.judging import judged_sample
+    from hcqr_dspy.judge.run_judging import judged_sample
 
     sample, runs = sampled_runs(tmp_path, {"done": 6, "under_way": 2})
     picked = judged_sample(runs["done"], limit=3, seed=1)
@@ -258,7 +258,7 @@ def test_a_judged_sample_is_drawn_from_the_whole_question_sample_so_runs_at_any_
 
 
 def test_a_bad_judged_sample_is_one_line(tmp_path, tiny_corpus):
-    from hcqr_dspy.judge.judging import judged_sample
+    from hcqr_dspy.judge.run_judging import judged_sample
 
     sample, runs = sampled_runs(tmp_path, {"run": 1})
     lm = DummyLM([{"reasoning": "r", "label": "USEFUL"}] * 30, adapter=dspy.JSONAdapter())

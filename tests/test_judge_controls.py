@@ -23,8 +23,8 @@ from hcqr_dspy.judge.agreement import (
     load_labelled_set,
 )
 from hcqr_dspy.judge.controls import CONTROL_LIMITS, control_flags, on_topic_contexts
+from hcqr_dspy.judge.dur_metrics import dur_metrics, wilson_interval
 from hcqr_dspy.judge.labels import LABELS, USEFUL_LABELS
-from hcqr_dspy.judge.metrics import dur_metrics, wilson_interval
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus

@@ -26,14 +26,14 @@ from pydantic import ValidationError
 from hcqr_dspy.errors import HCQRError, LMUnavailableError, ProgramFormatError, RecipeError
 from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.lm import build_lm
-from hcqr_dspy.optimize.compile import build_optimizer, compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.feedback import diagnose, make_metric
+from hcqr_dspy.optimize.recipe_compile import build_optimizer, compile_program, optimizer_scores, split_train
 from hcqr_dspy.optimize.recipes import load_recipe
 from hcqr_dspy.optimize.saved import load_program, save_program
 from hcqr_dspy.programs import HCQR, CoT
-from hcqr_dspy.programs.base import MCQProgram
-from hcqr_dspy.programs.option_probs import NO_LOGPROBS
+from hcqr_dspy.programs.answer_slot_probs import NO_LOGPROBS
+from hcqr_dspy.programs.program_base import MCQProgram
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
 from hcqr_dspy.workflows.compile import CompileSpec, run_compile
@@ -947,7 +947,7 @@ def test_gepa_on_gold_probability_stops_at_an_lm_without_option_probabilities(te
     assert lm.history == []  # refused before any call
     # a question scored without them (here: the capability check passed wrongly) stops the compile after GEPA,
     # which catches a metric's exception and would otherwise have gone on with failure scores
-    monkeypatch.setattr("hcqr_dspy.optimize.compile.scores_options", lambda lm: True)
+    monkeypatch.setattr("hcqr_dspy.optimize.recipe_compile.scores_options", lambda lm: True)
     with pytest.raises(RecipeError, match=r"option probabilities, which this LM does not give \(the LM gives no next"):
         with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
             compile_program(fast, student, teaching["train"], teaching["val"], reflection_lm=teachable_lm())

@@ -18,8 +18,8 @@ from hcqr_dspy.cli import main
 from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import LMSpecError, RunError
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.programs.answer_slot_probs import NO_LOGPROBS, answer_slot_prefix, option_probabilities
 from hcqr_dspy.programs.costs import lm_costs
-from hcqr_dspy.programs.option_probs import NO_LOGPROBS, answer_slot_prefix, option_probabilities
 from hcqr_dspy.programs.signatures import AnswerQuestionNoContext, restrict_letters
 from hcqr_dspy.resources import shipped_dir
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus

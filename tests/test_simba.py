@@ -9,7 +9,7 @@ from test_optimize import RECIPES, compile_with, demo_questions, teaching  # noq
 
 from hcqr_dspy.errors import RecipeError
 from hcqr_dspy.optimize.catalog import entry, seed_problem
-from hcqr_dspy.optimize.compile import optimizer_scores
+from hcqr_dspy.optimize.recipe_compile import optimizer_scores
 from hcqr_dspy.optimize.recipes import load_recipe
 
 

@@ -12,7 +12,7 @@ from helpers import schema_lm
 from test_optimize import setup, spec  # noqa: F401 (setup is a fixture)
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.programs.registry import make_program
+from hcqr_dspy.programs.method_registry import make_program
 from hcqr_dspy.tracking.prompts import register_program_prompts
 from hcqr_dspy.workflows.compile import run_compile
 

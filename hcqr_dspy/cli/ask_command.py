@@ -57,7 +57,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from hcqr_dspy.evaluation.outages import lm_failure
     from hcqr_dspy.lm.adapter import HCQRAdapter
     from hcqr_dspy.programs import refuse_bound
-    from hcqr_dspy.programs.base import observe_stages
+    from hcqr_dspy.programs.program_base import observe_stages
     from hcqr_dspy.workflows.specs import build_program, check_retrieval_inputs, resolve_method
 
     question, options = _read_question(args)
@@ -97,7 +97,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def _stage_progress(name: str, record: dict | None) -> None:
-    """Print a program stage as it starts and ends (:func:`hcqr_dspy.programs.base.observe_stages`)."""
+    """Print a program stage as it starts and ends (:func:`hcqr_dspy.programs.program_base.observe_stages`)."""
     if record is None:
         _progress(f"  {name} ...")
     else:

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def cmd_compile(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and the optimizers take seconds, `hcqr --help` none
     from hcqr_dspy.errors import HCQRError
-    from hcqr_dspy.programs.registry import PROGRAMS
+    from hcqr_dspy.programs.method_registry import PROGRAMS
     from hcqr_dspy.workflows.compile import CompileSpec, run_compile
     from hcqr_dspy.workflows.compile_seeds import parse_seeds, recipe_seeds, run_compile_seeds
     from hcqr_dspy.workflows.specs import check_program_options

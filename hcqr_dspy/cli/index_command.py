@@ -19,8 +19,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.folders import out_folder_fault
 from hcqr_dspy.evaluation.progress import ProgressReport
 from hcqr_dspy.retrieval import build_retriever, load_corpus, load_encoder, load_index
-from hcqr_dspy.retrieval.base import check_index_target
 from hcqr_dspy.retrieval.milvus import MilvusRetriever, MilvusSettings, parse_params
+from hcqr_dspy.retrieval.retriever_base import check_index_target
 from hcqr_dspy.retrieval.vector_index import FaissIndex
 
 log = logging.getLogger(__name__)

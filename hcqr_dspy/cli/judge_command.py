@@ -34,7 +34,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and pydantic take seconds, `hcqr --help` none
     from hcqr_dspy.evaluation.run_folder import RunFolder
     from hcqr_dspy.judge.agreement import AGREEMENT_FILE, default_labelled_set, load_labelled_set
-    from hcqr_dspy.judge.judging import check_judge_index, judgeable
+    from hcqr_dspy.judge.run_judging import check_judge_index, judgeable
     from hcqr_dspy.workflows.judge import judge_and_track
 
     if args.seed is not None and args.limit is None:

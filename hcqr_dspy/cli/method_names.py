@@ -2,7 +2,7 @@
 
 ``hcqr --help`` and every command's parser must not import DSPy (seconds). The built-in methods are read
 from the source files of :mod:`hcqr_dspy.programs`: each registers with ``register_method("name")``
-(:mod:`hcqr_dspy.programs.registry`), a call whose name is a string literal, found here with Python's
+(:mod:`hcqr_dspy.programs.method_registry`), a call whose name is a string literal, found here with Python's
 ``ast`` (about 20 small files, read once per process). Methods registered in this process by modules
 imported before the parser is built (a plugin, a test) are added once the registry is loaded; nothing here
 loads it. The names are not parser ``choices``: the command checks ``--method`` when it runs, against the
@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 PROGRAMS_DIR = Path(__file__).resolve().parents[1] / "programs"
-REGISTRY = "hcqr_dspy.programs.registry"
+REGISTRY = "hcqr_dspy.programs.method_registry"
 
 
 def method_names() -> tuple[str, ...]:
@@ -37,7 +37,7 @@ def builtin_method_names(folder: Path = PROGRAMS_DIR) -> tuple[str, ...]:
     the registry is imported and its names returned."""
     files = sorted(folder.glob("*.py"))
     if not files:
-        from hcqr_dspy.programs.registry import PROGRAMS  # no source to read: the registry itself (seconds)
+        from hcqr_dspy.programs.method_registry import PROGRAMS  # no source to read: the registry itself (seconds)
 
         return tuple(PROGRAMS)
     names: set[str] = set()

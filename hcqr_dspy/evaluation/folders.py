@@ -83,7 +83,7 @@ def enclosing_records(out: Path, what: str) -> tuple[Path, str, list[str]] | Non
 
 def _is_index(folder: Path) -> bool:
     """Whether ``folder/manifest.json`` is an hcqr index's (its ``format`` is ``hcqr-index``,
-    hcqr_dspy.retrieval.base's ``INDEX_FORMAT``)."""
+    hcqr_dspy.retrieval.retriever_base's ``INDEX_FORMAT``)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -1,7 +1,7 @@
 """A run's answer-step letter distributions: the rows' own, or those ``hcqr rescore`` added.
 
 A row written by an evaluation holds ``option_probs`` (the answer step's probability of each option letter,
-:mod:`hcqr_dspy.programs.option_probs`), ``gold_prob`` and, where they could not be had,
+:mod:`hcqr_dspy.programs.answer_slot_probs`), ``gold_prob`` and, where they could not be had,
 ``option_probs_absent``. Rows without them (run folder format 1: :mod:`~hcqr_dspy.evaluation.folder_format`),
 or written by an LM without log-probabilities, gain them from ``option_probs.jsonl`` (one record per question:
 ``qid``, ``option_probs``, ``gold_prob``, ``option_probs_absent``, ``scored_by``), which ``hcqr rescore`` fills by

@@ -18,7 +18,7 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
     but cut by the budget; ``fallbacks`` counts what the method did instead of
     its main path (see :func:`hcqr_dspy.evaluation.metrics.fallback_summary`);
     ``invalid_stage`` and ``invalid_cause`` say why an invalid question is invalid; ``option_probs`` is the
-    answer step's letter distribution (:mod:`hcqr_dspy.programs.option_probs`; ``None`` with the reason in
+    answer step's letter distribution (:mod:`hcqr_dspy.programs.answer_slot_probs`; ``None`` with the reason in
     ``option_probs_absent``) and ``gold_prob`` the gold option's share of it.
     :func:`~hcqr_dspy.evaluation.evaluate.evaluate` adds ``evidence``
     (:func:`hcqr_dspy.evaluation.evidence.question_evidence` over the shown passages) for retrieval methods, and

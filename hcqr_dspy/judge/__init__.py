@@ -26,9 +26,9 @@ shares say in how many decision-useful contexts a passage found by q1 (support),
 features) was present.
 
 Modules: :mod:`~hcqr_dspy.judge.labels` (the labels), :mod:`~hcqr_dspy.judge.controls` (the controls and
-their trust limits), :mod:`~hcqr_dspy.judge.judge` (the judge, :class:`~hcqr_dspy.judge.judge.DURJudge`),
-:mod:`~hcqr_dspy.judge.judging` (judging a run folder into ``judgments.jsonl`` and ``dur.json``),
-:mod:`~hcqr_dspy.judge.metrics` (DUR and its shares) and :mod:`~hcqr_dspy.judge.agreement` (the judge against
+their trust limits), :mod:`~hcqr_dspy.judge.dur_judge` (the judge, :class:`~hcqr_dspy.judge.dur_judge.DURJudge`),
+:mod:`~hcqr_dspy.judge.run_judging` (judging a run folder into ``judgments.jsonl`` and ``dur.json``),
+:mod:`~hcqr_dspy.judge.dur_metrics` (DUR and its shares) and :mod:`~hcqr_dspy.judge.agreement` (the judge against
 hand-labelled contexts). Judging a run and recording it in MLflow (``hcqr
 judge``) is :mod:`hcqr_dspy.workflows.judge`.
 """

@@ -44,9 +44,9 @@ from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.judge.controls import CONTROL_LIMITS
-from hcqr_dspy.judge.judge import DURJudge, correct_answer_text
+from hcqr_dspy.judge.dur_judge import DURJudge, correct_answer_text
+from hcqr_dspy.judge.dur_metrics import wilson_interval
 from hcqr_dspy.judge.labels import LABELS, USEFUL_LABELS
-from hcqr_dspy.judge.metrics import wilson_interval
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs.context import format_document
@@ -278,7 +278,7 @@ def measure_agreement(
     Args:
         lm: The judge's ``dspy.LM``.
         judge_lm: The judge's LM spec, recorded (default: the LM's model name).
-        mode, reasoning: See :class:`~hcqr_dspy.judge.judge.DURJudge`.
+        mode, reasoning: See :class:`~hcqr_dspy.judge.dur_judge.DURJudge`.
         path: The labelled set; default :func:`default_labelled_set`.
         progress: Progress bar.
 

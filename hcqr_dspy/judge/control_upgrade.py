@@ -2,7 +2,7 @@
 
 Judgments against the positive and the negative control only (``controls: true``, run folder format 1:
 :mod:`hcqr_dspy.evaluation.folder_format`) hold the context's label and both control labels. Each of those calls
-is independent of the others (:meth:`hcqr_dspy.judge.judge.DURJudge.forward` labels the context and each control
+is independent of the others (:meth:`hcqr_dspy.judge.dur_judge.DURJudge.forward` labels the context and each control
 in its own call), so with the same judge (LM, mode, reasoning) the missing on-topic control can be judged alone
 and added: the recorded labels are kept as they are and each upgraded judgment says so (``on_topic_added``). The
 added labels are written first to ``judgments_on_topic.jsonl`` (resumable, one record per question); when every
@@ -27,7 +27,7 @@ from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.controls import CONTROL_SEED, on_topic_contexts
-from hcqr_dspy.judge.judge import DURJudge, correct_answer_text
+from hcqr_dspy.judge.dur_judge import DURJudge, correct_answer_text
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter

@@ -66,7 +66,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hcqr_dspy.evaluation.evidence import content_stems, mentions, option_stems
-from hcqr_dspy.judge.metrics import wilson_interval
+from hcqr_dspy.judge.dur_metrics import wilson_interval
 from hcqr_dspy.programs.context import format_document
 from hcqr_dspy.programs.queries import key_terms
 

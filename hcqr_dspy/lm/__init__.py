@@ -29,8 +29,8 @@ One job per module:
 * :mod:`hcqr_dspy.lm.reply_setup` — each cached reply kept with the setup that made it, and the setups of the replies
   the cache serves;
 * :mod:`hcqr_dspy.lm.endpoint_card` — the model card an OpenAI-compatible server lists for the run's model;
-* :mod:`hcqr_dspy.lm.build` — building and checking ``dspy.LM`` objects, counting tokens;
-* :mod:`hcqr_dspy.lm.replies` — LM replies that are not the API's format, retried;
+* :mod:`hcqr_dspy.lm.dspy_lm` — building and checking ``dspy.LM`` objects, counting tokens;
+* :mod:`hcqr_dspy.lm.reply_retries` — LM replies that are not the API's format, retried;
 * :mod:`hcqr_dspy.lm.adapter` — the JSON adapter every command uses: the output schema sent to remote LMs too,
   a reply cut at ``max_tokens`` refused (imported on its own: it loads DSPy).
 
@@ -38,8 +38,8 @@ The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
 """
 
 from hcqr_dspy.errors import LMReplyFormatError, LMSpecError
-from hcqr_dspy.lm.build import build_lm, check_lm, count_tokens, engine_model_name
 from hcqr_dspy.lm.cache import ENDPOINT_KEYS, key_cache_by_endpoint
+from hcqr_dspy.lm.dspy_lm import build_lm, check_lm, count_tokens, engine_model_name
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts, default_threads
 from hcqr_dspy.lm.llama_cpp import (
     DEFAULT_N_CTX,
@@ -54,7 +54,7 @@ from hcqr_dspy.lm.packaged import (
     cache_dir,
     packaged_model_path,
 )
-from hcqr_dspy.lm.replies import bad_reply, call_retrying_bad_replies, lm_retries
+from hcqr_dspy.lm.reply_retries import bad_reply, call_retrying_bad_replies, lm_retries
 from hcqr_dspy.lm.spec import LMConfig, check_route, describe_endpoint, parse_lm_spec
 
 __all__ = [

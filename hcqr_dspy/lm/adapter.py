@@ -24,7 +24,7 @@ In-process models are untouched: their engine declares the support itself.
 (``dspy.clients.execution._result``), and its JSON parser repairs a cut object (``json_repair``): a reply cut
 after ``"answer": "B`` was read as a whole answer. :class:`HCQRAdapter` raises
 :class:`~hcqr_dspy.errors.TruncatedReplyError` for it instead, which programs count as a bad reply of cause
-``truncated`` (:mod:`hcqr_dspy.programs.replies`). The finish reason is read from the LM's history entry of the
+``truncated`` (:mod:`hcqr_dspy.programs.invalid_replies`). The finish reason is read from the LM's history entry of the
 call (DSPy's history is on by default; with ``dspy.settings.disable_history`` no reason can be read and none is
 assumed).
 """

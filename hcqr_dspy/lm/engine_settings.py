@@ -40,7 +40,7 @@ what makes a rerun exact.
 
 The settings that can change a reply at temperature 0 (they change the floating-point order of the prompt's
 computation: the build's CPU kernels, repacking, the physical batch and flash attention) are part of the engine's
-model name, which keys DSPy's response cache (:func:`hcqr_dspy.lm.build.engine_model_name`); so are the threads
+model name, which keys DSPy's response cache (:func:`hcqr_dspy.lm.dspy_lm.engine_model_name`); so are the threads
 when flash attention is on: its sums are split across threads (with it, the in-process engine at 2 threads and
 llama-cpp-python's server at 1 replied differently to the same prompt, and alike at equal threads); without it
 ggml splits rows, not sums, across threads. All are recorded in each session's record

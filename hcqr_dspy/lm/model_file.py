@@ -2,7 +2,7 @@
 
 The path and size alone do not tell two files apart (a fine-tune re-quantized to the same type has the same
 tensor shapes), so the run configuration (:func:`hcqr_dspy.workflows.specs.build_config`) and DSPy's cache key
-(:func:`hcqr_dspy.lm.build.engine_model_name`) use the hash. It is remembered in
+(:func:`hcqr_dspy.lm.dspy_lm.engine_model_name`) use the hash. It is remembered in
 ``$HCQR_CACHE/file-hashes`` and reused while the file's size, inode, modification and change times
 (``st_ctime_ns``: set by the kernel on every write, never by the user) are those it was computed for. A model
 split into several files (``-00001-of-0000N.gguf``) is identified by the file it is named by, its first.

@@ -3,7 +3,7 @@
 Modules: :mod:`~hcqr_dspy.optimize.catalog` (what hcqr knows of each DSPy optimizer: where its seed goes, the
 scale of its scores, a reflection LM, the metrics it takes), :mod:`~hcqr_dspy.optimize.recipes` (the recipe files
 that name a DSPy optimizer and its settings), :mod:`~hcqr_dspy.optimize.feedback` (the metrics a recipe names, with
-GEPA's textual diagnosis), :mod:`~hcqr_dspy.optimize.compile` (train and validation samples, the optimizer, the
+GEPA's textual diagnosis), :mod:`~hcqr_dspy.optimize.recipe_compile` (train and validation samples, the optimizer, the
 compile, the optimizer's own score), :mod:`~hcqr_dspy.optimize.attempts` (each bootstrapping attempt seen as it
 runs), :mod:`~hcqr_dspy.optimize.trials` (each candidate's or trial's score),
 :mod:`~hcqr_dspy.optimize.demo_counts` (demos counted as the adapter renders them into each prompt, and the demos a

@@ -17,7 +17,7 @@ Each :class:`Optimizer` entry says
   ``range(-3, num_candidate_programs)`` whatever the seed. LabeledFewShot: ``random.Random(0).sample`` of the
   training questions for each predictor). Sources: ``dspy/teleprompt/bootstrap.py``, ``random_search.py``,
   ``vanilla.py``, ``mipro_optimizer_v2.py``, ``gepa/gepa.py``, ``simba.py`` (DSPy 3.4).
-  :func:`hcqr_dspy.optimize.compile.split_train` draws and orders the training questions with the recipe's seed,
+  :func:`hcqr_dspy.optimize.recipe_compile.split_train` draws and orders the training questions with the recipe's seed,
   so the seed reaches every optimizer.
 * **its candidate scores** (``scores``, ``score_scale``): where the score of the program it returned is read
   (``candidate_programs``: BootstrapFewShotWithRandomSearch's candidates, best first, ``"score"`` each;

@@ -10,7 +10,7 @@ rendering each one with the adapter itself (:func:`renders`), bootstrapped trace
 and labelled examples apart (:func:`stage_demos`).
 
 A compile keeps only demos the adapter renders (:func:`keep_rendered_demos`, called by
-:func:`hcqr_dspy.optimize.compile.compile_program` with the recipe's ``demo_predictors``), and shows a labelled
+:func:`hcqr_dspy.optimize.recipe_compile.compile_program` with the recipe's ``demo_predictors``), and shows a labelled
 example's options as the live question's are (``A. text`` lines; :func:`~hcqr_dspy.data.format_options`), so
 that the saved program, its Prompt Registry versions and the counts reported all hold what the prompts hold.
 """

@@ -10,10 +10,10 @@ rows 12 of 100 questions met it (40 right, 16 of them with the gold option named
 
 ``feedback_gold_prob`` (GEPA): two objectives in one score, since GEPA's metric returns one number per example
 (``dspy.teleprompt.GEPA``: ``score`` and ``feedback``): the mean of right/wrong and the answer step's probability
-of the gold option (:mod:`hcqr_dspy.programs.option_probs`), so a candidate that makes the reader surer of the
+of the gold option (:mod:`hcqr_dspy.programs.answer_slot_probs`), so a candidate that makes the reader surer of the
 right option gains even where the letter does not change. The feedback is :func:`hcqr_dspy.optimize.feedback
 .diagnose`'s with the gold probability added. An LM that gives no option probabilities cannot be scored this way:
-the compile is refused before any call (:func:`hcqr_dspy.programs.option_probs.scores_options`), and a valid
+the compile is refused before any call (:func:`hcqr_dspy.programs.answer_slot_probs.scores_options`), and a valid
 answer scored without them stops it, never scored on the letter alone in their place.
 """
 
@@ -64,7 +64,7 @@ def gold_prob_feedback_metric(retriever: Any, diagnose: Callable) -> Callable:
     ``score = (correct + p_gold) / 2`` (module note); ``diagnose`` words the feedback.
 
     The metric keeps each such refusal in its ``refusals`` list as well as raising it, since GEPA catches a
-    metric's exception and scores it as a failure: :func:`hcqr_dspy.optimize.compile.compile_program` raises the
+    metric's exception and scores it as a failure: :func:`hcqr_dspy.optimize.recipe_compile.compile_program` raises the
     first one after the compile.
 
     Raises:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hcqr_dspy.optimize.recipes import Recipe
-from hcqr_dspy.programs.registry import PROGRAMS, check_options
+from hcqr_dspy.programs.method_registry import PROGRAMS, check_options
 
 FORMAT = "hcqr-dspy-program"
 FORMAT_VERSION = 4  # 2: compile_cost; 3: program_sha256; 4: demos, bootstrap_shortfall

@@ -44,8 +44,8 @@ from hcqr_dspy.errors import HCQRError, ProgramFormatError
 from hcqr_dspy.evaluation.places import portable_meta, resolved_meta
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize.program_meta import FORMAT, FORMAT_VERSION, META_FILE, STATE_FILE, ProgramMeta
-from hcqr_dspy.programs.base import MCQProgram, accepted_options
-from hcqr_dspy.programs.registry import PROGRAMS, make_program
+from hcqr_dspy.programs.method_registry import PROGRAMS, make_program
+from hcqr_dspy.programs.program_base import MCQProgram, accepted_options
 
 
 def normalize_text(text: str) -> str:

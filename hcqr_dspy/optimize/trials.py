@@ -1,6 +1,6 @@
 """The score of every candidate or trial an optimizer measured, in the order it measured them, read from what it
 attaches to the program it returns (source: ``dspy/teleprompt/*.py``, DSPy 3.4), as fractions in [0, 1] on the
-scale of :func:`~hcqr_dspy.optimize.compile.optimizer_scores` (the catalog's ``score_scale``:
+scale of :func:`~hcqr_dspy.optimize.recipe_compile.optimizer_scores` (the catalog's ``score_scale``:
 :mod:`hcqr_dspy.optimize.catalog`).
 
 * MIPROv2: ``trial_logs`` (trial number, from 1: the zero-shot program's full evaluation) ``full_eval_score``, the

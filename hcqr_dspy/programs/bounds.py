@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dspy
 
-from hcqr_dspy.programs.base import MCQProgram, stage
 from hcqr_dspy.programs.cot import CoT
-from hcqr_dspy.programs.registry import register_method
+from hcqr_dspy.programs.method_registry import register_method
+from hcqr_dspy.programs.program_base import MCQProgram, stage
 from hcqr_dspy.programs.signatures import AnswerQuestion
 
 

@@ -2,7 +2,7 @@
 
 Passages are shown as ``Document [i] (Title: t) text`` (:func:`format_document`), whole from the top
 while they fit the budget, the one that crosses it cut short (:func:`fit_documents`); the budget itself
-is the program's (:meth:`hcqr_dspy.programs.base.MCQProgram.context_budget`). Few-shot demos keep a short
+is the program's (:meth:`hcqr_dspy.programs.program_base.MCQProgram.context_budget`). Few-shot demos keep a short
 context (:func:`trimmed_demos`). Run rows record what was shown (:func:`passage_records`), and
 :func:`shown_documents` rebuilds it for the DUR judge.
 Tokens are counted by :func:`hcqr_dspy.lm.count_tokens` for the LM given.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from hcqr_dspy.lm import count_tokens
-from hcqr_dspy.retrieval.base import Retriever
 from hcqr_dspy.retrieval.fusion import FusedPassage
+from hcqr_dspy.retrieval.retriever_base import Retriever
 
 DEFAULT_MAX_CONTEXT_TOKENS = 6000
 # Tokens of DSPy's JSONAdapter template around the answer step's inputs

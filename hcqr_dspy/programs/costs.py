@@ -2,9 +2,9 @@
 
 A program's prediction records ``stages`` as ``{stage: {seconds, lm_calls, cached_lm_calls, prompt_tokens,
 completion_tokens}}``; :func:`lm_costs` measures one such record around a block, and
-:func:`hcqr_dspy.programs.base.stage` files it under the stage's name. Work done inside a stage that is not
+:func:`hcqr_dspy.programs.program_base.stage` files it under the stage's name. Work done inside a stage that is not
 an LM call adds its own fields through :func:`add_to_stage`: the answer step's letter-distribution prefill
-(:mod:`hcqr_dspy.programs.option_probs`) adds ``scoring_seconds`` (already inside ``seconds``) and
+(:mod:`hcqr_dspy.programs.answer_slot_probs`) adds ``scoring_seconds`` (already inside ``seconds``) and
 ``scoring_tokens`` (the tokens it evaluated, not in ``prompt_tokens``).
 """
 

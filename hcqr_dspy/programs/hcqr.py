@@ -48,7 +48,6 @@ from typing import Any
 import dspy
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.programs.base import MCQProgram, stage
 from hcqr_dspy.programs.hypothesis import (
     QUERY_ROLES,
     check_style,
@@ -57,9 +56,10 @@ from hcqr_dspy.programs.hypothesis import (
     hypothesis_queries,
     query_names,
 )
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS, bad_reply
+from hcqr_dspy.programs.method_registry import register_method
+from hcqr_dspy.programs.program_base import MCQProgram, stage
 from hcqr_dspy.programs.queries import clean_query, dedupe
-from hcqr_dspy.programs.registry import register_method
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import (
     HYPOTHESIS_STYLES,
     AnswerQuestion,

@@ -12,8 +12,8 @@ from typing import Any
 import dspy
 
 from hcqr_dspy.data import format_options
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.queries import clean_query, is_content_free, key_terms
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import HYPOTHESIS_STYLES, restrict_letters
 
 QUERY_ROLES = ("support", "distinction", "key_features")

@@ -52,9 +52,9 @@ import numpy as np
 from scipy.special import logsumexp
 
 from hcqr_dspy.errors import LMCapabilityError
-from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.programs.registry import register_method
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.method_registry import register_method
+from hcqr_dspy.programs.program_base import MCQProgram, stage
 from hcqr_dspy.programs.signatures import AnswerQuestion, JudgeDocumentSupport
 
 SCORING_MODES = ("auto", "logprob", "vote")

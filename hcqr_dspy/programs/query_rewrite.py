@@ -33,10 +33,10 @@ import math
 import dspy
 
 from hcqr_dspy.data import format_options
-from hcqr_dspy.programs.base import MCQProgram, stage
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.method_registry import register_method
+from hcqr_dspy.programs.program_base import MCQProgram, stage
 from hcqr_dspy.programs.queries import clean_query, dedupe
-from hcqr_dspy.programs.registry import register_method
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
 from hcqr_dspy.programs.signatures import AnswerQuestion, RewriteQuestion, RewriteQuestionWithOptions, ask_for_count
 from hcqr_dspy.programs.variants import variant
 from hcqr_dspy.retrieval.fusion import STRATEGIES

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import dspy
 
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.programs.base import MCQProgram, stage
-from hcqr_dspy.programs.registry import register_method
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS
+from hcqr_dspy.programs.method_registry import register_method
+from hcqr_dspy.programs.program_base import MCQProgram, stage
 from hcqr_dspy.programs.signatures import AnswerQuestion, RatePassageRelevance, restrict_range
 
 RELEVANCE_RANGE = (0, 10)

@@ -1,7 +1,7 @@
 """A method that is another one with some constructor options fixed, without copying its code.
 
 HCQR's ablations (``hcqr_no_support`` ...) and ``query_rewrite_options`` are such variants (:func:`variant`),
-each registered under its own name (:func:`~hcqr_dspy.programs.registry.register_method`).
+each registered under its own name (:func:`~hcqr_dspy.programs.method_registry.register_method`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import inspect
 import types
 from typing import Any, TypeVar
 
-from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs.program_base import MCQProgram
 
 P = TypeVar("P", bound=MCQProgram)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from hcqr_dspy.judge.agreement import AGREEMENT_FILE, agreement_flags, agreement_summary
 from hcqr_dspy.judge.controls import CONTROL_LIMITS, control_flags
-from hcqr_dspy.judge.metrics import CONTROLS, wilson_interval
+from hcqr_dspy.judge.dur_metrics import CONTROLS, wilson_interval
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.tables import dur_cell
 

@@ -16,7 +16,7 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
-from hcqr_dspy.judge.metrics import dur_metrics
+from hcqr_dspy.judge.dur_metrics import dur_metrics
 from hcqr_dspy.reporting.saved_programs import ProgramFolder, ProgramFolders
 
 # What every row of a run needs to be compared (written by :func:`hcqr_dspy.evaluation.rows.prediction_row`).

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import CorpusError, RetrievalIndexError
-from hcqr_dspy.retrieval.base import Hit, Retriever
-from hcqr_dspy.retrieval.registry import register
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.passage_store import PassageStore
+from hcqr_dspy.retrieval.retriever_base import Hit, Retriever
+from hcqr_dspy.retrieval.retriever_registry import register
 
 STOPWORDS = "en"
 STEMMER_LANGUAGE = "english"

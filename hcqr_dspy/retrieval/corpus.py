@@ -12,7 +12,7 @@ Each row needs ``id`` and ``content``; ``title`` may be empty; ``contents``
 The schema is MedRAG's (Xiong et al. 2024, "Benchmarking Retrieval-Augmented
 Generation for Medicine", ``chunk/*.jsonl``).
 
-Rows are streamed into a :class:`~hcqr_dspy.retrieval.store.PassageStore`
+Rows are streamed into a :class:`~hcqr_dspy.retrieval.passage_store.PassageStore`
 (an Arrow file, memory-mapped; in memory when no folder is given), so a
 loaded corpus holds a constant number of Python objects whatever its size.
 """
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hcqr_dspy.errors import CorpusError
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.passage_store import PassageStore
 from hcqr_dspy.retrieval.store_format import DUPLICATE_POLICIES, Passage
 
 __all__ = ["Corpus", "Passage", "load_corpus", "DUPLICATE_POLICIES"]

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import RetrievalIndexError
-from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
 from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
 from hcqr_dspy.retrieval.encoder_spec import EncoderSpec, encoder_of_index, parse_encoder
-from hcqr_dspy.retrieval.registry import get_backend_class, register
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.passage_store import PassageStore
+from hcqr_dspy.retrieval.retriever_base import Hit, Retriever
+from hcqr_dspy.retrieval.retriever_registry import get_backend_class, register
 from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options
 
 DEFAULT_BACKEND = "faiss"

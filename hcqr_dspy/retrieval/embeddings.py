@@ -41,7 +41,7 @@ from hcqr_dspy.errors import RetrievalIndexError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hcqr_dspy.retrieval.encoder import Encoder
-    from hcqr_dspy.retrieval.store import PassageStore
+    from hcqr_dspy.retrieval.passage_store import PassageStore
 
 DEFAULT_CHUNK_SIZE = 4096
 RECORD_FILE = "embeddings.json"

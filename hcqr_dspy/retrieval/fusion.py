@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hcqr_dspy.errors import QueryError
-from hcqr_dspy.retrieval.base import Hit
+from hcqr_dspy.retrieval.retriever_base import Hit
 
 FusionStrategy = Literal["score_sum", "rrf", "round_robin"]
 STRATEGIES: tuple[str, ...] = ("score_sum", "rrf", "round_robin")

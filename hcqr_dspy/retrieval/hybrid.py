@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import RetrievalIndexError
-from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.fusion import DEFAULT_RRF_K, fuse
-from hcqr_dspy.retrieval.registry import get_retriever_class, register
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.passage_store import PassageStore
+from hcqr_dspy.retrieval.retriever_base import Hit, Retriever
+from hcqr_dspy.retrieval.retriever_registry import get_retriever_class, register
 
 COMPONENTS_FILE = "components.json"
 

@@ -12,7 +12,7 @@ built) holding
 * ``passages.json`` — count, fingerprint (:class:`Fingerprint`), source and
   duplicate-id policy, format name and version.
 
-Reading is :mod:`hcqr_dspy.retrieval.store`, writing
+Reading is :mod:`hcqr_dspy.retrieval.passage_store`, writing
 :mod:`hcqr_dspy.retrieval.store_writer`.
 """
 

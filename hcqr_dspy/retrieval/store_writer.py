@@ -25,9 +25,9 @@ def write_store(rows, folder: Path | None, source: str, duplicate_ids: str, relo
     """Stream ``(passage, where)`` rows into store files in ``folder`` (or into memory when ``None``).
 
     Returns ``None`` for a folder (open it with
-    :meth:`~hcqr_dspy.retrieval.store.PassageStore.open`), else the parts of an
+    :meth:`~hcqr_dspy.retrieval.passage_store.PassageStore.open`), else the parts of an
     in-memory store: ``(table, sorted id hashes, their rows, meta, None)``.
-    Arguments and errors as :meth:`~hcqr_dspy.retrieval.store.PassageStore.build`
+    Arguments and errors as :meth:`~hcqr_dspy.retrieval.passage_store.PassageStore.build`
     (``OSError`` is left to it).
     """
     import pyarrow as pa

@@ -1,13 +1,13 @@
 """Vector-index backends of dense retrieval, and the faiss backend.
 
 A :class:`VectorIndex` maps query vectors to the rows (passage positions in
-the corpus's :class:`~hcqr_dspy.retrieval.store.PassageStore`) of their
+the corpus's :class:`~hcqr_dspy.retrieval.passage_store.PassageStore`) of their
 nearest passage vectors by inner product. It is built from an
 :class:`~hcqr_dspy.retrieval.embeddings.EmbeddingStore`, written into and
 read from an index folder, and described in the manifest under
 ``"vector_index"``; the dense retriever owns the encoder, the passage store
 and the hit list. Backends register with
-:func:`hcqr_dspy.retrieval.registry.register_backend`.
+:func:`hcqr_dspy.retrieval.retriever_registry.register_backend`.
 
 faiss backend (Johnson, Douze & Jégou 2019, "Billion-scale similarity
 search with GPUs"): ``faiss.index_factory`` strings of the forms
@@ -46,7 +46,7 @@ import numpy as np
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.retrieval.faiss_factory import check_factory
 from hcqr_dspy.retrieval.faiss_internals import code_bytes, faiss_reason, min_training_points, skip_polysemous_training
-from hcqr_dspy.retrieval.registry import register_backend
+from hcqr_dspy.retrieval.retriever_registry import register_backend
 
 if TYPE_CHECKING:  # pragma: no cover
     from hcqr_dspy.retrieval.embeddings import EmbeddingStore

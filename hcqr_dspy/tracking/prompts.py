@@ -166,7 +166,7 @@ def zero_shot_program(program: dspy.Module) -> dspy.Module:
     Raises:
         HCQRError: unknown method; see the method's ``options()``.
     """
-    from hcqr_dspy.programs.registry import make_program
+    from hcqr_dspy.programs.method_registry import make_program
 
     options = {k: v for k, v in program.options().items() if k != "cross_encoder"}
     return make_program(program.method, program.retriever, **options)

@@ -45,7 +45,7 @@ from mlflow.entities import AssessmentSource, Feedback
 from mlflow.genai.scorers import Scorer, scorer
 
 from hcqr_dspy.evaluation.metrics import hypothesis_outcome, is_correct
-from hcqr_dspy.judge.judge import DURJudge
+from hcqr_dspy.judge.dur_judge import DURJudge
 from hcqr_dspy.lm.adapter import HCQRAdapter
 
 log = logging.getLogger(__name__)

@@ -63,7 +63,7 @@ from hcqr_dspy import __version__
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.optimize.saved import SavedProgram, read_saved_program
-from hcqr_dspy.programs.registry import PROGRAMS
+from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.model_signature import input_example, program_signature
 from hcqr_dspy.tracking.serve_guard import guard_scoring_server

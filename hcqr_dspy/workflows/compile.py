@@ -25,8 +25,8 @@ from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.optimize.attempts import watch_bootstrapping
 from hcqr_dspy.optimize.catalog import bootstraps_asked
-from hcqr_dspy.optimize.compile import compile_program, optimizer_scores
 from hcqr_dspy.optimize.demo_counts import bootstrap_shortfall, stage_demos
+from hcqr_dspy.optimize.recipe_compile import compile_program, optimizer_scores
 from hcqr_dspy.optimize.saved import save_program
 from hcqr_dspy.optimize.trials import trial_scores
 from hcqr_dspy.programs.costs import lm_costs
@@ -97,8 +97,8 @@ def compile_and_save(
             trace per bootstrapping attempt, the optimizer's score of each candidate or trial as a metric with
             steps and the counts ``bootstrap.attempts``, ``bootstrap.passed``, ``bootstrap.errors``
             (:mod:`hcqr_dspy.tracking.compile_run`), the saved program folder as ``program`` artifacts, the
-            recipe, metrics (the optimizer's own
-            validation score ``val_score`` where it has one, :func:`~hcqr_dspy.optimize.compile.optimizer_scores`; the
+            recipe, metrics (the optimizer's own validation score ``val_score`` where it has one,
+            :func:`~hcqr_dspy.optimize.recipe_compile.optimizer_scores`; the
             training and validation sizes; per predictor the demos its prompt shows, ``demos.<stage>``, of them
             ``demos.<stage>.bootstrapped`` and ``demos.<stage>.labelled``, and whether its instructions changed),
             the tags ``seed``, ``hcqr.out`` (the folder: the next compile into it closes as ``FAILED`` a run that a

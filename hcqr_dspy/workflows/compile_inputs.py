@@ -21,8 +21,8 @@ from hcqr_dspy.evaluation.folders import out_folder_fault
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.lm import build_lm, parse_lm_spec
 from hcqr_dspy.optimize.catalog import entry
-from hcqr_dspy.optimize.compile import check_recipe_for, split_train
 from hcqr_dspy.optimize.demo_counts import count_saved_program
+from hcqr_dspy.optimize.recipe_compile import check_recipe_for, split_train
 from hcqr_dspy.optimize.recipes import Recipe, load_recipe
 from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, question_keys, read_meta, refuse_overlap
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
@@ -251,7 +251,7 @@ def check_inputs(spec: CompileSpec, track: bool = True, lm=None, reflection_lm=N
     Checked: :func:`check_request`; a recipe giving several ``seeds`` with no ``spec.seed`` (that is
     :mod:`hcqr_dspy.workflows.compile_seeds`' job); ``spec.out`` (:func:`check_out`, and writable);
     :func:`draw_questions`; the index; the recipe against the program and the LM
-    (:func:`~hcqr_dspy.optimize.compile.check_recipe_for`). The task LM (and GEPA's reflection LM) are built here
+    (:func:`~hcqr_dspy.optimize.recipe_compile.check_recipe_for`). The task LM (and GEPA's reflection LM) are built here
     unless given.
 
     Raises:

@@ -19,7 +19,7 @@ from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.saved import refuse_overlap
-from hcqr_dspy.programs.registry import PROGRAMS
+from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.comparison import track_comparison

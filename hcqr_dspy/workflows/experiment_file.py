@@ -77,9 +77,9 @@ from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import DataError, ExperimentError, HCQRError
 from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.optimize.seed_folders import expand_replicates, seed_folders
-from hcqr_dspy.programs.registry import PROGRAMS, check_option_values, check_options
+from hcqr_dspy.programs.method_registry import PROGRAMS, check_option_values, check_options
 from hcqr_dspy.resources import find
-from hcqr_dspy.retrieval.index import check_index_options
+from hcqr_dspy.retrieval.index_kinds import check_index_options
 from hcqr_dspy.retrieval.query_runtime import check_runtime
 from hcqr_dspy.retrieval.vector_index import check_search_options
 

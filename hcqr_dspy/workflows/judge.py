@@ -2,7 +2,7 @@
 
 The one judging path of ``hcqr judge`` and of experiments (:func:`judge_and_track`): the judge LM (the run's own
 at the run's own endpoint unless given), the run's index checked against its corpus, the folder's writer lock,
-the judging itself (:func:`hcqr_dspy.judge.judging.judge_run`), with a labelled set the same judge's agreement
+the judging itself (:func:`hcqr_dspy.judge.run_judging.judge_run`), with a labelled set the same judge's agreement
 with hand labels (:func:`hcqr_dspy.judge.agreement.measure_agreement`, written to ``judge_agreement.json``),
 then, for a tracked run, the DUR metrics and the judge's settings on its MLflow run, one ``dur judge`` trace per
 question, and each label logged on the question's trace (:func:`log_dur_feedback`). :func:`judge_labelled`
@@ -21,11 +21,11 @@ from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.agreement import AGREEMENT_FILE, agreement_summary, measure_agreement
 from hcqr_dspy.judge.control_upgrade import read_added
-from hcqr_dspy.judge.judging import check_judge_index, judge_run, judgeable
-from hcqr_dspy.judge.metrics import CONTROLS
+from hcqr_dspy.judge.dur_metrics import CONTROLS
+from hcqr_dspy.judge.run_judging import check_judge_index, judge_run, judgeable
 from hcqr_dspy.lm import DEFAULT_N_CTX, build_lm, check_lm, describe_endpoint
 from hcqr_dspy.retrieval import load_index
-from hcqr_dspy.retrieval.base import Retriever
+from hcqr_dspy.retrieval.retriever_base import Retriever
 from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, log_run_folder
 from hcqr_dspy.tracking.model_links import judged_dataset, log_model_metrics
 from hcqr_dspy.tracking.store import existing_mlflow_run_id
@@ -65,7 +65,7 @@ def judge_and_track(
         judge_lm: The judge's LM spec; default the run's own LM.
         lm: A ready judge ``dspy.LM`` (tests, notebooks, experiments sharing one); ``judge_lm``
             is still what is recorded.
-        mode, reasoning: See :class:`~hcqr_dspy.judge.judge.DURJudge`.
+        mode, reasoning: See :class:`~hcqr_dspy.judge.dur_judge.DURJudge`.
         index: The index to resolve passages; default the run's own.
         retriever: A loaded retriever instead of ``index``.
         mlflow_dir: MLflow store; the run's MLflow run (if any) gets the DUR metrics, the
@@ -73,9 +73,9 @@ def judge_and_track(
             (one ``dur judge`` trace per question, tagged ``kind=dur_judge``, ``qid`` and the judged run),
             and each label is logged on the question's trace (:func:`log_dur_feedback`).
         track: Log to MLflow.
-        num_threads, progress: See :func:`~hcqr_dspy.judge.judging.judge_run`.
+        num_threads, progress: See :func:`~hcqr_dspy.judge.run_judging.judge_run`.
         max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
-        limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.judging.judged_sample`); default all.
+        limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.run_judging.judged_sample`); default all.
         labelled_set: Also judge this labelled set (:mod:`hcqr_dspy.judge.agreement`) with the same judge and
             write its agreement to the run folder's ``judge_agreement.json`` (replacing an earlier one), where
             ``hcqr compare`` reads it; ``None``: not measured.
@@ -86,7 +86,7 @@ def judge_and_track(
 
     Raises:
         HCQRError: not a run folder, an unusable judge LM or index, or any error of
-            :func:`~hcqr_dspy.judge.judging.judge_run`.
+            :func:`~hcqr_dspy.judge.run_judging.judge_run`.
     """
     folder = run if isinstance(run, RunFolder) else RunFolder.open(run)
     if not judgeable(folder):
@@ -315,7 +315,7 @@ def judge_labelled(
         judge_lm: The judge's LM spec (recorded; built here unless ``lm`` is given).
         labelled_set: The set; default the shipped one (:func:`~hcqr_dspy.judge.agreement.default_labelled_set`).
         lm: A ready judge ``dspy.LM``.
-        mode, reasoning: See :class:`~hcqr_dspy.judge.judge.DURJudge`.
+        mode, reasoning: See :class:`~hcqr_dspy.judge.dur_judge.DURJudge`.
         progress: Progress bar.
         max_tokens, n_ctx, api_base, api_key_env: Settings of the judge LM when it is built here.
 

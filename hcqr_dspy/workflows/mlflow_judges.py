@@ -21,8 +21,8 @@ from typing import Any
 from hcqr_dspy.errors import RunError
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.judge.judging import judgeable, judged_sample
 from hcqr_dspy.judge.mlflow_record import MLFLOW_JUDGES_FILE, SCORERS, means
+from hcqr_dspy.judge.run_judging import judgeable, judged_sample
 from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.tracking import retrieval_judges as rj
 from hcqr_dspy.tracking.store import existing_store, open_store
@@ -90,7 +90,7 @@ def judge_with_mlflow_scorers(
         scorers: MLflow scorer names (:data:`hcqr_dspy.judge.mlflow_record.SCORERS` values).
         judge_lm, api_base, api_key_env: The judge LM; default the run's own LM at its own endpoint and key variable.
         mlflow_dir: The MLflow store the run was tracked in.
-        limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.judging.judged_sample`); default all.
+        limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.run_judging.judged_sample`); default all.
 
     Returns:
         ``{"mlflow_judges": {scorer: {"mean", "se", "n"}}, "judge_lm", "model", "counts"}``: ``counts`` of this

@@ -16,7 +16,7 @@ from hcqr_dspy.files import file_sha256
 from hcqr_dspy.optimize import saved
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.programs import PROGRAMS, make_program
-from hcqr_dspy.programs.base import MCQProgram, accepted_options
+from hcqr_dspy.programs.program_base import MCQProgram, accepted_options
 from hcqr_dspy.tracking.serving import program_folder_of_model
 from hcqr_dspy.tracking.store import configure, tracking_uri
 

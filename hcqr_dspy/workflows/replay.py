@@ -2,10 +2,10 @@
 
 For each question of a query-planning run (rows that record ``queries``), the recorded queries go to another
 index (BM25, dense, hybrid, any backend :func:`~hcqr_dspy.retrieval.load_index` opens) through the run's own
-method, rebuilt from its ``config.json`` (:func:`~hcqr_dspy.programs.registry.make_program`): the same
+method, rebuilt from its ``config.json`` (:func:`~hcqr_dspy.programs.method_registry.make_program`): the same
 passages per query, fusion (:mod:`hcqr_dspy.retrieval.fusion`, called by the program), budget, HCQR's search
 of collapsed queries (:meth:`~hcqr_dspy.programs.hcqr.HCQR.retrieve_and_fuse`), and the answer step's context
-cut (:meth:`~hcqr_dspy.programs.base.MCQProgram.build_context`) to the run's ``max_context_tokens`` counted
+cut (:meth:`~hcqr_dspy.programs.program_base.MCQProgram.build_context`) to the run's ``max_context_tokens`` counted
 without the run's LM (about 4 characters a token, :func:`hcqr_dspy.lm.count_tokens`). A row built from one
 query (Simple RAG, HyDE, HCQR's question-alone fallback) or another number of queries than roles searches
 ``ceil(budget / queries)`` passages per query, as those paths do. No LM is asked anything.
@@ -31,10 +31,10 @@ from hcqr_dspy.errors import HCQRError, RetrievalIndexError, RunError
 from hcqr_dspy.evaluation.evidence import evidence_summary, paired_evidence_tests, question_evidence
 from hcqr_dspy.evaluation.folders import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.context import passage_records, shown_documents
 from hcqr_dspy.programs.hypothesis import query_names
-from hcqr_dspy.programs.registry import PROGRAMS
+from hcqr_dspy.programs.method_registry import PROGRAMS
+from hcqr_dspy.programs.program_base import MCQProgram
 from hcqr_dspy.reporting.query_diversity import (
     NEAR_DUPLICATE_JACCARD,
     distinct_passages,
@@ -44,7 +44,7 @@ from hcqr_dspy.reporting.query_diversity import (
 )
 from hcqr_dspy.reporting.runs import Run, load_run, unique_labels
 from hcqr_dspy.retrieval import load_index
-from hcqr_dspy.retrieval.base import Retriever, read_manifest
+from hcqr_dspy.retrieval.retriever_base import Retriever, read_manifest
 from hcqr_dspy.workflows.programs import run_program
 
 # Methods whose context is not their queries' fused hits: what chooses their passages after the search.

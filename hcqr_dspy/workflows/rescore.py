@@ -2,9 +2,9 @@
 
 For every row that holds no ``option_probs`` yet, the answer step's prompt is rebuilt as the question saw it
 (the run's program, saved or fresh; the context from the row's shown passages through the run's index; the
-demos as shown; :meth:`hcqr_dspy.programs.base.MCQProgram.answer_inputs`), the reasoning the row records is fed
+demos as shown; :meth:`hcqr_dspy.programs.program_base.MCQProgram.answer_inputs`), the reasoning the row records is fed
 back after it, and the letter distribution is read at the answer slot in one prefill
-(:mod:`hcqr_dspy.programs.option_probs`). Records go to the folder's ``option_probs.jsonl`` as they are made
+(:mod:`hcqr_dspy.programs.answer_slot_probs`). Records go to the folder's ``option_probs.jsonl`` as they are made
 (resumable; the predictions are not rewritten), under the folder's writer lock, and the session that scored is
 recorded in ``sessions.jsonl`` (machine, llama.cpp build and engine settings).
 
@@ -24,7 +24,7 @@ from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.rows import gold_probability
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.judge.judging import check_judge_index
+from hcqr_dspy.judge.run_judging import check_judge_index
 from hcqr_dspy.lm import DEFAULT_N_CTX, LlamaCppEngine, build_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.lm.model_file import gguf_sha256

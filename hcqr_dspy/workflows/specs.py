@@ -20,8 +20,8 @@ from hcqr_dspy.lm.adapter import response_format_dialect
 from hcqr_dspy.lm.model_file import gguf_sha256
 from hcqr_dspy.optimize.answer_step import adopt_answer_step
 from hcqr_dspy.optimize.saved import SavedProgram, refuse_overlap
-from hcqr_dspy.programs.base import accepted_options
-from hcqr_dspy.programs.registry import PROGRAMS, make_program
+from hcqr_dspy.programs.method_registry import PROGRAMS, make_program
+from hcqr_dspy.programs.program_base import accepted_options
 from hcqr_dspy.retrieval import load_index, read_manifest
 from hcqr_dspy.tracking.model_links import resolve_model_uri
 from hcqr_dspy.tracking.store import tracking_uri

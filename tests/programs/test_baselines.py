@@ -9,8 +9,8 @@ from programs.program_helpers import ANSWER, QUESTION, full_prompts, prompts, ru
 
 from hcqr_dspy.errors import HCQRError, LMCapabilityError
 from hcqr_dspy.programs import PROGRAMS, HyDE, MainRAG, QueryRewrite, QueryRewriteOptions, RerankRAG, make_program
-from hcqr_dspy.programs.base import MCQProgram
 from hcqr_dspy.programs.main_rag import yes_no_margin
+from hcqr_dspy.programs.program_base import MCQProgram
 
 PASSAGE = "Digoxin toxicity causes nausea, vomiting and yellow-green vision; hypokalemia worsens it."
 REWRITES = [

@@ -15,8 +15,16 @@ from support.cli_args import eval_argv, stub_args
 from hcqr_dspy.cli import main
 from hcqr_dspy.cli.method_names import builtin_method_names, method_names, registered_names
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.programs import PROGRAMS, MCQProgram, SimpleRAG, make_program, refuse_bound, register_method, registry
-from hcqr_dspy.programs.base import stage
+from hcqr_dspy.programs import (
+    PROGRAMS,
+    MCQProgram,
+    SimpleRAG,
+    make_program,
+    method_registry,
+    refuse_bound,
+    register_method,
+)
+from hcqr_dspy.programs.program_base import stage
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
@@ -49,7 +57,7 @@ class OneGuess(MCQProgram):
 @pytest.fixture
 def scratch_registry(monkeypatch):
     """The registry as it is now, given back after the test: what a test registers does not outlive it."""
-    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+    monkeypatch.setattr(method_registry, "_REGISTERED", dict(method_registry._REGISTERED))
 
 
 def builtin_methods() -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hcqr_dspy.errors import RetrievalIndexError
-from hcqr_dspy.retrieval import Hit, Retriever, load_index, read_manifest, register, registry
+from hcqr_dspy.retrieval import Hit, Retriever, load_index, read_manifest, register, retriever_registry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,11 +35,12 @@ class SubstringRetriever(Retriever):
 def substring_kind():
     cls = register("substring")(SubstringRetriever)
     yield cls
-    registry._RETRIEVERS.pop("substring")
+    retriever_registry._RETRIEVERS.pop("substring")
 
 
 def test_load_index_dispatches_on_the_manifest_kind(substring_kind, tiny_corpus, tmp_path):
-    assert substring_kind.kind == "substring" and registry.get_retriever_class("substring") is SubstringRetriever
+    assert substring_kind.kind == "substring"
+    assert retriever_registry.get_retriever_class("substring") is SubstringRetriever
     out = SubstringRetriever(tiny_corpus).save(tmp_path / "idx")
     assert read_manifest(out)["retriever"] == "substring"
     loaded = load_index(out)
@@ -58,7 +59,7 @@ def test_unknown_kind_or_backend_in_a_manifest_is_one_line(substring_kind, tiny_
     with pytest.raises(
         RetrievalIndexError, match=r"unknown vector-index backend 'vespa'; known backends: faiss, milvus"
     ):
-        registry.get_backend_class("vespa")
+        retriever_registry.get_backend_class("vespa")
     with pytest.raises(ValueError, match="already registered"):
         register("bm25")(SubstringRetriever)
 
@@ -100,8 +101,8 @@ def test_no_import_cycle_among_retrieval_modules():
     for f in folder.glob("*.py"):
         name = "hcqr_dspy.retrieval" if f.stem == "__init__" else f"hcqr_dspy.retrieval.{f.stem}"
         graph[name] = imports_of(f, "hcqr_dspy.retrieval") - {name}
-    assert "hcqr_dspy.retrieval.index" not in graph["hcqr_dspy.retrieval.hybrid"]
-    assert graph["hcqr_dspy.retrieval.registry"] == set()  # the registry imports no retriever or backend
+    assert "hcqr_dspy.retrieval.index_kinds" not in graph["hcqr_dspy.retrieval.hybrid"]
+    assert graph["hcqr_dspy.retrieval.retriever_registry"] == set()  # the registry imports no retriever or backend
     assert cycles(graph) == []
 
 

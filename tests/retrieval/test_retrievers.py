@@ -10,11 +10,11 @@ from hcqr_dspy.retrieval import (
     BM25Retriever,
     DenseRetriever,
     HybridRetriever,
-    base,
     build_retriever,
     load_corpus,
     load_index,
     read_manifest,
+    retriever_base,
 )
 
 QUERIES = [
@@ -165,8 +165,8 @@ def test_a_large_index_is_checked_by_size_and_hashed_when_asked(tmp_path, dense,
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
-    monkeypatch.setattr(base, "FULL_VERIFY_MAX_BYTES", 1000)  # this index's files are "large" now
-    with caplog.at_level(logging.WARNING, logger="hcqr_dspy.retrieval.base"):
+    monkeypatch.setattr(retriever_base, "FULL_VERIFY_MAX_BYTES", 1000)  # this index's files are "large" now
+    with caplog.at_level(logging.WARNING, logger="hcqr_dspy.retrieval.retriever_base"):
         assert load_index(out, corpus=dense.corpus).search(["beta blocker"], k=2)
     assert "GB of files checked by size, not SHA-256" in caplog.text
     with pytest.raises(RetrievalIndexError, match="corrupted: faiss.index does not match its checksum"):

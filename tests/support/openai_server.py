@@ -22,7 +22,7 @@ QIDS = ["demo-002", "demo-013"]  # two: HCQR answers each three times (in-proces
 HCQR = ["--method", "hcqr", "--budget", "3"]  # three passages: short prompts on a shared 2-core machine
 KEY_VARIABLE = "LLAMA_SERVER_KEY"  # openai/ needs a key; this server checks none
 N_CTX = 7680  # the in-process engine and server here (30 x 256 tokens, as llama.cpp pads the window)
-PROBE = "Reply with the word OK."  # check_lm's question (hcqr_dspy/lm/build.py): a remote run's first prompt
+PROBE = "Reply with the word OK."  # check_lm's question (hcqr_dspy/lm/dspy_lm.py): a remote run's first prompt
 
 
 def lm_args(prefix: str, server: LocalLlamaServer) -> list[str]:

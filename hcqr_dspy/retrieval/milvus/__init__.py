@@ -27,11 +27,11 @@ Modules, one job each:
   transient or not, searches tried again with back-off;
 * :mod:`~hcqr_dspy.retrieval.milvus.identity`: what a collection was built
   from (corpus, passage encoder), and the refusal of another's;
-* :mod:`~hcqr_dspy.retrieval.milvus.build`: create or resume, insert,
+* :mod:`~hcqr_dspy.retrieval.milvus.collection_build`: create or resume, insert,
   index, load;
 * :mod:`~hcqr_dspy.retrieval.milvus.collection`: one collection: open,
   count, search;
-* :mod:`~hcqr_dspy.retrieval.milvus.index`: :class:`MilvusIndex`;
+* :mod:`~hcqr_dspy.retrieval.milvus.milvus_index`: :class:`MilvusIndex`;
 * :mod:`~hcqr_dspy.retrieval.milvus.retriever`: :class:`MilvusRetriever`.
 
 Errors (:mod:`hcqr_dspy.errors`, re-exported here):
@@ -41,7 +41,6 @@ Errors (:mod:`hcqr_dspy.errors`, re-exported here):
 """
 
 from hcqr_dspy.errors import MilvusCapabilityError, MilvusOutageError, MilvusUnavailableError
-from hcqr_dspy.retrieval.milvus.build import INSERT_BATCH_BYTES, MAX_TEXT_BYTES
 from hcqr_dspy.retrieval.milvus.client import (
     BM25_MIN_SERVER_VERSION,
     PYMILVUS_NOISY_LOGGERS,
@@ -51,8 +50,9 @@ from hcqr_dspy.retrieval.milvus.client import (
     offered_index_types,
 )
 from hcqr_dspy.retrieval.milvus.collection import MilvusCollection
+from hcqr_dspy.retrieval.milvus.collection_build import INSERT_BATCH_BYTES, MAX_TEXT_BYTES
 from hcqr_dspy.retrieval.milvus.identity import COLLECTION_FORMAT, PROPERTY_PREFIX, collection_identity
-from hcqr_dspy.retrieval.milvus.index import SETTING_NAMES, MilvusIndex
+from hcqr_dspy.retrieval.milvus.milvus_index import SETTING_NAMES, MilvusIndex
 from hcqr_dspy.retrieval.milvus.retries import (
     RETRY_FIRST_DELAY,
     RETRY_MAX_DELAY,

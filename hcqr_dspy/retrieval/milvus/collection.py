@@ -1,7 +1,7 @@
 """One Milvus collection of passages: connecting, checking what it was built from, opening, searching.
 
 Its building half (create or resume, insert, index, load) is
-:class:`~hcqr_dspy.retrieval.milvus.build.CollectionBuild`. A search that
+:class:`~hcqr_dspy.retrieval.milvus.collection_build.CollectionBuild`. A search that
 fails because the server is not answering is tried again
 (:func:`~hcqr_dspy.retrieval.milvus.retries.call_with_retries`).
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from hcqr_dspy.errors import RetrievalIndexError
-from hcqr_dspy.retrieval.milvus.build import CollectionBuild
 from hcqr_dspy.retrieval.milvus.client import connect, engine_label
+from hcqr_dspy.retrieval.milvus.collection_build import CollectionBuild
 from hcqr_dspy.retrieval.milvus.identity import PROPERTY_PREFIX, compare_identity
 from hcqr_dspy.retrieval.milvus.retries import call_with_retries, one_line, retry_settings
 from hcqr_dspy.retrieval.milvus.settings import METRIC, SEARCH_CONSISTENCY, MilvusSettings

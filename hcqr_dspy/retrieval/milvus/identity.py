@@ -23,7 +23,7 @@ def collection_identity(
     """The collection properties that name what it was built from (all strings, as Milvus properties are).
 
     Args:
-        corpus: The :class:`~hcqr_dspy.retrieval.store.PassageStore` (fingerprint, count, source).
+        corpus: The :class:`~hcqr_dspy.retrieval.passage_store.PassageStore` (fingerprint, count, source).
         retrieval: ``dense``, ``bm25`` or ``hybrid``.
         passage_encoder: :meth:`EncoderSpec.passage_description` of the
             encoder whose passage side made the vectors (``None`` for bm25).

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
-from hcqr_dspy.retrieval.base import Hit, Retriever, library_versions
 from hcqr_dspy.retrieval.embeddings import DEFAULT_CHUNK_SIZE, EmbeddingStore
 from hcqr_dspy.retrieval.encoder import Encoder, load_encoder
 from hcqr_dspy.retrieval.encoder_spec import encoder_of_index, parse_encoder
 from hcqr_dspy.retrieval.milvus.collection import MilvusCollection
 from hcqr_dspy.retrieval.milvus.identity import collection_identity
 from hcqr_dspy.retrieval.milvus.settings import MilvusSettings
-from hcqr_dspy.retrieval.registry import register
+from hcqr_dspy.retrieval.retriever_base import Hit, Retriever, library_versions
+from hcqr_dspy.retrieval.retriever_registry import register
 from hcqr_dspy.retrieval.vector_index import check_search_options
 
 

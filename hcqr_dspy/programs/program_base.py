@@ -19,7 +19,7 @@ Here: :class:`MCQProgram` (retrieval, context under the token budget, the answer
 :func:`stage` (a stage's costs and trace span; :func:`observe_stages` to watch stages) and
 :func:`accepted_options`. The rest of the shared machinery has a module each: LM cost accounting
 (:mod:`~hcqr_dspy.programs.costs`), the context and its token budget (:mod:`~hcqr_dspy.programs.context`),
-query cleaning (:mod:`~hcqr_dspy.programs.queries`), bad replies (:mod:`~hcqr_dspy.programs.replies`) and
+query cleaning (:mod:`~hcqr_dspy.programs.queries`), bad replies (:mod:`~hcqr_dspy.programs.invalid_replies`) and
 registered variants of a method (:mod:`~hcqr_dspy.programs.variants`).
 """
 
@@ -37,6 +37,7 @@ import dspy
 from hcqr_dspy import tracing
 from hcqr_dspy.data import format_options
 from hcqr_dspy.lm import count_tokens
+from hcqr_dspy.programs.answer_slot_probs import NOT_SCORED, option_probabilities
 from hcqr_dspy.programs.context import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     DEMO_CONTEXT_TOKENS,
@@ -49,11 +50,10 @@ from hcqr_dspy.programs.context import (
     trimmed_demos,
 )
 from hcqr_dspy.programs.costs import lm_costs
-from hcqr_dspy.programs.option_probs import NOT_SCORED, option_probabilities
-from hcqr_dspy.programs.replies import BAD_REPLY_ERRORS, bad_reply
+from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS, bad_reply
 from hcqr_dspy.programs.signatures import restrict_letters
-from hcqr_dspy.retrieval.base import Hit, Retriever
 from hcqr_dspy.retrieval.fusion import FusedPassage, fuse
+from hcqr_dspy.retrieval.retriever_base import Hit, Retriever
 
 # Who is told when a stage starts and ends (``hcqr ask`` and ``hcqr demo`` print it): a callable
 # ``observer(name, record)``, called with ``record=None`` when stage ``name`` starts and with its
@@ -124,7 +124,7 @@ class MCQProgram(dspy.Module):
     # set from a compile recipe's demo_context_tokens and saved with the program.
     demo_context_tokens: int = DEMO_CONTEXT_TOKENS
     # Whether the answer step scores its letter distribution (``option_probs``); a compile whose metric does not
-    # read it turns it off while candidates are scored (hcqr_dspy.optimize.compile), sparing a prefill per call.
+    # read it turns it off while candidates are scored (hcqr_dspy.optimize.recipe_compile), sparing a prefill per call.
     score_options: bool = True
 
     def __init__(
@@ -287,9 +287,9 @@ class MCQProgram(dspy.Module):
         Returns:
             ``{"answer", "valid", "reasoning", "error", "invalid_stage", "invalid_cause", "option_probs",
             "option_probs_absent"}``; a reply that cannot be parsed into one of the letters gives
-            ``answer=None``, ``valid=False`` and the cause (:func:`~hcqr_dspy.programs.replies.bad_reply`).
+            ``answer=None``, ``valid=False`` and the cause (:func:`~hcqr_dspy.programs.invalid_replies.bad_reply`).
             ``option_probs`` is the step's letter distribution after the reasoning it generated
-            (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`), ``None`` with the reason in
+            (:func:`~hcqr_dspy.programs.answer_slot_probs.option_probabilities`), ``None`` with the reason in
             ``option_probs_absent`` where the LM cannot be scored.
         """
         letters = list(options)
@@ -322,7 +322,7 @@ class MCQProgram(dspy.Module):
         self, predictor: dspy.Predict, options: dict[str, str], reasoning: str | None, **inputs: Any
     ) -> tuple[dict[str, float] | None, str | None]:
         """The answer step's letter distribution after ``reasoning``, for the inputs it was called with
-        (:func:`~hcqr_dspy.programs.option_probs.option_probabilities`); ``(None, reason)`` where it cannot be had
+        (:func:`~hcqr_dspy.programs.answer_slot_probs.option_probabilities`); ``(None, reason)`` where it cannot be had
         or is not asked for (``score_options`` off)."""
         if not self.score_options:
             return None, NOT_SCORED

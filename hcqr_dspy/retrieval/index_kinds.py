@@ -1,7 +1,7 @@
 """Build, save and load retrieval indexes by kind (``dense``, ``bm25``, ``hybrid``).
 
 :func:`load_index` reads the manifest, opens the index's passage store
-memory-mapped and asks the registry (:mod:`hcqr_dspy.retrieval.registry`)
+memory-mapped and asks the registry (:mod:`hcqr_dspy.retrieval.retriever_registry`)
 for the class of the manifest's kind; a dense index's vector-index backend
 comes from its manifest too. Nothing here names a retriever class but
 :func:`build_retriever`, which builds the built-in kinds.
@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
-from hcqr_dspy.retrieval.base import Retriever, check_corpus, read_manifest
 from hcqr_dspy.retrieval.bm25 import BM25Retriever
 from hcqr_dspy.retrieval.corpus import Corpus, load_corpus
 from hcqr_dspy.retrieval.dense import DenseRetriever
 from hcqr_dspy.retrieval.hybrid import HybridRetriever
+from hcqr_dspy.retrieval.passage_store import PassageStore
 from hcqr_dspy.retrieval.query_runtime import check_runtime
-from hcqr_dspy.retrieval.registry import get_retriever_class
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.retriever_base import Retriever, check_corpus, read_manifest
+from hcqr_dspy.retrieval.retriever_registry import get_retriever_class
 from hcqr_dspy.retrieval.vector_index import check_search_options
 
 KINDS = ("dense", "bm25", "hybrid")

@@ -50,7 +50,7 @@ def _registrar(table: dict[str, type], what: str, name: str) -> Callable[[T], T]
 
 
 def register(kind: str) -> Callable[[T], T]:
-    """Class decorator: register a :class:`~hcqr_dspy.retrieval.base.Retriever` subclass under ``kind``.
+    """Class decorator: register a :class:`~hcqr_dspy.retrieval.retriever_base.Retriever` subclass under ``kind``.
 
     The class's ``kind`` attribute is set to ``kind``; the manifest of every
     index it saves records it, and :func:`get_retriever_class` returns it.

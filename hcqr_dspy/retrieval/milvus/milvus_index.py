@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from hcqr_dspy.errors import HCQRError, RetrievalIndexError
-from hcqr_dspy.retrieval.base import library_versions
 from hcqr_dspy.retrieval.milvus.collection import MilvusCollection
 from hcqr_dspy.retrieval.milvus.identity import collection_identity
 from hcqr_dspy.retrieval.milvus.settings import MilvusSettings
-from hcqr_dspy.retrieval.registry import register_backend
+from hcqr_dspy.retrieval.retriever_base import library_versions
+from hcqr_dspy.retrieval.retriever_registry import register_backend
 from hcqr_dspy.retrieval.vector_index import VectorIndex, check_search_options
 
 SETTING_NAMES = ("uri", "collection", "index_type", "index_params", "search_params", "token_env", "index_timeout")

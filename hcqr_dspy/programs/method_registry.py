@@ -1,6 +1,6 @@
 """The method registry: every method's ``dspy.Module`` by its registered name, and building one by name.
 
-A method registers itself where it is written, as retrievers do (:mod:`hcqr_dspy.retrieval.registry`)::
+A method registers itself where it is written, as retrievers do (:mod:`hcqr_dspy.retrieval.retriever_registry`)::
 
     @register_method("simple_rag")
     class SimpleRAG(MCQProgram): ...
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from hcqr_dspy.config import check_arguments
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.programs.base import MCQProgram
+from hcqr_dspy.programs.program_base import MCQProgram
 
 P = TypeVar("P", bound=type[MCQProgram])
 
@@ -42,7 +42,7 @@ _REGISTERED: dict[str, type[MCQProgram]] = {}
 
 
 def register_method(name: str) -> Callable[[P], P]:
-    """Class decorator: register a :class:`~hcqr_dspy.programs.base.MCQProgram` subclass as method ``name``.
+    """Class decorator: register a :class:`~hcqr_dspy.programs.program_base.MCQProgram` subclass as method ``name``.
 
     Its ``method`` attribute is set to ``name`` (recorded in ``settings()``, run folders and saved programs);
     :data:`PROGRAMS` and every command then know it. Registering the same class again (a module reloaded) is

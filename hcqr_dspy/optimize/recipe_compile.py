@@ -20,8 +20,8 @@ from hcqr_dspy.optimize.catalog import entry
 from hcqr_dspy.optimize.demo_counts import keep_rendered_demos
 from hcqr_dspy.optimize.feedback import PROBABILITY_METRICS, make_metric
 from hcqr_dspy.optimize.recipes import Recipe
+from hcqr_dspy.programs.answer_slot_probs import NO_LOGPROBS, scores_options
 from hcqr_dspy.programs.context import trim_context
-from hcqr_dspy.programs.option_probs import NO_LOGPROBS, scores_options
 
 
 def split_train(
@@ -133,7 +133,7 @@ def check_recipe_for(recipe: Recipe, program, lm) -> None:
     """Refuse, before any LM call, a recipe that cannot compile ``program`` with ``lm``: ``demo_predictors``
     naming no predictor of the program, metric ``grounded`` for a program without retrieval (no context to
     ground in), metric ``feedback_gold_prob`` with an LM that gives no option probabilities
-    (:func:`hcqr_dspy.programs.option_probs.scores_options`).
+    (:func:`hcqr_dspy.programs.answer_slot_probs.scores_options`).
 
     Raises:
         RecipeError: one line naming the recipe file.

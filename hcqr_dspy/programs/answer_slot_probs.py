@@ -20,8 +20,9 @@ Only LMs that expose their next-token distribution can be scored: the in-process
 and the reason is recorded (:data:`NO_LOGPROBS`), never guessed.
 
 A scoring is kept in DSPy's response cache (``dspy.cache``) when the LM caches its replies, keyed as they are by
-the engine's model name (which holds the settings that can change a reply, :func:`hcqr_dspy.lm.build.engine_model_name`)
-and the request, here the messages and the answer slot's prefix. A reply answered from the cache was never computed in
+the engine's model name (which holds the settings that can change a reply,
+:func:`hcqr_dspy.lm.dspy_lm.engine_model_name`) and the request, here the messages and the answer slot's prefix.
+A reply answered from the cache was never computed in
 this process, so its scoring would otherwise prefill the whole prompt again, which on a CPU is most of a rerun's
 cost (or an optimizer's that replays cached traces); with it a rerun reads the same distribution the first run
 computed. A cached scoring adds no ``scoring_tokens``.

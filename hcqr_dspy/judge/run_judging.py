@@ -1,6 +1,6 @@
 """Judging a run folder: which questions, each question's context and controls, ``judgments.jsonl`` and ``dur.json``.
 
-The judge (:class:`~hcqr_dspy.judge.judge.DURJudge`) sees exactly the context the answer step saw: the row's
+The judge (:class:`~hcqr_dspy.judge.dur_judge.DURJudge`) sees exactly the context the answer step saw: the row's
 shown passages (after the token budget; a cut passage cut where it was cut,
 :func:`hcqr_dspy.programs.context.shown_documents`), never the passages fusion kept but the budget dropped. Each
 judgment records the judge's settings (LM, mode, reasoning, controls); a resumed judging with other settings is
@@ -28,13 +28,13 @@ from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
 from hcqr_dspy.judge.control_upgrade import add_on_topic_controls, judged_before_on_topic
 from hcqr_dspy.judge.controls import CONTROL_SEED, negative_control_pairs, on_topic_contexts
-from hcqr_dspy.judge.judge import DURJudge
+from hcqr_dspy.judge.dur_judge import DURJudge
+from hcqr_dspy.judge.dur_metrics import dur_metrics
 from hcqr_dspy.judge.labels import LABELS
-from hcqr_dspy.judge.metrics import dur_metrics
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs.context import shown_documents
-from hcqr_dspy.retrieval.base import Retriever, read_manifest
+from hcqr_dspy.retrieval.retriever_base import Retriever, read_manifest
 
 # The controls judged with each question, as recorded in every judgment's settings (a judging resumed with
 # judgments recorded under other settings is refused, except judgments made before the on-topic control existed,

@@ -8,7 +8,7 @@ with hit lists instead of ``{query_id: {doc_id: score}}`` dicts, because
 rank order matters to fusion.
 
 Indexes are folders: the corpus's passage store (``passages.arrow`` and its
-id lookup, memory-mapped at load: see :mod:`hcqr_dspy.retrieval.store`), the
+id lookup, memory-mapped at load: see :mod:`hcqr_dspy.retrieval.passage_store`), the
 backend's files, and ``manifest.json`` holding the retriever kind, the
 corpus fingerprint, the encoder, dimension and vector-index backend of dense
 indexes, the passage count, library versions and the size and SHA-256 of
@@ -24,7 +24,7 @@ folders (which re-read the corpus from its source path) are refused with a
 one-line "rebuild it with `hcqr index`" error.
 
 Retriever classes register under their kind
-(:func:`hcqr_dspy.retrieval.registry.register`); :func:`load_index` finds
+(:func:`hcqr_dspy.retrieval.retriever_registry.register`); :func:`load_index` finds
 the class from the manifest's ``retriever`` field.
 """
 
@@ -44,8 +44,8 @@ from typing import Any, ClassVar, NamedTuple
 
 from hcqr_dspy.errors import QueryError, RetrievalIndexError
 from hcqr_dspy.files import file_sha256
-from hcqr_dspy.retrieval.registry import get_retriever_class
-from hcqr_dspy.retrieval.store import PassageStore
+from hcqr_dspy.retrieval.passage_store import PassageStore
+from hcqr_dspy.retrieval.retriever_registry import get_retriever_class
 from hcqr_dspy.retrieval.store_format import PASSAGES_FILE, Passage
 
 MANIFEST = "manifest.json"
@@ -112,7 +112,7 @@ def library_versions(*names: str) -> dict[str, str]:
 
 
 class Retriever(ABC):
-    """A search backend over one corpus (a :class:`~hcqr_dspy.retrieval.store.PassageStore`).
+    """A search backend over one corpus (a :class:`~hcqr_dspy.retrieval.passage_store.PassageStore`).
 
     Subclasses register with ``@register(kind)`` and implement
     :meth:`_search` (queries already validated, ``k`` clipped to the corpus
