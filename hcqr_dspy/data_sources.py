@@ -103,7 +103,7 @@ def label(source: str | Path) -> str:
     if folder is not None:
         return folder[0].resolve().name
     head, colon, _ = text.rpartition(":")
-    if colon and head.startswith("/"):  # a saved dataset's split recorded where it no longer lies
+    if colon and head.startswith("/"):  # a saved dataset's split recorded at a path that does not hold it
         text = head
     path = Path(text)
     return path.stem if path.suffix or path.exists() or text.startswith("/") else text

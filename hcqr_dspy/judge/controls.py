@@ -197,8 +197,8 @@ def control_flags(dur: dict[str, Any]) -> list[str]:
     Flagged: more than ``negative_max`` of negative or ``on_topic_max`` of on-topic controls called useful,
     fewer than ``positive_min`` of positive controls; a DUR at or below the upper end of the 95% Wilson interval
     of the judge's useful-rate on on-topic controls (the judge cannot separate the real contexts from contexts
-    built not to decide); a judged run without control judgments (judged before controls existed); and one
-    judged before the on-topic control existed (unchecked on it).
+    built not to decide); a judged run without control judgments; and one whose judgments hold no on-topic
+    control (unchecked on it).
     """
     if not dur.get("dur_n"):
         return []

@@ -32,7 +32,7 @@ def dur_metrics(judgments: list[dict[str, Any]]) -> dict[str, Any]:
         ``dur_negative_control`` and ``dur_on_topic_control`` (the judge's
         ENTAILED-or-USEFUL rate on each control, over its valid control
         judgments, counted in ``dur_<control>_control_n``; absent for a control
-        the judgments do not hold, as in runs judged before it existed);
+        the judgments do not hold, as judgments recorded with ``controls: true`` hold no on-topic control);
         ``dur_on_topic_control_unbuilt`` (questions no on-topic control could be
         built for, when any); and for
         multi-query runs ``dur_role_q<i>``: among decision-useful contexts, the

@@ -37,8 +37,8 @@ from hcqr_dspy.programs.context import shown_documents
 from hcqr_dspy.retrieval.retriever_base import Retriever, read_manifest
 
 # The controls judged with each question, as recorded in every judgment's settings (a judging resumed with
-# judgments recorded under other settings is refused, except judgments made before the on-topic control existed,
-# ``controls: true``, which gain it: :mod:`hcqr_dspy.judge.control_upgrade`).
+# judgments recorded under other settings is refused, except judgments recorded with ``controls: true``, which
+# hold no on-topic control and gain it: :mod:`hcqr_dspy.judge.control_upgrade`).
 JUDGED_CONTROLS = "positive,negative,on_topic"
 
 

@@ -12,8 +12,8 @@ llama-cpp-python has no binary wheel on PyPI; it is compiled from source with ``
   last decade.
 
 A variant is kept only if every installed packaged model loads and decodes a multi-token prompt through it in a
-child process (:func:`crash_check`; a native build's AMX repack path used to crash exactly there, on any prompt
-longer than one token). Otherwise the next variant is tried, and the reason is printed.
+child process (:func:`crash_check`; a native build whose AMX repack path is broken crashes exactly there, on any
+prompt longer than one token). Otherwise the next variant is tried, and the reason is printed.
 
 Run as ``python -m hcqr_dspy.lm.llama_builds setup|verify|check`` (the Makefile does).
 ``HCQR_LLAMA_BUILD=portable`` forces the portable build.

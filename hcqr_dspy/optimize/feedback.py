@@ -121,7 +121,7 @@ def make_metric(kind: str, retriever=None) -> Callable:
             :func:`hcqr_dspy.optimize.objectives.gold_prob_feedback_metric`; ``feedback`` -> GEPA's
             ``metric(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` built on :func:`diagnose`.
-        retriever: Used to read the passages the answer step saw.
+        retriever: The retriever the passages the answer step saw are read from.
 
     Raises:
         RecipeError: an unknown kind.

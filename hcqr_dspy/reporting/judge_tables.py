@@ -5,7 +5,7 @@ For every judged run: the DUR with its 95% Wilson interval; the judge's accuracy
 ``method="wilson"``): positive controls called ENTAILED or USEFUL, negative and on-topic controls called
 NOT_USEFUL; and, when the run folder holds ``judge_agreement.json`` from the same judge (LM, mode, reasoning),
 its agreement with the hand-labelled contexts (:mod:`hcqr_dspy.judge.agreement`: accuracy with its Wilson
-interval, Cohen's kappa with its 95% interval). A run judged before a control existed shows it as not judged.
+interval, Cohen's kappa with its 95% interval). A control a run's judgments do not hold is shown as not judged.
 
 The warnings: :func:`hcqr_dspy.judge.controls.control_flags` (control rates outside
 :data:`~hcqr_dspy.judge.controls.CONTROL_LIMITS`, a DUR the judge cannot separate from its on-topic controls,

@@ -246,7 +246,7 @@ def replicates_table(
     margins: dict[str, float] | None = None,
 ) -> tuple[str | None, dict[str, Any]]:
     """Markdown and figures of every optimizer arm with a zero-shot partner (``runs[0]`` is the report's reference,
-    used to pick a partner where several qualify). Each pooled effect's p-value and TOST join the report's family
+    which picks the partner where several qualify). Each pooled effect's p-value and TOST join the report's family
     of tests (:func:`hcqr_dspy.reporting.family.p_text`).
 
     Args:

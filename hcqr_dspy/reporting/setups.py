@@ -89,7 +89,7 @@ def arm_setup(run: Run) -> ArmSetup:
 
     def add(recorded: bool, fields: dict[str, Any], qid: str, how: str) -> None:
         fields = {**fallback, **fields}
-        # a session that records a field another did not (an older version) is on the same setup where they agree
+        # a session record lacking a field another holds is on the same setup where the fields both hold agree
         part = next((p for p in parts if p.recorded == recorded and _agree(p.fields, fields)), None)
         if part is None:
             part = Part(recorded, fields)

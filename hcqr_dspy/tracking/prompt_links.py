@@ -31,7 +31,7 @@ def model_prompts(model_id: str | None) -> dict[str, Any]:
     """The prompt versions of LoggedModel ``model_id``, by stage: ``{stage: PromptVersion}`` in its
     ``mlflow.linkedPrompts`` order. A version's stage is its ``stage`` tag, else its name after the last ``.``.
 
-    A listed version the registry no longer holds is left out, with one note on stderr naming it. ``{}`` for no
+    A listed version the registry does not hold is left out, with one note on stderr naming it. ``{}`` for no
     model, or a model with no linked prompts (a zero-shot program's).
     """
     if not model_id:

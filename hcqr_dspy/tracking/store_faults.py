@@ -1,5 +1,5 @@
 """The MLflow store as a dependency that fails: another process holding its SQLite file locked, a disk that fills
-under it, a file that is not (or no longer) a whole MLflow database.
+under it, a file that is not a whole MLflow database (a truncated copy, a damaged file).
 
 * A lock is waited for. MLflow's SQLAlchemy store sets SQLite's busy timeout to 20 s on every session
   (``PRAGMA busy_timeout = 20000`` in ``mlflow.store.db.utils``); in an hcqr process each statement waits

@@ -110,7 +110,7 @@ def run_program(folder: Any, retriever=None, budget: int | None = None) -> MCQPr
             passages per query then take the method's default for it (HCQR: ``ceil(budget / roles)``).
 
     Raises:
-        RunError: a method this hcqr-dspy does not know, recorded options that no longer build it, a saved
+        RunError: a method this hcqr-dspy does not know, recorded options that do not build it, a saved
             program whose ``program.json`` changed since the run, or a program whose prompts are not the run's
             (``prompts_sha256``: a signature reworded since).
         ProgramFormatError: the saved program cannot be read.

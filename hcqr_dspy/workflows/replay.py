@@ -61,7 +61,7 @@ def replay_faults(
 
     Faults: no run folder given, a folder given twice, a missing or unreadable run folder, a run without a
     finished question or without recorded queries (CoT: nothing to replay), a method refused by
-    :data:`NOT_REPLAYABLE`, a dataset that no longer loads, a missing or broken index, an index over another
+    :data:`NOT_REPLAYABLE`, a dataset that does not load, a missing or broken index, an index over another
     corpus than the run's (corpus fingerprints differ), an ``out_dir`` that is a file, a run folder or an index folder.
     """
     faults: list[HCQRError] = []
