@@ -186,13 +186,13 @@ def describe(exc: ValidationError, where: str | Path, model: type[BaseModel] | N
     loc = tuple(first["loc"])
     line = line_of(node, loc) if node is not None else None
     place = f"{where}:{line}" if line else str(where)
-    text = f"{place}: {_problem(first, model, loc)}"
+    text = f"{place}: {problem_line(first, model, loc)}"
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return text
 
 
-def _problem(error: dict[str, Any], model: type[BaseModel] | None, loc: tuple) -> str:
+def problem_line(error: dict[str, Any], model: type[BaseModel] | None, loc: tuple) -> str:
     field = ".".join(str(p) for p in loc)
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -329,5 +329,5 @@ def check_arguments(
         model.model_validate(values)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise ValueError(_problem(first, None, tuple(first["loc"]))) from None
+        raise ValueError(problem_line(first, None, tuple(first["loc"]))) from None
     return values

@@ -206,21 +206,21 @@ def test_every_option_says_its_default():
 def test_hints_name_the_store_that_was_written(tmp_path, monkeypatch):
     import argparse
 
-    from hcqr_dspy.cli.common import _ui_hint
+    from hcqr_dspy.cli.common import ui_hint
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("HCQR_MLFLOW_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "`hcqr ui`"
-    assert _ui_hint(argparse.Namespace(mlflow_dir="mlruns")) == "`hcqr ui`"
+    assert ui_hint(argparse.Namespace(mlflow_dir=None)) == "`hcqr ui`"
+    assert ui_hint(argparse.Namespace(mlflow_dir="mlruns")) == "`hcqr ui`"
     other = tmp_path / "elsewhere"
-    assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    assert ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
     from hcqr_dspy.tracking import store as tracking
 
     tracking.configure(other)  # MLflow now sets MLFLOW_TRACKING_URI to that store itself: still named by folder
-    assert _ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
+    assert ui_hint(argparse.Namespace(mlflow_dir=str(other))) == f"`hcqr ui --mlflow-dir {other}`"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
-    assert _ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"
+    assert ui_hint(argparse.Namespace(mlflow_dir=None)) == "the MLflow UI of http://tracking.example:5000"
 
 
 def test_judge_refuses_a_run_without_contexts_or_with_an_index_of_another_corpus_before_any_lm(

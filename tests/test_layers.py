@@ -127,3 +127,17 @@ def test_no_docstring_or_comment_narrates_history():
         if (m := HISTORY.search(text))
     ]
     assert told == [], "docstrings or comments that narrate history (say what the code does):\n" + "\n".join(told)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A helper used by another module is public (no leading ``_``): ``from hcqr_dspy.cli.common import
+    positive_int``, never ``_positive_int``."""
+    private = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.module}.{alias.name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hcqr_dspy")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert private == [], "private names imported across modules (make them public): " + ", ".join(private)

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
-    _add_lm_args,
-    _add_program_args,
-    _positive_int,
-    _program_options,
-    _progress,
-    _search_options,
+    add_lm_args,
+    add_program_args,
+    parsed_program_options,
+    parsed_search_options,
+    positive_int,
+    say_progress,
 )
 from hcqr_dspy.errors import DataError, HCQRError
 from hcqr_dspy.lm import build_lm, check_lm, parse_lm_spec
@@ -65,26 +65,28 @@ def cmd_ask(args: argparse.Namespace) -> int:
     method, saved = resolve_method(
         args.method if args.program else (args.method or "hcqr"),
         args.program,
-        _program_options(args),
+        parsed_program_options(args),
         getattr(args, "mlflow_dir", None),
     )
     refuse_bound(method, "hcqr ask")
     retriever = None
-    if check_retrieval_inputs(method, args.index, _search_options(args), args.encoder_backend):
+    if check_retrieval_inputs(method, args.index, parsed_search_options(args), args.encoder_backend):
         t0 = time.perf_counter()
-        _progress(f"loading the index {args.index} ...")
-        retriever = load_index(args.index, search_options=_search_options(args), encoder_backend=args.encoder_backend)
-        _progress(f"  {len(retriever.corpus)} passages ({retriever.kind}) in {time.perf_counter() - t0:.1f} s")
-    program, meta = build_program(method, retriever, _program_options(args), saved)
+        say_progress(f"loading the index {args.index} ...")
+        retriever = load_index(
+            args.index, search_options=parsed_search_options(args), encoder_backend=args.encoder_backend
+        )
+        say_progress(f"  {len(retriever.corpus)} passages ({retriever.kind}) in {time.perf_counter() - t0:.1f} s")
+    program, meta = build_program(method, retriever, parsed_program_options(args), saved)
     if saved is not None:
         print(f"Program: saved {method} from {args.program} (optimizer {meta.get('optimizer') or 'none'})")
     t0 = time.perf_counter()
-    _progress(f"loading the model {args.lm} ...")
+    say_progress(f"loading the model {args.lm} ...")
     lm = build_lm(
         args.lm, max_tokens=args.max_tokens, n_ctx=args.n_ctx, api_base=args.api_base, api_key_env=args.api_key_env
     )
     check_lm(lm)
-    _progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
+    say_progress(f"  ready in {time.perf_counter() - t0:.1f} s; answering with {method}")
     with dspy.context(lm=lm, adapter=HCQRAdapter()), observe_stages(_stage_progress):
         try:
             pred = program(question=question, options=options)
@@ -92,22 +94,22 @@ def cmd_ask(args: argparse.Namespace) -> int:
             raise HCQRError(
                 f"the LM stopped answering or cannot be used ({lm_failure(exc)}); nothing was answered"
             ) from None
-    _show_answer({**pred.toDict(), "answer": pred.answer}, options, retriever, args.width)
+    show_answer({**pred.toDict(), "answer": pred.answer}, options, retriever, args.width)
     return 0 if pred.valid else 1
 
 
 def _stage_progress(name: str, record: dict | None) -> None:
     """Print a program stage as it starts and ends (:func:`hcqr_dspy.programs.program_base.observe_stages`)."""
     if record is None:
-        _progress(f"  {name} ...")
+        say_progress(f"  {name} ...")
     else:
         calls = record.get("lm_calls", 0) + record.get("cached_lm_calls", 0)
-        _progress(
+        say_progress(
             f"  {name} done in {record['seconds']:.1f} s" + (f" ({calls} LM call{'s' * (calls != 1)})" if calls else "")
         )
 
 
-def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 100) -> None:
+def show_answer(fields: dict, options: dict[str, str], retriever, width: int = 100) -> None:
     """Print how a question was answered: hypothesis, queries, the shown passages (score, id, title, the
     queries that found each and its first words) and the answer.
 
@@ -158,15 +160,15 @@ def _show_answer(fields: dict, options: dict[str, str], retriever, width: int = 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``ask`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("ask", help="answer one question and show hypothesis, queries and passages")
-    _add_program_args(p)
+    add_program_args(p)
     p.add_argument("--question", default=None, help="question text (default: none; or give --json)")
     p.add_argument("--option", action="append", help="an option as LETTER=text, repeated (default: none)")
     p.add_argument("--json", default=None, help="a JSON file holding {question, options} (default: none)")
-    p.add_argument("--width", type=_positive_int, default=100, help="characters of each passage to print")
+    p.add_argument("--width", type=positive_int, default=100, help="characters of each passage to print")
     p.add_argument(
         "--mlflow-dir",
         default=None,
         help="MLflow store of --program runs:/ and models:/ URIs (default: $HCQR_MLFLOW_DIR or ./mlruns)",
     )
-    _add_lm_args(p)
+    add_lm_args(p)
     p.set_defaults(func=cmd_ask)

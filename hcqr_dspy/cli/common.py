@@ -46,7 +46,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -56,7 +56,7 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -66,16 +66,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _id_list(text: str | None) -> list[str] | None:
+def id_list(text: str | None) -> list[str] | None:
     """``--ids a,b,c`` as a list (spaces around ids dropped); ``None`` when the flag is absent."""
     return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
 
 
-def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, str]]:
+def move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, str]]:
     """``--dataset``: each run folder's questions are read from ``dataset`` from now on, once every folder's are
     checked to be that run's own (:func:`~hcqr_dspy.evaluation.run_questions.move_dataset`); nothing is
-    written if one is not. Returns ``(folder, place before)`` per folder moved, for :func:`_undo_moves` when the
-    command is refused later and :func:`_report_moves` when it goes on.
+    written if one is not. Returns ``(folder, place before)`` per folder moved, for :func:`undo_moves` when the
+    command is refused later and :func:`report_moves` when it goes on.
 
     Raises:
         HCQRError: an empty path; a run whose questions are not there (no folder moved).
@@ -101,26 +101,26 @@ def _move_datasets(runs: list[str], dataset: str | None) -> list[tuple[object, s
             if before is not None:
                 moves.append((folder, before))
     except HCQRError:
-        _undo_moves(moves)
+        undo_moves(moves)
         raise
     return moves
 
 
-def _undo_moves(moves: list[tuple[object, str]]) -> None:
-    """Put back the dataset places :func:`_move_datasets` replaced (the command was refused after it)."""
+def undo_moves(moves: list[tuple[object, str]]) -> None:
+    """Put back the dataset places :func:`move_datasets` replaced (the command was refused after it)."""
     from hcqr_dspy.evaluation.run_questions import move_dataset
 
     for folder, before in moves:
         move_dataset(folder, before, check=False)
 
 
-def _report_moves(moves: list[tuple[object, str]]) -> None:
-    """One stderr line per run folder whose dataset place :func:`_move_datasets` changed."""
+def report_moves(moves: list[tuple[object, str]]) -> None:
+    """One stderr line per run folder whose dataset place :func:`move_datasets` changed."""
     for folder, before in moves:
         log.info(f"{folder.path}: its questions are read from {folder.dataset} now (recorded: {before})")
 
 
-def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
+def add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dataset",
         default=None,
@@ -129,7 +129,7 @@ def _add_dataset_move_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _progress(message: str) -> None:
+def say_progress(message: str) -> None:
     """A line saying what the command is doing: an INFO record, on stderr (:mod:`hcqr_dspy.cli.logs`; hidden by
     ``-q``); stdout keeps the result."""
     log.info(message)
@@ -138,7 +138,7 @@ def _progress(message: str) -> None:
 # -- search options ------------------------------------------------------------
 
 
-def _search_options(args: argparse.Namespace) -> dict:
+def parsed_search_options(args: argparse.Namespace) -> dict:
     return {
         k: v
         for k, v in (("nprobe", args.nprobe), ("efSearch", args.ef_search), ("k_factor", args.k_factor))
@@ -146,30 +146,30 @@ def _search_options(args: argparse.Namespace) -> dict:
     }
 
 
-def _add_search_option_args(p: argparse.ArgumentParser) -> None:
+def add_search_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nprobe",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="dense indexes of faiss IVF types: inverted lists visited per query (default: faiss's, 1)",
     )
     p.add_argument(
         "--ef-search",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="dense indexes of faiss HNSW types: candidate list size per query (default: faiss's, 16)",
     )
     p.add_argument(
         "--k-factor",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="dense indexes of faiss refine types (IVF...,PQ...,RFlat): candidates re-scored exactly per "
         "hit wanted (default: faiss's, 1)",
     )
-    _add_encoder_backend_arg(p)
+    add_encoder_backend_arg(p)
 
 
-def _add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
+def add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--encoder-backend",
         choices=RUNTIMES,
@@ -184,12 +184,12 @@ def _add_encoder_backend_arg(p: argparse.ArgumentParser) -> None:
 # -- LM, MLflow, program and evaluation options ----------------------------------
 
 
-def _add_mlflow_args(p: argparse.ArgumentParser) -> None:
+def add_mlflow_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
 
 
-def _add_endpoint_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "the LM") -> None:
+def add_endpoint_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "the LM") -> None:
     """``--{prefix}api-base`` and ``--{prefix}api-key-env``: where a LiteLLM model is served and its key's variable."""
     p.add_argument(f"--{prefix}api-base", default=None, help=f"API base URL of {who} (default: the provider's)")
     p.add_argument(
@@ -199,14 +199,14 @@ def _add_endpoint_args(p: argparse.ArgumentParser, prefix: str = "", who: str = 
     )
 
 
-def _add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
+def add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
-    _add_endpoint_args(p)
-    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
-    p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
+    add_endpoint_args(p)
+    p.add_argument("--max-tokens", type=positive_int, default=1024, help="output tokens per LM call")
+    p.add_argument("--n-ctx", type=positive_int, default=8192, help="context window of local models")
 
 
-def _program_options(args: argparse.Namespace) -> dict:
+def parsed_program_options(args: argparse.Namespace) -> dict:
     """The method options given as flags (``--budget``, ``--k-per-query``, ``--fusion``); flags left out
     are absent, so the method's own documented defaults apply (HCQR: ``k_per_query = ceil(budget / roles)``)."""
     flags = {
@@ -218,16 +218,16 @@ def _program_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
+def add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
     """Question selection, parallelism, run folder, MLflow and LM options shared by ``eval`` and ``predict``."""
     p.add_argument(
-        "--limit", type=_positive_int, default=None, help=f"{verb} a seeded random sample of N questions (default: all)"
+        "--limit", type=positive_int, default=None, help=f"{verb} a seeded random sample of N questions (default: all)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     p.add_argument("--ids", default=None, help="comma-separated question ids (default: all)")
-    p.add_argument("--threads", type=_positive_int, default=1, help="questions in flight (1 for local models)")
+    p.add_argument("--threads", type=positive_int, default=1, help="questions in flight (1 for local models)")
     p.add_argument("--run-dir", default=None, help="run folder (default: derived from the configuration)")
-    _add_mlflow_args(p)
+    add_mlflow_args(p)
     p.add_argument(
         "--traces",
         choices=TRACE_LEVELS,
@@ -237,10 +237,10 @@ def _add_run_args(p: argparse.ArgumentParser, verb: str) -> None:
         "traces, none scored; params, metrics and run files still tracked); store bytes a question for each in "
         "docs/runs.md (default: $HCQR_TRACES, else full)",
     )
-    _add_lm_args(p)
+    add_lm_args(p)
 
 
-def _add_program_args(p: argparse.ArgumentParser) -> None:
+def add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--method",
         default=None,
@@ -259,13 +259,13 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--budget",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="passages shown to the answer step (default: the method's, 15 as in the paper)",
     )
     p.add_argument(
         "--k-per-query",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="passages per query, HCQR and its ablations (default: ceil(budget / queries), 5 for HCQR)",
     )
@@ -282,17 +282,17 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
         help="HCQR's hypothesis step: features_first (the paper's field order) or options_first "
         "(review each option, then commit) (default: features_first)",
     )
-    _add_search_option_args(p)
+    add_search_option_args(p)
 
 
 # -- where the results went --------------------------------------------------------
 
 
-def _store(args) -> str:
+def tracking_store(args) -> str:
     return tracking_uri(getattr(args, "mlflow_dir", None))
 
 
-def _ui_hint(args) -> str:
+def ui_hint(args) -> str:
     """The command that opens the UI on the store this command wrote to."""
     mlflow_dir = getattr(args, "mlflow_dir", None)
     external = os.environ.get("MLFLOW_TRACKING_URI")

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_mlflow_args, _store, _ui_hint
+from hcqr_dspy.cli.common import add_mlflow_args, tracking_store, ui_hint
 from hcqr_dspy.errors import HCQRError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not args.no_mlflow:
         with store_outages(args.mlflow_dir, saved=lambda: f"the report is saved in {args.out}"):
             run_id = track_comparison(args.out, mlflow_dir=args.mlflow_dir)
-        log.info(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
+        log.info(f"MLflow run {run_id} in {tracking_store(args)} (view with {ui_hint(args)})")
     return 0
 
 
@@ -127,5 +127,5 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "optimizer arm: per-seed and pooled effects against the method's zero-shot run, a two-level bootstrap "
         "interval and the between-seed SD; repeatable (default: compiled runs are grouped from their records)",
     )
-    _add_mlflow_args(p)
+    add_mlflow_args(p)
     p.set_defaults(func=cmd_compare)

@@ -14,14 +14,14 @@ from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
     FUSION_STRATEGIES,
-    _add_endpoint_args,
-    _add_lm_args,
-    _add_mlflow_args,
-    _non_negative_int,
-    _positive_int,
-    _program_options,
-    _store,
-    _ui_hint,
+    add_endpoint_args,
+    add_lm_args,
+    add_mlflow_args,
+    non_negative_int,
+    parsed_program_options,
+    positive_int,
+    tracking_store,
+    ui_hint,
 )
 from hcqr_dspy.cli.method_names import method_names
 
@@ -39,7 +39,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seed is not None:
         raise HCQRError(f"give either --seed {args.seed} or --seeds {args.seeds}, not both")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
-    options = _program_options(args)
+    options = parsed_program_options(args)
     if args.program in PROGRAMS:
         check_program_options(args.program, options)
     spec = CompileSpec(
@@ -125,7 +125,7 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
         print(f"  the optimizer's score on its training questions: {out['scores']['train_score']:.1%}")
     if out["mlflow_run_id"]:
         print(
-            f"MLflow run {out['mlflow_run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
+            f"MLflow run {out['mlflow_run_id']} in {tracking_store(args)} (view with {ui_hint(args)}); run it with "
             f"`hcqr eval --program {shlex.quote(out['out'])}` or --program runs:/{out['mlflow_run_id']}"
         )
     if out["prompts"]:
@@ -139,8 +139,8 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
             f"registered as {out['registered']}"
             + (f" (alias {alias})" if alias else "")
             + f": `hcqr eval --program {uri}`, `hcqr predict --program {uri}`, or serve it with\n"
-            f"  MLFLOW_TRACKING_URI={shlex.quote(_store(args))} mlflow models serve -m {uri} --env-manager local "
-            f"-h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
+            f"  MLFLOW_TRACKING_URI={shlex.quote(tracking_store(args))} mlflow models serve -m {uri} "
+            f"--env-manager local -h 127.0.0.1 -p 5001 -t {SERVE_TIMEOUT_S}\n"
             "  (-t: seconds a request may take; MLflow's default, 60, is shorter than one question "
             "with a local model on a CPU)"
         )
@@ -161,9 +161,9 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help=f"method to compile, one of: {', '.join(method_names())} (default: hcqr)",
     )
     p.add_argument("--train", required=True, help="MIRAGE-format file of training questions (e.g. medmcqa.json)")
-    p.add_argument("--train-size", type=_positive_int, default=None, help="training questions (default: the recipe's)")
+    p.add_argument("--train-size", type=positive_int, default=None, help="training questions (default: the recipe's)")
     p.add_argument(
-        "--val-size", type=_non_negative_int, default=None, help="validation questions (default: the recipe's)"
+        "--val-size", type=non_negative_int, default=None, help="validation questions (default: the recipe's)"
     )
     p.add_argument(
         "--holdout",
@@ -172,10 +172,10 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="an evaluation file that must not share questions with the training set, repeated (default: none)",
     )
     p.add_argument("--index", default=None, help="index folder (default: none, needed by retrieval methods)")
-    p.add_argument("--budget", type=_positive_int, default=None, help="passages shown (default: the method's, 15)")
+    p.add_argument("--budget", type=positive_int, default=None, help="passages shown (default: the method's, 15)")
     p.add_argument(
         "--k-per-query",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="passages per query, HCQR and its ablations (default: ceil(budget / queries))",
     )
@@ -206,7 +206,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--seed",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help="the compile's seed: it draws and orders the training questions and seeds the optimizer where it has "
         "a seed (default: the recipe's seed)",
@@ -220,7 +220,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "others (default: the recipe's seeds, else one compile)",
     )
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
-    _add_endpoint_args(p, prefix="reflection-", who="the reflection LM")
-    _add_mlflow_args(p)
-    _add_lm_args(p)
+    add_endpoint_args(p, prefix="reflection-", who="the reflection LM")
+    add_mlflow_args(p)
+    add_lm_args(p)
     p.set_defaults(func=cmd_compile)

@@ -10,8 +10,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from hcqr_dspy.cli.ask_command import _show_answer
-from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_lm_args, _positive_int, _progress, _store, _ui_hint
+from hcqr_dspy.cli.ask_command import show_answer
+from hcqr_dspy.cli.common import RETRIEVER_KINDS, add_lm_args, positive_int, say_progress, tracking_store, ui_hint
 from hcqr_dspy.errors import RetrievalIndexError
 from hcqr_dspy.lm import parse_lm_spec
 from hcqr_dspy.resources import shipped_dir
@@ -111,9 +111,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     index = Path(args.index)
     try:
         retriever = load_index(index, corpus=corpus)
-        _progress(f"demo index: {index} (reused)")
+        say_progress(f"demo index: {index} (reused)")
     except RetrievalIndexError:
-        _progress(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}")
+        say_progress(f"demo index: building {args.retriever} index over {len(corpus)} passages -> {index}")
         build_retriever(corpus, args.retriever).save(index)
         retriever = load_index(index)
     questions = {q.qid: q for q in select(load_questions(dataset), limit=args.limit)}
@@ -126,7 +126,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\nFirst HCQR answer ({row['qid']}, {row['seconds']:.0f} s):\nQuestion: {q.question}")
         for letter, text in q.options.items():
             print(f"  {letter}. {text}")
-        _show_answer(row, q.options, retriever)
+        show_answer(row, q.options, retriever)
         print(f"Gold answer: {q.answer} ({'right' if row['correct'] else 'wrong'})\n", flush=True)
         shown["done"] = True
 
@@ -137,7 +137,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         earlier = RunFolder(run_dir).rows() if (run_dir / "predictions.jsonl").exists() else []
         plans.append((method, run_dir, [r for r in earlier if r["qid"] in questions]))
     pace = DemoPace(methods, {m: len(questions) - len(earlier) for m, _, earlier in plans})
-    _progress(
+    say_progress(
         f"demo: {len(questions)} questions x {len(methods)} methods ({', '.join(methods)}); the time it takes on "
         "this machine is estimated from its first question"
         + (f" (all {DEMO_QUESTIONS}: --limit {DEMO_QUESTIONS})" if len(questions) < DEMO_QUESTIONS else "")
@@ -145,7 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results, run_dirs = [], []
     for method, run_dir, earlier in plans:
         tally = {"done": len(earlier), "right": sum(bool(r["correct"]) for r in earlier)}
-        _progress(
+        say_progress(
             f"\n== {method} on {len(questions)} demo questions with --lm {args.lm}"
             + (f" ({len(earlier)} already answered)" if earlier else "")
         )
@@ -157,7 +157,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             tally["right"] += bool(row["correct"])
             pace.add(method, row)
             mark = "right" if row["correct"] else ("invalid" if not row["valid"] else "wrong")
-            _progress(
+            say_progress(
                 f"  {method:<11} {tally['done']:>2}/{len(questions)}  {row['qid']}: {row['prediction'] or '-'} "
                 f"(gold {row['gold']}, {mark}, {row['seconds']:.0f} s)   accuracy so far "
                 f"{tally['right']}/{tally['done']} = {tally['right'] / tally['done']:.0%}"
@@ -166,7 +166,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 show_first(row)
             answered = len(pace.seconds[method])
             if pace.todo[method] and (answered == 1 or answered % 5 == 0):
-                _progress(f"  {pace.line()}")
+                say_progress(f"  {pace.line()}")
 
         spec = EvalSpec(
             method=method,
@@ -183,7 +183,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result, run_dir, run_id = run_evaluation(spec, mlflow_dir=args.mlflow_dir, progress=False, on_row=on_row)
         results.append((method, result.metrics))
         run_dirs.append(run_dir)
-        _progress(f"   {run_dir}  (MLflow run {run_id})")
+        say_progress(f"   {run_dir}  (MLflow run {run_id})")
     print()
     if len(run_dirs) > 1:
         reference = "simple_rag" if "simple_rag" in methods else methods[0]
@@ -196,7 +196,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     else:
         print(metrics_table(results))
-    print(f"\nRuns: {args.runs}/ · MLflow store: {_store(args)} · view with {_ui_hint(args)} (http://127.0.0.1:5000)")
+    print(
+        f"\nRuns: {args.runs}/ · MLflow store: {tracking_store(args)} · view with {ui_hint(args)} (http://127.0.0.1:5000)"
+    )
     return 0
 
 
@@ -213,11 +215,11 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--runs", default="runs/demo", help="folder of the demo's run folders (resumed if present)")
     p.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_LIMIT,
         help=f"demo questions to run, a seeded sample (default: {DEFAULT_LIMIT}; all {DEMO_QUESTIONS}: --limit "
         f"{DEMO_QUESTIONS})",
     )
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
-    _add_lm_args(p)
+    add_lm_args(p)
     p.set_defaults(func=cmd_demo)

@@ -11,13 +11,13 @@ import argparse
 from collections.abc import Callable
 
 from hcqr_dspy.cli.common import (
-    _add_program_args,
-    _add_run_args,
-    _id_list,
-    _program_options,
-    _search_options,
-    _store,
-    _ui_hint,
+    add_program_args,
+    add_run_args,
+    id_list,
+    parsed_program_options,
+    parsed_search_options,
+    tracking_store,
+    ui_hint,
 )
 
 
@@ -30,8 +30,8 @@ def _spec(spec_class, args: argparse.Namespace, dataset: str, labelled: bool):
         lm=args.lm,
         limit=args.limit,
         seed=args.seed,
-        ids=_id_list(args.ids),
-        program_options=_program_options(args),
+        ids=id_list(args.ids),
+        program_options=parsed_program_options(args),
         max_tokens=args.max_tokens,
         n_ctx=args.n_ctx,
         api_base=args.api_base,
@@ -40,7 +40,7 @@ def _spec(spec_class, args: argparse.Namespace, dataset: str, labelled: bool):
         run_dir=args.run_dir,
         program=args.program,
         answer_step=getattr(args, "answer_step", None),
-        search_options=_search_options(args),
+        search_options=parsed_search_options(args),
         encoder_backend=args.encoder_backend,
         labelled=labelled,
     )
@@ -59,7 +59,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
     if run_id:
-        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
+        print(f"MLflow run {run_id} in {tracking_store(args)} (view with {ui_hint(args)})")
     return 0
 
 
@@ -81,14 +81,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}"
     )
     if run_id:
-        print(f"MLflow run {run_id} in {_store(args)} (view with {_ui_hint(args)})")
+        print(f"MLflow run {run_id} in {tracking_store(args)} (view with {ui_hint(args)})")
     return 0
 
 
 def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``eval`` and ``predict`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("eval", help="evaluate a method on a benchmark (resumable, tracked in MLflow)")
-    _add_program_args(p)
+    add_program_args(p)
     p.add_argument(
         "--answer-step",
         default=None,
@@ -103,7 +103,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "FOLDER:SPLIT for a DatasetDict), an MLflow evaluation dataset (mlflow:NAME or mlflow:ID in --mlflow-dir's "
         "store; mlflow:REF@STORE for another store) or a hub dataset name",
     )
-    _add_run_args(p, "evaluate")
+    add_run_args(p, "evaluate")
     p.set_defaults(func=cmd_eval)
 
     p = command(
@@ -114,7 +114,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "need no gold answer; a file that has them is scored too. The run folder records each\n"
         "answer as it finishes: the same command resumes an interrupted run.",
     )
-    _add_program_args(p)
+    add_program_args(p)
     p.add_argument(
         "--input",
         required=True,
@@ -122,5 +122,5 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "(one {id, question, options[, answer]} per line)",
     )
     p.add_argument("--out", required=True, help="answers file: .jsonl (one answer per line) or .json ({qid: answer})")
-    _add_run_args(p, "answer")
+    add_run_args(p, "answer")
     p.set_defaults(func=cmd_predict)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_encoder_backend_arg, _positive_int, _store, _ui_hint
+from hcqr_dspy.cli.common import add_encoder_backend_arg, positive_int, tracking_store, ui_hint
 from hcqr_dspy.errors import ExperimentError
 
 
@@ -52,7 +52,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(metrics_table(list(cells.items())))
         if dname in out["reports"]:
             print(f"\nreport: {out['reports'][dname]}")
-    print(f"\nMLflow parent run {out['parent_run_id']} in {_store(args)} (view with {_ui_hint(args)})")
+    print(f"\nMLflow parent run {out['parent_run_id']} in {tracking_store(args)} (view with {ui_hint(args)})")
     return 0
 
 
@@ -63,7 +63,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "file", help="experiment YAML file, or the name of one in ./experiments/ or shipped (paper_main, ablations)"
     )
     p.add_argument(
-        "--limit", type=_positive_int, default=None, help="override the question sample size (default: the file's)"
+        "--limit", type=positive_int, default=None, help="override the question sample size (default: the file's)"
     )
     p.add_argument("--lm", default=None, help="override the experiment's LM spec (default: the file's)")
     p.add_argument("--datasets", default=None, help="comma-separated subset of the file's datasets (default: all)")
@@ -74,5 +74,5 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         action="store_true",
         help="validate the file and stop (no LM call); every problem is printed, one line each",
     )
-    _add_encoder_backend_arg(p)
+    add_encoder_backend_arg(p)
     p.set_defaults(func=cmd_experiment)

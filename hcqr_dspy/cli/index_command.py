@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hcqr_dspy.cli.common import RETRIEVER_KINDS, _add_search_option_args, _positive_int, _search_options
+from hcqr_dspy.cli.common import RETRIEVER_KINDS, add_search_option_args, parsed_search_options, positive_int
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.folders import out_folder_fault
 from hcqr_dspy.evaluation.progress import ProgressReport
@@ -144,7 +144,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         args.index,
         corpus=args.corpus,
         encoder=args.encoder,
-        search_options=_search_options(args),
+        search_options=parsed_search_options(args),
         encoder_backend=args.encoder_backend,
     )
     results = retriever.search(args.queries, args.k)
@@ -193,14 +193,14 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--train-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="vectors sampled (seed 0) to train faiss types that need it (default: 64 per IVF list, 16,384 to 500,000)",
     )
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="passages per encoder batch")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="passages per encoder batch")
     p.add_argument(
         "--chunk-size",
-        type=_positive_int,
+        type=positive_int,
         default=4096,
         help="passages per embedding chunk written to disk (what a killed build resumes from)",
     )
@@ -267,7 +267,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     p = command("search", help="search an index with one or more queries")
     p.add_argument("--index", required=True, help="index folder")
-    p.add_argument("--k", type=_positive_int, default=5, help="passages per query")
+    p.add_argument("--k", type=positive_int, default=5, help="passages per query")
     p.add_argument("--corpus", default=None, help="corpus to search (default: the one the index was built on)")
     p.add_argument(
         "--encoder",
@@ -275,7 +275,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="expected encoder spec; refused if the index used another (medcpt:QUERY_DIR,ARTICLE_DIR "
         "reads the same MedCPT pair from other folders; default: the index's)",
     )
-    _add_search_option_args(p)
-    p.add_argument("--width", type=_positive_int, default=160, help="characters of each passage to print")
+    add_search_option_args(p)
+    p.add_argument("--width", type=positive_int, default=160, help="characters of each passage to print")
     p.add_argument("queries", nargs="+", help="query strings")
     p.set_defaults(func=cmd_search)

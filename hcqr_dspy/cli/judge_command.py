@@ -14,14 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hcqr_dspy.cli.common import (
-    _add_dataset_move_arg,
-    _add_endpoint_args,
-    _add_mlflow_args,
-    _id_list,
-    _move_datasets,
-    _positive_int,
-    _report_moves,
-    _undo_moves,
+    add_dataset_move_arg,
+    add_endpoint_args,
+    add_mlflow_args,
+    id_list,
+    move_datasets,
+    positive_int,
+    report_moves,
+    undo_moves,
 )
 from hcqr_dspy.errors import HCQRError, RunError
 from hcqr_dspy.lm import parse_lm_spec
@@ -57,7 +57,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         load_labelled_set(labelled)
     if not args.runs:
         return _judge_labelled_only(args, labelled)
-    moves = _move_datasets(args.runs, args.dataset)
+    moves = move_datasets(args.runs, args.dataset)
     try:
         for run_dir in args.runs:  # every run checked before any LM is loaded
             folder = RunFolder.open(run_dir)
@@ -67,9 +67,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
                 )
             check_judge_index(folder, args.index)
     except HCQRError:
-        _undo_moves(moves)  # a refused command moves no dataset
+        undo_moves(moves)  # a refused command moves no dataset
         raise
-    _report_moves(moves)
+    report_moves(moves)
     for run_dir in args.runs:
         metrics = judge_and_track(
             run_dir,
@@ -80,7 +80,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
             num_threads=args.threads,
             limit=args.limit,
             seed=0 if args.seed is None else args.seed,
-            ids=_id_list(args.ids),
+            ids=id_list(args.ids),
             labelled_set=labelled,
             **_judge_settings(args),
         )
@@ -108,8 +108,8 @@ def _judge_with_mlflow_scorers(args: argparse.Namespace) -> int:
         parse_lm_spec(args.judge_lm, api_base=args.api_base, api_key_env=args.api_key_env, option="--judge-lm")
     from hcqr_dspy.workflows.mlflow_judges import judge_with_mlflow_scorers
 
-    moves = _move_datasets(args.runs, args.dataset)
-    _report_moves(moves)
+    moves = move_datasets(args.runs, args.dataset)
+    report_moves(moves)
     for done, run_dir in enumerate(args.runs):
         try:
             result = judge_with_mlflow_scorers(
@@ -121,11 +121,11 @@ def _judge_with_mlflow_scorers(args: argparse.Namespace) -> int:
                 mlflow_dir=args.mlflow_dir,
                 limit=args.limit,
                 seed=0 if args.seed is None else args.seed,
-                ids=_id_list(args.ids),
+                ids=id_list(args.ids),
             )
         except HCQRError:
             if not done:
-                _undo_moves(moves)  # refused before any run was judged: no dataset moved
+                undo_moves(moves)  # refused before any run was judged: no dataset moved
             raise
         print(json.dumps({"run": str(run_dir), **result}))
     return 0
@@ -180,12 +180,12 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="the judge gives its label alone (default: it reasons first, as dspy.ChainOfThought)",
     )
     p.add_argument("--index", default=None, help="index folder (default: the run's)")
-    _add_dataset_move_arg(p)
-    p.add_argument("--threads", type=_positive_int, default=1, help="judgments in flight")
+    add_dataset_move_arg(p)
+    p.add_argument("--threads", type=positive_int, default=1, help="judgments in flight")
     sample = p.add_mutually_exclusive_group()
     sample.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="judge a seeded sample of N of the run's questions, drawn as `hcqr eval --limit` "
         "draws, so "
@@ -221,8 +221,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "judge LM at an OpenAI-compatible endpoint; their feedback is logged on the traces, a trace judged already "
         "by the same judge LM is skipped",
     )
-    _add_mlflow_args(p)
-    _add_endpoint_args(p, who="the judge")
-    p.add_argument("--max-tokens", type=_positive_int, default=512, help="output tokens per judge call (default 512)")
-    p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of a local judge (default 8192)")
+    add_mlflow_args(p)
+    add_endpoint_args(p, who="the judge")
+    p.add_argument("--max-tokens", type=positive_int, default=512, help="output tokens per judge call (default 512)")
+    p.add_argument("--n-ctx", type=positive_int, default=8192, help="context window of a local judge (default 8192)")
     p.set_defaults(func=cmd_judge)

@@ -10,7 +10,7 @@ import argparse
 import shlex
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_endpoint_args, _positive_int, _store, _ui_hint
+from hcqr_dspy.cli.common import add_endpoint_args, positive_int, tracking_store, ui_hint
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -45,7 +45,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     store = f" --mlflow-dir {shlex.quote(args.mlflow_dir)}" if args.mlflow_dir else ""
     print(f"what compiling changed in a stage: hcqr prompts {last} zero-shot {args.alias or version}{store}")
     print(
-        f"MLflow run {out['run_id']} in {_store(args)} (view with {_ui_hint(args)}); run it with "
+        f"MLflow run {out['run_id']} in {tracking_store(args)} (view with {ui_hint(args)}); run it with "
         f"`hcqr eval --program {shlex.quote(uri)}`"
     )
     return 0
@@ -69,8 +69,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--no-index", action="store_true", help="register without an index (give --index where it runs)")
     p.add_argument("--lm", default=None, help="LM spec the model answers with (default: the one it was compiled with)")
-    _add_endpoint_args(p)
-    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="output tokens per LM call")
-    p.add_argument("--n-ctx", type=_positive_int, default=8192, help="context window of local models")
+    add_endpoint_args(p)
+    p.add_argument("--max-tokens", type=positive_int, default=1024, help="output tokens per LM call")
+    p.add_argument("--n-ctx", type=positive_int, default=8192, help="context window of local models")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.set_defaults(func=cmd_register)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_dataset_move_arg, _move_datasets, _positive_int, _report_moves, _undo_moves
+from hcqr_dspy.cli.common import add_dataset_move_arg, move_datasets, positive_int, report_moves, undo_moves
 from hcqr_dspy.errors import HCQRError
 
 NEAR_DUPLICATE_JACCARD = 0.6  # the default of hcqr_dspy.reporting.query_diversity, without importing it here
@@ -31,18 +31,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy and the retrievers take seconds, `hcqr --help` none
     from hcqr_dspy.workflows.replay import replay, replay_faults
 
-    moves = _move_datasets(args.runs, args.dataset)
+    moves = move_datasets(args.runs, args.dataset)
     try:
         faults = replay_faults(args.runs, args.index, args.out)
     except HCQRError:
-        _undo_moves(moves)
+        undo_moves(moves)
         raise
     if faults:  # every fault, one line each, before anything is loaded; a refused command moves no dataset
-        _undo_moves(moves)
+        undo_moves(moves)
         for fault in faults:
             print(f"hcqr: error: {fault}", file=sys.stderr)
         return 2
-    _report_moves(moves)
+    report_moves(moves)
     report, _, files = replay(
         args.runs, args.index, out_dir=args.out, budget=args.budget, threshold=args.near_duplicate
     )
@@ -76,6 +76,6 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--index", required=True, help="index folder to search, over the runs' corpus")
     p.add_argument("--out", default=None, help="folder for replay.md and replay.json (default: print the report)")
-    p.add_argument("--budget", type=_positive_int, default=None, help="passages per context (default: each run's)")
-    _add_dataset_move_arg(p)
+    p.add_argument("--budget", type=positive_int, default=None, help="passages per context (default: each run's)")
+    add_dataset_move_arg(p)
     p.set_defaults(func=cmd_replay)

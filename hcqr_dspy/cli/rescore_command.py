@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _add_dataset_move_arg, _move_datasets, _positive_int, _report_moves
+from hcqr_dspy.cli.common import add_dataset_move_arg, move_datasets, positive_int, report_moves
 from hcqr_dspy.lm import parse_lm_spec
 
 
@@ -25,7 +25,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         if twice:
             raise RunError(f"{twice}; rescore each run once")
         RunFolder.open(run_dir)
-    _report_moves(_move_datasets(args.runs, args.dataset))
+    report_moves(move_datasets(args.runs, args.dataset))
     for run_dir in args.runs:
         print(json.dumps(rescore_run(run_dir, lm_spec=args.lm, index=args.index, n_ctx=args.n_ctx)))
     return 0
@@ -41,6 +41,6 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("runs", nargs="+", help="run folders (from `hcqr eval`)")
     p.add_argument("--lm", default=None, help="scoring LM, local or gguf: (default: the run's own LM)")
     p.add_argument("--index", default=None, help="index folder resolving the shown passages (default: the run's)")
-    p.add_argument("--n-ctx", type=_positive_int, default=None, help="context window (default: the run's)")
-    _add_dataset_move_arg(p)
+    p.add_argument("--n-ctx", type=positive_int, default=None, help="context window (default: the run's)")
+    add_dataset_move_arg(p)
     p.set_defaults(func=cmd_rescore)

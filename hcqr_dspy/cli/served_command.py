@@ -9,7 +9,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _positive_int
+from hcqr_dspy.cli.common import positive_int
 
 
 def cmd_served(args: argparse.Namespace) -> int:
@@ -35,7 +35,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``served`` (``command(name, **kwargs)`` adds one subcommand's parser)."""
     p = command("served", help="list the questions a served model answered (their traces), newest first")
     p.add_argument("--model", default=None, help="only this registered model: NAME or NAME/VERSION")
-    p.add_argument("--limit", type=_positive_int, default=20, help="how many, newest first")
+    p.add_argument("--limit", type=positive_int, default=20, help="how many, newest first")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.set_defaults(func=cmd_served)

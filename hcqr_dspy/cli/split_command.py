@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from hcqr_dspy.cli.common import _non_negative_int
+from hcqr_dspy.cli.common import non_negative_int
 
 
 def cmd_split(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="shares of the questions in train, validation and test, summing to 1; each part gets at least one "
         "question (default: 0.5,0.2,0.3)",
     )
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the draw (default: 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the draw (default: 0)")
     p.add_argument(
         "--out",
         required=True,

@@ -10,7 +10,7 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from hcqr_dspy.cli.common import _positive_int
+from hcqr_dspy.cli.common import positive_int
 from hcqr_dspy.tracking.experiment_page import evaluation_runs_url, key_metrics_url
 from hcqr_dspy.tracking.store import browse_store, existing_store
 from hcqr_dspy.tracking.ui import check_port, serve_ui
@@ -36,6 +36,6 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("ui", help="start the MLflow UI for the tracking store (127.0.0.1 by default)")
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_positive_int, default=5000, help="port to serve on")
-    p.add_argument("--workers", type=_positive_int, default=1, help="MLflow server worker processes")
+    p.add_argument("--port", type=positive_int, default=5000, help="port to serve on")
+    p.add_argument("--workers", type=positive_int, default=1, help="MLflow server worker processes")
     p.set_defaults(func=cmd_ui)

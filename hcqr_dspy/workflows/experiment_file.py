@@ -72,7 +72,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from hcqr_dspy.config import _problem, describe, line_of, read_yaml, validate
+from hcqr_dspy.config import describe, line_of, problem_line, read_yaml, validate
 from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import DataError, ExperimentError, HCQRError
 from hcqr_dspy.lm import parse_lm_spec
@@ -395,5 +395,5 @@ def error_lines(errors: list[Any], file: str | Path, node: Any = None) -> list[s
     for error in errors:
         loc = tuple(error["loc"])
         line = line_of(node, loc) if node is not None else None
-        lines.append(f"{f'{file}:{line}' if line else file}: {_problem(error, Experiment, loc)}")
+        lines.append(f"{f'{file}:{line}' if line else file}: {problem_line(error, Experiment, loc)}")
     return lines
