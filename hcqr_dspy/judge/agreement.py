@@ -2,7 +2,7 @@
 
 The controls of :mod:`hcqr_dspy.judge.controls` are built by rules; this is the check that is not. A
 *labelled set* is a JSON Lines file of contexts, each labelled by a person with the judge's own rubric
-(:data:`hcqr_dspy.programs.judge_signatures.DUR_LABELS_DESC`) and a one-sentence reason. One line per
+(:data:`hcqr_dspy.programs.signatures.DUR_LABELS_DESC`) and a one-sentence reason. One line per
 context::
 
     {"id": "demo-004-entailed", "qid": "demo-004", "passages": ["demo-0093", "demo-0121"],

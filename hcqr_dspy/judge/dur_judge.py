@@ -16,8 +16,8 @@ from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.judge.controls import positive_control_document
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.programs.invalid_replies import BAD_REPLY_ERRORS
-from hcqr_dspy.programs.judge_signatures import JudgeContext, JudgePassage
 from hcqr_dspy.programs.program_base import stage
+from hcqr_dspy.programs.signatures import JudgeContext, JudgePassage
 
 
 def correct_answer_text(options: dict[str, str], answer: str) -> str:

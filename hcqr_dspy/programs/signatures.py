@@ -23,7 +23,9 @@ Baselines:
 * :class:`RatePassageRelevance` — an LM reranker's 0-10 usefulness score.
 * :class:`JudgeDocumentSupport` — MAIN-RAG's Yes/No judge of one passage.
 
-The DUR judge's signatures are in :mod:`hcqr_dspy.programs.judge_signatures`.
+The DUR judge (:mod:`hcqr_dspy.judge` runs it): :class:`JudgeContext` labels the whole context an answer step saw,
+:class:`JudgePassage` one passage of it; both see the correct option and answer ``ENTAILED``, ``USEFUL`` or
+``NOT_USEFUL`` (:data:`DUR_LABELS_DESC`).
 
 Option letters vary per question (any number of letter-labelled options), so
 the letter fields are typed ``str`` here and narrowed per call to
@@ -259,3 +261,33 @@ def ask_for_count(signature: type[dspy.Signature], field: str, n: int) -> type[d
 QUERY_FIELD_NAMES: tuple[str, ...] = tuple(
     name for sig in (RewriteQueries, RewriteQuestion, RewriteQuestionWithOptions) for name in sig.output_fields
 )
+
+
+DUR_LABELS_DESC = (
+    "ENTAILED if the documents alone imply the correct answer; USEFUL if they strongly support it but need a "
+    "small inference; NOT_USEFUL otherwise"
+)
+
+
+class JudgeContext(dspy.Signature):
+    """Judge whether retrieved documents are decision-useful for answering an exam question correctly.
+    Use only the documents, not your own knowledge: ENTAILED means the documents alone imply the correct answer;
+    USEFUL means they give strong support for it but need a small inference; NOT_USEFUL means neither."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    correct_answer: str = dspy.InputField(desc="the correct option")
+    context: str = dspy.InputField(desc="retrieved documents, each as 'Document [i] (Title: ...) text'")
+    label: Literal["ENTAILED", "USEFUL", "NOT_USEFUL"] = dspy.OutputField(desc=DUR_LABELS_DESC)
+
+
+class JudgePassage(dspy.Signature):
+    """Judge whether one retrieved document is decision-useful for answering an exam question correctly.
+    Use only the document, not your own knowledge: ENTAILED means it alone implies the correct answer;
+    USEFUL means it gives strong support for it but needs a small inference; NOT_USEFUL means neither."""
+
+    question: str = dspy.InputField(desc="the exam question")
+    options: str = dspy.InputField(desc="the answer options, one per line as 'LETTER. text'")
+    correct_answer: str = dspy.InputField(desc="the correct option")
+    passage: str = dspy.InputField(desc="one retrieved document as 'Document [i] (Title: ...) text'")
+    label: Literal["ENTAILED", "USEFUL", "NOT_USEFUL"] = dspy.OutputField(desc=DUR_LABELS_DESC)

@@ -12,7 +12,7 @@ Holm-adjusted as one family), :mod:`~hcqr_dspy.reporting.equivalence` (TOST agai
 :mod:`~hcqr_dspy.reporting.tables`, :mod:`~hcqr_dspy.reporting.diagnostics`,
 :mod:`~hcqr_dspy.reporting.evidence_tables`, :mod:`~hcqr_dspy.reporting.hypotheses`,
 :mod:`~hcqr_dspy.reporting.program_diff` (the report's sections), :mod:`~hcqr_dspy.reporting.plots`,
-:mod:`~hcqr_dspy.reporting.run_sessions` (sessions) and :mod:`~hcqr_dspy.reporting.report` (:func:`compare`).
+and :mod:`~hcqr_dspy.reporting.report` (:func:`compare`).
 """
 
 from hcqr_dspy.reporting.plots import (
@@ -27,8 +27,16 @@ from hcqr_dspy.reporting.plots import (
     plot_hypothesis_changes,
 )
 from hcqr_dspy.reporting.report import compare
-from hcqr_dspy.reporting.run_sessions import provenance_line, session_summary
-from hcqr_dspy.reporting.runs import Run, judged_ids, load_run, restrict, run_label, unique_labels
+from hcqr_dspy.reporting.runs import (
+    Run,
+    judged_ids,
+    load_run,
+    provenance_line,
+    restrict,
+    run_label,
+    session_summary,
+    unique_labels,
+)
 from hcqr_dspy.reporting.stats import mcnemar_exact, wilson_interval
 from hcqr_dspy.reporting.tables import comparison_table, metrics_table
 

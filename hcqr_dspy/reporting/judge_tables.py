@@ -1,4 +1,5 @@
-"""The report's check on the DUR judge: its accuracy on each control and its agreement with hand labels.
+"""The report's tables of its judges: the DUR judge's accuracy on each control and its agreement with hand labels,
+and MLflow's retrieval judges.
 
 For every judged run: the DUR with its 95% Wilson interval; the judge's accuracy on each control
 (:mod:`hcqr_dspy.judge.controls`) with its 95% Wilson interval (``statsmodels``' ``proportion_confint``,
@@ -10,6 +11,11 @@ interval, Cohen's kappa with its 95% interval). A control a run's judgments do n
 The warnings: :func:`hcqr_dspy.judge.controls.control_flags` (control rates outside
 :data:`~hcqr_dspy.judge.controls.CONTROL_LIMITS`, a DUR the judge cannot separate from its on-topic controls,
 controls never judged) and :func:`hcqr_dspy.judge.agreement.agreement_flags` (agreement no better than chance).
+
+MLflow's retrieval judges (``hcqr judge --mlflow-scorers``, :func:`mlflow_judges_table`): for every run whose folder
+holds ``mlflow_judges.json`` (:mod:`hcqr_dspy.judge.mlflow_record`), the mean retrieval relevance and retrieval
+groundedness over its questions (those of the comparison: a run restricted by ``--common`` is summarised over the
+questions kept) with the standard error of the mean and the number of questions judged, and the judge LM.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from hcqr_dspy.judge.agreement import AGREEMENT_FILE, agreement_flags, agreement_summary
 from hcqr_dspy.judge.controls import CONTROL_LIMITS, control_flags
 from hcqr_dspy.judge.dur_metrics import CONTROLS, wilson_interval
+from hcqr_dspy.judge.mlflow_record import LABELS, MLFLOW_JUDGES_FILE, SCORERS, means
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.tables import dur_cell
 
@@ -127,3 +134,46 @@ def judge_controls_table(runs: Sequence[Run]) -> tuple[str, list[str], dict[str,
             "flags": run_flags,
         }
     return "\n".join(lines), flags, figures
+
+
+MLFLOW_JUDGES_NOTE = (
+    "MLflow's built-in LLM judges on each question's trace (`hcqr judge --mlflow-scorers`). Retrieval relevance: "
+    "the share of the passages retrieved for a question (every query's hits, before fusion) the judge called "
+    "relevant to the question (RetrievalRelevance, one call per passage). Retrieval groundedness: the share of a "
+    "question's retrieval steps whose passages the judge said support the recorded response (RetrievalGroundedness, "
+    "one call per query; the response is the answer letter with, for HCQR, the hypothesis and queries). Mean over "
+    "the questions judged ± standard error of the mean; n = questions judged. Neither uses the gold answer."
+)
+
+
+def _mlflow_judge_cell(figure: dict[str, Any] | None) -> str:
+    if figure is None:
+        return "– (not judged)"
+    se = f" ± {figure['se']:.1%}" if figure["se"] is not None else ""
+    return f"{figure['mean']:.1%}{se} (n {figure['n']})"
+
+
+def mlflow_judges_table(runs: Sequence[Run]) -> tuple[str, dict[str, Any]]:
+    """Markdown: one row per run judged by MLflow's retrieval judges, and the figures for ``comparison.json``
+    (``{run label: {scorer: {"mean", "se", "n"}, "judges": {scorer: [judge LM specs]}}}``); ``("", {})`` when no
+    run was judged so."""
+    lines = [
+        "| run | retrieval relevance | retrieval groundedness | judge |",
+        "|---|---:|---:|---|",
+    ]
+    figures: dict[str, Any] = {}
+    for run in runs:
+        record = run.folder.read_json(MLFLOW_JUDGES_FILE)
+        if not record:
+            continue
+        summary = means(record, [r["qid"] for r in run.rows])
+        if not summary:
+            continue
+        judges = record.get("judges") or {}
+        who = "; ".join(f"{LABELS[k]}: {', '.join(v)}" for k, v in judges.items() if k in summary)
+        cells = [_mlflow_judge_cell(summary.get(name)) for name in SCORERS.values()]
+        lines.append(f"| {run.label} | {' | '.join(cells)} | {who or '–'} |")
+        figures[run.label] = {**summary, "judges": {k: v for k, v in judges.items() if k in summary}}
+    if not figures:
+        return "", {}
+    return "\n".join(lines), figures

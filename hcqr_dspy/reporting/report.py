@@ -26,14 +26,26 @@ from hcqr_dspy.reporting.gold_probability import (
     gold_probability_table,
 )
 from hcqr_dspy.reporting.hypotheses import hypothesis_table, hypothesis_vs_cot, upstream_agreement
-from hcqr_dspy.reporting.judge_tables import controls_note, judge_controls_table
-from hcqr_dspy.reporting.mlflow_judge_tables import MLFLOW_JUDGES_NOTE, mlflow_judges_table
+from hcqr_dspy.reporting.judge_tables import (
+    MLFLOW_JUDGES_NOTE,
+    controls_note,
+    judge_controls_table,
+    mlflow_judges_table,
+)
 from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
 from hcqr_dspy.reporting.replicates import REPLICATES_NOTE, check_groups, replicates_table
-from hcqr_dspy.reporting.run_sessions import provenance_line, session_summary
-from hcqr_dspy.reporting.runs import Run, check_same_gold, load_run, restrict, run_label, unique_labels
+from hcqr_dspy.reporting.runs import (
+    Run,
+    check_same_gold,
+    load_run,
+    provenance_line,
+    restrict,
+    run_label,
+    session_summary,
+    unique_labels,
+)
 from hcqr_dspy.reporting.saved_programs import ProgramFolders
 from hcqr_dspy.reporting.setups import NOTE as SETUPS_NOTE
 from hcqr_dspy.reporting.setups import SetupCheck, setup_check

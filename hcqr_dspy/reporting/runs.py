@@ -1,4 +1,5 @@
-"""Run folders loaded for a comparison: :class:`Run`, their labels, and restricting them to shared questions.
+"""Run folders loaded for a comparison: :class:`Run`, their labels, restricting them to shared questions, and where
+their rows and judgments were made (:func:`session_summary`, from ``sessions.jsonl``).
 
 Every run is a run folder written by ``hcqr eval`` (``config.json``, ``predictions.jsonl``, ``metrics.json``,
 and ``dur.json`` / ``judgments.jsonl`` once judged by ``hcqr judge``).
@@ -15,6 +16,7 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
+from hcqr_dspy.evaluation.provenance import machine_key
 from hcqr_dspy.evaluation.run_folder import DUR_METRICS, RunFolder
 from hcqr_dspy.judge.dur_metrics import dur_metrics
 from hcqr_dspy.reporting.saved_programs import ProgramFolder, ProgramFolders
@@ -205,3 +207,42 @@ def unique_labels(runs: Sequence[Run]) -> None:
 def judged_ids(run: Run) -> frozenset[str]:
     """The questions a run's DUR was judged on (its judgments)."""
     return frozenset(j["qid"] for j in run.judgments)
+
+
+def session_summary(run: Run) -> dict[str, Any]:
+    """Where a run's rows and judgments were made (``sessions.jsonl``): ``sessions`` (``hcqr eval`` sessions),
+    ``machines`` (their :func:`hcqr_dspy.evaluation.provenance.machine_key`, oldest first), ``rows_before_sessions``
+    (rows written before the first recorded eval session: all of them for a run without one) and
+    ``judge_sessions`` / ``judge_machines`` likewise for ``hcqr judge``."""
+    records = run.folder.sessions()
+    evals = [s for s in records if s.get("command") == "eval"]
+    judges = [s for s in records if s.get("command") == "judge"]
+    return {
+        "sessions": len(evals),
+        "machines": list(dict.fromkeys(machine_key(s) for s in evals)),
+        "rows_before_sessions": evals[0]["predictions_before"] if evals else len(run.folder.predictions.read()),
+        "judge_sessions": len(judges),
+        "judge_machines": list(dict.fromkeys(machine_key(s) for s in judges)),
+    }
+
+
+def provenance_line(summary: dict[str, Any]) -> str:
+    """The Runs section's note on where a run's rows (and judgments) were made, from its :func:`session_summary`."""
+
+    def where(machines: list[str]) -> str:
+        return (
+            f"on one machine: {machines[0]}"
+            if len(machines) == 1
+            else f"on {len(machines)} different machines or LM stacks: " + " | ".join(machines)
+        )
+
+    parts = []
+    if summary["sessions"]:
+        parts.append(f"rows written in {summary['sessions']} session(s) {where(summary['machines'])}")
+    if summary["rows_before_sessions"]:
+        parts.append(
+            f"{summary['rows_before_sessions']} row(s) written before sessions were recorded (machine unknown)"
+        )
+    if summary["judge_sessions"]:
+        parts.append(f"judged in {summary['judge_sessions']} session(s) {where(summary['judge_machines'])}")
+    return "; ".join(parts)
