@@ -33,6 +33,9 @@ STAMPS := $(VENV)/.stamps
 # the wheel kept in $(HCQR_CACHE)/wheels-<variant> for later setups and CI runs. hcqr_dspy/lm/llama_builds.py picks
 # the fastest variant the CPU has (AVX-512 where present, else portable AVX2) and keeps it only if every installed
 # packaged model decodes a multi-token prompt through it; HCQR_LLAMA_BUILD=portable forces the portable one.
+# Its `server` extra (pure Python: uvicorn, fastapi, sse-starlette, starlette-context, pydantic-settings) is installed
+# beside the build: the installed llama-cpp-python satisfies the pin, so pip adds the extra's packages only and never
+# builds again. It serves a local judge LM to MLflow's judges (hcqr judge --mlflow-scorers).
 LLAMA_CPP_VERSION := 0.3.36
 # PyPI's `milvus` package ships a real Milvus standalone server; its launcher needs these pins, which
 # clash with the product's pymilvus 3.x, hence its own virtualenv. The binary is unpacked there once.
@@ -55,6 +58,7 @@ $(STAMPS)/base: pyproject.toml
 setup-llm: $(STAMPS)/llm
 $(STAMPS)/llm: $(STAMPS)/base
 	$(PY) -m hcqr_dspy.lm.llama_builds setup --version $(LLAMA_CPP_VERSION)
+	$(PIP) install --quiet 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'
 	@touch $@
 
 setup-model-135m: $(STAMPS)/model-135m

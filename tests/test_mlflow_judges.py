@@ -2,7 +2,8 @@
 OpenAI-compatible server (stub_server.py answers their JSON prompt): RetrievalRelevance and RetrievalGroundedness run
 through MLflow's own code, their feedback read back from the traces with MLflow's API, a rerun judges nothing again,
 failed calls are counted and judged again, `hcqr compare` summarises them per run; and the refusals (a judge LM that
-cannot be reached, a local model, a run without tracking or traces), one line each with nothing written."""
+cannot be reached, a run without tracking or traces), one line each with nothing written. A local judge LM, served
+for the judging: test_mlflow_judges_local.py."""
 
 import json
 
@@ -180,7 +181,6 @@ def test_a_judge_lm_that_cannot_be_used_or_a_run_without_traces_is_one_line_and_
     argv = ["judge", str(untouched), "--mlflow-scorers", "--mlflow-dir", str(store), "--judge-lm", "openai/other"]
     cases = {
         "unreachable": (argv + ["--api-base", dead.base], "cannot be used by MLflow's judges"),
-        "local": (argv[:-1] + ["local:smollm2-135m"], "a local model runs inside hcqr, which serves none over HTTP"),
         "untracked": (judge_argv(made["untracked"], stub, store), "the run was not tracked in MLflow"),
         "no traces": (judge_argv(made["no_traces"], stub, store), "none of its question traces is in the store"),
         "bad name": (judge_argv(untouched, stub, store, "relevance,recall"), "choose from relevance, groundedness"),

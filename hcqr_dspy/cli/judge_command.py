@@ -122,6 +122,7 @@ def _judge_with_mlflow_scorers(args: argparse.Namespace) -> int:
                 limit=args.limit,
                 seed=0 if args.seed is None else args.seed,
                 ids=id_list(args.ids),
+                n_ctx=args.n_ctx,
             )
         except HCQRError:
             if not done:

@@ -10,7 +10,9 @@ this file keeps what ``hcqr compare`` reads without an MLflow store, rebuilt fro
   spans whose passages the judge said support the trace's response (the root span's outputs: the answer letter and,
   for HCQR, hypothesis and queries); ``judge_lm`` the ``--judge-lm`` of the assessments each value comes from;
 * ``judges``: ``{scorer: [judge LM specs]}`` over every question;
-* ``model``, ``api_base``: the MLflow model URI and endpoint of the last judging.
+* ``model``, ``api_base``: the MLflow model URI and endpoint of the last judging;
+* ``judge_model``: the last judging's local judge LM (``model_file``, ``model_sha256``, ``n_ctx``, ``build`` and
+  the engine settings of the llama-cpp-python server it was served by), ``null`` for a remote one.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ One job per module:
 * :mod:`hcqr_dspy.lm.model_file` — a ``gguf:`` file's SHA-256, remembered per version of the file;
 * :mod:`hcqr_dspy.lm.llama_cpp` — the in-process llama.cpp engine and its per-file registry;
 * :mod:`hcqr_dspy.lm.engine_settings` — that engine's threads, batches, flash attention and repacking;
+* :mod:`hcqr_dspy.lm.llama_server` — one GGUF served over the OpenAI API by llama-cpp-python's server, with the
+  engine's settings (a child process: ``python -m hcqr_dspy.lm.llama_server``);
 * :mod:`hcqr_dspy.lm.cache` — DSPy's response cache keyed by endpoint;
 * :mod:`hcqr_dspy.lm.reply_setup` — each cached reply kept with the setup that made it, and the setups of the replies
   the cache serves;

@@ -14,13 +14,15 @@ MLflow names a judge model by URI and calls it through its own provider code, no
 OpenAI-compatible server: vLLM, llama-cpp-python's, a gateway) or at OpenAI's own endpoint for ``openai/<model>``
 without one; MLflow reads that endpoint and its key from ``OPENAI_API_BASE`` and ``OPENAI_API_KEY``, which
 :func:`endpoint_env` sets for the judging only. A local model (``local``, ``gguf:``) runs inside this process and
-has no URI MLflow can call, and hcqr-dspy serves no model over HTTP: it is refused with the way to serve it.
+has no URI MLflow can call: :func:`hcqr_dspy.tracking.judge_server.served_endpoint` serves it over HTTP for the
+judging and gives its endpoint, with the model file's name, SHA-256 and engine settings (:attr:`JudgeEndpoint.model`).
 MLflow fetches its model catalog (token prices, context windows) from GitHub unless ``MLFLOW_MODEL_CATALOG_URI`` is
 set; :func:`endpoint_env` sets it empty (the bundled catalog) when unset, so no other address is called.
 
-Each feedback is logged on the trace with metadata ``source`` (:data:`FEEDBACK_SOURCE`) and ``judge_lm`` (the spec);
-:func:`judge_trace` skips a trace that holds a valid assessment of the scorer by the same judge LM, and replaces
-(deletes, judges again) ours of another judge LM or of a failed call.
+Each feedback is logged on the trace with metadata ``source`` (:data:`FEEDBACK_SOURCE`), ``judge_lm`` (the spec)
+and, for a local judge LM, ``judge_model_sha256`` (its model file's SHA-256); :func:`judge_trace` skips a trace that
+holds a valid assessment of the scorer by the same judge LM (same spec and model file), and replaces (deletes,
+judges again) ours of another judge LM or of a failed call.
 """
 
 from __future__ import annotations
@@ -58,32 +60,44 @@ class JudgeEndpoint:
         model_uri: MLflow's model URI (``openai:/<model>``).
         api_base: The endpoint (``None``: OpenAI's own).
         api_key_env: The variable holding its key (``None``: :data:`NO_KEY`, or ``OPENAI_API_KEY`` for OpenAI's own).
+        model: A local judge LM's model file and engine (``model_file``, ``model_sha256``, ``n_ctx``, ``build`` and
+            :class:`~hcqr_dspy.lm.engine_settings.EngineSettings`' fields), served for the judging; ``None`` for
+            a remote one.
     """
 
     spec: str
     model_uri: str
     api_base: str | None
     api_key_env: str | None
+    model: dict[str, Any] | None = None
 
     def where(self) -> str:
         """Where calls go, for messages (never the key)."""
+        if self.model is not None:
+            return f"{self.api_base} (llama-cpp-python's server for {self.model['model_file']}, started to judge)"
         key = f" (key from ${self.api_key_env})" if self.api_key_env else " (no key variable)"
         return (self.api_base or "OpenAI's default endpoint") + key
+
+    def identity(self) -> dict[str, str]:
+        """The metadata that names this judge LM on its assessments: ``judge_lm`` and, for a local one,
+        ``judge_model_sha256``."""
+        if self.model is None:
+            return {"judge_lm": self.spec}
+        return {"judge_lm": self.spec, "judge_model_sha256": self.model["model_sha256"]}
 
 
 def judge_endpoint(cfg: LMConfig) -> JudgeEndpoint:
     """MLflow's model URI and endpoint for a parsed ``--judge-lm`` (:func:`hcqr_dspy.lm.parse_lm_spec`).
 
     Raises:
-        LMSpecError: a local model (in-process, no URI MLflow can call); a provider other than ``openai`` without
-            ``--api-base``; a key variable that is not set. One line each, saying what to give instead.
+        LMSpecError: a local model (in-process: :func:`hcqr_dspy.tracking.judge_server.served_endpoint` serves it);
+            a provider other than ``openai`` without ``--api-base``; a key variable that is not set. One line each,
+            saying what to give instead.
     """
     if cfg.kind != "litellm":
         raise LMSpecError(
-            f"--judge-lm {cfg.spec}: MLflow's judges call a model over HTTP by URI (openai:/<model>), and a local "
-            "model runs inside hcqr, which serves none over HTTP; serve the GGUF with an OpenAI-compatible server "
-            "(llama-cpp-python's `python -m llama_cpp.server --model FILE`, vLLM) and give --judge-lm "
-            "openai/<name> --api-base http://HOST:PORT/v1"
+            f"--judge-lm {cfg.spec}: a local model runs inside hcqr and has no URI MLflow's judges can call; "
+            "serve it for the judging with hcqr_dspy.tracking.judge_server.served_endpoint"
         )
     provider, _, model = cfg.model.partition("/")
     if not cfg.api_base and provider != "openai":
@@ -185,12 +199,14 @@ def judge_trace(trace: Any, names: Sequence[str], endpoint: JudgeEndpoint) -> di
 
     from hcqr_dspy.errors import LMUnavailableError
 
-    meta = {"source": FEEDBACK_SOURCE, "judge_lm": endpoint.spec}
+    who = endpoint.identity()
+    meta = {"source": FEEDBACK_SOURCE, **who}
     outcome: dict[str, str] = {}
     for name in names:
         mine = [a for a in trace.info.assessments if ours(a, name)]
         if any(
-            a.name == name and a.error is None and (a.metadata or {}).get("judge_lm") == endpoint.spec for a in mine
+            a.name == name and a.error is None and all((a.metadata or {}).get(k) == v for k, v in who.items())
+            for a in mine
         ):
             if not any(a.error is not None for a in mine):
                 outcome[name] = "already"

@@ -2,13 +2,14 @@
 
 :func:`judge_with_mlflow_scorers` checks the run before any call (tracked, its MLflow run and question traces in
 the store), turns the judge LM (``--judge-lm``, else the run's own LM at the run's own endpoint) into MLflow's model
-URI (:func:`hcqr_dspy.tracking.retrieval_judges.judge_endpoint`), asks it one probe question through MLflow, then,
+URI (:func:`hcqr_dspy.tracking.judge_server.served_endpoint`: a remote LM at its endpoint, a local one served by
+llama-cpp-python's server on 127.0.0.1 for the judging only), asks it one probe question through MLflow, then,
 under the folder's writer lock, runs ``RetrievalRelevance`` and/or ``RetrievalGroundedness`` on each question's
 trace (:func:`~hcqr_dspy.tracking.retrieval_judges.judge_trace`: their feedback logged on the trace, beside DUR's;
 a trace judged already by the same judge LM is skipped), and records the per-question values read back from the
 traces in the run folder's ``mlflow_judges.json`` (:mod:`hcqr_dspy.judge.mlflow_record`) and their means in its
-MLflow run (metrics ``retrieval_relevance/mean``, ``retrieval_groundedness/mean``; tag
-``mlflow_judges.judge_lm``).
+MLflow run (metrics ``retrieval_relevance/mean``, ``retrieval_groundedness/mean``; tags ``mlflow_judges.judge_lm``,
+``mlflow_judges.model`` and, for a local judge LM, ``mlflow_judges.model_file`` and ``mlflow_judges.model_sha256``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.judge.mlflow_record import MLFLOW_JUDGES_FILE, SCORERS, means
 from hcqr_dspy.judge.run_judging import judgeable, judged_sample
 from hcqr_dspy.lm import parse_lm_spec
+from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX
 from hcqr_dspy.tracking import retrieval_judges as rj
+from hcqr_dspy.tracking.judge_server import served_endpoint
 from hcqr_dspy.tracking.store import existing_store, open_store
 from hcqr_dspy.tracking.trace_repair import rebuilt_traces
 
@@ -82,6 +85,7 @@ def judge_with_mlflow_scorers(
     limit: int | None = None,
     seed: int = 0,
     ids: Sequence[str] | None = None,
+    n_ctx: int = DEFAULT_N_CTX,
 ) -> dict[str, Any]:
     """Judge a tracked run's question traces with MLflow's retrieval judges and record the result.
 
@@ -91,15 +95,18 @@ def judge_with_mlflow_scorers(
         judge_lm, api_base, api_key_env: The judge LM; default the run's own LM at its own endpoint and key variable.
         mlflow_dir: The MLflow store the run was tracked in.
         limit, seed, ids: Judge only these questions (:func:`~hcqr_dspy.judge.run_judging.judged_sample`); default all.
+        n_ctx: The context window of a local judge LM's server.
 
     Returns:
-        ``{"mlflow_judges": {scorer: {"mean", "se", "n"}}, "judge_lm", "model", "counts"}``: ``counts`` of this
+        ``{"mlflow_judges": {scorer: {"mean", "se", "n"}}, "judge_lm", "model", "judge_model", "counts"}``
+        (``judge_model``: a local judge LM's file, SHA-256 and engine settings, else ``None``): ``counts`` of this
         judging, per outcome of :func:`~hcqr_dspy.tracking.retrieval_judges.judge_trace` (``judged``, ``already``,
         ``no_passages``, ``failed``) summed over traces and scorers, with ``first_failure`` when any failed.
 
     Raises:
         RunError: no retrieved context, not tracked, its run or traces not in the store. LMSpecError: a judge LM
-            MLflow cannot call (a local model, a key variable unset, the probe failed: nothing written).
+            MLflow cannot call (a key variable unset, a local model whose server does not start, the probe failed:
+            nothing written).
         LMUnavailableError: the judge LM stopped answering mid-run (what was judged is on the traces; the same
             command resumes).
     """
@@ -115,10 +122,10 @@ def judge_with_mlflow_scorers(
         raise RunError(f"{folder.path}: the run records no LM; give --judge-lm")
     if judge_lm is None:  # the run's own LM, at the run's own endpoint with its key variable
         api_base, api_key_env = api_base or recorded.get("api_base"), api_key_env or recorded.get("api_key_env")
-    endpoint = rj.judge_endpoint(parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, option="--judge-lm"))
+    cfg = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, option="--judge-lm")
     counts = {"judged": 0, "already": 0, "no_passages": 0, "failed": 0}
     first_failure = None
-    with rj.endpoint_env(endpoint):
+    with served_endpoint(cfg, n_ctx) as endpoint, rj.endpoint_env(endpoint):
         rj.probe(endpoint)  # an endpoint that cannot be used stops here: nothing is written
         log.info(
             f"hcqr judge: {folder.path}: MLflow's {', '.join(scorers)} with judge LM {spec} ({endpoint.model_uri}) "
@@ -166,10 +173,20 @@ def _record(folder: RunFolder, traces: dict[str, str], endpoint: rj.JudgeEndpoin
         "judges": {k: sorted(v) for k, v in judges.items()},
         "model": endpoint.model_uri,
         "api_base": endpoint.api_base,
+        "judge_model": endpoint.model,
     }
     folder.write_json(MLFLOW_JUDGES_FILE, record)
     summary = means(record)
     with mlflow.start_run(run_id=folder.mlflow_run_id, nested=mlflow.active_run() is not None):
         mlflow.log_metrics({f"{k}/mean": v["mean"] for k, v in summary.items()})
-        mlflow.set_tags({"mlflow_judges.judge_lm": endpoint.spec, "mlflow_judges.model": endpoint.model_uri})
-    return {"mlflow_judges": summary, "judge_lm": endpoint.spec, "model": endpoint.model_uri}
+        tags = {"mlflow_judges.judge_lm": endpoint.spec, "mlflow_judges.model": endpoint.model_uri}
+        if endpoint.model is not None:
+            tags["mlflow_judges.model_file"] = endpoint.model["model_file"]
+            tags["mlflow_judges.model_sha256"] = endpoint.model["model_sha256"]
+        mlflow.set_tags(tags)
+    return {
+        "mlflow_judges": summary,
+        "judge_lm": endpoint.spec,
+        "model": endpoint.model_uri,
+        "judge_model": endpoint.model,
+    }
