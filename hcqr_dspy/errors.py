@@ -100,7 +100,7 @@ class TruncatedReplyError(HCQRError):
 class LMReplyFormatError(Exception):
     """The LM endpoint kept replying with a body that is not its API's format (HTML, truncated JSON) after
     retries with back-off. Not an :class:`~hcqr_dspy.errors.HCQRError`: it is raised inside a run, where
-    :data:`hcqr_dspy.evaluation.evaluate.LM_UNAVAILABLE` stops the run with it as an LM outage."""
+    :data:`hcqr_dspy.evaluation.answering.LM_UNAVAILABLE` stops the run with it as an LM outage."""
 
 
 class MilvusUnavailableError(RetrievalIndexError):

@@ -64,7 +64,8 @@ def test_the_oracle_answers_with_the_compiled_answer_step_and_rescore_rebuilds_i
     from hcqr_dspy.evaluation.run_folder import RunFolder
     from hcqr_dspy.reporting.runs import run_label
     from hcqr_dspy.retrieval import load_index
-    from hcqr_dspy.workflows.evaluate import mlflow_run_name, program_label, run_evaluation
+    from hcqr_dspy.tracking.evaluation_run import mlflow_run_name, program_label
+    from hcqr_dspy.workflows.evaluate import run_evaluation
     from hcqr_dspy.workflows.programs import run_program
 
     prog = compiled("hcqr", folder=world["root"] / "hcqr-bfs")

@@ -261,7 +261,7 @@ def test_an_evaluation_of_a_saved_program_records_its_compile_seed(demo_bm25, tm
 
 
 def test_replicate_compiles_evaluations_are_named_apart_by_their_seed():
-    from hcqr_dspy.workflows.evaluate import mlflow_run_name
+    from hcqr_dspy.tracking.evaluation_run import mlflow_run_name
 
     seeded = {"saved_program": {"recipe": "bootstrap_fewshot", "seed": 2}}
     assert mlflow_run_name("hcqr", "mmlu", "local", seeded) == "hcqr+bootstrap_fewshot seed 2 · mmlu · local"

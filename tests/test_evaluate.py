@@ -10,7 +10,7 @@ from dspy.utils.exceptions import LMTransportError
 
 from hcqr_dspy.data import check_question
 from hcqr_dspy.errors import DiskFullError, LMUnavailableError, ProgramError, RunError
-from hcqr_dspy.evaluation.evaluate import evaluate
+from hcqr_dspy.evaluation.answering import evaluate
 from hcqr_dspy.evaluation.run_folder import PREDICTIONS, RunFolder
 from hcqr_dspy.programs import CoT
 

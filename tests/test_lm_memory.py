@@ -12,7 +12,7 @@ from dspy.utils import DummyLM
 from helpers import SchemaEngine
 
 from hcqr_dspy.data import check_question
-from hcqr_dspy.evaluation.evaluate import evaluate
+from hcqr_dspy.evaluation.answering import evaluate
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.lm.cache import key_cache_by_endpoint

@@ -5,7 +5,7 @@ import io
 import dspy
 from test_evaluate import CONFIG, CountingCoT, lm_answering, questions
 
-from hcqr_dspy.evaluation.evaluate import evaluate
+from hcqr_dspy.evaluation.answering import evaluate
 from hcqr_dspy.evaluation.progress import ProgressReport
 from hcqr_dspy.evaluation.run_folder import RunFolder
 

@@ -1,6 +1,7 @@
-"""How much a tracked question's trace keeps (``hcqr eval --traces``, ``$HCQR_TRACES``; hcqr_dspy/tracing.py): a light
-trace has hcqr's own spans without DSPy's, prompts or passage texts, and is scored; ``off`` records and scores no
-trace but tracks the run; a level that is none of them is one line, exit 2, before anything is written."""
+"""How much a tracked question's trace keeps (``hcqr eval --traces``, ``$HCQR_TRACES``;
+hcqr_dspy/tracking/question_traces.py): a light trace has hcqr's own spans without DSPy's, prompts or passage texts,
+and is scored; ``off`` records and scores no trace but tracks the run; a level that is none of them is one line,
+exit 2, before anything is written."""
 
 import json
 
@@ -13,8 +14,10 @@ from support.cli_args import eval_argv, stub_args
 
 from hcqr_dspy.cli.main import main
 from hcqr_dspy.retrieval import BM25Retriever
-from hcqr_dspy.tracing import LIGHT_TEXT_CHARS, TRACES_VARIABLE
-from hcqr_dspy.workflows.evaluate import TRACES_TAG, run_evaluation
+from hcqr_dspy.trace_levels import TRACES_VARIABLE
+from hcqr_dspy.tracking.evaluation_run import TRACES_TAG
+from hcqr_dspy.tracking.stage_spans import LIGHT_TEXT_CHARS
+from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.specs import EvalSpec
 
 OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Myasthenia gravis"}

@@ -5,7 +5,7 @@ distribution as its rationale (real MLflow store, real ``mlflow.genai.evaluate``
 import mlflow
 import pytest
 
-from hcqr_dspy import tracing
+from hcqr_dspy.tracking.question_traces import question
 from hcqr_dspy.tracking.scorers import score_rows
 
 QUESTION = "An elderly patient on digoxin sees yellow halos. Diagnosis?"
@@ -13,7 +13,7 @@ OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Myasthenia grav
 
 
 def traced_row(qid, row):
-    with tracing.question("cot", QUESTION, OPTIONS, {"qid": qid, "method": "cot"}) as trace:
+    with question("cot", QUESTION, OPTIONS, {"qid": qid, "method": "cot"}) as trace:
         trace.finish(row)
     return row
 

@@ -6,8 +6,8 @@ import mlflow
 import pytest
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
-from hcqr_dspy import tracing
 from hcqr_dspy.tracking import scorers as scoring
+from hcqr_dspy.tracking.question_traces import question
 from hcqr_dspy.tracking.scorers import score_rows
 
 OPTIONS = {"A": "Digoxin toxicity", "B": "Graves disease", "C": "Myasthenia gravis"}
@@ -44,7 +44,7 @@ def scored_cheaply(mlflow_store, monkeypatch):
     rows = [make_row(i) for i in range(N)]
     with mlflow.start_run() as run:
         for row in rows:
-            with tracing.question("hcqr", f"Question {row['qid']}?", OPTIONS, {"qid": row["qid"]}) as trace:
+            with question("hcqr", f"Question {row['qid']}?", OPTIONS, {"qid": row["qid"]}) as trace:
                 trace.finish(row)
         monkeypatch.setattr(mlflow, "search_traces", counting_search)
         metrics = score_rows(rows)

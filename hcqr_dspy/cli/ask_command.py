@@ -53,7 +53,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     # imported when the command runs: dspy, the programs and the retrievers' models take seconds, `hcqr --help` none
     import dspy
 
-    from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+    from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
     from hcqr_dspy.evaluation.outages import lm_failure
     from hcqr_dspy.lm.adapter import HCQRAdapter
     from hcqr_dspy.programs import refuse_bound

@@ -11,7 +11,7 @@ from pathlib import Path
 from hcqr_dspy.cli.method_names import method_names
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.retrieval.query_runtime import RUNTIMES
-from hcqr_dspy.tracing import TRACE_LEVELS
+from hcqr_dspy.trace_levels import TRACE_LEVELS
 from hcqr_dspy.tracking.store import store_dir, tracking_uri
 
 log = logging.getLogger(__name__)

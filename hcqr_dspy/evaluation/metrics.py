@@ -25,7 +25,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Aggregate run rows into metrics.
 
     Args:
-        rows: Records written by :func:`hcqr_dspy.evaluation.evaluate.evaluate`.
+        rows: Records written by :func:`hcqr_dspy.evaluation.answering.evaluate`.
 
     Returns:
         ``n``, ``accuracy``, ``accuracy_se`` (over the rows with a gold answer; absent when

@@ -20,7 +20,7 @@ def prediction_row(example: dspy.Example, pred: dspy.Prediction, method: str, se
     ``invalid_stage`` and ``invalid_cause`` say why an invalid question is invalid; ``option_probs`` is the
     answer step's letter distribution (:mod:`hcqr_dspy.programs.answer_slot_probs`; ``None`` with the reason in
     ``option_probs_absent``) and ``gold_prob`` the gold option's share of it.
-    :func:`~hcqr_dspy.evaluation.evaluate.evaluate` adds ``evidence``
+    :func:`~hcqr_dspy.evaluation.answering.evaluate` adds ``evidence``
     (:func:`hcqr_dspy.evaluation.evidence.question_evidence` over the shown passages) for retrieval methods, and
     ``cached_setups``: the setups under which the replies DSPy's cache served were made
     (:meth:`hcqr_dspy.lm.reply_setup.CachedReplies.summary`; ``[]`` when none was served).

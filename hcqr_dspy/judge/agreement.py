@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from hcqr_dspy.data import format_options, load_questions
 from hcqr_dspy.errors import DataError, LMUnavailableError
-from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.judge.controls import CONTROL_LIMITS

@@ -18,10 +18,9 @@ from typing import Any
 
 import dspy
 
-from hcqr_dspy import tracing
 from hcqr_dspy.data import format_options
 from hcqr_dspy.errors import RunError
-from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.folder_format import lacks_on_topic_control as judged_before_on_topic
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text
@@ -31,6 +30,7 @@ from hcqr_dspy.judge.dur_judge import DURJudge, correct_answer_text
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.observers import Observer, observing
 
 ADDED_FILE = "judgments_on_topic.jsonl"
 
@@ -72,7 +72,7 @@ def add_on_topic_controls(
     settings: dict[str, Any],
     num_threads: int = 1,
     progress: bool = True,
-    trace_tags: dict[str, str] | None = None,
+    traces: Observer | None = None,
     on_error: Callable[[Any, BaseException], BaseException] | None = None,
 ) -> list[dict[str, Any]]:
     """Judge the on-topic control of every judgment that lacks it (:func:`judged_before_on_topic`) and merge it in.
@@ -85,7 +85,8 @@ def add_on_topic_controls(
         questions: ``{qid: Question}`` of the run.
         settings: The settings the upgraded judgments are recorded with (``controls`` the current ones).
         num_threads, progress: See :func:`~hcqr_dspy.evaluation.loop.run_resumable`.
-        trace_tags: Record each added control as a ``dur judge (on-topic control)`` trace with these tags.
+        traces: Told of each added control as a question named ``dur judge (on-topic control)`` tagged ``qid``
+            (:class:`hcqr_dspy.observers.Observer`, installed while it runs); ``None``: nothing is recorded.
         on_error: Turns a question's exception (not a bad reply, not an outage) into the one raised.
 
     Returns:
@@ -118,16 +119,17 @@ def add_on_topic_controls(
                 options=format_options(q.options),
                 correct_answer=correct_answer_text(q.options, q.answer),
             )
-            if trace_tags is None:
+            if traces is None:
                 label, rationale, _ = call_retrying_bad_replies(lambda: judge.label_context(common, topic["documents"]))
             else:
-                with tracing.question(
-                    "dur judge (on-topic control)", q.question, q.options, {**trace_tags, "qid": qid}
-                ) as trace:
+                with (
+                    observing(traces),
+                    traces.question("dur judge (on-topic control)", q.question, q.options, {"qid": qid}) as trace,
+                ):
                     label, rationale, _ = call_retrying_bad_replies(
                         lambda: judge.label_context(common, topic["documents"])
                     )
-                    trace.root.set_outputs({"on_topic_label": label})
+                    trace.output({"on_topic_label": label})
         return {
             "qid": qid,
             "on_topic_label": label,

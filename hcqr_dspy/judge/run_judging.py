@@ -18,10 +18,9 @@ from typing import Any, Literal
 
 import dspy
 
-from hcqr_dspy import tracing
 from hcqr_dspy.data import select
 from hcqr_dspy.errors import ProgramError, RunError
-from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.evidence import mentions
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.outages import lm_failure
@@ -33,6 +32,7 @@ from hcqr_dspy.judge.dur_metrics import dur_metrics
 from hcqr_dspy.judge.labels import LABELS
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.observers import Observer, observing
 from hcqr_dspy.programs.context import shown_documents
 from hcqr_dspy.retrieval.retriever_base import Retriever, read_manifest
 
@@ -85,7 +85,7 @@ def judge_run(
     judge_lm: str | None = None,
     num_threads: int = 1,
     progress: bool = True,
-    trace_tags: dict[str, str] | None = None,
+    traces: Observer | None = None,
     limit: int | None = None,
     seed: int = 0,
     ids: Sequence[str] | None = None,
@@ -113,9 +113,10 @@ def judge_run(
         judge_lm: The judge's LM spec, recorded (default: the LM's model name).
         num_threads: Judgments in flight.
         progress: Progress bar.
-        trace_tags: Record each question's judging (the judge's calls and its controls) as an MLflow trace
-            named ``dur judge`` with these tags plus ``qid``; its id is kept in the judgment as
-            ``judge_trace_id``. ``None``: no traces.
+        traces: Told of each question's judging (the judge's calls and its controls) as a question named
+            ``dur judge`` tagged ``qid``, and installed while it runs (:class:`hcqr_dspy.observers.Observer`; an
+            MLflow trace with :class:`hcqr_dspy.tracking.question_traces.QuestionTraces`); its record's id is kept
+            in the judgment as ``judge_trace_id``. ``None``: nothing is recorded.
         limit, seed, ids: Judge only these questions (:func:`judged_sample`); default all.
 
     Returns:
@@ -166,7 +167,7 @@ def judge_run(
 
     if any(judged_before_on_topic(j, settings) for j in done):
         done = add_on_topic_controls(
-            folder, retriever, judge, lm, questions, settings, num_threads, progress, trace_tags, on_error=bug
+            folder, retriever, judge, lm, questions, settings, num_threads, progress, traces, on_error=bug
         )
     sample = judged_sample(folder, limit=limit, seed=seed, ids=ids)
     chosen = None if sample is None else set(sample["ids"])
@@ -190,13 +191,13 @@ def judge_run(
     )
 
     def judged(row: dict[str, Any]) -> dict[str, Any]:
-        if trace_tags is None:
+        if traces is None:
             return work(row)
         q = questions[row["qid"]]
-        with tracing.question("dur judge", q.question, q.options, {**trace_tags, "qid": row["qid"]}) as trace:
+        with observing(traces), traces.question("dur judge", q.question, q.options, {"qid": row["qid"]}) as trace:
             record = work(row)
             keys = ("label", "rationale", "positive_label", "negative_label", "on_topic_label")
-            trace.root.set_outputs({k: record[k] for k in keys})
+            trace.output({k: record[k] for k in keys})
             record["judge_trace_id"] = trace.trace_id
         return record
 

@@ -13,7 +13,7 @@ LiteLLM's ``hosted_vllm`` route an ``APIError`` ("Unable to get json response");
 ``LMProviderError``, whose chain holds the ``json.JSONDecodeError``. :func:`call_retrying_bad_replies` retries
 such a call with the same count and waits as DSPy does, then raises
 :class:`~hcqr_dspy.errors.LMReplyFormatError`, which
-:data:`hcqr_dspy.evaluation.evaluate.LM_UNAVAILABLE` turns into :class:`~hcqr_dspy.errors.LMUnavailableError`.
+:data:`hcqr_dspy.evaluation.answering.LM_UNAVAILABLE` turns into :class:`~hcqr_dspy.errors.LMUnavailableError`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ state (``program.save`` stores only predictor instructions and demos), so a
 saved program loads against any retriever.
 
 Here: :class:`MCQProgram` (retrieval, context under the token budget, the answer step),
-:func:`stage` (a stage's costs and trace span; :func:`observe_stages` to watch stages) and
+:func:`stage` (a stage's costs, told to the installed :class:`~hcqr_dspy.observers.Observer`;
+:func:`observe_stages` to watch stages) and
 :func:`accepted_options`. The rest of the shared machinery has a module each: LM cost accounting
 (:mod:`~hcqr_dspy.programs.costs`), the context and its token budget (:mod:`~hcqr_dspy.programs.context`),
 query cleaning (:mod:`~hcqr_dspy.programs.queries`), bad replies (:mod:`~hcqr_dspy.programs.invalid_replies`) and
@@ -34,7 +35,7 @@ from typing import Any
 
 import dspy
 
-from hcqr_dspy import tracing
+from hcqr_dspy import observers
 from hcqr_dspy.data import format_options
 from hcqr_dspy.lm import count_tokens
 from hcqr_dspy.programs.answer_slot_probs import NOT_SCORED, option_probabilities
@@ -75,10 +76,11 @@ def observe_stages(observer: Callable[[str, dict[str, Any] | None], None]) -> It
 
 
 @contextmanager
-def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> Iterator[tracing.SpanHandle]:
+def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> Iterator[observers.StageRecord]:
     """Record wall time, LM calls and tokens of one stage into ``stages[name]``
-    (:func:`~hcqr_dspy.programs.costs.lm_costs`); under an MLflow trace, the stage is also a span of that
-    name (:func:`hcqr_dspy.tracing.span`, with ``inputs``).
+    (:func:`~hcqr_dspy.programs.costs.lm_costs`), and tell the installed observer
+    (:func:`hcqr_dspy.observers.installed`: :meth:`~hcqr_dspy.observers.Observer.stage`, with ``inputs``); under a
+    question's MLflow trace the stage is a span of that name.
 
     ``lm_calls`` and the token counts come from DSPy's usage tracker, which
     sees only requests the model actually served; ``cached_lm_calls`` counts
@@ -86,14 +88,14 @@ def stage(stages: dict[str, dict[str, Any]], name: str, inputs: Any = None) -> I
     summaries of a partly cached run are not mistaken for cheap methods.
 
     Yields:
-        The stage's span handle (``handle.output(value)`` sets the span's outputs when it is recorded).
+        The observer's record of the stage (``record.output(value)`` records the stage's outputs: its span's).
     """
     observer = STAGE_OBSERVER.get()
     if observer is not None:
         observer(name, None)
     t0 = time.perf_counter()
     record: dict[str, Any] = {}
-    with tracing.span(name, inputs=inputs) as handle:
+    with observers.installed().stage(name, inputs) as handle:
         try:
             with lm_costs(record, t0):
                 yield handle
@@ -151,36 +153,38 @@ class MCQProgram(dspy.Module):
 
     # -- retrieval -----------------------------------------------------
     def retrieve(self, queries: list[str], k: int, names: list[str] | None = None) -> list[list[Hit]]:
-        """Search ``queries`` in one batched retriever call (``k`` hits each); under an MLflow trace, one
-        ``RETRIEVER`` span per query named ``retrieve <name>`` (:func:`hcqr_dspy.tracing.retriever_spans`).
+        """Search ``queries`` in one batched retriever call (``k`` hits each) and tell the installed observer
+        (:meth:`hcqr_dspy.observers.Observer.retrieved`); under an MLflow trace, one ``RETRIEVER`` span per query
+        named ``retrieve <name>``.
 
         Args:
             queries: The queries.
             k: Hits per query.
             names: A label per query for the spans (default ``q1``, ``q2`` ...).
         """
-        start = tracing.now_ns()
+        start = time.time_ns()
         hit_lists = self.retriever.search(queries, k=k)
         names = names or [f"q{i + 1}" for i in range(len(queries))]
-        tracing.retriever_spans(self.retriever, queries, hit_lists, names, k, start, tracing.now_ns())
+        observers.installed().retrieved(self.retriever, queries, hit_lists, names, k, start, time.time_ns())
         return hit_lists
 
     def fuse(
         self, hit_lists: list[list[Hit]], budget: int, strategy: str = "score_sum", names: list[str] | None = None
     ) -> list[FusedPassage]:
-        """:func:`hcqr_dspy.retrieval.fusion.fuse`; under an MLflow trace, for more than one hit list, a
-        ``fusion`` span with the fused passages (:func:`hcqr_dspy.tracing.fusion_span`)."""
-        start = tracing.now_ns()
+        """:func:`hcqr_dspy.retrieval.fusion.fuse`; for more than one hit list the installed observer is told
+        (:meth:`hcqr_dspy.observers.Observer.fused`): under an MLflow trace, a ``fusion`` span with the fused
+        passages."""
+        start = time.time_ns()
         fused = fuse(hit_lists, budget=budget, strategy=strategy)
         if len(hit_lists) > 1:
-            tracing.fusion_span(
+            observers.installed().fused(
                 self.retriever,
                 fused,
                 names or [f"q{i + 1}" for i in range(len(hit_lists))],
                 strategy,
                 budget,
                 start,
-                tracing.now_ns(),
+                time.time_ns(),
             )
         return fused
 

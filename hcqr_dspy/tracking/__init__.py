@@ -4,11 +4,14 @@ The store is an SQLite database ``<dir>/mlflow.db`` with artifacts under ``<dir>
 store is in maintenance mode), where ``<dir>`` is ``--mlflow-dir`` or ``$HCQR_MLFLOW_DIR`` or ``./mlruns``; an
 explicit ``$MLFLOW_TRACKING_URI`` wins (:mod:`~hcqr_dspy.tracking.store`). Each run logs the full configuration
 as params, the metrics of the evaluation, the run folder's ``config.json``, ``predictions.jsonl`` and
-``metrics.json`` as artifacts, and one trace per question (built by :mod:`hcqr_dspy.tracing`, its LM calls
-recorded by :mod:`~hcqr_dspy.tracking.lm_spans`, scored by :mod:`~hcqr_dspy.tracking.scorers`).
+``metrics.json`` as artifacts, and one trace per question (built by :mod:`~hcqr_dspy.tracking.question_traces`, its
+LM calls recorded by :mod:`~hcqr_dspy.tracking.lm_spans`, scored by :mod:`~hcqr_dspy.tracking.scorers`).
 A resumed evaluation continues its MLflow run (its id is kept in ``config.json``).
 
-Modules: :mod:`~hcqr_dspy.tracking.store` (where the store is, opening it, its locks and outages),
+Modules: :mod:`~hcqr_dspy.tracking.evaluation_run` (an evaluation's MLflow run, opened or resumed and recorded),
+:mod:`~hcqr_dspy.tracking.question_traces` (a question's trace, and the observer that makes each question one),
+:mod:`~hcqr_dspy.tracking.stage_spans` (the spans of its stages, searches and fusions),
+:mod:`~hcqr_dspy.tracking.store` (where the store is, opening it, its locks and outages),
 :mod:`~hcqr_dspy.tracking.store_faults` (a store locked by another process, full or malformed: the wait, the one-line
 errors, MLflow's background failures kept off stderr), :mod:`~hcqr_dspy.tracking.trace_repair` (question traces a
 stopped process or a failed store left out, rebuilt from the rows),

@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from hcqr_dspy import tracing
 from hcqr_dspy.evaluation.fingerprints import question_fingerprint
 from hcqr_dspy.optimize.attempts import Attempt, Watch
 from hcqr_dspy.tracking.datasets import log_question_set, questions_dataset
+from hcqr_dspy.tracking.question_traces import question
 
 ATTEMPT_SPAN = "bootstrap_attempt"
 """The root span's name of an attempt's trace (and its tag ``kind``)."""
@@ -44,7 +44,7 @@ def attempt_traces(tags: dict[str, str]) -> Watch:
 
     The root span ``bootstrap_attempt`` has the training question and options as inputs and, as outputs, the
     teacher's ``answer``, the ``gold`` answer, the metric's value (``metric``) and ``passed``; the program's stage
-    spans (:mod:`hcqr_dspy.tracing`) fall inside it. Tags: ``tags`` (the compile's ``method``, ``recipe``,
+    spans (:mod:`hcqr_dspy.tracking.stage_spans`) fall inside it. Tags: ``tags`` (the compile's ``method``, ``recipe``,
     ``optimizer``, ``mlflow_run_id``), ``kind`` (``bootstrap_attempt``), ``qid``, ``round`` (DSPy's round, from
     0), ``attempt`` (its place among the compile's attempts, from 0), ``bootstrap_run`` (which bootstrapping pass,
     from 0), ``passed`` (``true`` or ``false``) and, when the program or the metric raised, ``error`` (``true``, or
@@ -63,7 +63,7 @@ def attempt_traces(tags: dict[str, str]) -> Watch:
             "attempt": str(attempt.index),
             "bootstrap_run": str(attempt.run),
         }
-        with tracing.question(ATTEMPT_SPAN, example.question, dict(example.options), trace_tags) as trace:
+        with question(ATTEMPT_SPAN, example.question, dict(example.options), trace_tags) as trace:
             try:
                 yield
             except BaseException as exc:  # the attempt stopped the compile (DSPy's max_errors, an interrupt)

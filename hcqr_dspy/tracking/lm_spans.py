@@ -4,7 +4,7 @@ made the call (``hypothesis``, ``rewrite``, ``answer`` ...).
 :class:`LMCallSpans` is a DSPy callback: DSPy calls its ``on_lm_start`` and ``on_lm_end`` around every
 ``LM.__call__``. It records nothing of DSPy's modules and adapters (``Predict.forward``, the adapter's ``format``
 and ``parse``): what they did is in the LM call's messages and reply, and in the stage span's inputs and outputs.
-A call made while no trace is active (``tracing.active()`` false) is not recorded.
+A call made while no trace is active (:func:`hcqr_dspy.tracking.stage_spans.active` false) is not recorded.
 
 The span (:data:`SPAN_NAME`, then the model, e.g. ``LM openai/gpt-4o-mini``) is of type ``CHAT_MODEL`` (``LLM`` for
 a text-completion LM) and holds:
@@ -33,7 +33,7 @@ from typing import Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from hcqr_dspy import tracing
+from hcqr_dspy.tracking import stage_spans
 
 SPAN_NAME = "LM"
 LM_SETTINGS = ("temperature", "max_tokens", "top_p", "top_logprobs", "seed", "n")
@@ -64,7 +64,7 @@ class LMCallSpans(BaseCallback):
         self._lock = threading.Lock()
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        if not tracing.active():
+        if not stage_spans.active():
             return
         import mlflow
         from mlflow.entities import SpanType

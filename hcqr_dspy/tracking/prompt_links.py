@@ -10,7 +10,7 @@ traces are linked to nothing.
 Each question's trace carries them twice: while it is recorded, the trace tag ``mlflow.linkedPrompts`` (JSON
 ``[{"name", "version"}]``, what ``trace.info.tags`` shows and the UI lists) and, on each stage span named after a
 stage, the attributes ``prompt`` (``prompts:/NAME/VERSION``) and ``mlflow.linkedPrompts``
-(:func:`hcqr_dspy.tracing.question`); once the traces are in the store, the store's trace-to-prompt link
+(:func:`~hcqr_dspy.tracking.stage_spans.span`); once the traces are in the store, the store's trace-to-prompt link
 (``MlflowClient.link_prompt_versions_to_trace``: what ``mlflow.search_traces(filter_string='prompt =
 "NAME/VERSION"')`` reads), by :func:`link_traces`.
 """
@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hcqr_dspy.tracing import LINKED_PROMPTS
+from hcqr_dspy.tracking.stage_spans import LINKED_PROMPTS
 
 log = logging.getLogger(__name__)
 

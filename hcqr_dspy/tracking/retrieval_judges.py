@@ -1,13 +1,13 @@
 """MLflow's built-in retrieval judges on a question's trace: ``RetrievalRelevance`` and ``RetrievalGroundedness``.
 
 Both read the trace itself (``mlflow.genai.utils.trace_utils``): the request is the root span's inputs (question and
-options), the response its outputs (:func:`hcqr_dspy.tracing.root_outputs`), and the retrieved context every
-top-level ``RETRIEVER`` span's documents (one span per query: HCQR's three, Simple RAG's one; the fused context is a
-``RERANKER`` span and is not read). ``RetrievalRelevance`` asks the judge LM once per document, "is it relevant to
-the question?", and gives a ``yes``/``no`` feedback per document plus ``retrieval_relevance/precision`` per span;
-``RetrievalGroundedness`` asks once per span whether its documents support the response. Each call is one chat
-completion whose reply is JSON ``{"rationale", "result": "yes"|"no"}``; MLflow retries a failed call 10 times with
-doubling waits (about 3 minutes in all) before it raises.
+options), the response its outputs (:func:`~hcqr_dspy.tracking.question_traces.root_outputs`), and the retrieved
+context every top-level ``RETRIEVER`` span's documents (one span per query: HCQR's three, Simple RAG's one; the fused
+context is a ``RERANKER`` span and is not read). ``RetrievalRelevance`` asks the judge LM once per document, "is it
+relevant to the question?", and gives a ``yes``/``no`` feedback per document plus ``retrieval_relevance/precision``
+per span; ``RetrievalGroundedness`` asks once per span whether its documents support the response. Each call is one
+chat completion whose reply is JSON ``{"rationale", "result": "yes"|"no"}``; MLflow retries a failed call 10 times
+with doubling waits (about 3 minutes in all) before it raises.
 
 MLflow names a judge model by URI and calls it through its own provider code, not LiteLLM's or DSPy's:
 :func:`judge_endpoint` turns a ``--judge-lm`` spec into ``openai:/<model>`` at the spec's ``--api-base`` (any

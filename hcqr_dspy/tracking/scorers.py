@@ -1,6 +1,6 @@
 """MLflow scorers of a question's trace, and scoring an evaluation's traces with them.
 
-A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracing`);
+A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracking.question_traces`);
 when every question of the run folder is answered, :func:`score_rows` scores those
 traces inside the evaluation's MLflow run (its first batch through ``mlflow.genai.evaluate``,
 the rest with the same scorers, logged the same way). Each scorer's value is feedback on the
@@ -11,7 +11,7 @@ evaluation dataset made by :func:`hcqr_dspy.tracking.datasets.questions_dataset`
 its input.
 
 Scorers (``mlflow.genai.scorers.scorer``, source ``CODE``), read from the
-trace's root span outputs (:func:`hcqr_dspy.tracing.root_outputs`) and its
+trace's root span outputs (:func:`hcqr_dspy.tracking.question_traces.root_outputs`) and its
 ``answer`` expectation (the gold letter):
 
 * ``correct`` — the valid answer equals the gold letter (an invalid answer is

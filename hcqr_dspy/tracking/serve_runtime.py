@@ -11,8 +11,8 @@
   finishes (an LM call cannot be taken back).
 * **Traces.** When the serving process has an MLflow tracking store (``MLFLOW_TRACKING_URI``; ``HCQR_SERVE_TRACES=0``
   turns it off), every answered question is one trace in experiment ``hcqr-dspy``, as an evaluation's are
-  (:mod:`hcqr_dspy.tracing`), tagged ``kind=served``, ``qid``, ``method``, ``lm``, ``model_id`` and, for a
-  registered version, ``model_name`` / ``model_version``; MLflow links it to the served LoggedModel.
+  (:mod:`~hcqr_dspy.tracking.question_traces`), tagged ``kind=served``, ``qid``, ``method``, ``lm``, ``model_id``
+  and, for a registered version, ``model_name`` / ``model_version``; MLflow links it to the served LoggedModel.
   ``hcqr``'s and the UI's trace filters find them: ``tags.kind = 'served'``.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import dspy
 
-from hcqr_dspy import tracing
 from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.tracking.question_traces import question
 
 DEFAULT_THREADS = 8
 DEFAULT_DEADLINE_S = 1500.0
@@ -118,7 +118,7 @@ def answer_all(
             return {**answer_record(qid, ex.options, None, False, error, None, None, None), "rejected": None}
         if trace_tags is None:
             return answered(qid, ex)
-        with tracing.question(method, ex.question, ex.options, {**trace_tags, "qid": qid}) as trace:
+        with question(method, ex.question, ex.options, {**trace_tags, "qid": qid}) as trace:
             record = answered(qid, ex)
             trace.root.set_outputs({"answer": record["answer"], **record})  # answer first: the Traces tab's response
         return record

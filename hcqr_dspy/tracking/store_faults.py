@@ -10,8 +10,8 @@ under it, a file that is not a whole MLflow database (a truncated copy, a damage
   Those records are kept off stderr and counted (:data:`WATCH`); the traces they lose are rebuilt from the run
   folder's rows (:mod:`hcqr_dspy.tracking.trace_repair`).
 * A lock that outlasted the whole wait, or a full disk, is an outage: :data:`WATCH` keeps it as the one-line error
-  to stop with, stops the run at its next question (:func:`hcqr_dspy.tracing.stop_questions`), and every later
-  statement gives up at once on a lock instead of waiting again (pending trace exports, the run's own end).
+  to stop with, stops the run at its next question (:func:`~hcqr_dspy.tracking.question_traces.stop_questions`), and
+  every later statement gives up at once on a lock instead of waiting again (pending trace exports, the run's own end).
 * :func:`store_error` turns a failed MLflow call into that one-line error: :class:`~hcqr_dspy.errors.StoreLockedError`,
   :class:`~hcqr_dspy.errors.DiskFullError`, or an :class:`~hcqr_dspy.errors.HCQRError` for a malformed or read-only
   file.
@@ -30,9 +30,9 @@ import sqlite3
 import threading
 import time
 
-from hcqr_dspy import tracing
 from hcqr_dspy.errors import DiskFullError, HCQRError, StoreLockedError
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
+from hcqr_dspy.tracking import question_traces
 
 LOCK_SECONDS_VAR = "HCQR_MLFLOW_LOCK_SECONDS"
 DEFAULT_LOCK_SECONDS = 60.0
@@ -166,10 +166,11 @@ class StoreWatch:
         self.failed_statements = 0
 
     def reset(self) -> None:
-        """Forget what was met (a new evaluation starts) and lift the stop of :func:`hcqr_dspy.tracing.question`."""
+        """Forget what was met (a new evaluation starts) and lift the stop of
+        :func:`~hcqr_dspy.tracking.question_traces.question`."""
         with self._lock:
             self.failure, self.lost_traces, self.failed_statements = None, 0, 0
-        tracing.stop_questions(None)
+        question_traces.stop_questions(None)
 
     def busy_ms(self) -> int:
         """The busy timeout of the next statement: the whole wait, or none once a lock outlasted it."""
@@ -189,7 +190,7 @@ class StoreWatch:
             else:
                 return  # a lock refused at once (SQLite avoiding a deadlock between this process's connections)
             failure = self.failure
-        tracing.stop_questions(failure)
+        question_traces.stop_questions(failure)
 
     def stop_if_failed(self, saved: str) -> None:
         """Raise the outage met on the store since :meth:`reset` (in the background too), saying ``saved`` (what

@@ -1,15 +1,15 @@
 """Every answered question of a tracked evaluation has a whole trace in its MLflow run, so that the scorers' metrics
 (``correct/mean`` ...) are those of the run folder.
 
-A question's trace is written in the background after its row (:mod:`hcqr_dspy.tracing`). A process killed
-(``kill -9``, SIGTERM) just after a row, a store locked past the wait or a disk that filled under it leaves that
-row's trace missing or unfinished (``IN_PROGRESS``: some spans, no root outputs, no gold answer; or ``OK`` with
+A question's trace is written in the background after its row (:mod:`~hcqr_dspy.tracking.question_traces`). A process
+killed (``kill -9``, SIGTERM) just after a row, a store locked past the wait or a disk that filled under it leaves
+that row's trace missing or unfinished (``IN_PROGRESS``: some spans, no root outputs, no gold answer; or ``OK`` with
 spans missing). Such a trace is rebuilt from the row: a trace of the root span alone (the question and options as
-inputs, :func:`hcqr_dspy.tracing.root_outputs` of the row as outputs, the gold answer as the expectation
-``answer``), tagged ``trace_source=run_folder`` and ``replaces_trace=<the row's trace id>``; what the store holds of
-the row's own trace is closed as ``ERROR`` and tagged ``replaced_by``. The LM and retrieval spans of a rebuilt trace
-are not recorded (the row has what they returned). Rebuilt traces are found again by their tags on the next resume;
-the row keeps its own ``trace_id``.
+inputs, :func:`~hcqr_dspy.tracking.question_traces.root_outputs` of the row as outputs, the gold answer as the
+expectation ``answer``), tagged ``trace_source=run_folder`` and ``replaces_trace=<the row's trace id>``; what the
+store holds of the row's own trace is closed as ``ERROR`` and tagged ``replaced_by``. The LM and retrieval spans of a
+rebuilt trace are not recorded (the row has what they returned). Rebuilt traces are found again by their tags on the
+next resume; the row keeps its own ``trace_id``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hcqr_dspy import tracing
+from hcqr_dspy.tracking.question_traces import question
 
 SOURCE_TAG = "trace_source"  # "run_folder": a trace rebuilt from the run folder's row
 REPLACES_TAG = "replaces_trace"  # the row's own trace id, which the rebuilt trace stands for
@@ -71,13 +71,14 @@ def question_traces(
     unfinished (the module's docstring). Call it inside that run, after the rows are written.
 
     Args:
-        rows: The run's rows (``qid``, ``trace_id`` when traced, and what :func:`hcqr_dspy.tracing.root_outputs`
-            reads).
+        rows: The run's rows (``qid``, ``trace_id`` when traced, and what
+            :func:`~hcqr_dspy.tracking.question_traces.root_outputs` reads).
         questions: The questions of the rows (``dspy.Example`` with ``qid``, ``question``, ``options``).
         run_id: The MLflow run.
         experiment_id: Its experiment.
         method: The root span's name.
-        tags: The trace tags of the run's questions (:data:`hcqr_dspy.tracing.QUESTION_TAGS` but ``qid``).
+        tags: The trace tags of the run's questions (:data:`~hcqr_dspy.tracking.question_traces.QUESTION_TAGS` but
+            ``qid``).
 
     Returns:
         ``{qid: trace id}`` for every row, and how many traces were rebuilt now.
@@ -109,7 +110,7 @@ def question_traces(
         q = by_qid[str(row["qid"])]
         question_tags = {**tags, "qid": row["qid"]}
         extra = {SOURCE_TAG: "run_folder", **({REPLACES_TAG: old} if old else {})}
-        with tracing.question(method, q.question, q.options, {**question_tags, **extra}) as trace:
+        with question(method, q.question, q.options, {**question_tags, **extra}) as trace:
             trace.finish(dict(row))  # a copy: the row keeps its own trace id
         ids[row["qid"]] = trace.trace_id
         if old:

@@ -19,7 +19,7 @@ from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import ContextWindowExceededError
 
 from hcqr_dspy.errors import HCQRError, LMUnavailableError, RecipeError
-from hcqr_dspy.evaluation.evaluate import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.lm.adapter import HCQRAdapter

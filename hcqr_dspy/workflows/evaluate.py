@@ -1,10 +1,11 @@
 """One evaluation end to end: resolve LM, index, questions and program (:mod:`hcqr_dspy.workflows.specs`);
-answer every question into a run folder, resuming it; track it as an MLflow run. Shared by ``hcqr eval``,
-``hcqr predict``, ``hcqr demo`` and experiments."""
+answer every question into a run folder, resuming it, inside its MLflow run
+(:func:`hcqr_dspy.tracking.evaluation_run.evaluation_run`). Shared by ``hcqr eval``, ``hcqr predict``,
+``hcqr demo`` and experiments."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -17,7 +18,7 @@ import dspy
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
-from hcqr_dspy.evaluation.evaluate import EvalResult, evaluate
+from hcqr_dspy.evaluation.answering import EvalResult, evaluate
 from hcqr_dspy.evaluation.provenance import machine_key
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.evaluation.rows import answer_record
@@ -25,14 +26,9 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
-from hcqr_dspy.tracing import trace_level
-from hcqr_dspy.tracking.datasets import log_question_set, question_set_entity, questions_dataset
-from hcqr_dspy.tracking.mlflow_runs import describe_mlflow_run, log_metrics, log_run_folder, mlflow_run
-from hcqr_dspy.tracking.model_links import evaluated_model, link_run_to_model, log_model_metrics
-from hcqr_dspy.tracking.prompt_links import link_traces, model_prompts
-from hcqr_dspy.tracking.store import existing_mlflow_run_id, open_store, store_outages
-from hcqr_dspy.tracking.store_faults import WATCH
-from hcqr_dspy.tracking.trace_repair import question_traces
+from hcqr_dspy.trace_levels import trace_level
+from hcqr_dspy.tracking.evaluation_run import evaluation_run
+from hcqr_dspy.tracking.store import open_store
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
 
 log = logging.getLogger(__name__)
@@ -77,16 +73,16 @@ def run_evaluation(
         track: Track in MLflow.
         lm: A ready ``dspy.LM`` to use instead of building ``spec.lm``
             (tests, notebooks); ``spec.lm`` is still what the config records.
-        on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluation.evaluate.evaluate`).
-        traces: What a tracked question's trace keeps (:func:`hcqr_dspy.tracing.trace_level`: ``full``, ``light``,
+        on_row: Called with each new row as it is written (see :func:`hcqr_dspy.evaluation.answering.evaluate`).
+        traces: What a tracked question's trace keeps (:func:`hcqr_dspy.trace_levels.trace_level`: ``full``, ``light``,
             ``off``; ``None``: ``$HCQR_TRACES``, else ``full``); ``off`` records no traces and scores none. The
             run's tag ``hcqr.traces`` names the last session's level.
 
     Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
-    (:func:`mlflow_run_name`) and tagged likewise; its description links the MLflow run that compiled a saved program;
-    the questions are its input (an MLflow evaluation dataset); each question is a trace
-    (:mod:`hcqr_dspy.tracing`); and once every question is answered the traces are scored
-    (:func:`hcqr_dspy.tracking.scorers.score_rows`; once per MLflow run: a rerun that answers nothing new does not
+    (:func:`~hcqr_dspy.tracking.evaluation_run.mlflow_run_name`) and tagged likewise; its description links the MLflow
+    run that compiled a saved program; the questions are its input (an MLflow evaluation dataset); each question is a
+    trace (:mod:`hcqr_dspy.tracking.question_traces`); and once every question is answered the traces are scored
+    (:mod:`hcqr_dspy.tracking.evaluation_run`; once per MLflow run: a rerun that answers nothing new does not
     score again).
 
     Returns:
@@ -122,119 +118,18 @@ def run_evaluation(
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
                 result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)
             return result, folder.path, None
-        with store_outages(mlflow_dir, saved=lambda: saved_questions(folder, questions)):
-            return _tracked_evaluation(
-                spec, config, questions, program_module, lm, folder, mlflow_dir, progress, on_row, level
-            )
+        dataset = dataset_name(spec.dataset)
+        saved = functools.partial(saved_questions, folder, questions)
+        # the MLflow run before dspy.context, which keeps the LM-call callbacks it started with
+        with evaluation_run(folder, questions, config, spec.method, dataset, spec.lm, saved, mlflow_dir, level) as run:
+            with dspy.context(lm=lm, adapter=HCQRAdapter()):
+                result = evaluate(
+                    program_module, questions, folder, spec.method, spec.num_threads, progress, on_row, run.observer
+                )
+            run.finish(result)
+        return result, folder.path, run.run_id
     finally:
         folder.release()
-
-
-def _tracked_evaluation(
-    spec: EvalSpec,
-    config: dict[str, Any],
-    questions: list[dspy.Example],
-    program_module: Any,
-    lm: Any,
-    folder: RunFolder,
-    mlflow_dir: str | Path | None,
-    progress: bool,
-    on_row: Any,
-    level: str = "full",
-) -> tuple[EvalResult, Path, str | None]:
-    """The tracked part of :func:`run_evaluation`: the MLflow run, its input, traces (at ``level``) and scores."""
-    old_id = existing_mlflow_run_id(folder.mlflow_run_id, mlflow_dir)
-    labelled = all(q.answer is not None for q in questions)
-    dname = dataset_name(spec.dataset)
-    program = program_label(config)
-    kind = "evaluation" if labelled else "prediction"
-    name = mlflow_run_name(spec.method, dname, spec.lm, config, kind)
-    tags = {"method": spec.method, "dataset": dname, "lm": spec.lm, "program": program, "kind": kind}
-    seed = (config.get("saved_program") or {}).get("seed")
-    if seed is not None:  # replicate compiles of one recipe: the runs are told apart (and grouped) by it
-        tags["compile_seed"] = str(seed)
-    # The MLflow run (and mlflow.dspy.autolog's trace callback) must be set up before
-    # dspy.context: a context entered earlier keeps the callbacks it started with.
-    with mlflow_run(name, config, tags=tags, run_id=old_id, store=mlflow_dir, traces=level == "full") as run:
-        import mlflow  # heavy: imported once an MLflow run is opened
-
-        run_id = run.info.run_id
-        mlflow.set_tag(TRACES_TAG, level)
-        folder.set_mlflow_run_id(run_id)
-        if old_id is None:
-            describe_mlflow_run(run_id, config, kind)
-        suffix = f"-{config['questions']['content_sha256'][:12]}"
-        # an hcqr dataset read back (--dataset mlflow:medqa-1a2b3c4d5e6f) is logged under its own name again
-        questions_ds = questions_dataset(
-            questions, dname if dname.endswith(suffix) else dname + suffix, run.info.experiment_id
-        )
-        digest = config["questions"]["content_sha256"][:8]
-        if old_id is None:
-            log_question_set(questions_ds, digest, kind)
-        model = evaluated_model(config, run.info.experiment_id)
-        if model["model_id"]:
-            link_run_to_model(run_id, model)
-            mlflow.set_active_model(model_id=model["model_id"])  # the traces of this evaluation name the model
-        prompts = model_prompts(model["model_id"])  # {stage: PromptVersion}: each trace is linked to them
-        trace_tags = {
-            "method": spec.method,
-            "dataset": dname,
-            "run_folder": str(folder.path.resolve()),
-            "lm": spec.lm,
-            "program": program,
-            "mlflow_run_id": run_id,
-        }
-        with dspy.context(lm=lm, adapter=HCQRAdapter()):
-            try:
-                result = evaluate(
-                    program=program_module,
-                    examples=questions,
-                    folder=folder,
-                    method=spec.method,
-                    num_threads=spec.num_threads,
-                    progress=progress,
-                    on_row=on_row,
-                    trace_tags=None if level == "off" else trace_tags,
-                    trace_level=level,
-                    trace_prompts=prompts,
-                )
-            except BaseException:
-                # the records so far, best effort: the stop's own message (an outage, a full disk) must not be
-                # replaced by this logging's failure; the next run logs them again
-                with contextlib.suppress(Exception):
-                    log_run_folder(folder)
-                raise
-            log_run_folder(folder)
-        WATCH.stop_if_failed(saved_questions(folder, questions))  # the store failed under the last traces
-        # the traces a killed process, a locked store or a full disk left out are rebuilt from the rows
-        trace_ids, rebuilt = {}, 0
-        if level != "off":
-            trace_ids, rebuilt = question_traces(
-                result.rows, questions, run_id, run.info.experiment_id, spec.method, trace_tags
-            )
-            note_rebuilt_traces(rebuilt, len(result.rows))
-            link_traces(trace_ids.values(), prompts)
-        if model["model_id"]:
-            # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
-            # with the question set, below
-            mlflow.clear_active_model()
-        # the count of right answers as `n_correct`: the scorers log `correct/mean`, and a `correct` beside it reads
-        # as the same figure
-        log_metrics({("n_correct" if k == "correct" else k): v for k, v in result.metrics.items()})
-        if model["model_id"]:
-            log_model_metrics(model["model_id"], result.metrics, question_set_entity(questions_ds, digest))
-        if level != "off" and (result.ran or rebuilt or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true"):
-            from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
-
-            traced = [{**r, "trace_id": trace_ids[r["qid"]]} for r in result.rows]
-            score_rows(traced, questions_ds, labelled=labelled, digest=digest)
-            WATCH.stop_if_failed(saved_questions(folder, questions))
-            mlflow.set_tag(SCORED_TAG, "true")
-    return result, folder.path, run_id
-
-
-SCORED_TAG = "hcqr.scored"
-TRACES_TAG = "hcqr.traces"  # the trace level of the run's last session (hcqr_dspy.tracing.TRACE_LEVELS)
 
 
 def saved_questions(folder: RunFolder, questions: Sequence[dspy.Example]) -> str:
@@ -242,17 +137,6 @@ def saved_questions(folder: RunFolder, questions: Sequence[dspy.Example]) -> str
     wanted = {str(q.qid) for q in questions}
     saved = sum(1 for r in folder.rows() if r["qid"] in wanted)
     return f"{saved}/{len(questions)} questions are saved in {folder.predictions.path}"
-
-
-def note_rebuilt_traces(rebuilt: int, total: int) -> None:
-    """Say on stderr how many question traces were rebuilt from the rows
-    (:func:`hcqr_dspy.tracking.trace_repair.question_traces`)."""
-    if rebuilt:
-        log.warning(
-            f"hcqr: note: {rebuilt} of {total} question traces were missing or unfinished in the MLflow store (a "
-            "process stopped, or the store failed, before they were written); rebuilt from the run folder's rows, "
-            "without their LM and retrieval spans"
-        )
 
 
 def note_moved_inputs(folder: RunFolder, moved: list[str]) -> None:
@@ -289,40 +173,6 @@ def note_other_machine(folder: RunFolder, session: dict[str, Any]) -> None:
         )
 
 
-def program_label(config: dict[str, Any]) -> str:
-    """``zero-shot``, or ``compiled:<recipe>`` for a saved program (``saved`` for one no optimizer made);
-    ``answer-step:<recipe>`` for a fresh method answering with a saved program's answer step."""
-    saved = config.get("saved_program")
-    answer = config.get("answer_step")
-    if not saved and answer:
-        return f"answer-step:{answer.get('recipe') or 'saved'}"
-    if not saved:
-        return "zero-shot"
-    return f"compiled:{saved['recipe']}" if saved.get("recipe") else "saved"
-
-
-def mlflow_run_name(method: str, dataset: str, lm: str, config: dict[str, Any], kind: str = "evaluation") -> str:
-    """An evaluation's MLflow run name, what tells runs apart first (the UI cuts long names): the program, then the
-    dataset and the LM. The program is the method (``hcqr · medqa · local``) for a zero-shot program,
-    ``<method>+<recipe>`` for a compiled one (``+saved`` without a recipe; `` seed N`` after it for a compile
-    that recorded its seed, so replicate compiles are told apart), ``<name> v<version>`` for a registered version,
-    ``<method>+answer:<recipe>`` for a fresh method with a saved answer step; ``predict `` goes before it for
-    predictions."""
-    saved = config.get("saved_program") or {}
-    model = saved.get("model") or {}
-    if model.get("version"):
-        program = f"{model['name']} v{model['version']}"
-    elif saved:
-        program = f"{method}+{saved.get('recipe') or 'saved'}"
-        if saved.get("seed") is not None:
-            program += f" seed {saved['seed']}"
-    elif config.get("answer_step"):
-        program = f"{method}+answer:{config['answer_step'].get('recipe') or 'saved'}"
-    else:
-        program = method
-    return " · ".join([f"predict {program}" if kind == "prediction" else program, dataset, lm])
-
-
 def answers_target(out: str | Path) -> Path:
     """Check where :func:`write_answers` will write, before any LM call.
 
@@ -341,7 +191,7 @@ def answers_target(out: str | Path) -> Path:
 
 def write_answers(out: str | Path, rows: Sequence[dict[str, Any]], questions: Sequence[dspy.Example]) -> Path:
     """Write an evaluation's answers for people and programs: one record per question, in question order
-    (:func:`hcqr_dspy.evaluation.evaluate.answer_record`: the letter and its text, validity, hypothesis, queries and
+    (:func:`hcqr_dspy.evaluation.answering.answer_record`: the letter and its text, validity, hypothesis, queries and
     passages; ``gold`` and ``correct`` when the question has a gold answer).
 
     ``out`` ending in ``.json`` gets one object ``{qid: record}``; any other name gets JSON Lines. The

@@ -28,6 +28,7 @@ from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.retrieval.retriever_base import Retriever
 from hcqr_dspy.tracking.mlflow_runs import dspy_tracing, flatten, log_metrics, log_run_folder
 from hcqr_dspy.tracking.model_links import judged_dataset, log_model_metrics
+from hcqr_dspy.tracking.question_traces import QuestionTraces
 from hcqr_dspy.tracking.store import existing_mlflow_run_id
 from hcqr_dspy.tracking.trace_repair import rebuilt_traces
 
@@ -168,7 +169,7 @@ def _judge_and_track(
     run_id = folder.mlflow_run_id
     tracked = bool(track and run_id and existing_mlflow_run_id(run_id, mlflow_dir))
 
-    def judge(trace_tags: dict[str, str] | None = None) -> dict[str, Any]:
+    def judge(traces: QuestionTraces | None = None) -> dict[str, Any]:
         return judge_run(
             folder,
             retriever,
@@ -178,7 +179,7 @@ def _judge_and_track(
             judge_lm=spec,
             num_threads=num_threads,
             progress=progress,
-            trace_tags=trace_tags,
+            traces=traces,
             limit=limit,
             seed=seed,
             ids=ids,
@@ -205,7 +206,7 @@ def _judge_and_track(
         "judge_lm": spec,
     }
     with dspy_tracing():
-        metrics = judge(trace_tags)
+        metrics = judge(QuestionTraces(trace_tags))
     metrics = agreement(metrics)
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         log_metrics(metrics)

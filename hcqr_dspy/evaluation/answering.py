@@ -11,6 +11,10 @@ the run folder (named by a hash of the id: :mod:`hcqr_dspy.evaluation.tracebacks
 nothing is saved for that question, and the same command resumes once the bug
 is fixed. When the LM stays unreachable after DSPy's retries, the run
 stops cleanly too (:class:`~hcqr_dspy.errors.LMUnavailableError`).
+
+Each question is told to an observer (:class:`hcqr_dspy.observers.Observer`, installed while the question runs so
+that the program's stages reach it too): a tracked evaluation passes the one that makes it an MLflow trace
+(:class:`hcqr_dspy.tracking.question_traces.QuestionTraces`); the default records nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
 )
 
-from hcqr_dspy import tracing
 from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError, LMReplyFormatError, ProgramError
 from hcqr_dspy.evaluation.evidence import question_evidence
 from hcqr_dspy.evaluation.loop import run_resumable
@@ -41,6 +44,7 @@ from hcqr_dspy.evaluation.rows import prediction_row
 from hcqr_dspy.evaluation.run_folder import METRICS, RunFolder
 from hcqr_dspy.lm import call_retrying_bad_replies
 from hcqr_dspy.lm.reply_setup import cached_reply_setups
+from hcqr_dspy.observers import NO_OBSERVER, Observer, observing
 from hcqr_dspy.programs.context import shown_documents
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
@@ -92,9 +96,7 @@ def evaluate(
     num_threads: int = 1,
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
-    trace_tags: dict[str, str] | None = None,
-    trace_level: str = "full",
-    trace_prompts: dict[str, Any] | None = None,
+    observer: Observer = NO_OBSERVER,
 ) -> EvalResult:
     """Run ``program`` over ``examples``, writing ``predictions.jsonl`` as it goes.
 
@@ -107,11 +109,10 @@ def evaluate(
             local llama.cpp models serialize calls, so 1 suits them.
         progress: Show a progress bar.
         on_row: Called with each new row after it is written.
-        trace_tags: Record each question as an MLflow trace (:func:`hcqr_dspy.tracing.question`) with
-            these tags plus ``qid``; the row keeps the trace's id as ``trace_id``. ``None``: no traces.
-        trace_level: ``full`` or ``light`` (:data:`hcqr_dspy.tracing.TRACE_LEVELS`): what each trace keeps.
-        trace_prompts: ``{stage: PromptVersion}``, the Prompt Registry versions the program's stages use: each
-            trace names them (:func:`hcqr_dspy.tracing.question`'s ``prompts``).
+        observer: Told of each question (:meth:`~hcqr_dspy.observers.Observer.question`, named ``method``, tagged
+            ``qid``; its record gets the finished row) and installed while it runs, so that the program's stages,
+            searches and fusions reach it (:func:`hcqr_dspy.observers.observing`); an observer that keeps a record
+            id (an MLflow trace's) adds it to the row as ``trace_id``. Default: nothing is recorded.
 
     Returns:
         :class:`EvalResult` over every question of ``examples``.
@@ -142,12 +143,12 @@ def evaluate(
         return row
 
     def work(example: dspy.Example) -> dict[str, Any]:
-        if trace_tags is None:
-            return answer(example)
-        tags = {**trace_tags, "qid": example.qid}
-        with tracing.question(method, example.question, example.options, tags, trace_level, trace_prompts) as trace:
+        with (
+            observing(observer),
+            observer.question(method, example.question, example.options, {"qid": example.qid}) as record,
+        ):
             row = answer(example)
-            trace.finish(row)
+            record.finish(row)
         return row
 
     def saved(row: dict[str, Any]) -> None:
