@@ -5,9 +5,10 @@ manager open while the question's program runs), of each stage of the program as
 (:meth:`Observer.stage`), of each batched search (:meth:`Observer.retrieved`) and of each fusion of hit lists
 (:meth:`Observer.fused`). Nothing here records anything or imports MLflow: the evaluation loop
 (:func:`hcqr_dspy.evaluation.answering.evaluate`) takes an observer as a parameter and installs it while each
-question runs (:func:`observing`), the programs' stages (:func:`hcqr_dspy.programs.base.stage`) and searches tell
-the installed one (:func:`installed`), and :class:`hcqr_dspy.tracking.question_traces.QuestionTraces` is the
-observer that makes each question an MLflow trace. :data:`NO_OBSERVER`, the default, does nothing.
+question runs (:func:`observing`), the programs' stages (:func:`hcqr_dspy.programs.program_base.stage`) and
+searches tell the installed one (:func:`installed`), and
+:class:`hcqr_dspy.tracking.question_traces.QuestionTraces` is the observer that makes each question an MLflow
+trace. :data:`NO_OBSERVER`, the default, does nothing.
 
 The installed observer is per thread and context (a :class:`contextvars.ContextVar`): the loop installs it in the
 thread that runs the question, which is where the program's stages run.
@@ -71,7 +72,7 @@ class Observer(Protocol):
         end_ns: int,
     ) -> None:
         """One batched search: the queries in search order, one hit list each
-        (:class:`hcqr_dspy.retrieval.base.Hit`), a label per query, the hits asked per query, and the search's
+        (:class:`hcqr_dspy.retrieval.retriever_base.Hit`), a label per query, the hits asked per query, and the search's
         start and end (``time.time_ns()``); ``retriever`` resolves hit ids to passages."""
 
     def fused(

@@ -74,11 +74,6 @@ def test_every_error_class_lives_in_errors_py():
     assert elsewhere == [], "error classes outside hcqr_dspy/errors.py: " + ", ".join(elsewhere)
 
 
-# File names two modules may share while another change renames one of them (``evaluation/evaluate.py``, beside
-# ``workflows/evaluate.py``). Remove an entry once the rename is merged.
-SHARED_NAMES_PENDING = {"evaluate.py"}
-
-
 def test_no_two_modules_share_a_file_name():
     """Each module's file name says what it holds, across the package: ``cli/index_command.py``, not a third
     ``index.py``."""
@@ -86,7 +81,7 @@ def test_no_two_modules_share_a_file_name():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name not in ("__init__.py", "__main__.py"):
             where[path.name].append(str(path.relative_to(PACKAGE.parent)))
-    shared = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in SHARED_NAMES_PENDING}
+    shared = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert shared == {}, f"modules sharing a file name (name each for what it holds): {shared}"
 
 

@@ -49,7 +49,7 @@ from hcqr_dspy.programs.context import shown_documents
 
 # Errors that mean "the LM is not answering or cannot be used" (after DSPy's
 # own retries with backoff, or ours for replies that are not the API's format,
-# hcqr_dspy.lm.replies): the run stops rather than marking every later
+# hcqr_dspy.lm.reply_retries): the run stops rather than marking every later
 # question invalid, and those questions are redone on resume.
 LM_UNAVAILABLE: tuple[type[BaseException], ...] = (
     LMConfigurationError,

@@ -10,7 +10,7 @@ Layout (one folder per evaluation)::
     sessions.jsonl      one record per ``hcqr eval`` / ``hcqr judge`` session that wrote here: machine,
                         library versions, LM engine, and how many records existed before it
                         (:mod:`hcqr_dspy.evaluation.provenance`)
-    dur.json            summary of the judgments (:func:`hcqr_dspy.judge.metrics.dur_metrics`)
+    dur.json            summary of the judgments (:func:`hcqr_dspy.judge.dur_metrics.dur_metrics`)
     option_probs.jsonl  the answer step's letter distribution per question, scored again for rows that lack
                         it (``hcqr rescore``; :mod:`hcqr_dspy.evaluation.option_probs`)
     tracebacks/<prefix>-<hash>.txt

@@ -4,7 +4,7 @@ A tracked evaluation (``hcqr eval``, ``hcqr predict``, experiments) records one
 trace per question. Its root span is named after the method (``hcqr``) and
 holds the question and options as inputs and the answer, validity, hypothesis,
 queries and the shown passages as outputs. Below it every method
-stage is a named span (:func:`hcqr_dspy.programs.base.stage`, recorded by
+stage is a named span (:func:`hcqr_dspy.programs.program_base.stage`, recorded by
 :mod:`hcqr_dspy.tracking.stage_spans`): ``hypothesis``,
 ``rewrite``, ``retrieval``, ``answer`` ... A stage that calls the LM holds one
 ``CHAT_MODEL`` span per call (``LM <model>``: the messages, the reply and the
@@ -112,7 +112,7 @@ def response_preview(row: dict[str, Any]) -> str:
 
 def root_outputs(row: dict[str, Any]) -> dict[str, Any]:
     """The root span's outputs: answer first, then validity, the answer step's letter distribution
-    (``option_probs``, where the LM gave one: :mod:`hcqr_dspy.programs.option_probs`) and what the method found."""
+    (``option_probs``, where the LM gave one: :mod:`hcqr_dspy.programs.answer_slot_probs`) and what the method found."""
     h = row.get("hypothesis") or None
     return {
         "answer": row.get("prediction"),

@@ -23,7 +23,7 @@ trace's root span outputs (:func:`hcqr_dspy.tracking.question_traces.root_output
   ``changed_wrong_to_wrong`` or ``invalid_answer``
   (:func:`hcqr_dspy.evaluation.metrics.hypothesis_outcome`);
 * ``gold_prob`` — the answer step's probability of the gold letter, its letter distribution as rationale
-  (only for an LM with log-probabilities: :mod:`hcqr_dspy.programs.option_probs`).
+  (only for an LM with log-probabilities: :mod:`hcqr_dspy.programs.answer_slot_probs`).
 
 The DUR judge is a scorer too (:func:`dur_scorer`): it labels the context the
 trace's ``answer`` span received. ``hcqr judge`` labels run folders through
@@ -128,9 +128,9 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
     """The DUR judge as an MLflow scorer (``dur``).
 
     It labels the context of a question's trace (:func:`answer_context`) against the gold answer
-    (the trace's ``answer`` expectation) with :class:`hcqr_dspy.judge.judge.DURJudge` in context mode, and
+    (the trace's ``answer`` expectation) with :class:`hcqr_dspy.judge.dur_judge.DURJudge` in context mode, and
     also its positive control. The negative control needs another question's context, so it is only
-    in ``hcqr judge`` (:func:`hcqr_dspy.judge.judging.judge_run`).
+    in ``hcqr judge`` (:func:`hcqr_dspy.judge.run_judging.judge_run`).
 
     Args:
         lm: The judge's ``dspy.LM``.

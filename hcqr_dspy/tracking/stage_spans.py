@@ -3,7 +3,7 @@ query of a batched search, one ``fusion`` span per fusion (:mod:`hcqr_dspy.track
 trace, says what a trace holds and which level keeps what).
 
 :class:`StageSpans` is the :class:`hcqr_dspy.observers.Observer` that records them; a question's trace installs it
-for its block, so the stages of the program it runs (:func:`hcqr_dspy.programs.base.stage`) become its spans.
+for its block, so the stages of the program it runs (:func:`hcqr_dspy.programs.program_base.stage`) become its spans.
 Nothing here records anything unless a trace is active (MLflow imported and a span open in this thread): an
 untracked run never imports MLflow through this module.
 """
@@ -153,7 +153,7 @@ def retriever_spans(
     Args:
         retriever: Resolves hit ids to passages.
         queries: The queries, in search order.
-        hit_lists: One hit list per query (:class:`hcqr_dspy.retrieval.base.Hit`).
+        hit_lists: One hit list per query (:class:`hcqr_dspy.retrieval.retriever_base.Hit`).
         names: A label per query (``q1 (support)``, ``question`` ...).
         k: Hits asked per query.
         start_ns, end_ns: When the batched search started and ended (``time.time_ns()``).
