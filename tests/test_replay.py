@@ -176,7 +176,7 @@ def direct(index: Path, folder: Path, k: int, budget: int = 15, strategy: str = 
 
 
 def test_replay_against_a_dense_index_gives_what_searching_the_rows_queries_there_gives(demo, tmp_path):
-    from hcqr_dspy.cli import replay as command
+    from hcqr_dspy.cli import replay_command as command
     from hcqr_dspy.evaluation.evidence import evidence_summary
     from hcqr_dspy.reporting.query_diversity import NEAR_DUPLICATE_JACCARD
     from hcqr_dspy.workflows.replay import replay
