@@ -116,7 +116,7 @@ def run_evaluation(
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))
         note_first_recorded(folder)
-        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
+        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.iter_rows()}:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
@@ -210,9 +210,9 @@ def _tracked_evaluation(
         trace_ids, rebuilt = {}, 0
         if level != "off":
             trace_ids, rebuilt = question_traces(
-                result.rows, questions, run_id, run.info.experiment_id, spec.method, trace_tags
+                result.iter_rows(), questions, run_id, run.info.experiment_id, spec.method, trace_tags
             )
-            note_rebuilt_traces(rebuilt, len(result.rows))
+            note_rebuilt_traces(rebuilt, result.saved)
             link_traces(trace_ids.values(), prompts)
         if model["model_id"]:
             # the active model would take every run metric (MLflow links metrics to it); it takes the headline ones,
@@ -226,7 +226,7 @@ def _tracked_evaluation(
         if level != "off" and (result.ran or rebuilt or mlflow.get_run(run_id).data.tags.get(SCORED_TAG) != "true"):
             from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 
-            traced = [{**r, "trace_id": trace_ids[r["qid"]]} for r in result.rows]
+            traced = ({**r, "trace_id": trace_ids[r["qid"]]} for r in result.iter_rows())  # read as scored
             score_rows(traced, questions_ds, labelled=labelled, digest=digest)
             WATCH.stop_if_failed(saved_questions(folder, questions))
             mlflow.set_tag(SCORED_TAG, "true")
@@ -240,7 +240,7 @@ TRACES_TAG = "hcqr.traces"  # the trace level of the run's last session (hcqr_ds
 def saved_questions(folder: RunFolder, questions: Sequence[dspy.Example]) -> str:
     """``"N/M questions are saved in <predictions.jsonl>"``: the rows of ``questions`` the run folder holds."""
     wanted = {str(q.qid) for q in questions}
-    saved = sum(1 for r in folder.rows() if r["qid"] in wanted)
+    saved = sum(1 for r in folder.iter_rows() if r["qid"] in wanted)
     return f"{saved}/{len(questions)} questions are saved in {folder.predictions.path}"
 
 
