@@ -1,9 +1,11 @@
-"""Scoring a run's question traces costs time linear in their number: MLflow lists the run's traces about once,
-not once per batch, and every trace still gets its feedback and the run its means and evaluation-run tag (real
-SQLite MLflow store, real ``mlflow.genai.evaluate``; ``mlflow.search_traces`` is spied on, not replaced)."""
+"""Scoring a run's question traces costs time linear in their number and memory bounded by its batch: the run's
+traces are never listed, rows and traces are read a batch at a time, and every trace still gets its feedback and the
+run its means, evaluation-run tag and dataset input (real SQLite MLflow store; ``mlflow.search_traces``,
+``mlflow.genai.evaluate`` and the per-batch scoring are spied on, not replaced)."""
 
 import mlflow
 import pytest
+from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
 from hcqr_dspy.tracking import scorers as scoring
@@ -33,13 +35,29 @@ def make_row(i):
 @pytest.fixture
 def scored_cheaply(mlflow_store, monkeypatch):
     monkeypatch.setattr(scoring, "SCORE_BATCH", 5)
-    real_search = mlflow.search_traces
-    listed = []
+    monkeypatch.setattr(scoring, "LINK_BATCH", 2)  # MLflow's limit is 100 a request: batches span several requests
+    real_search, real_log_scores, real_link = mlflow.search_traces, scoring._log_scores, MlflowClient.link_traces_to_run
+    listed, evaluated, batches, linked = [], [], [], []
+    pulled = 0  # rows the scoring has read so far
 
     def counting_search(*args, **kwargs):
         found = real_search(*args, **kwargs)
         listed.append(len(found))
         return found
+
+    def counting_log_scores(traces, *args):
+        batches.append((len(traces), pulled))  # the batch's size, and the rows read when it is scored
+        return real_log_scores(traces, *args)
+
+    def counting_link(self, trace_ids, run_id):
+        linked.append(len(trace_ids))
+        return real_link(self, trace_ids, run_id)
+
+    def lazily(rows):
+        nonlocal pulled
+        for row in rows:
+            pulled += 1
+            yield row
 
     rows = [make_row(i) for i in range(N)]
     with mlflow.start_run() as run:
@@ -47,14 +65,21 @@ def scored_cheaply(mlflow_store, monkeypatch):
             with question("hcqr", f"Question {row['qid']}?", OPTIONS, {"qid": row["qid"]}) as trace:
                 trace.finish(row)
         monkeypatch.setattr(mlflow, "search_traces", counting_search)
-        metrics = score_rows(rows)
+        monkeypatch.setattr(mlflow.genai, "evaluate", lambda *a, **k: evaluated.append(1))
+        monkeypatch.setattr(scoring, "_log_scores", counting_log_scores)
+        monkeypatch.setattr(MlflowClient, "link_traces_to_run", counting_link)
+        metrics = score_rows(lazily(rows))
         monkeypatch.setattr(mlflow, "search_traces", real_search)
-    return rows, metrics, sum(listed), run.info.run_id
+    return rows, metrics, (listed, evaluated, batches, linked), run.info.run_id
 
 
-def test_scoring_lists_the_runs_traces_about_once_not_once_per_batch(scored_cheaply):
-    _, _, listed, _ = scored_cheaply
-    assert 0 < listed <= 2 * N
+def test_scoring_never_lists_the_runs_traces_and_reads_rows_and_traces_a_batch_at_a_time(scored_cheaply):
+    _, _, (listed, evaluated, batches, linked), _ = scored_cheaply
+    assert listed == [] and evaluated == []  # no listing of the run's traces, no mlflow.genai.evaluate (which lists)
+    assert [size for size, _ in batches] == [5] * (N // 5)
+    # when batch k is scored, the rows read are those of batches 1..k: never more than one batch ahead
+    assert [read for _, read in batches] == [5 * (k + 1) for k in range(N // 5)]
+    assert linked == [2, 2, 1] * (N // 5)  # each batch linked to the run, LINK_BATCH traces a request
 
 
 def test_every_trace_has_its_feedback_and_the_run_its_means(scored_cheaply):

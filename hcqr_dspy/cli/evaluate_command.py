@@ -76,7 +76,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     scored = "accuracy" in result.metrics
     print(
-        f"\n{len(result.rows)} answers written to {out}"
+        f"\n{result.saved} answers written to {out}"
         + (" (with gold answers: scored)" if scored else "")
         + f"; {result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}"
     )

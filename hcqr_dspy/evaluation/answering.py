@@ -20,7 +20,7 @@ that the program's stages reach it too): a tracked evaluation passes the one tha
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,12 +80,39 @@ def program_error(folder: RunFolder, qid: str, exc: BaseException) -> ProgramErr
 
 @dataclass
 class EvalResult:
-    """Outcome of :func:`evaluate`: all rows (old and new), metrics, and how many were run now."""
+    """Outcome of :func:`evaluate`: metrics and counts; the rows stay in the run folder and are read on demand
+    (:meth:`iter_rows`, :attr:`rows`), so a result of any length holds none of them.
 
-    rows: list[dict[str, Any]]
+    Attributes:
+        folder: The run folder the rows are in.
+        qids: The run's question ids, in run order.
+        metrics: :func:`~hcqr_dspy.evaluation.metrics.summarize` of every row of ``qids`` (``metrics.json``).
+        resumed: Rows found in the folder. ran: Rows made now.
+    """
+
+    folder: RunFolder
+    qids: list[str]
     metrics: dict[str, Any]
     resumed: int
     ran: int
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        """The rows of the run's questions, old and new, in file order, read from ``predictions.jsonl`` one at a
+        time (:meth:`RunFolder.iter_rows`). Raises RunError: as that."""
+        keep = set(self.qids)
+        return (r for r in self.folder.iter_rows() if r["qid"] in keep)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row of the run's questions in run order, read from the folder on each access (all in memory:
+        large runs read :meth:`iter_rows`). Raises RunError: as :meth:`iter_rows`."""
+        by_qid = {r["qid"]: r for r in self.iter_rows()}
+        return [by_qid[q] for q in self.qids if q in by_qid]
+
+    @property
+    def saved(self) -> int:
+        """How many of the run's questions have a row (``metrics["n"]``)."""
+        return int(self.metrics.get("n", 0))
 
 
 def evaluate(
@@ -157,7 +184,7 @@ def evaluate(
             on_row(row)
 
     try:
-        rows, resumed, ran = run_resumable(
+        _, resumed, ran = run_resumable(
             folder.predictions,
             examples,
             lambda e: e.qid,
@@ -167,19 +194,21 @@ def evaluate(
             progress,
             saved,
             on_error=lambda e, exc: program_error(folder, e.qid, exc),
+            collect=False,  # the rows stay on disk: the metrics stream them from there
         )
     except HCQRError:
         keep = {e.qid for e in examples}
         try:  # the summary of what is saved; on a full disk the old metrics.json stays whole and the stop says why
-            folder.write_metrics([r for r in folder.rows() if r["qid"] in keep])
+            folder.write_metrics(r for r in folder.iter_rows() if r["qid"] in keep)
         except (OSError, HCQRError):
             pass
         raise
+    result = EvalResult(folder=folder, qids=[e.qid for e in examples], metrics={}, resumed=resumed, ran=ran)
     try:
-        metrics = folder.write_metrics(rows)
+        result.metrics = folder.write_metrics(result.iter_rows())
     except DiskFullError as exc:
         raise DiskFullError(
-            f"{exc} ({len(rows)}/{len(examples)} questions are saved in {folder.predictions.path}; "
+            f"{exc} ({resumed + ran}/{len(examples)} questions are saved in {folder.predictions.path}; "
             f"{METRICS} was not updated)"
         ) from None
-    return EvalResult(rows=rows, metrics=metrics, resumed=resumed, ran=ran)
+    return result

@@ -30,12 +30,14 @@ def run_resumable(
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     on_error: Callable[[Any, BaseException], BaseException] | None = None,
+    collect: bool = True,
 ) -> tuple[list[dict[str, Any]], int, int]:
     """Apply ``work`` to each item without a record in ``table`` yet, appending each record as it finishes.
 
     Items run in DSPy's ``ParallelExecutor`` (``num_threads`` at once), with what DSPy keeps in memory per LM call
     bounded (:func:`~hcqr_dspy.lm.memory.bounded_lm_memory`: its response cache's memory tier, its histories, no DSPy
-    trace), so the loop's memory does not grow with the items it has run (the records it returns do). The
+    trace), so the loop's memory does not grow with the items it has run (the records it returns do, unless
+    ``collect`` is false: then it keeps their keys alone, a few dozen bytes an item). The
     first failure stops the loop: items in flight finish, no new item starts,
     and finished records are kept. An error in ``stop_errors`` (the LM is not
     answering) becomes :class:`~hcqr_dspy.errors.LMUnavailableError`; a failed write becomes
@@ -54,9 +56,10 @@ def run_resumable(
             whole lines in a log, with the running accuracy of records that have ``correct``).
         on_row: Called with each new record after it is written.
         on_error: Turns an item's other exception into the one raised.
+        collect: Return the records; ``False``: return none (``[]``), read them from ``table``.
 
     Returns:
-        ``(records in item order, resumed count, run-now count)``.
+        ``(records in item order or [], resumed count, run-now count)``.
 
     Raises:
         LMUnavailableError: ``work`` raised one of ``stop_errors``.
@@ -68,12 +71,13 @@ def run_resumable(
     table.path.parent.mkdir(parents=True, exist_ok=True)
     table.drop_partial_tail()
     wanted = {key(item) for item in items}
-    done = {r["qid"]: r for r in table.read() if r["qid"] in wanted}
+    # the records saved before, by key (None: not collected)
+    done = {r["qid"]: r if collect else None for r in table.iter() if r["qid"] in wanted}
     todo = [item for item in items if key(item) not in done]
     stop = threading.Event()
     failure: list[tuple[Any, BaseException]] = []
     started: set[str] = set()
-    finished: dict[str, dict[str, Any]] = {}  # the records written now, by key (not the executor's results)
+    finished: dict[str, dict[str, Any] | None] = {}  # the records written now, by key (None: not collected)
     started_lock = threading.Lock()
 
     def run_one(item):
@@ -99,16 +103,17 @@ def run_resumable(
             failure.append((item, error))
             return None
         with started_lock:
-            finished[key(item)] = row
+            finished[key(item)] = row if collect else None
         if on_row:
             on_row(row)
         if report is not None:
             report.row(row)
-        return row
+        return None  # the executor's results list would hold every record
 
-    new_rows: list[dict[str, Any]] = []
     report = (
-        ProgressReport(len(items), done.values(), table.what) if progress and todo and ProgressReport.shown else None
+        ProgressReport(len(items), (r for r in table.iter() if r["qid"] in wanted), table.what)
+        if progress and todo and ProgressReport.shown
+        else None
     )
     if todo:
         # timeout=0: no straggler resubmission. DSPy's ParallelExecutor otherwise starts an item again once it has
@@ -123,12 +128,11 @@ def run_resumable(
         finally:
             if report is not None:
                 report.close()
-        new_rows = [finished[key(item)] for item in todo if key(item) in finished]
-    by_key = {**done, **{r["qid"]: r for r in new_rows}}
-    rows = [by_key[key(item)] for item in items if key(item) in by_key]
+    by_key = {**done, **finished}
+    rows = [by_key[key(item)] for item in items if key(item) in by_key] if collect else []
     if failure:
         item, exc = failure[0]
-        saved = f"{len(rows)}/{len(items)} {table.what}s are saved in {table.path}"
+        saved = f"{len(by_key)}/{len(items)} {table.what}s are saved in {table.path}"
         if disk_full(exc):
             raise disk_full_error(exc, saved) from None
         if isinstance(exc, OutageError):  # a retrieval backend that stayed down after its retries ...
@@ -143,4 +147,4 @@ def run_resumable(
         if isinstance(exc, KeyboardInterrupt):
             raise exc
         raise (on_error(item, exc) if on_error else exc)
-    return rows, len(done), len(new_rows)
+    return rows, len(done), len(finished)

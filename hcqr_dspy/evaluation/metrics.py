@@ -13,8 +13,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from hcqr_dspy.evaluation.evidence import evidence_summary
-
 
 def accuracy_metric(example, prediction, trace=None) -> bool:
     """DSPy metric: the predicted letter equals the gold answer (invalid = wrong)."""
@@ -22,7 +20,8 @@ def accuracy_metric(example, prediction, trace=None) -> bool:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Aggregate run rows into metrics.
+    """Aggregate run rows into metrics, reading ``rows`` once (:class:`MetricsAccumulator`; a generator over a
+    ``predictions.jsonl`` of any length is summarized holding one row at a time).
 
     Args:
         rows: Records written by :func:`hcqr_dspy.evaluation.answering.evaluate`.
@@ -43,56 +42,125 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         ``hypothesis_invalid`` (questions whose hypothesis reply could not be
         parsed) and ``answer_changed_rate`` (final answer differs from the hypothesis).
     """
-    rows = list(rows)
-    n = len(rows)
-    if n == 0:
-        return {"n": 0}
-    invalid = sum(not r["valid"] for r in rows)
-    out: dict[str, float] = {"n": n}
-    labelled = [r for r in rows if r.get("gold") is not None]
-    if labelled:  # accuracy over the questions with a gold answer (all of them in an evaluation)
-        correct = sum(bool(r["correct"]) for r in labelled)
-        acc = correct / len(labelled)
-        out.update(correct=correct, accuracy=acc, accuracy_se=math.sqrt(acc * (1 - acc) / len(labelled)))
-    if len(labelled) < n:
-        out["labelled"] = len(labelled)
-    out.update(invalid=invalid, invalid_rate=invalid / n)
-    for field in ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
-        out[f"mean_{field}"] = sum(r.get(field) or 0 for r in rows) / n
-    per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    acc = MetricsAccumulator()
     for r in rows:
+        acc.add(r)
+    return acc.metrics()
+
+
+COST_FIELDS = ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds")
+"""A row's cost fields, averaged per question as ``mean_<field>`` (:func:`summarize`)."""
+
+
+class MetricsAccumulator:
+    """The running sums behind :func:`summarize` and :func:`fallback_summary`: :meth:`add` one row at a time, in any
+    order, then read :meth:`metrics` (or :meth:`fallbacks`). It holds counts and sums per metric name, never the rows,
+    so its size does not grow with their number. Sums of floats (``seconds``, evidence shares) follow the rows' order:
+    rows added in another order give the same figures up to float rounding (about 1e-15 relative)."""
+
+    def __init__(self) -> None:
+        self.n = self.invalid = self.labelled = self.correct = self.hypothesis_invalid = 0
+        self.costs = dict.fromkeys(COST_FIELDS, 0)
+        self.stages: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.invalid_causes: dict[str, int] = {}
+        self.fallback_counts: dict[str, list[int]] = {}  # name -> [questions, total units]
+        self.sources: dict[str, int] = {}  # query source -> queries
+        self.evidence_n, self.gold_mentioned, self.distractor_share = 0, 0, 0.0
+        self.changes = dict.fromkeys(("with_hypothesis", "hypothesis_correct", *HYPOTHESIS_OUTCOMES), 0)
+
+    def add(self, r: dict[str, Any]) -> None:
+        """Count one row (a record of ``predictions.jsonl``)."""
+        self.n += 1
+        self.invalid += not r["valid"]
+        if r.get("gold") is not None:
+            self.labelled += 1
+            self.correct += bool(r["correct"])
+        for field in COST_FIELDS:
+            self.costs[field] += r.get(field) or 0
         for name, st in (r.get("stages") or {}).items():
             for field, value in st.items():
-                per_stage[name][field] += value or 0
-    for name, fields in per_stage.items():
-        for field, total in fields.items():
-            out[f"{name}_mean_{field}"] = total / n
-    for r in rows:
+                self.stages[name][field] += value or 0
         if not r["valid"]:
             key = f"invalid_{r.get('invalid_stage') or 'unknown'}_{r.get('invalid_cause') or 'unknown'}"
-            out[key] = out.get(key, 0) + 1
-    for name, f in fallback_summary(rows).items():
-        if name.startswith("query_share_"):
-            out[name] = f
-        else:
-            out.update({f"fallback_{name}_{k}": v for k, v in f.items()})
-    out.update(evidence_summary(rows))
-    invalid_h = sum(1 for r in rows if (r.get("fallbacks") or {}).get("hypothesis_failed"))
-    if invalid_h:
-        out["hypothesis_invalid"] = invalid_h
-    changes = hypothesis_changes(rows)
-    if changes["with_hypothesis"]:
-        n_h = changes["with_hypothesis"]
-        out["hypothesis_accuracy"] = changes["hypothesis_correct"] / n_h
-        out["answer_changed_rate"] = (changes["fixed"] + changes["broke"] + changes["changed_wrong_to_wrong"]) / n_h
-        out.update(
-            {f"hypothesis_{k}": v for k, v in changes.items() if k not in ("with_hypothesis", "hypothesis_correct")}
-        )
-    return out
+            self.invalid_causes[key] = self.invalid_causes.get(key, 0) + 1
+        fallbacks = r.get("fallbacks") or {}
+        for name, units in fallbacks.items():
+            c = self.fallback_counts.setdefault(name, [0, 0])
+            c[0] += int(units or 0) > 0
+            c[1] += int(units or 0)
+        self.hypothesis_invalid += bool(fallbacks.get("hypothesis_failed"))
+        for source in r.get("query_sources") or []:
+            self.sources[source] = self.sources.get(source, 0) + 1
+        if e := r.get("evidence"):
+            self.evidence_n += 1
+            self.gold_mentioned += e["gold_mentioned"]
+            self.distractor_share += e["distractors_mentioned"] / e["distractors"] if e["distractors"] else 0.0
+        h = (r.get("hypothesis") or {}).get("working_hypothesis")
+        outcome = hypothesis_outcome(h, r["prediction"], r["valid"], r["gold"])
+        if outcome is not None:
+            self.changes["with_hypothesis"] += 1
+            self.changes["hypothesis_correct"] += h == r["gold"]
+            self.changes[outcome] += 1
+
+    def fallbacks(self) -> dict[str, Any]:
+        """:func:`fallback_summary` of the rows added."""
+        out: dict[str, Any] = {}
+        if not self.n:
+            return out
+        for name in sorted(self.fallback_counts):
+            questions, total = self.fallback_counts[name]
+            out[name] = {"questions": questions, "rate": questions / self.n, "total": total}
+        queries = sum(self.sources.values())
+        for source in sorted(self.sources):
+            out[f"query_share_{source}"] = self.sources[source] / queries
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """:func:`summarize` of the rows added."""
+        n = self.n
+        if n == 0:
+            return {"n": 0}
+        out: dict[str, float] = {"n": n}
+        if self.labelled:  # accuracy over the questions with a gold answer (all of them in an evaluation)
+            acc = self.correct / self.labelled
+            out.update(correct=self.correct, accuracy=acc, accuracy_se=math.sqrt(acc * (1 - acc) / self.labelled))
+        if self.labelled < n:
+            out["labelled"] = self.labelled
+        out.update(invalid=self.invalid, invalid_rate=self.invalid / n)
+        for field, total in self.costs.items():
+            out[f"mean_{field}"] = total / n
+        for name, fields in self.stages.items():
+            for field, total in fields.items():
+                out[f"{name}_mean_{field}"] = total / n
+        out.update(self.invalid_causes)
+        for name, f in self.fallbacks().items():
+            if name.startswith("query_share_"):
+                out[name] = f
+            else:
+                out.update({f"fallback_{name}_{k}": v for k, v in f.items()})
+        if self.evidence_n:  # evidence_summary's figures
+            gold, distractor = self.gold_mentioned / self.evidence_n, self.distractor_share / self.evidence_n
+            out.update(
+                evidence_n=self.evidence_n,
+                gold_coverage=gold,
+                distractor_coverage=distractor,
+                evidence_margin=gold - distractor,
+            )
+        if self.hypothesis_invalid:
+            out["hypothesis_invalid"] = self.hypothesis_invalid
+        changes = self.changes
+        if changes["with_hypothesis"]:
+            n_h = changes["with_hypothesis"]
+            out["hypothesis_accuracy"] = changes["hypothesis_correct"] / n_h
+            out["answer_changed_rate"] = (changes["fixed"] + changes["broke"] + changes["changed_wrong_to_wrong"]) / n_h
+            out.update(
+                {f"hypothesis_{k}": v for k, v in changes.items() if k not in ("with_hypothesis", "hypothesis_correct")}
+            )
+        return out
 
 
 def fallback_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Every fallback the rows' method took, added up.
+    """Every fallback the rows' method took, added up (reading ``rows`` once: :class:`MetricsAccumulator`).
 
     Each row's ``fallbacks`` maps a fallback to how many units it affected in
     that question (queries, passages, or 1): ``hypothesis_failed`` and
@@ -111,20 +179,10 @@ def fallback_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         sent to the retriever that came from each source (``rewrite``,
         ``hypothesis``, ``question``, ``passage``).
     """
-    rows = list(rows)
-    n = len(rows)
-    out: dict[str, Any] = {}
-    if not n:
-        return out
-    names = sorted({k for r in rows for k in (r.get("fallbacks") or {})})
-    for name in names:
-        counts = [int((r.get("fallbacks") or {}).get(name) or 0) for r in rows]
-        questions = sum(c > 0 for c in counts)
-        out[name] = {"questions": questions, "rate": questions / n, "total": sum(counts)}
-    sources = [s for r in rows for s in (r.get("query_sources") or [])]
-    for source in sorted(set(sources)):
-        out[f"query_share_{source}"] = sources.count(source) / len(sources)
-    return out
+    acc = MetricsAccumulator()
+    for r in rows:
+        acc.add(r)
+    return acc.fallbacks()
 
 
 HYPOTHESIS_OUTCOMES = ("kept_right", "kept_wrong", "fixed", "broke", "changed_wrong_to_wrong", "invalid_answer")

@@ -47,10 +47,12 @@ class ProgressReport:
     def __init__(self, total: int, rows_before: Iterable[dict[str, Any]], what: str, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
         self.total, self.what = total, what
-        before = list(rows_before)
-        self.before = self.done = len(before)
-        self.right = sum(1 for r in before if r.get("correct") is True)
-        self.scored = sum(1 for r in before if "correct" in r)
+        self.before = self.right = self.scored = 0
+        for r in rows_before:  # read once: a generator over a file of any length
+            self.before += 1
+            self.right += r.get("correct") is True
+            self.scored += "correct" in r
+        self.done = self.before
         self.start = self.last_line = time.monotonic()
         self.lock = threading.Lock()
         self.step = max(1, (total - self.before) // LINE_EVERY_ROWS)

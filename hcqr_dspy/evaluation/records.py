@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +95,16 @@ class JsonlTable:
             RunError: a line that is not UTF-8, not JSON, or not a record with a ``qid``
                 (file and line named).
         """
-        rows: list[dict[str, Any]] = []
+        return list(self.iter())
+
+    def iter(self) -> Iterator[dict[str, Any]]:
+        """:meth:`read`'s records one at a time, the file read line by line (one record in memory at once).
+
+        Raises:
+            RunError: as :meth:`read`, when the bad line is reached.
+        """
         if not self.path.exists():
-            return rows
+            return
         with self.path.open("rb") as fh:
             for lineno, raw in enumerate(fh, start=1):
                 if not raw.endswith(b"\n") and _whole_record(raw, self.key) is None:
@@ -120,8 +127,7 @@ class JsonlTable:
                     raise RunError(
                         f"{self.path}:{lineno}: not a {self.what} record (no {self.key}); repair or delete that line"
                     )
-                rows.append(row)
-        return rows
+                yield row
 
     def drop_partial_tail(self) -> None:
         """Cut a partial last line (a killed writer's) so the next append starts on a fresh line; a last line that

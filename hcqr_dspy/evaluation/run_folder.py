@@ -30,6 +30,7 @@ partial last line left by a killed writer is dropped and its item redone), fille
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -268,20 +269,19 @@ class RunFolder:
 
     # -- records --------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """The prediction rows (one per finished question), in file order.
+        """The prediction rows (one per finished question), in file order (:meth:`iter_rows`, all in a list)."""
+        return list(self.iter_rows())
 
-        Raises:
-            RunError: a question is recorded twice (an edited or concatenated file).
-        """
-        rows = self.predictions.read()
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        """The prediction rows in file order, read as consumed; RunError: a question recorded twice (an edited file)."""
         seen: set[str] = set()
-        for r in rows:
+        for r in self.predictions.iter():
             if r["qid"] in seen:
                 raise RunError(
                     f"{self.predictions.path}: question {r['qid']!r} is recorded twice; delete one of the lines"
                 )
             seen.add(r["qid"])
-        return rows
+            yield r
 
     def judgments(self) -> list[dict[str, Any]]:
         """DUR judgments, checked against the rows: malformed, repeated or foreign ones are refused.
@@ -381,9 +381,9 @@ class RunFolder:
         path = self.path / name
         return read_json_object(path) if path.is_file() else {}
 
-    def write_metrics(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Summarize ``rows`` (default: all saved rows) into ``metrics.json``."""
-        metrics = summarize(self.rows() if rows is None else rows)
+    def write_metrics(self, rows: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Summarize ``rows`` (default: all saved rows, streamed from the file) into ``metrics.json``."""
+        metrics = summarize(self.iter_rows() if rows is None else rows)
         self.write_json(METRICS, metrics)
         return metrics
 

@@ -85,9 +85,9 @@ class EvaluationRun:
         trace_ids, rebuilt = {}, 0
         if self.level != "off":
             trace_ids, rebuilt = question_traces(
-                result.rows, self.questions, self.run_id, self.experiment_id, self.method, self.trace_tags
+                result.iter_rows(), self.questions, self.run_id, self.experiment_id, self.method, self.trace_tags
             )
-            note_rebuilt_traces(rebuilt, len(result.rows))
+            note_rebuilt_traces(rebuilt, result.saved)
             link_traces(trace_ids.values(), self.prompts)
         model_id = self.model["model_id"]
         if model_id:
@@ -102,7 +102,7 @@ class EvaluationRun:
         if self.level != "off" and (result.ran or rebuilt or not self.scored()):
             from hcqr_dspy.tracking.scorers import score_rows  # imports mlflow: only once scoring
 
-            traced = [{**r, "trace_id": trace_ids[r["qid"]]} for r in result.rows]
+            traced = ({**r, "trace_id": trace_ids[r["qid"]]} for r in result.iter_rows())  # read as scored
             score_rows(traced, self.dataset, labelled=self.labelled, digest=self.digest)
             WATCH.stop_if_failed(self.saved())
             mlflow.set_tag(SCORED_TAG, "true")

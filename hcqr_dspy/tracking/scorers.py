@@ -2,8 +2,8 @@
 
 A tracked evaluation records one trace per question (:mod:`hcqr_dspy.tracking.question_traces`);
 when every question of the run folder is answered, :func:`score_rows` scores those
-traces inside the evaluation's MLflow run (its first batch through ``mlflow.genai.evaluate``,
-the rest with the same scorers, logged the same way). Each scorer's value is feedback on the
+traces inside the evaluation's MLflow run, a bounded batch at a time, as ``mlflow.genai.evaluate`` scores and
+logs them. Each scorer's value is feedback on the
 question's trace, the scorers' means are MLflow run metrics (``correct/mean`` ...), and that
 MLflow run is an evaluation run (it is listed under *Evaluation runs*, and its per-question results appear
 in MLflow's evaluation view) with the run folder's questions (the MLflow
@@ -33,16 +33,16 @@ the other questions of the run folder) and logs each label on the question's tra
 
 from __future__ import annotations
 
-import io
+import itertools
 import logging
-from collections.abc import Sequence
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import dspy
 import mlflow
 from mlflow.entities import AssessmentSource, Feedback
 from mlflow.genai.scorers import Scorer, scorer
+from mlflow.tracking import MlflowClient
 
 from hcqr_dspy.evaluation.metrics import hypothesis_outcome, is_correct
 from hcqr_dspy.judge.dur_judge import DURJudge
@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 
 CODE = AssessmentSource(source_type="CODE", source_id="hcqr-dspy")
 SCORE_BATCH = 1000
-"""Traces read and scored per ``mlflow.genai.evaluate`` call (:func:`score_rows`): the traces in memory at once."""
+"""Traces read and scored at once (:func:`score_rows`): the traces and rows it holds in memory."""
+LINK_BATCH = 100
+"""Traces linked to the run per request (MLflow refuses more)."""
 
 
 def _gold(expectations: dict[str, Any] | None) -> str | None:
@@ -177,27 +179,30 @@ def dur_scorer(lm: Any, judge_lm: str | None = None, reasoning: bool = True) -> 
 
 
 def score_rows(
-    rows: Sequence[dict[str, Any]],
+    rows: Iterable[dict[str, Any]],
     dataset: Any = None,
     labelled: bool = True,
     scorers: Sequence[Scorer] | None = None,
     digest: str | None = None,
 ) -> dict[str, float]:
-    """Score the traces of a run's rows inside the active MLflow run, in time linear in the number of traces.
+    """Score the traces of a run's rows inside the active MLflow run, holding :data:`SCORE_BATCH` traces and rows at
+    once, in time linear in their number.
 
-    The traces are read and scored :data:`SCORE_BATCH` at a time, so a run of any length holds one batch of traces
-    in memory. The first batch goes through ``mlflow.genai.evaluate``: MLflow marks the run as an evaluation run
-    (``mlflow.runType``), records ``dataset`` as its input and logs the batch's feedback. Every later batch is
-    scored by :func:`_log_scores` with the same scorers and logged as the same feedback (same names, values,
-    sources, root span and ``mlflow.assessment.sourceRunId``), because each ``mlflow.genai.evaluate`` call lists
-    every trace of the run after scoring (``mlflow.search_traces`` over the run): one call per batch would list
-    n traces n/:data:`SCORE_BATCH` times. The scorers' means over every scored trace (each name's mean over the
-    traces that have a numeric, boolean or yes/no value for it) are logged last as ``<name>/mean``.
+    ``rows`` are read once, and their traces are read and scored :data:`SCORE_BATCH` at a time by :func:`_log_scores`
+    (what ``mlflow.genai.evaluate`` does per trace: the same scorers, feedback names, values, sources, root span and
+    ``mlflow.assessment.sourceRunId``); each batch's traces are linked to the run. Before the first batch the run is
+    made an evaluation run as ``mlflow.genai.evaluate`` makes it (:func:`_mark_evaluation_run`: the tag
+    ``mlflow.runType``, ``dataset`` as its input, the scorers' lineage tags). ``mlflow.genai.evaluate`` itself is
+    not called: after scoring it lists every trace of the run (``mlflow.search_traces`` over the run), a few KB
+    each, which a long run cannot hold. The scorers' means over every scored trace (each name's mean over the
+    traces that have a numeric, boolean or yes/no value for it) are logged last as ``<name>/mean``, with the
+    evaluation's dataset.
 
     Args:
-        rows: The run's rows; those with a ``trace_id`` whose trace is in the store are scored.
+        rows: The run's rows (any iterable, read once: a generator over ``predictions.jsonl``); those with a
+            ``trace_id`` whose trace is in the store are scored.
         dataset: The run's MLflow evaluation dataset (:func:`hcqr_dspy.tracking.datasets.questions_dataset`):
-            recorded as the evaluation's dataset instead of an anonymous table of traces.
+            recorded as the evaluation's dataset instead of an anonymous table of the first batch's traces.
         labelled: The questions have gold answers (else only ``valid`` is scored).
         digest: The digest the run logged its dataset under (:func:`hcqr_dspy.tracking.datasets.log_question_set`),
             so that the evaluation records the same input.
@@ -206,47 +211,66 @@ def score_rows(
     Returns:
         The scorers' means (``correct/mean`` ...) over every scored trace; ``{}`` when no trace was found.
     """
-    import pandas as pd
-
     mlflow.flush_trace_async_logging()  # traces are written in the background: every one must be in the store now
-    ids = [r["trace_id"] for r in rows if r.get("trace_id")]
+    ids = (r["trace_id"] for r in rows if r.get("trace_id"))
     chosen = list(scorers or evaluation_scorers(labelled))
     run_id = mlflow.active_run().info.run_id
-    values: dict[str, list[float]] = {}
-    scored = 0
-    for start in range(0, len(ids), SCORE_BATCH):
-        found = [t for t in (mlflow.get_trace(i, silent=True) for i in ids[start : start + SCORE_BATCH]) if t]
+    sums: dict[str, list[float]] = {}  # name -> [sum of values, count]
+    scored = listed = 0
+    evaluated = None  # the evaluation's dataset, once the run is marked
+    while batch_ids := list(itertools.islice(ids, SCORE_BATCH)):
+        listed += len(batch_ids)
+        found = [t for t in (mlflow.get_trace(i, silent=True) for i in batch_ids) if t]
         if not found:
             continue
-        if scored:
-            batch = _log_scores(found, chosen, run_id)
-        else:
-            data = pd.DataFrame({"trace": found})
-            if dataset is not None:
-                _name_as(data, dataset, digest)
-            # MLflow prints a banner and a progress bar; the command prints its own report (MLflow's logged
-            # warnings, e.g. failed scorer calls, still reach stderr through logging)
-            chatter = io.StringIO()
-            with redirect_stdout(chatter), redirect_stderr(chatter):
-                result = mlflow.genai.evaluate(data=data, scorers=chosen)
-            batch = _result_values(result, len(found))
-            del data, result
-        for name, vs in batch.items():
-            values.setdefault(name, []).extend(vs)
+        if not scored:
+            evaluated = _mark_evaluation_run(found, chosen, run_id, dataset, digest)
+        for name, vs in _log_scores(found, chosen, run_id).items():
+            total = sums.setdefault(name, [0, 0])
+            for v in vs:
+                total[0] += v
+            total[1] += len(vs)
+        for start in range(0, len(found), LINK_BATCH):  # as mlflow.genai.evaluate links them
+            MlflowClient().link_traces_to_run([t.info.trace_id for t in found[start : start + LINK_BATCH]], run_id)
         scored += len(found)
         del found
-    if scored < len(ids):
+    if scored < listed:
         log.warning(
-            f"hcqr: note: {len(ids) - scored} of {len(ids)} question traces are not in this MLflow store; "
+            f"hcqr: note: {listed - scored} of {listed} question traces are not in this MLflow store; "
             "they are not scored"
         )
     if not scored:
         return {}
-    metrics = {f"{name}/mean": sum(vs) / len(vs) for name, vs in values.items() if vs}
-    if scored > SCORE_BATCH:
-        mlflow.log_metrics(metrics)  # mlflow.genai.evaluate logged the first batch's means
+    metrics = {f"{name}/mean": total / count for name, (total, count) in sums.items() if count}
+    mlflow.log_metrics(metrics, dataset=evaluated)
     log.info(f"scored {scored} question traces: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items())))
     return metrics
+
+
+def _mark_evaluation_run(traces: Sequence[Any], scorers: Sequence[Scorer], run_id: str, dataset: Any, digest: Any):
+    """Make ``run_id`` an evaluation run of ``scorers`` as ``mlflow.genai.evaluate`` does before it scores: its
+    dataset as the run's input (``dataset`` named over the table of ``traces``, :func:`_name_as`; without one, an
+    anonymous table of ``traces``), the tag ``mlflow.runType`` (listed under *Evaluation runs*) and the scorers'
+    lineage tags.
+
+    Returns:
+        The dataset entity the evaluation's metrics are logged with (``None`` for an anonymous table, as MLflow).
+    """
+    import pandas as pd
+    from mlflow.genai.evaluation.base import _log_dataset_input
+    from mlflow.genai.evaluation.lineage import get_dataset_entity_from_attrs, log_lineage_tags
+    from mlflow.genai.evaluation.utils import _convert_to_eval_set
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
+
+    data = pd.DataFrame({"trace": list(traces)})
+    if dataset is not None:
+        _name_as(data, dataset, digest)
+    entity = get_dataset_entity_from_attrs(data)
+    _log_dataset_input(entity or mlflow.data.from_pandas(df=_convert_to_eval_set(data), name="dataset"), run_id)
+    if mlflow.get_run(run_id).data.tags.get(MLFLOW_RUN_TYPE) is None:
+        MlflowClient().set_tag(run_id, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE)
+    log_lineage_tags(run_id, list(scorers), None)
+    return entity
 
 
 def _as_number(value: Any) -> float | None:
@@ -257,23 +281,6 @@ def _as_number(value: Any) -> float | None:
     if isinstance(value, str) and value.lower() in ("yes", "no"):
         return float(value.lower() == "yes")
     return None
-
-
-def _result_values(result: Any, n: int) -> dict[str, list[float]]:
-    """Each aggregated scorer's values in an ``mlflow.genai.evaluate`` result: its ``<name>/value`` column, or its
-    mean repeated ``n`` times (one per trace) where the result has no table."""
-    table = getattr(result, "result_df", None)
-    out: dict[str, list[float]] = {}
-    for key, mean in result.metrics.items():
-        name, _, aggregation = key.rpartition("/")
-        if aggregation != "mean":
-            continue
-        column = f"{name}/value"
-        if table is not None and column in table.columns:
-            out[name] = [v for v in map(_as_number, table[column]) if v is not None]
-        else:
-            out[name] = [float(mean)] * n
-    return out
 
 
 def _log_scores(traces: Sequence[Any], scorers: Sequence[Scorer], run_id: str) -> dict[str, list[float]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hcqr_dspy.tracking.question_traces import question
@@ -60,7 +60,7 @@ def spans_whole(trace_id: str) -> bool:
 
 
 def question_traces(
-    rows: Sequence[dict[str, Any]],
+    rows: Iterable[dict[str, Any]],
     questions: Sequence[Any],
     run_id: str,
     experiment_id: str,
@@ -70,9 +70,13 @@ def question_traces(
     """The whole trace of every row in the active MLflow run ``run_id``, rebuilding those that are missing or
     unfinished (the module's docstring). Call it inside that run, after the rows are written.
 
+    Each row's trace is read by its id (:func:`stored_whole`), one at a time, and the run's traces are never listed
+    but for those rebuilt before (tagged ``trace_source=run_folder``): memory holds one row and one trace at once,
+    and the ``{qid: trace id}`` returned.
+
     Args:
-        rows: The run's rows (``qid``, ``trace_id`` when traced, and what
-            :func:`~hcqr_dspy.tracking.question_traces.root_outputs` reads).
+        rows: The run's rows, read once (a generator over ``predictions.jsonl``: ``qid``, ``trace_id`` when traced,
+            and what :func:`~hcqr_dspy.tracking.question_traces.root_outputs` reads).
         questions: The questions of the rows (``dspy.Example`` with ``qid``, ``question``, ``options``).
         run_id: The MLflow run.
         experiment_id: Its experiment.
@@ -89,23 +93,18 @@ def question_traces(
     import mlflow
 
     mlflow.flush_trace_async_logging()  # written in the background: every trace that will arrive is there now
-    found = mlflow.search_traces(locations=[experiment_id], run_id=run_id, include_spans=False, return_type="list")
-    by_id = {t.info.trace_id: t.info for t in found}
-    rebuilt: dict[str, Any] = {}
-    for trace in sorted(found, key=lambda t: t.info.request_time):  # the latest rebuild of a question wins
-        if trace.info.tags.get(SOURCE_TAG) == "run_folder":
-            rebuilt[trace.info.tags.get("qid")] = trace.info
+    rebuilt = rebuilt_traces(run_id, experiment_id)
     by_qid = {str(q.qid): q for q in questions}
     ids: dict[str, str] = {}
-    broken: list[dict[str, Any]] = []
+    broken = 0
     for row in rows:
-        for info in (by_id.get(row.get("trace_id")), rebuilt.get(str(row["qid"]))):
-            if info is not None and whole(info, row):
-                ids[row["qid"]] = info.trace_id
-                break
-        else:
-            broken.append(row)
-    for row in broken:
+        found = next(
+            (t for t in (row.get("trace_id"), rebuilt.get(str(row["qid"]))) if stored_whole(t, row, run_id)), None
+        )
+        if found is not None:
+            ids[row["qid"]] = found
+            continue
+        broken += 1
         old = row.get("trace_id")
         q = by_qid[str(row["qid"])]
         question_tags = {**tags, "qid": row["qid"]}
@@ -117,24 +116,49 @@ def question_traces(
             close_replaced(old, trace.trace_id, question_tags)
     if broken:
         mlflow.flush_trace_async_logging()
-    return ids, len(broken)
+    return ids, broken
 
 
-def rebuilt_traces(run_id: str | None) -> dict[str, str]:
+def stored_whole(trace_id: str | None, row: dict[str, Any], run_id: str) -> bool:
+    """Whether the store holds trace ``trace_id`` whole (:func:`whole`) in MLflow run ``run_id`` (its
+    ``mlflow.sourceRun``), read by its id alone (a trace the store lacks costs one query, no wait).
+
+    Raises:
+        MlflowException: the store failed (:func:`~hcqr_dspy.tracking.store_faults.store_fault`).
+    """
+    from mlflow.tracing.client import TracingClient
+    from mlflow.tracing.constant import TraceMetadataKey
+
+    from hcqr_dspy.tracking.store_faults import store_fault
+
+    if not trace_id:
+        return False
+    try:
+        info = TracingClient().get_trace_info(trace_id)
+    except Exception as exc:  # MlflowException: never written
+        if store_fault(exc):
+            raise
+        return False
+    return info.trace_metadata.get(TraceMetadataKey.SOURCE_RUN) == run_id and whole(info, row)
+
+
+def rebuilt_traces(run_id: str | None, experiment_id: str | None = None) -> dict[str, str]:
     """``{qid: trace id}`` of the traces rebuilt from rows in MLflow run ``run_id`` (the latest per question), for
-    whoever labels a row's trace (``hcqr judge``); ``{}`` for a run not in the active store."""
+    whoever labels a row's trace (``hcqr judge``); ``{}`` for a run not in the active store. Only those traces are
+    listed (by their tag), without spans."""
     import mlflow
 
     if not run_id:
         return {}
-    try:
-        experiment_id = mlflow.get_run(run_id).info.experiment_id
-    except Exception as exc:  # MlflowException: not in this store
-        from hcqr_dspy.tracking.store_faults import store_fault
+    if experiment_id is None:
+        try:
+            experiment_id = mlflow.get_run(run_id).info.experiment_id
+        except Exception as exc:  # MlflowException: not in this store
+            from hcqr_dspy.tracking.store_faults import store_fault
 
-        if store_fault(exc):
-            raise
-        return {}
+            if store_fault(exc):
+                raise
+            return {}
     found = mlflow.search_traces(
         locations=[experiment_id],
         run_id=run_id,

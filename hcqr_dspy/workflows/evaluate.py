@@ -112,7 +112,7 @@ def run_evaluation(
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))
         note_first_recorded(folder)
-        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.rows()}:
+        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.iter_rows()}:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
@@ -135,7 +135,7 @@ def run_evaluation(
 def saved_questions(folder: RunFolder, questions: Sequence[dspy.Example]) -> str:
     """``"N/M questions are saved in <predictions.jsonl>"``: the rows of ``questions`` the run folder holds."""
     wanted = {str(q.qid) for q in questions}
-    saved = sum(1 for r in folder.rows() if r["qid"] in wanted)
+    saved = sum(1 for r in folder.iter_rows() if r["qid"] in wanted)
     return f"{saved}/{len(questions)} questions are saved in {folder.predictions.path}"
 
 
