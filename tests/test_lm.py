@@ -47,6 +47,12 @@ def test_missing_gguf_file(tmp_path):
         build_lm(f"gguf:{tmp_path / 'nope.gguf'}")
 
 
+def test_a_folder_given_as_a_gguf_file_is_named_a_folder(tmp_path):
+    (tmp_path / "model.gguf").mkdir()
+    with pytest.raises(LMSpecError, match="is a folder, not a file"):
+        build_lm(f"gguf:{tmp_path / 'model.gguf'}")
+
+
 def test_api_key_only_from_environment(monkeypatch):
     monkeypatch.delenv("HCQR_TEST_KEY", raising=False)
     with pytest.raises(LMSpecError, match="HCQR_TEST_KEY .* is not set"):

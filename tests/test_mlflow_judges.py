@@ -198,3 +198,13 @@ def test_a_judge_lm_that_cannot_be_used_or_a_run_without_traces_is_one_line_and_
             a.name for a in mlflow.get_trace(row["trace_id"]).info.assessments if a.name.startswith("retrieval")
         ] == []
     assert "retrieval_relevance/mean" not in mlflow.get_run(RunFolder.open(untouched).mlflow_run_id).data.metrics
+
+
+def test_a_folder_given_as_the_judge_lms_gguf_file_is_named_a_folder(tmp_path):
+    from hcqr_dspy.errors import LMSpecError
+    from hcqr_dspy.lm import parse_lm_spec
+    from hcqr_dspy.tracking.judge_server import model_file
+
+    (tmp_path / "judge.gguf").mkdir()
+    with pytest.raises(LMSpecError, match="judge.gguf is a folder, not a file"):
+        model_file(parse_lm_spec(f"gguf:{tmp_path / 'judge.gguf'}"))

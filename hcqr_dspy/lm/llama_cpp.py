@@ -79,7 +79,7 @@ class LlamaCppEngine:
             )
         path = Path(model_path)
         if not path.is_file():
-            raise LMSpecError(f"GGUF file {path} not found")
+            raise LMSpecError(f"GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}")
         self.model_path = path
         self.n_ctx = n_ctx
         self.settings = settings or EngineSettings.from_env(n_threads)

@@ -55,7 +55,9 @@ def model_file(cfg: LMConfig) -> Path:
     """
     path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path or "")
     if not path.is_file():
-        raise LMSpecError(f"--judge-lm {cfg.spec}: GGUF file {path} not found")
+        raise LMSpecError(
+            f"--judge-lm {cfg.spec}: GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}"
+        )
     return path.resolve()
 
 
