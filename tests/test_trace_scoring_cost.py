@@ -102,3 +102,39 @@ def test_every_trace_has_its_feedback_and_the_run_its_means(scored_cheaply):
     assert run.data.metrics == pytest.approx(expected)
     assert run.data.tags[MLFLOW_RUN_TYPE] == MLFLOW_RUN_TYPE_GENAI_EVALUATE  # listed under Evaluation runs
     assert run.inputs.dataset_inputs  # the evaluation's dataset is the run's input
+
+
+def test_the_runs_named_dataset_is_its_input_without_its_records_being_loaded(mlflow_store, monkeypatch):
+    """A run of N questions is recorded as an evaluation of its own dataset (name, digest) without reading the
+    dataset's N records back from the store (``EvaluationDataset.to_df``, spied on): scoring's memory stays the
+    batch's."""
+    import dspy
+    from mlflow.genai.datasets.evaluation_dataset import EvaluationDataset
+
+    from hcqr_dspy.tracking.datasets import questions_dataset
+
+    loads = []
+    real_to_df = EvaluationDataset.to_df
+
+    def counting_to_df(self, *args, **kwargs):
+        loads.append(self.name)
+        return real_to_df(self, *args, **kwargs)
+
+    rows = [make_row(i) for i in range(6)]
+    questions = [
+        dspy.Example(qid=r["qid"], question=f"Question {r['qid']}?", options=OPTIONS, answer="A").with_inputs(
+            "question", "options"
+        )
+        for r in rows
+    ]
+    with mlflow.start_run() as run:
+        dataset = questions_dataset(questions, "demo-0123456789ab", run.info.experiment_id)
+        for row in rows:
+            with question("hcqr", f"Question {row['qid']}?", OPTIONS, {"qid": row["qid"]}) as trace:
+                trace.finish(row)
+        monkeypatch.setattr(EvaluationDataset, "to_df", counting_to_df)
+        score_rows(rows, dataset, digest="d1g35t00")
+    assert loads == []
+    inputs = mlflow.get_run(run.info.run_id).inputs.dataset_inputs
+    assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("demo-0123456789ab", "d1g35t00")]
+    assert mlflow.get_run(run.info.run_id).data.tags[MLFLOW_RUN_TYPE] == MLFLOW_RUN_TYPE_GENAI_EVALUATE

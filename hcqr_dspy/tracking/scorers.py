@@ -249,24 +249,38 @@ def score_rows(
 
 def _mark_evaluation_run(traces: Sequence[Any], scorers: Sequence[Scorer], run_id: str, dataset: Any, digest: Any):
     """Make ``run_id`` an evaluation run of ``scorers`` as ``mlflow.genai.evaluate`` does before it scores: its
-    dataset as the run's input (``dataset`` named over the table of ``traces``, :func:`_name_as`; without one, an
-    anonymous table of ``traces``), the tag ``mlflow.runType`` (listed under *Evaluation runs*) and the scorers'
-    lineage tags.
+    dataset as the run's input (``dataset``'s own identity, its records not loaded, ``digest`` as its digest;
+    without one, an anonymous table of ``traces``), the tag ``mlflow.runType`` (listed under *Evaluation runs*) and
+    the scorers' lineage tags.
 
     Returns:
         The dataset entity the evaluation's metrics are logged with (``None`` for an anonymous table, as MLflow).
     """
     import pandas as pd
+    from mlflow.entities import Dataset as DatasetEntity
     from mlflow.genai.evaluation.base import _log_dataset_input
-    from mlflow.genai.evaluation.lineage import get_dataset_entity_from_attrs, log_lineage_tags
+    from mlflow.genai.evaluation.lineage import log_lineage_tags
     from mlflow.genai.evaluation.utils import _convert_to_eval_set
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
-    data = pd.DataFrame({"trace": list(traces)})
     if dataset is not None:
-        _name_as(data, dataset, digest)
-    entity = get_dataset_entity_from_attrs(data)
-    _log_dataset_input(entity or mlflow.data.from_pandas(df=_convert_to_eval_set(data), name="dataset"), run_id)
+        # the dataset's identity as EvaluationDataset.to_df() attaches it, read without loading its records (a
+        # run's whole question set) or hashing a table of the traces
+        entity = dataset._to_mlflow_entity()
+        if digest:
+            entity = DatasetEntity(
+                name=entity.name,
+                digest=digest,
+                source_type=entity.source_type,
+                source=entity.source,
+                schema=entity.schema,
+                profile=entity.profile,
+            )
+        _log_dataset_input(entity, run_id)
+    else:
+        entity = None  # an anonymous table of the traces, as mlflow.genai.evaluate logs one
+        data = pd.DataFrame({"trace": list(traces)})
+        _log_dataset_input(mlflow.data.from_pandas(df=_convert_to_eval_set(data), name="dataset"), run_id)
     if mlflow.get_run(run_id).data.tags.get(MLFLOW_RUN_TYPE) is None:
         MlflowClient().set_tag(run_id, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE)
     log_lineage_tags(run_id, list(scorers), None)
@@ -328,17 +342,3 @@ def _log_scores(traces: Sequence[Any], scorers: Sequence[Scorer], run_id: str) -
     for name, count in failed.items():
         log.warning(f"hcqr: note: scorer {name} failed on {count} of {len(traces)} question traces")
     return values
-
-
-def _name_as(data: Any, dataset: Any, digest: str | None = None) -> None:
-    """Make ``mlflow.genai.evaluate`` record ``dataset`` (an MLflow evaluation dataset) as the evaluation's
-    dataset for the table ``data``: the identity ``EvaluationDataset.to_df()`` attaches, over ``data``'s records."""
-    from mlflow.genai.datasets.evaluation_dataset import compute_records_sha256
-    from mlflow.utils.mlflow_tags import MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY
-
-    identity = dict(dataset.to_df().attrs.get(MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY) or {})
-    if identity:
-        identity["records_sha256"] = compute_records_sha256(data)
-        if digest:
-            identity["digest"] = digest
-        data.attrs[MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY] = identity
