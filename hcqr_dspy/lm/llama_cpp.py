@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -98,19 +100,10 @@ class LlamaCppEngine:
         self._lock = threading.Lock()
 
     def _load(self, logits_all: bool):
-        import llama_cpp.llama_cpp as llama_cpp_c
         from llama_cpp import Llama
 
         cfg = self.settings
-        defaults = llama_cpp_c.llama_model_default_params
-
-        def model_params():  # Llama() takes no use_extra_bufts; it builds its params from this function
-            params = defaults()
-            params.use_extra_bufts = cfg.use_extra_bufts
-            return params
-
-        with _load_lock:
-            llama_cpp_c.llama_model_default_params = model_params
+        with _load_lock, extra_bufts(cfg.use_extra_bufts):
             try:
                 llm = Llama(
                     model_path=str(self.model_path),
@@ -126,8 +119,6 @@ class LlamaCppEngine:
                 )
             except Exception as exc:
                 raise LMSpecError(f"llama.cpp cannot load {self.model_path}: {exc}") from None
-            finally:
-                llama_cpp_c.llama_model_default_params = defaults
         grammar_sampling.install(llm)  # greedy JSON replies: the grammar checked on the greedy token first
         return llm
 
@@ -372,3 +363,24 @@ def engine_for(path: Path, n_ctx: int) -> LlamaCppEngine:
         if key not in _engines:
             _engines[key] = LlamaCppEngine(path, n_ctx=n_ctx)
         return _engines[key]
+
+
+@contextmanager
+def extra_bufts(value: bool | None) -> Iterator[None]:
+    """Within the block, every model llama.cpp loads gets ``use_extra_bufts = value`` (weight repacking;
+    llama-cpp-python's ``Llama()`` has no argument for it and builds its parameters from
+    ``llama_model_default_params``)."""
+    import llama_cpp.llama_cpp as llama_cpp_c
+
+    defaults = llama_cpp_c.llama_model_default_params
+
+    def model_params():
+        params = defaults()
+        params.use_extra_bufts = value
+        return params
+
+    llama_cpp_c.llama_model_default_params = model_params
+    try:
+        yield
+    finally:
+        llama_cpp_c.llama_model_default_params = defaults

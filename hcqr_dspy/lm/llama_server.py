@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,26 +101,6 @@ class AdaptChatRequests:
         await self.app({**scope, "headers": headers}, replay, send)
 
 
-@contextmanager
-def extra_bufts(value: bool) -> Iterator[None]:
-    """Within the block, every model llama.cpp loads gets ``use_extra_bufts = value`` (llama-cpp-python's
-    ``Llama()`` has no argument for it and builds its parameters from ``llama_model_default_params``)."""
-    import llama_cpp.llama_cpp as llama_cpp_c
-
-    defaults = llama_cpp_c.llama_model_default_params
-
-    def model_params():
-        params = defaults()
-        params.use_extra_bufts = value
-        return params
-
-    llama_cpp_c.llama_model_default_params = model_params
-    try:
-        yield
-    finally:
-        llama_cpp_c.llama_model_default_params = defaults
-
-
 def build_app(model: Path, alias: str, port: int, n_ctx: int, settings: EngineSettings) -> Any:
     """llama-cpp-python's server app with the model loaded (the module's settings) and :class:`AdaptChatRequests`.
 
@@ -133,7 +111,7 @@ def build_app(model: Path, alias: str, port: int, n_ctx: int, settings: EngineSe
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
     from hcqr_dspy.lm import grammar_sampling
-    from hcqr_dspy.lm.llama_cpp import save_state_without_scores
+    from hcqr_dspy.lm.llama_cpp import extra_bufts, save_state_without_scores
 
     model_settings = ModelSettings(
         model=str(model),
