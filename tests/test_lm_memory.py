@@ -16,7 +16,13 @@ from hcqr_dspy.evaluation.answering import evaluate
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.lm.cache import key_cache_by_endpoint
-from hcqr_dspy.lm.memory import DISK_CACHE_PAGES, HISTORY_ENTRIES, MEMORY_CACHE_ENTRIES, bound_response_cache
+from hcqr_dspy.lm.memory import (
+    DISK_CACHE_MMAP_BYTES,
+    DISK_CACHE_PAGES,
+    HISTORY_ENTRIES,
+    MEMORY_CACHE_ENTRIES,
+    bound_response_cache,
+)
 from hcqr_dspy.programs import CoT
 
 OPTIONS = {"A": "alpha", "B": "beta", "C": "gamma"}
@@ -69,6 +75,7 @@ def test_a_run_loop_keeps_dspy_histories_trace_and_memory_cache_bounded(tmp_path
     assert len(dspy.settings.trace) == trace_before  # no DSPy trace kept
     assert dspy.cache.memory_cache.maxsize == MEMORY_CACHE_ENTRIES  # bounded for the process
     assert dspy.cache.disk_cache.sqlite_cache_size == DISK_CACHE_PAGES
+    assert dspy.cache.disk_cache.sqlite_mmap_size == DISK_CACHE_MMAP_BYTES
 
 
 def test_a_reply_cut_at_max_tokens_is_still_found_truncated_in_a_bounded_parallel_loop(tmp_path):
@@ -88,18 +95,21 @@ def test_bounding_the_memory_cache_keeps_the_cache_its_class_its_disk_and_its_la
     requests = [{"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(10)]
     for i, request in enumerate(requests):
         cache.put(request, f"reply {i}")
-    bound_response_cache(4, pages=16)
+    bound_response_cache(4, pages=16, mmap_bytes=4096)
     assert dspy.cache is cache and type(cache) is keyed and cache.memory_cache.maxsize == 4
     assert sorted(cache.memory_cache.values()) == ["reply 6", "reply 7", "reply 8", "reply 9"]
     assert [cache.get(r) for r in requests] == [f"reply {i}" for i in range(10)]  # the disk tier holds every one
-    bound_response_cache(8, pages=32)  # tiers already smaller are left as they are
+    bound_response_cache(8, pages=32, mmap_bytes=8192)  # tiers already smaller are left as they are
     assert cache.memory_cache.maxsize == 4 and cache.disk_cache.sqlite_cache_size == 16
-    pragma = []  # a connection another thread opens on the disk tier (DSPy's worker threads) uses the setting too
+    assert cache.disk_cache.sqlite_mmap_size == 4096
+    pragmas = []  # a connection another thread opens on the disk tier (DSPy's worker threads) uses the settings too
     shard = cache.disk_cache._shards[0]
-    worker = threading.Thread(target=lambda: pragma.append(shard._sql("PRAGMA cache_size").fetchone()[0]))
+    worker = threading.Thread(
+        target=lambda: pragmas.extend(shard._sql(f"PRAGMA {p}").fetchone()[0] for p in ("cache_size", "mmap_size"))
+    )
     worker.start()
     worker.join()
-    assert pragma == [16]
+    assert pragmas == [16, 4096]
 
 
 def test_a_memory_tier_that_is_off_stays_off(tmp_path, monkeypatch):
