@@ -69,6 +69,11 @@ class RunError(HCQRError):
     """A run folder cannot be used: another configuration, not writable, unreadable or foreign records."""
 
 
+class ResponseCacheError(HCQRError):
+    """DSPy's response cache folder (``$DSPY_CACHEDIR``) cannot take the run's memory bounds: it is not writable, or
+    another process held it locked past diskcache's 60 s retry. Nothing has run yet."""
+
+
 class LMUnavailableError(OutageError):
     """The LM stopped answering (or cannot be used) mid-run; finished questions are saved."""
 

@@ -1,17 +1,21 @@
 """What DSPy keeps in memory per LM call stays bounded in a run loop (hcqr_dspy/lm/memory.py): its histories, its
-trace, its response cache's memory tier and its disk tier's SQLite page caches, whatever the number of questions; a
-reply cut at max_tokens is still found a truncated one (its finish reason is read from the bounded history)."""
+trace, its response cache's memory tier and its disk tier's SQLite page caches and memory maps, whatever the number of
+questions; a reply cut at max_tokens is still found a truncated one (its finish reason is read from the bounded
+history); a cache folder that cannot take the bounds stops the run before its first question, in one line."""
 
+import sqlite3
 import threading
 import uuid
 
 import dspy
+import pytest
 from dspy.clients.base_lm import GLOBAL_HISTORY
 from dspy.clients.cache import Cache
 from dspy.utils import DummyLM
 from helpers import SchemaEngine
 
 from hcqr_dspy.data import check_question
+from hcqr_dspy.errors import ResponseCacheError
 from hcqr_dspy.evaluation.answering import evaluate
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm.adapter import HCQRAdapter
@@ -117,3 +121,21 @@ def test_a_memory_tier_that_is_off_stays_off(tmp_path, monkeypatch):
     monkeypatch.setattr(dspy, "cache", cache)
     bound_response_cache(4)
     assert cache.memory_cache == {} and not cache.enable_memory_cache
+
+
+def test_a_cache_folder_that_cannot_take_the_bounds_stops_the_run_before_its_first_question(tmp_path, monkeypatch):
+    cache = Cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(tmp_path / "c"))
+    monkeypatch.setattr(dspy, "cache", cache)
+    shard = cache.disk_cache._shards[3]
+
+    def read_only(key, value=None, update=True):  # SQLite's reply when the folder is read-only for this user
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(shard, "reset", read_only)
+    folder = RunFolder.create(tmp_path / "run", {"method": "cot", "dataset": "t"})
+    lm = DummyLM([{"reasoning": "r", "answer": "A"}] * 4)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), pytest.raises(ResponseCacheError) as caught:
+        evaluate(CoT(), questions(4), folder, "cot", progress=False)
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "c") in message and "readonly database" in message
+    assert "DSPY_CACHEDIR" in message and not lm.history  # nothing was asked

@@ -17,11 +17,13 @@ Left to its defaults, DSPy keeps in the process, per LM call:
 * a trace entry (the predictor, its inputs and its prediction) in ``dspy.settings.trace`` (up to
   ``max_trace_size``, 10,000 entries), which only optimizers read.
 
-:func:`bounded_lm_memory` bounds each while a run loop runs: the memory tier to :data:`MEMORY_CACHE_ENTRIES` (the
+:func:`bounded_lm_memory` bounds each when a run loop starts: the memory tier to :data:`MEMORY_CACHE_ENTRIES` (the
 disk tier stays the cache of record), the disk tier's page caches to :data:`DISK_CACHE_PAGES` pages a shard, its
 memory maps to :data:`DISK_CACHE_MMAP_BYTES` (off: SQLite reads the file into its bounded page cache), every
 history to :data:`HISTORY_ENTRIES` entries, and turns the trace off (``docs/runs.md``, "Long runs", has what each
-costs a question and the bound).
+costs a question and the bound). The histories and the trace are bounded inside the loop alone; the memory tier
+stays bounded for the rest of the process, and the disk tier's two settings are written into the cache folder
+(``$DSPY_CACHEDIR``), so every later process that opens it, DSPy's own included, uses them too.
 History stays on because :func:`hcqr_dspy.lm.adapter.finish_reasons` reads a call's finish reason from its entry
 (nothing in the package reads costs or tokens from it: :mod:`hcqr_dspy.programs.costs` uses DSPy's usage tracker);
 :data:`HISTORY_ENTRIES` leaves room for that many calls in flight between a call's entry and its read.
@@ -29,8 +31,11 @@ History stays on because :func:`hcqr_dspy.lm.adapter.finish_reasons` reads a cal
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from hcqr_dspy.errors import ResponseCacheError
 
 MEMORY_CACHE_ENTRIES = 1000
 """Replies DSPy's in-memory response cache keeps during a run loop (least recently used dropped first)."""
@@ -63,6 +68,10 @@ def bound_response_cache(
     mmap_bytes)``): stored in the cache folder's settings, so every connection opened on it from then on, in any
     thread or process, uses them (a connection another thread opened before keeps its own). A tier that is off, or a
     setting already that small, is left as it is.
+
+    Raises:
+        ResponseCacheError: the cache folder is not writable, or another process held it locked past diskcache's
+            60 s retry (SQLite's ``OperationalError``).
     """
     import dspy
     from cachetools import LRUCache
@@ -77,10 +86,16 @@ def bound_response_cache(
             cache.memory_cache = bounded
     disk = getattr(cache, "disk_cache", None)
     if getattr(cache, "enable_disk_cache", False) and hasattr(disk, "reset"):
-        if disk.sqlite_cache_size > pages:
-            disk.reset("sqlite_cache_size", pages)
-        if disk.sqlite_mmap_size > mmap_bytes:
-            disk.reset("sqlite_mmap_size", mmap_bytes)
+        try:
+            if disk.sqlite_cache_size > pages:
+                disk.reset("sqlite_cache_size", pages)
+            if disk.sqlite_mmap_size > mmap_bytes:
+                disk.reset("sqlite_mmap_size", mmap_bytes)
+        except sqlite3.OperationalError as exc:
+            raise ResponseCacheError(
+                f"cannot bound DSPy's response cache in {disk.directory} ({exc}): the folder must be writable and "
+                "not held by another process; set DSPY_CACHEDIR to another folder, or run again once it is free"
+            ) from None
 
 
 def trim_global_history(entries: int = HISTORY_ENTRIES) -> None:
@@ -94,9 +109,14 @@ def trim_global_history(entries: int = HISTORY_ENTRIES) -> None:
 @contextmanager
 def bounded_lm_memory() -> Iterator[None]:
     """Bound what DSPy keeps per LM call inside the block (a run loop; threads DSPy's ``ParallelExecutor`` starts
-    inherit it): the response cache's memory tier, disk page caches and memory maps (:func:`bound_response_cache`,
-    for the process), the histories' size (``dspy.settings.max_history_size = HISTORY_ENTRIES``) and no DSPy trace
-    (``max_trace_size = 0``). Call :func:`trim_global_history` after each item: ``GLOBAL_HISTORY`` has no setting."""
+    inherit it): the response cache's memory tier, disk page caches and memory maps (:func:`bound_response_cache`:
+    for the process and, on disk, for the cache folder), the histories' size
+    (``dspy.settings.max_history_size = HISTORY_ENTRIES``) and no DSPy trace (``max_trace_size = 0``). Call
+    :func:`trim_global_history` after each item: ``GLOBAL_HISTORY`` has no setting.
+
+    Raises:
+        ResponseCacheError: the response cache folder cannot take the bounds (:func:`bound_response_cache`).
+    """
     import dspy
 
     bound_response_cache()
