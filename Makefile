@@ -19,7 +19,7 @@
 #               and requests per minute of a served
 #               program on MLflow's scoring server at 1, 8 and 32 questions a request (bench/serving.py, a minute),
 #               and the memory and MLflow store growth of `hcqr eval` over 20,000 questions against the tests' stub LM
-#               (bench/eval_memory.py; MEMORY_QUESTIONS=N for another count; about 2 hours on 2 cores)
+#               (bench/eval_memory.py; MEMORY_QUESTIONS=N for another count; about 50 min on 2 cores)
 #   make bench-scale / bench-milvus / bench-lm / bench-serving / bench-memory   one of those sections alone (PAUSE=script: run `script stop|cont` around timed phases)
 #   make setup-milvus-server  a real Milvus 2.3.5 standalone server (PyPI's `milvus` package) in its own
 #               virtualenv $(MILVUS_VENV), for the tests and the benchmark (make test does this)

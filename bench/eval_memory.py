@@ -235,6 +235,8 @@ def main(argv=None) -> int:
     if args.questions < 1 or args.every < 1:
         ap.error("--questions and --every must be positive")
     out = checked_out(ap, args.out)
+    if args.keep and Path(args.keep).exists():
+        ap.error(f"--keep {args.keep} exists; name a new folder (a run is never written over another's records)")
     stub = Stub()
     try:
         if args.keep:

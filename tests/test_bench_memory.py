@@ -4,6 +4,7 @@ RSS sampled as rows come, the store's size and span text per question, all rende
 import json
 from pathlib import Path
 
+import pytest
 from helpers import load_bench_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"  # on sys.path below: the script imports its sibling `report`
@@ -30,3 +31,16 @@ def test_the_slope_is_fitted_from_a_thousand_questions_or_a_fifth_of_a_shorter_r
     assert bench.slope_kb_per_question(samples, 20_000) == 4.0  # the start-up before 1,000 questions is left out
     short = [{"questions": q, "rss_kb": 1000 + 2 * q} for q in (1, 50, 100)]
     assert bench.slope_kb_per_question(short, 100) == 2.0 and bench.slope_kb_per_question(short[:1], 100) is None
+
+
+def test_a_keep_folder_that_exists_is_refused_in_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = load_bench_module("eval_memory")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("a user's file")
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["--questions", "3", "--keep", str(kept), "--out", str(tmp_path / "results.json")])
+    assert refused.value.code == 2
+    assert f"--keep {kept} exists" in capsys.readouterr().err.splitlines()[-1]
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"] and not (tmp_path / "results.json").exists()
