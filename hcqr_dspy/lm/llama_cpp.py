@@ -18,6 +18,7 @@ from typing import Any
 from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm import grammar_sampling
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts
+from hcqr_dspy.lm.model_file import require_gguf_file
 
 DEFAULT_N_CTX = 8192
 # llama.cpp's repetition penalty; 1.1 stops most temperature-0 loops in free-text
@@ -79,10 +80,7 @@ class LlamaCppEngine:
             raise LMSpecError(
                 "local GGUF models need llama-cpp-python; run `make setup-llm` (it builds and caches the wheel)"
             )
-        path = Path(model_path)
-        if not path.is_file():
-            raise LMSpecError(f"GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}")
-        self.model_path = path
+        self.model_path = require_gguf_file(model_path)
         self.n_ctx = n_ctx
         self.settings = settings or EngineSettings.from_env(n_threads)
         if self.settings.use_extra_bufts is None:

@@ -1,4 +1,5 @@
-"""What a ``gguf:`` model file is: the SHA-256 of its bytes, remembered per file so that a large file is read once.
+"""What a ``gguf:`` model file is: a file that is there (:func:`require_gguf_file`), and the SHA-256 of its bytes,
+remembered per file so that a large file is read once.
 
 The path and size alone do not tell two files apart (a fine-tune re-quantized to the same type has the same
 tensor shapes), so the run configuration (:func:`hcqr_dspy.workflows.specs.build_config`) and DSPy's cache key
@@ -15,8 +16,22 @@ import json
 import os
 from pathlib import Path
 
+from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.files import file_sha256
 from hcqr_dspy.lm.packaged import cache_dir
+
+
+def require_gguf_file(path: str | Path, context: str = "") -> Path:
+    """``path`` as given, once it is a file.
+
+    Raises:
+        LMSpecError: no file there, or a folder: ``"<context>GGUF file <path> is a folder, not a file"`` or
+            ``"... not found"``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LMSpecError(f"{context}GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}")
+    return path
 
 
 def gguf_sha256(path: str | Path) -> str:

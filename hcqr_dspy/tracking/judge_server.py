@@ -34,7 +34,7 @@ from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm import llama_server
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts
 from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX
-from hcqr_dspy.lm.model_file import gguf_sha256
+from hcqr_dspy.lm.model_file import gguf_sha256, require_gguf_file
 from hcqr_dspy.lm.packaged import packaged_model_path
 from hcqr_dspy.lm.spec import LMConfig
 from hcqr_dspy.tracking import retrieval_judges as rj
@@ -54,11 +54,7 @@ def model_file(cfg: LMConfig) -> Path:
             (:func:`~hcqr_dspy.lm.packaged.packaged_model_path`), or no file at a ``gguf:`` path.
     """
     path = packaged_model_path(cfg.model.split("/", 1)[1]) if cfg.kind == "packaged" else Path(cfg.path or "")
-    if not path.is_file():
-        raise LMSpecError(
-            f"--judge-lm {cfg.spec}: GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}"
-        )
-    return path.resolve()
+    return require_gguf_file(path, f"--judge-lm {cfg.spec}: ").resolve()
 
 
 def engine_settings() -> tuple[EngineSettings, str]:
