@@ -263,3 +263,21 @@ def test_a_run_over_a_gguf_file_replaced_since_is_not_resumed(tmp_path, monkeypa
         and json.loads((folder / "config.json").read_text())["lm"]["sha256"]
         == hashlib.sha256(f.read_bytes()).hexdigest()
     )
+
+
+def test_a_context_window_above_the_trained_one_is_one_line_before_any_kv_cache(bench, capsys):
+    """A window above the model's ``<arch>.context_length`` is refused before llama.cpp reserves its KV cache (at
+    100,000,000 tokens that reservation alone is some 2 TB for SmolLM2-135M); the trained window itself loads."""
+    from hcqr_dspy.cli import main
+    from hcqr_dspy.lm.model_file import trained_context
+
+    path = packaged_model_path("smollm2-135m")
+    assert trained_context(path) == 8192  # SmolLM2-135M's llama.context_length
+    with pytest.raises(LMSpecError, match=r"^--n-ctx 8193 is above the 8192 tokens .*\.gguf was trained with; give"):
+        build_lm("local:smollm2-135m", n_ctx=8193)
+    argv = ["eval", "--method", "no_context", "--dataset", str(bench / "qs.json"), "--lm", "local:smollm2-135m"]
+    code = main([*argv, "--n-ctx", "100000000", "--run-dir", str(bench / "run"), "--no-mlflow"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].endswith("was trained with; give at most 8192")
+    assert not (bench / "run" / "predictions.jsonl").exists()
+    assert build_lm("local:smollm2-135m", n_ctx=8192, max_tokens=4)("Hi")

@@ -203,7 +203,12 @@ def add_lm_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     p.add_argument("--lm", default=default, help="LM spec: local, local:<name>, gguf:<path> or a LiteLLM model name")
     add_endpoint_args(p)
     p.add_argument("--max-tokens", type=positive_int, default=1024, help="output tokens per LM call")
-    p.add_argument("--n-ctx", type=positive_int, default=8192, help="context window of local models")
+    p.add_argument(
+        "--n-ctx",
+        type=positive_int,
+        default=8192,
+        help="context window of local models (at most the one the model was trained with)",
+    )
 
 
 def parsed_program_options(args: argparse.Namespace) -> dict:

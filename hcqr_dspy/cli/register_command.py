@@ -71,6 +71,11 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--lm", default=None, help="LM spec the model answers with (default: the one it was compiled with)")
     add_endpoint_args(p)
     p.add_argument("--max-tokens", type=positive_int, default=1024, help="output tokens per LM call")
-    p.add_argument("--n-ctx", type=positive_int, default=8192, help="context window of local models")
+    p.add_argument(
+        "--n-ctx",
+        type=positive_int,
+        default=8192,
+        help="context window of local models (at most the one the model was trained with)",
+    )
     p.add_argument("--mlflow-dir", default=None, help="MLflow store folder (default: $HCQR_MLFLOW_DIR or ./mlruns)")
     p.set_defaults(func=cmd_register)

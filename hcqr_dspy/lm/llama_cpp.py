@@ -18,7 +18,7 @@ from typing import Any
 from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm import grammar_sampling
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts
-from hcqr_dspy.lm.model_file import require_gguf_file
+from hcqr_dspy.lm.model_file import require_gguf_file, trained_context
 
 DEFAULT_N_CTX = 8192
 # llama.cpp's repetition penalty; 1.1 stops most temperature-0 loops in free-text
@@ -51,7 +51,8 @@ class LlamaCppEngine:
 
     Args:
         model_path: GGUF file.
-        n_ctx: Context window in tokens (8192 holds 15 passages of 1,000 chars).
+        n_ctx: Context window in tokens (8192 holds 15 passages of 1,000 chars); one above the window the model
+            was trained with (:func:`~hcqr_dspy.lm.model_file.trained_context`) raises ``LMSpecError``.
         n_threads: CPU threads (default: ``$HCQR_N_THREADS`` or all cores; llama.cpp
             slows down sharply when another process competes for its cores, so
             lower it when sharing the machine).
@@ -81,6 +82,12 @@ class LlamaCppEngine:
                 "local GGUF models need llama-cpp-python; run `make setup-llm` (it builds and caches the wheel)"
             )
         self.model_path = require_gguf_file(model_path)
+        trained = trained_context(self.model_path)
+        if trained is not None and n_ctx > trained:
+            raise LMSpecError(
+                f"--n-ctx {n_ctx} is above the {trained} tokens {self.model_path.name} was trained with; "
+                f"give at most {trained}"
+            )
         self.n_ctx = n_ctx
         self.settings = settings or EngineSettings.from_env(n_threads)
         if self.settings.use_extra_bufts is None:

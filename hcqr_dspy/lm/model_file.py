@@ -7,6 +7,10 @@ tensor shapes), so the run configuration (:func:`hcqr_dspy.workflows.specs.build
 ``$HCQR_CACHE/file-hashes`` and reused while the file's size, inode, modification and change times
 (``st_ctime_ns``: set by the kernel on every write, never by the user) are those it was computed for. A model
 split into several files (``-00001-of-0000N.gguf``) is identified by the file it is named by, its first.
+
+The context window a model was trained with (:func:`trained_context`) is read from the file's own GGUF metadata
+(``<architecture>.context_length``, the key llama.cpp reads as ``n_ctx_train``), so a window above it is refused
+before llama.cpp reserves its KV cache.
 """
 
 from __future__ import annotations
@@ -32,6 +36,37 @@ def require_gguf_file(path: str | Path, context: str = "") -> Path:
     if not path.is_file():
         raise LMSpecError(f"{context}GGUF file {path} {'is a folder, not a file' if path.is_dir() else 'not found'}")
     return path
+
+
+def trained_context(path: str | Path) -> int | None:
+    """The context window, in tokens, the model in GGUF file ``path`` was trained with: its metadata key
+    ``<general.architecture>.context_length``, read with llama.cpp's vocabulary-only load (no weights, no context,
+    no KV cache; its log kept at errors, as ``Llama(verbose=False)`` keeps it).
+
+    Returns ``None`` where the file does not state one or llama.cpp cannot read it (loading the model then says why).
+    """
+    import ctypes
+    import logging
+
+    import llama_cpp
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        return None
+    try:
+        value = ctypes.create_string_buffer(256)
+
+        def meta(key: str) -> str:
+            n = llama_cpp.llama_model_meta_val_str(model, key.encode(), value, len(value))
+            return value.value.decode("utf-8", "replace") if n >= 0 else ""
+
+        window = meta(f"{meta('general.architecture')}.context_length")
+    finally:
+        llama_cpp.llama_model_free(model)
+    return int(window) if window.isdigit() else None
 
 
 def gguf_sha256(path: str | Path) -> str:
