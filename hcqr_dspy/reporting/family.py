@@ -10,6 +10,11 @@ test procedure", Scand. J. Statist. 6(2); ``statsmodels.stats.multitest.multiple
 keeps the chance of any false rejection in the family at :data:`ALPHA`, and writes each p-value as ``0.041 (#3;
 Holm 0.49)``. Outside :func:`collecting`, :func:`p_text` writes the raw value alone.
 
+An optimizer arm of two or more compile seeds is the unit a report tests (its pooled effect and its contrasts with
+other arms): inside :func:`seeds_tested_as_arms`, a test of one seed of such an arm (its label names the seed as
+:func:`compared` and the gain sections write it) is not run; :func:`p_text` writes :data:`SEED_OF_ARM` instead, and
+the family holds the arm's tests alone, not one more per seed.
+
 A test of equivalence (given ``margin``; two one-sided tests, Schuirmann 1987) is written with its verdict:
 ``equivalent within ±5 points (TOST p 0.012, #7; Holm 0.03)`` or ``not shown equivalent within ±5 points (...)``.
 Tests of the same ``difference`` (a difference test and its TOST) are read together in "What this report
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -36,6 +41,8 @@ COMPILED = "zero-shot against compiled"
 GAINS = "gain against gain"
 EVIDENCE = "evidence in the context"
 HYPOTHESIS_VS_COT = "working hypothesis vs CoT"
+REPLICATES = "replicate compiles"
+ARMS = "arm against arm"
 
 MCNEMAR = "exact McNemar"
 WILCOXON = "Wilcoxon signed-rank"
@@ -133,6 +140,30 @@ def collecting() -> Iterator[TestFamily]:
         _ACTIVE.reset(token)
 
 
+# What p_text writes instead of a test of one seed of an optimizer arm (seeds_tested_as_arms).
+SEED_OF_ARM = "— (a seed: tested as its arm)"
+# The sections whose tests are an arm's, never one seed's.
+ARM_SECTIONS = frozenset({REPLICATES, ARMS})
+_ARM_SEEDS: ContextVar[frozenset[str]] = ContextVar("hcqr_arm_seeds", default=frozenset())
+
+
+@contextmanager
+def seeds_tested_as_arms(labels: Iterable[str]) -> Iterator[None]:
+    """Inside the block, :func:`p_text` runs no test of one of the runs ``labels`` (the seeds of optimizer arms of
+    two or more seeds) outside :data:`ARM_SECTIONS`: the arm is tested pooled over its seeds instead."""
+    token = _ARM_SEEDS.set(frozenset(labels))
+    try:
+        yield
+    finally:
+        _ARM_SEEDS.reset(token)
+
+
+def names_a_seed(label: str, seeds: frozenset[str]) -> bool:
+    """Whether a test's ``label`` compares one of ``seeds``: ``<seed> vs ...``, ``... vs <seed>: ...``
+    (:func:`compared`) or ``gain of <seed> over ...`` (the gain-against-gain section)."""
+    return any(label.startswith(f"{s} vs ") or f" vs {s}: " in label or f"gain of {s} over " in label for s in seeds)
+
+
 def compared(reference: str, other: str, outcome: str) -> str:
     """A test's label: ``other vs reference: outcome``."""
     return f"{other} vs {reference}: {outcome}"
@@ -163,6 +194,8 @@ def p_text(
     """
     if p is None or math.isnan(p):
         return "—"
+    if section not in ARM_SECTIONS and names_a_seed(label, _ARM_SEEDS.get()):
+        return SEED_OF_ARM
     member = Member(float(p), section, label, test, difference or f"{section}: {label}", mde, margin)
     family = _ACTIVE.get()
     if family is not None:

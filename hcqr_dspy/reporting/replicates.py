@@ -33,13 +33,12 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting.compiled import is_compiled, zero_shot_partner
-from hcqr_dspy.reporting.family import mde_text, p_text
+from hcqr_dspy.reporting.family import REPLICATES, mde_text, p_text
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.setups import pair_confounds
 
-# The report section and test name the pooled effects' p-values are registered under (the family of tests).
-REPLICATES = "replicate compiles"
+# The test name the pooled effects' p-values are registered under (the family of tests).
 POOLED_TEST = "pooled effect, two-level bootstrap SE (normal)"
 # Two-level bootstrap resamples and seed (reproducible intervals).
 REPLICATE_RESAMPLES = 10_000
@@ -215,24 +214,47 @@ def equivalence(pooled: float, se: float | None, margin: float) -> dict[str, flo
     return {"margin": margin, "p_lower": low, "p_upper": high, "p_value": max(low, high)}
 
 
-def arm_effects(zero_shot: Run, members: Sequence[Run]) -> dict[str, Any]:
-    """Per-seed and pooled effects of one optimizer arm against its zero-shot run, for accuracy and p(gold), over
-    the questions every run answered (p(gold): every run scored)."""
+def effect_matrices(zero_shot: Run, members: Sequence[Run]) -> dict[str, tuple[list[str], Any]]:
+    """Per outcome (``accuracy``, ``gold_prob``): the questions every run answered (p(gold): scored) and the
+    seeds x questions matrix of ``compiled_s[q] - zero_shot[q]`` over them."""
     import numpy as np
 
-    seeds = [compile_seed(r) for r in members]
     shared = sorted(set(zero_shot.correct).intersection(*(r.correct for r in members)))
     acc = np.array([[float(r.correct[q]) - float(zero_shot.correct[q]) for q in shared] for r in members])
     probs = [gold_probs(r) for r in members]
     p_zs = gold_probs(zero_shot)
     scored = sorted(set(p_zs).intersection(*probs))
     gold = np.array([[p[q] - p_zs[q] for q in scored] for p in probs])
-    out: dict[str, Any] = {"zero_shot": zero_shot.label, "runs": [r.label for r in members], "seeds": seeds}
-    for name, matrix in (("accuracy", acc), ("gold_prob", gold)):
+    return {"accuracy": (shared, acc), "gold_prob": (scored, gold)}
+
+
+def arm_effects(zero_shot: Run, members: Sequence[Run]) -> dict[str, Any]:
+    """Per-seed and pooled effects of one optimizer arm against its zero-shot run, for accuracy and p(gold), over
+    the questions every run answered (p(gold): every run scored)."""
+    out: dict[str, Any] = {
+        "zero_shot": zero_shot.label,
+        "runs": [r.label for r in members],
+        "seeds": [compile_seed(r) for r in members],
+    }
+    for name, (_, matrix) in effect_matrices(zero_shot, members).items():
         if matrix.size == 0:
             out[name] = None
             continue
         out[name] = {"per_seed": [float(x) for x in matrix.mean(axis=1)], **two_level_bootstrap(matrix)}
+    return out
+
+
+def pooled_arms(
+    runs: Sequence[Run], explicit: dict[str, Sequence[str]] | None = None
+) -> dict[str, tuple[Run, list[Run]]]:
+    """The optimizer arms a report pools and tests: ``{arm name: (zero-shot run, seeds)}`` for each arm of two or
+    more seeds with a zero-shot run of its method among ``runs`` (``runs[0]``, the reference, picks it where
+    several qualify)."""
+    out = {}
+    for name, members in replicate_groups(runs, explicit).items():
+        zs = zero_shot_partner(members[0], runs, runs[0]) if len(members) >= 2 else None
+        if zs is not None:
+            out[name] = (zs, members)
     return out
 
 

@@ -14,11 +14,12 @@ from hcqr_dspy.evaluation.folders import out_folder_fault, repeated_folder
 from hcqr_dspy.evaluation.metrics import fallback_summary
 from hcqr_dspy.evaluation.same_questions import check_same_questions
 from hcqr_dspy.programs import PROGRAMS
+from hcqr_dspy.reporting.arm_contrasts import ARMS_NOTE, arm_contrasts
 from hcqr_dspy.reporting.compiled import COMPILED_NOTE, GAIN_NOTE, compiled_table, gain_against_gain
 from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.equivalence import EQUIVALENCE_NOTE, check_margins, equivalence_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
-from hcqr_dspy.reporting.family import collecting
+from hcqr_dspy.reporting.family import SEED_OF_ARM, collecting, seeds_tested_as_arms
 from hcqr_dspy.reporting.gold_probability import (
     GOLD_PROBABILITY_NOTE,
     baselines_and_letters,
@@ -35,7 +36,7 @@ from hcqr_dspy.reporting.judge_tables import (
 from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
-from hcqr_dspy.reporting.replicates import REPLICATES_NOTE, check_groups, replicates_table
+from hcqr_dspy.reporting.replicates import REPLICATES_NOTE, check_groups, pooled_arms, replicates_table
 from hcqr_dspy.reporting.runs import (
     Run,
     check_same_gold,
@@ -56,6 +57,11 @@ from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreemen
 MCNEMAR_NOTE = (
     "b = questions the reference got right and this run wrong; c = the reverse; exact McNemar test "
     "(statsmodels) on b vs c."
+)
+SEED_OF_ARM_NOTE = (
+    f"{SEED_OF_ARM}: one compile seed of an optimizer arm of two or more seeds; the arm is tested pooled over its "
+    "seeds (Replicate compiles; Optimizer arm against optimizer arm), not each seed apart, so the family holds one "
+    "test per arm and outcome."
 )
 FALLBACKS_NOTE = (
     "A fallback is what a method did instead of its own path (e.g. HCQR queries built from the "
@@ -184,6 +190,7 @@ def _report(
     gold_md, gold_figures = gold_probability_table(ordered)
     compiled_md, compiled_figures = compiled_table(ordered)
     replicates_md, replicates_figures = replicates_table(ordered, groups, margins)
+    arms_md, arms_figures = arm_contrasts(ordered, groups, margins)
     gains_md, gains_figures = gain_against_gain(ordered)
     equivalence_md, equivalence_figures = equivalence_table(ordered, margins)
     calibration_md, calibration_figures = calibration_table(ordered)
@@ -202,16 +209,19 @@ def _report(
     ]
     sessions = {r.label: session_summary(r) for r in ordered}
     setups = setups or setup_check(ordered)  # each run's setup; pairs that differ are confounded
+    reference_table = setups.mark(comparison_table(ordered, ref))
     sections = [
         _heading(ref, qids, answered, common) + (f"\n\n{warning}" if (warning := setups.warning()) else ""),
-        setups.mark(comparison_table(ordered, ref)),
+        reference_table,
         MCNEMAR_NOTE
+        + (f" {SEED_OF_ARM_NOTE}" if SEED_OF_ARM in reference_table else "")
         + (f"\n\n{note}" if (note := cache_note(ordered)) else "")
         + (f"\n\n{dagger}" if (dagger := setups.note()) else ""),
         "## Differences from the reference (percentage points)\n\n" + setups.mark(stage_differences(ordered, ref)),
         *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),
         *_section("Zero-shot against compiled programs (paired within each method)", compiled_md, COMPILED_NOTE),
         *_section("Replicate compiles: each optimizer arm over its seeds", replicates_md, REPLICATES_NOTE),
+        *_section("Optimizer arm against optimizer arm", arms_md, ARMS_NOTE),
         *_section("Optimizer gain against optimizer gain (difference in differences)", gains_md, GAIN_NOTE),
         *_section("Equivalence within the margin (TOST, paired)", equivalence_md, EQUIVALENCE_NOTE),
         *_section("Calibration", calibration_md),
@@ -248,6 +258,7 @@ def _report(
         "compiled": compiled_figures,
         "compiled_gain_difference": gains_figures,
         "replicates": replicates_figures,
+        "arm_contrasts": arms_figures,
         "margins": margins or {},
         "equivalence": equivalence_figures,
         "calibration": calibration_figures,
@@ -318,7 +329,9 @@ def compare(
     setups = setup_check(ordered)
     if strict_setup:
         setups.refuse()
-    with collecting() as family:  # every p-value the sections print joins the report's family of tests
+    # the arms of two or more seeds are tested pooled, their seeds not one by one
+    seeds = {r.label for _, members in pooled_arms(ordered, groups).values() for r in members}
+    with collecting() as family, seeds_tested_as_arms(seeds):  # every p-value printed joins the family of tests
         report, summary = _report(  # before anything is written: a report that fails leaves no files behind
             ordered,
             qids,
