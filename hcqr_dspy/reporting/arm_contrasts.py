@@ -31,8 +31,8 @@ from hcqr_dspy.reporting.replicates import (
     Z_975,
     arm_key,
     effect_matrices,
-    equivalence,
     pooled_arms,
+    tost_cell,
 )
 from hcqr_dspy.reporting.runs import Run
 
@@ -161,21 +161,7 @@ def arm_contrasts(
                     f"{e['ci_high'] * scale:+.{digits}f}] | {mde} | {p}"
                 )
                 if margins:
-                    margin = margins.get(outcome)
-                    tost = None if margin is None else equivalence(e["contrast"], e["se"], margin)
-                    e["tost"] = tost
-                    if tost is None:
-                        row += " | —" if margin is None else " | not testable (no spread)"
-                    else:
-                        within = f"±{margin * scale:g}{unit}"
-                        row += " | " + p_text(
-                            tost["p_value"],
-                            section=ARMS,
-                            label=label,
-                            test=f"TOST {within} (normal, bootstrap SE)",
-                            margin=within,
-                            difference=label,
-                        )
+                    row += " | " + tost_cell(e, e["contrast"], margins.get(outcome), scale, unit, ARMS, label)
                 lines.append(row + " |")
             figures[f"{one} vs {two}"] = entry
     return ("\n".join(lines) if figures else None), figures

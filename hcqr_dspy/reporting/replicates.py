@@ -228,6 +228,21 @@ def effect_matrices(zero_shot: Run, members: Sequence[Run]) -> dict[str, tuple[l
     return {"accuracy": (shared, acc), "gold_prob": (scored, gold)}
 
 
+def tost_cell(
+    effect: dict[str, Any], estimate: float, margin: float | None, scale: float, unit: str, section: str, label: str
+) -> str:
+    """The equivalence cell of a pooled estimate with the bootstrap SE ``effect["se"]`` (:func:`equivalence`,
+    stored as ``effect["tost"]``) joined to the report's family under ``section`` and ``label``: ``—`` without a
+    margin for this outcome, "not testable (no spread)" without spread."""
+    tost = None if margin is None else equivalence(estimate, effect["se"], margin)
+    effect["tost"] = tost
+    if tost is None:
+        return "—" if margin is None else "not testable (no spread)"
+    within = f"±{margin * scale:g}{unit}"
+    test = f"TOST {within} (normal, bootstrap SE)"
+    return p_text(tost["p_value"], section=section, label=label, test=test, margin=within, difference=label)
+
+
 def arm_effects(zero_shot: Run, members: Sequence[Run]) -> dict[str, Any]:
     """Per-seed and pooled effects of one optimizer arm against its zero-shot run, for accuracy and p(gold), over
     the questions every run answered (p(gold): every run scored)."""
@@ -331,21 +346,7 @@ def replicates_table(
                 f"[{_fmt(e['ci_low'], scale, digits)}, {_fmt(e['ci_high'], scale, digits)}] | {sd} | {mde} | {p}"
             )
             if margins:
-                margin = margins.get(outcome)
-                tost = None if margin is None else equivalence(e["pooled"], e["se"], margin)
-                e["tost"] = tost
-                if tost is None:
-                    row += " | —" if margin is None else " | not testable (no spread)"
-                else:
-                    within = f"±{margin * scale:g}{unit}"
-                    row += " | " + p_text(
-                        tost["p_value"],
-                        section=REPLICATES,
-                        label=label,
-                        test=f"TOST {within} (normal, bootstrap SE)",
-                        margin=within,
-                        difference=label,
-                    )
+                row += " | " + tost_cell(e, e["pooled"], margins.get(outcome), scale, unit, REPLICATES, label)
             lines.append(row + " |")
     body = "\n".join(lines) if len(lines) > 2 else ""
     if notes:
