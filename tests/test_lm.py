@@ -281,3 +281,21 @@ def test_a_context_window_above_the_trained_one_is_one_line_before_any_kv_cache(
     assert code == 2 and len(err) == 1 and err[0].endswith("was trained with; give at most 8192")
     assert not (bench / "run" / "predictions.jsonl").exists()
     assert build_lm("local:smollm2-135m", n_ctx=8192, max_tokens=4)("Hi")
+
+
+def test_reading_the_trained_window_prints_nothing(capfd):
+    """The vocabulary-only load llama.cpp logs at length (and warns of a model's odd tokens) is silenced at the file
+    descriptors, whatever level llama-cpp-python's logger is at."""
+    import logging
+
+    from hcqr_dspy.lm.model_file import trained_context
+
+    logger = logging.getLogger("llama-cpp-python")
+    level = logger.level
+    logger.setLevel(logging.NOTSET)  # a fresh process's level: every line llama.cpp logs would print
+    try:
+        capfd.readouterr()
+        assert trained_context(packaged_model_path("smollm2-135m")) == 8192
+        assert capfd.readouterr() == ("", "")
+    finally:
+        logger.setLevel(level)

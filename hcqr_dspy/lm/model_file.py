@@ -41,19 +41,20 @@ def require_gguf_file(path: str | Path, context: str = "") -> Path:
 def trained_context(path: str | Path) -> int | None:
     """The context window, in tokens, the model in GGUF file ``path`` was trained with: its metadata key
     ``<general.architecture>.context_length``, read with llama.cpp's vocabulary-only load (no weights, no context,
-    no KV cache; its log kept at errors, as ``Llama(verbose=False)`` keeps it).
+    no KV cache; quiet, as ``Llama(verbose=False)`` loads a model).
 
     Returns ``None`` where the file does not state one or llama.cpp cannot read it (loading the model then says why).
     """
     import ctypes
-    import logging
 
     import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr  # what Llama(verbose=False) loads a model under
 
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    # quiet at the file descriptors: the vocabulary's load logs at length and warns of a model's odd tokens
+    with suppress_stdout_stderr(disable=False):
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         return None
     try:
