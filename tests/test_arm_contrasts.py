@@ -132,3 +132,27 @@ def test_one_arm_has_nothing_to_be_set_against(study, tmp_path):
     report, _ = compare([root / n for n in names], out_dir=tmp_path / "cmp")
     assert "## Optimizer arm against optimizer arm" not in report
     assert json.loads((tmp_path / "cmp" / "comparison.json").read_text())["arm_contrasts"] == {}
+
+
+def test_mlflow_logs_a_mcnemar_p_only_for_a_run_the_report_tests_alone(study, tmp_path, mlflow_store):
+    import mlflow
+
+    from hcqr_dspy.tracking.comparison import track_comparison
+
+    root, _ = study
+    names = ["simple_rag", *(f"simple_rag_bfs_{s}" for s in range(3)), "sr_mipro_0"]
+    compare([root / n for n in names], out_dir=tmp_path / "cmp")
+    summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    lone = "simple_rag+mipro_instructions"
+    assert list(summary["mcnemar"]) == [lone]  # the seeds of the arm are tested pooled, not alone
+    run = mlflow.get_run(track_comparison(tmp_path / "cmp", mlflow_dir=mlflow_store))
+    logged = sorted(k for k in run.data.metrics if k.startswith("mcnemar_p."))
+    assert logged == ["mcnemar_p.simple_rag_mipro_instructions"]  # the metric key's form of the label
+    assert run.data.metrics["mcnemar_p.simple_rag_mipro_instructions"] == pytest.approx(
+        summary["mcnemar"][lone]["p_value"]
+    )
+    note = run.data.tags["mlflow.note.content"]
+    seed_rows = [
+        line for line in note.splitlines() if line.startswith("| simple_rag+bootstrap_fewshot") and " pts | " in line
+    ]
+    assert len(seed_rows) == 3 and all(SEED_OF_ARM in line for line in seed_rows)

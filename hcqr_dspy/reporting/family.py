@@ -158,6 +158,12 @@ def seeds_tested_as_arms(labels: Iterable[str]) -> Iterator[None]:
         _ARM_SEEDS.reset(token)
 
 
+def tested_alone(label: str) -> bool:
+    """Whether the run ``label`` is tested as one run: it is not a seed of an optimizer arm of two or more seeds
+    (:func:`seeds_tested_as_arms`)."""
+    return label not in _ARM_SEEDS.get()
+
+
 def names_a_seed(label: str, seeds: frozenset[str]) -> bool:
     """Whether a test's ``label`` compares one of ``seeds``: ``<seed> vs ...``, ``... vs <seed>: ...``
     (:func:`compared`) or ``gain of <seed> over ...`` (the gain-against-gain section)."""

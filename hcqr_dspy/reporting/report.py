@@ -19,7 +19,7 @@ from hcqr_dspy.reporting.compiled import COMPILED_NOTE, GAIN_NOTE, compiled_tabl
 from hcqr_dspy.reporting.diagnostics import dur_sample_warning, fallback_table, invalid_table
 from hcqr_dspy.reporting.equivalence import EQUIVALENCE_NOTE, check_margins, equivalence_table
 from hcqr_dspy.reporting.evidence_tables import evidence_table, qrels_table
-from hcqr_dspy.reporting.family import SEED_OF_ARM, collecting, seeds_tested_as_arms
+from hcqr_dspy.reporting.family import SEED_OF_ARM, collecting, seeds_tested_as_arms, tested_alone
 from hcqr_dspy.reporting.gold_probability import (
     GOLD_PROBABILITY_NOTE,
     baselines_and_letters,
@@ -247,7 +247,10 @@ def _report(
         "questions": len(qids),
         "answered": answered,
         "runs": {r.label: {"path": str(r.path.resolve()), **r.metrics, **r.dur} for r in ordered},
-        "mcnemar": {r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref},
+        # only the runs tested one by one: a seed of an arm is tested pooled with its arm's other seeds
+        "mcnemar": {
+            r.label: mcnemar_exact(ref.correct, r.correct) for r in ordered if r is not ref and tested_alone(r.label)
+        },
         "warnings": warnings,
         "fallbacks": {r.label: fallback_summary(r.rows) for r in ordered},
         "judge_controls": judge_figures,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hcqr_dspy.evaluation.records import read_json_object
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.reporting.family import MCNEMAR, REFERENCE, compared
+from hcqr_dspy.reporting.family import MCNEMAR, REFERENCE, SEED_OF_ARM, compared
 from hcqr_dspy.reporting.stats import format_difference, format_mde
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run, mlflow_run_link
 
@@ -36,7 +36,8 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
     ``run.<label>`` (each one's id); its description links each compared run. Its inputs are the compared runs'
     question sets and models, tagged ``model.<label>`` (:func:`link_compared_runs`). Metrics, per compared run
     label: ``accuracy.<label>``, ``delta_accuracy.<label>`` (minus the reference's), ``mcnemar_p.<label>``
-    (exact McNemar against the reference), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
+    (exact McNemar against the reference; only for a run tested alone, not for a seed of an optimizer arm of two
+    or more seeds, which the report tests pooled over its seeds), ``dur.<label>`` (when judged) and ``lm_calls.<label>``
     (LM calls per question), and ``mcnemar_p_holm.<label>``, that p-value Holm-adjusted over the report's family of
     tests. Every numbered test of the report (the summary's ``tests``): ``test_p.<number>`` and
     ``test_p_holm.<number>`` (raw and Holm-adjusted), the param ``test_family_size`` and a table of them in the
@@ -97,7 +98,8 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
                 metrics[f"dur.{key}"] = info["dur"]
             if label != ref:
                 metrics[f"delta_accuracy.{key}"] = info["accuracy"] - ref_acc
-                metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
+                if label in summary["mcnemar"]:  # a seed of an arm of seeds is tested pooled, not alone
+                    metrics[f"mcnemar_p.{key}"] = summary["mcnemar"][label]["p_value"]
                 if (t := reference_tests.get(compared(ref, label, "accuracy"))) is not None:
                     metrics[f"mcnemar_p_holm.{key}"] = t["p_holm"]
         for t in tests:
@@ -114,7 +116,12 @@ def track_comparison(out_dir: str | Path, mlflow_dir: str | Path | None = None) 
         for label in labels:
             info = summary["runs"][label]
             delta = "reference" if label == ref else f"{(info['accuracy'] - ref_acc) * 100:+.1f} pts"
-            p = "" if label == ref else f"{summary['mcnemar'][label]['p_value']:.3g}"
+            if label == ref:
+                p = ""
+            elif label in summary["mcnemar"]:
+                p = f"{summary['mcnemar'][label]['p_value']:.3g}"
+            else:
+                p = SEED_OF_ARM
             if (t := reference_tests.get(compared(ref, label, "accuracy"))) is not None:
                 p += f" (#{t['number']}; Holm {t['p_holm']:.3g})"
             link = mlflow_run_link(run_ids[label]) if run_ids[label] else None
