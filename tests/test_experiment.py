@@ -11,7 +11,7 @@ from dspy.utils import DummyLM
 from helpers import TINY_ROWS, snippet, write_jsonl
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.errors import ExperimentError
+from hcqr_dspy.errors import ExperimentError, HCQRError
 from hcqr_dspy.optimize.saved import save_program
 from hcqr_dspy.programs import HCQR
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
@@ -135,6 +135,12 @@ def write_exp(folder, **overrides):
             r"encoder_backend: unknown encoder backend 'tensorrt'; choose one of torch, onnx, "
             r"onnx-int8, openvino, openvino-bf16",
         ),
+        ({"comparison": {"margin": 0}}, r"comparison.margin: Input should be greater than 0 \(got 0\)"),
+        ({"comparison": {"margin": 101}}, r"comparison.margin: Input should be less than or equal to 100 \(got 101\)"),
+        ({"comparison": {"margin_pgold": 1.5}}, r"comparison.margin_pgold: Input should be less than or equal to 1"),
+        ({"comparison": {"margin": "5"}}, r"comparison.margin: Input should be a valid number \(got '5'\)"),
+        ({"comparison": {"strict_setup": "yes"}}, r"comparison.strict_setup: Input should be a valid boolean"),
+        ({"comparison": {"margins": 5}}, r"comparison.margins: unknown key; allowed: margin, margin_pgold, strict"),
         ({"search_options": {"nprobe": 8}}, r"idx is a bm25 index: search options \(nprobe\) apply to dense indexes"),
         (
             {"index": "FLAT", "search_options": {"efSearch": 64}},
@@ -281,6 +287,28 @@ def test_grid_runs_cells_as_child_runs_resumes_and_compares(setup, mlflow_store)
     mlflow.MlflowClient().delete_run(moved["parent_run_id"])  # deleted in the store: MLflow cannot resume it
     anew = run_experiment(exp, runs_root=setup / "runs", mlflow_dir=setup / "other-store", progress=False, lm=lm)
     assert anew["parent_run_id"] not in (moved["parent_run_id"], out["parent_run_id"]) and len(lm.history) == calls
+
+
+def test_the_files_comparison_margins_and_setup_check_reach_the_report(setup, mlflow_store):
+    spec = {"datasets": {"d1": "d1.json"}, "methods": ["cot", "simple_rag"], "method_options": {}}
+    comparison = {"margin": 5, "margin_pgold": 0.05, "strict_setup": True}
+    exp = load_experiment(write_exp(setup, **spec, comparison=comparison))
+    run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    folder = setup / "runs" / "grid" / "d1"
+    summary = json.loads((folder / "comparison" / "comparison.json").read_text())
+    assert summary["margins"] == {"accuracy": 0.05, "gold_prob": 0.05}  # accuracy as a fraction
+    report = (folder / "comparison" / "comparison.md").read_text()
+    assert "| cot vs simple_rag: accuracy | comparison with the reference | 2 |" in report.split("## Equivalence")[1]
+    # one cell's recorded setup changed (another dspy answered it): the file's strict_setup refuses to compare
+    sessions = folder / "cot" / "sessions.jsonl"
+    record = json.loads(sessions.read_text().splitlines()[0])
+    record["packages"]["dspy"] = "2.6.0"
+    sessions.write_text(json.dumps(record) + "\n")
+    with pytest.raises(HCQRError, match=r"dspy"):
+        run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    lenient = load_experiment(write_exp(setup, **spec, comparison={"margin": 5}))
+    run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert "2.6.0" in (folder / "comparison" / "comparison.md").read_text()  # flagged, not refused
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

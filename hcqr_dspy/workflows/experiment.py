@@ -6,7 +6,8 @@ dataset x saved program) is one evaluation, then each dataset's run folders are 
 resumes cell by cell, question by question) and its own MLflow child run
 under one parent MLflow run; DSPy's response cache makes a finished cell free to
 re-run. After the cells, each dataset's run folders are compared (table, exact
-McNemar tests, plots) and the reports logged to the parent MLflow run.
+McNemar tests, plots; with the file's ``comparison:`` margins and setup check)
+and the reports logged to the parent MLflow run.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def run_experiment(
                 _judge_cells(exp, run_dirs, mlflow_dir, lm)
             if len(run_dirs) > 1:
                 reference = str(root / dname / exp.reference) if exp.reference else None  # its folder: unambiguous
-                _, files = compare(run_dirs, reference=reference, out_dir=root / dname / "comparison")
+                _, files = compare(run_dirs, reference=reference, out_dir=root / dname / "comparison", **exp.comparison)
                 out["reports"][dname] = str(files[0])
                 for f in files:
                     mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")

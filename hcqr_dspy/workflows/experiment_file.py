@@ -24,6 +24,10 @@ An experiment file (YAML) looks like::
     judge: {lm: null, mode: context}       # optional: DUR judging with controls (lm null = the run's LM;
                                            # reasoning: true, max_tokens: 512; limit: N, seed: 0 judges
                                            # the same seeded N questions of every cell)
+    comparison:                            # optional: how the cells are compared (as `hcqr compare`)
+      margin: 5                            # TOST margin, accuracy points (0 < M <= 100)
+      margin_pgold: 0.05                   # TOST margin, p(gold) (0 < P <= 1)
+      strict_setup: true                   # refuse cells answered on different setups
 
 The file is a pydantic model (:class:`Experiment`, read by
 :mod:`hcqr_dspy.config`): unknown keys (at any level) are refused, types are
@@ -40,7 +44,9 @@ one cell per ``seed-N/``, named ``<cell>-seed-N``) or a ``runs:/`` /
 and budget come with it (resolved, and their budget checked against the file's,
 before the first cell runs: :mod:`hcqr_dspy.workflows.experiment`);
 ``reference`` is a method or program cell; ``judge.mode`` is
-``context`` or ``passage``. Every dataset must load with the question loader
+``context`` or ``passage``; ``comparison.margin`` is in (0, 100] points and
+``comparison.margin_pgold`` in (0, 1]
+(:class:`~hcqr_dspy.workflows.experiment_fields.ComparisonSpec`). Every dataset must load with the question loader
 (:func:`hcqr_dspy.data.load_questions`), and retrieval methods need an index
 folder. An error is one line naming the file, the line, the field and what
 is allowed. All of it is checked before any LM call (``hcqr experiment FILE
@@ -58,7 +64,7 @@ relative to wherever it is run. Running one is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -70,90 +76,30 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from typing_extensions import TypedDict
 
 from hcqr_dspy.config import describe, line_of, problem_line, read_yaml, validate
-from hcqr_dspy.data import load_questions
-from hcqr_dspy.errors import DataError, ExperimentError, HCQRError
+from hcqr_dspy.errors import ExperimentError
 from hcqr_dspy.lm import parse_lm_spec
-from hcqr_dspy.optimize.seed_folders import expand_replicates, seed_folders
+from hcqr_dspy.optimize.seed_folders import expand_replicates
 from hcqr_dspy.programs.method_registry import PROGRAMS, check_option_values, check_options
 from hcqr_dspy.resources import find
 from hcqr_dspy.retrieval.index_kinds import check_index_options
 from hcqr_dspy.retrieval.query_runtime import check_runtime
 from hcqr_dspy.retrieval.vector_index import check_search_options
-
-Positive = Annotated[int, Field(ge=1)]
-CELL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a folder name: the experiment's and each program cell's
-RESERVED_CELLS = ("comparison",)  # folders beside the cells' in a dataset's folder
-Text = Annotated[str, Field(min_length=1)]
-
-
-def _field_check(check, value, *args, **options):
-    """``check(value, *args, **options)``, its one-line :class:`HCQRError` raised as the ``ValueError`` pydantic
-    reports against the field."""
-    try:
-        return check(value, *args, **options)
-    except HCQRError as exc:
-        raise ValueError(str(exc)) from None
-
-
-class QuestionSample(TypedDict, total=False):
-    """``questions:``: the same sample in every cell (:func:`hcqr_dspy.data.select`)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
-
-    limit: Positive
-    seed: Annotated[int, Field(ge=0)]
-    ids: Annotated[list[Text], Field(min_length=1)]
-
-
-class JudgeSpec(TypedDict, total=False):
-    """``judge:``: DUR judging of each retrieval cell (``lm`` null: the experiment's LM)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
-
-    lm: Text | None
-    mode: Literal["context", "passage"]
-    reasoning: bool
-    max_tokens: Positive
-    limit: Positive
-    seed: Annotated[int, Field(ge=0)]
-
-
-def _method(name: str) -> str:
-    if name not in PROGRAMS:
-        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(PROGRAMS)}")
-    return name
-
-
-def _dataset(file: str, info: ValidationInfo) -> str:
-    path = _resolve(file, info)
-    if not Path(path).is_file():
-        raise ValueError(f"file {path} not found")
-    try:
-        load_questions(path)
-    except DataError as exc:
-        raise ValueError(f"does not load: {exc}") from None
-    return path
-
-
-def _program_ref(ref: str, info: ValidationInfo) -> str:
-    if ref.startswith(("runs:/", "models:/")):
-        return ref  # resolved against the MLflow store when the experiment runs
-    path = _resolve(ref, info)
-    if not (Path(path) / "meta.json").is_file() and not seed_folders(path):
-        raise ValueError(
-            f"{path} is not a saved program folder (no meta.json) nor one of replicate compiles (no seed-N/ "
-            "folders); make one with `hcqr compile`"
-        )
-    return path
-
-
-def _resolve(path: str, info: ValidationInfo) -> str:
-    p = Path(path)
-    base = Path((info.context or {}).get("base") or ".")
-    return str(p if p.is_absolute() else (base / p).resolve())
+from hcqr_dspy.workflows.experiment_fields import (
+    CELL_NAME,
+    RESERVED_CELLS,
+    ComparisonSpec,
+    JudgeSpec,
+    Positive,
+    QuestionSample,
+    Text,
+    dataset_file,
+    field_check,
+    method_name,
+    program_ref,
+    resolve_path,
+)
 
 
 class Experiment(BaseModel):
@@ -171,9 +117,9 @@ class Experiment(BaseModel):
     api_base: Text | None = None
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     lm: Text
-    datasets: Annotated[dict[Text, Annotated[Text, AfterValidator(_dataset)]], Field(min_length=1)]
-    methods: Annotated[list[Annotated[str, AfterValidator(_method)]], Field(min_length=1)]
-    programs: dict[Annotated[str, Field(pattern=CELL_NAME)], Annotated[Text, AfterValidator(_program_ref)]] = Field(
+    datasets: Annotated[dict[Text, Annotated[Text, AfterValidator(dataset_file)]], Field(min_length=1)]
+    methods: Annotated[list[Annotated[str, AfterValidator(method_name)]], Field(min_length=1)]
+    programs: dict[Annotated[str, Field(pattern=CELL_NAME)], Annotated[Text, AfterValidator(program_ref)]] = Field(
         default_factory=dict
     )
     index: Text | None = None
@@ -182,6 +128,7 @@ class Experiment(BaseModel):
     method_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     reference: str | None = None
     judge: JudgeSpec | None = None
+    comparison: ComparisonSpec = Field(default_factory=dict)
     max_tokens: Positive = 1024
     n_ctx: Positive = 8192
     threads: Positive = 1
@@ -191,17 +138,17 @@ class Experiment(BaseModel):
     @field_validator("encoder_backend")
     @classmethod
     def _encoder_backend(cls, name: str | None) -> str | None:
-        return None if name is None else _field_check(check_runtime, name)
+        return None if name is None else field_check(check_runtime, name)
 
     @field_validator("search_options")
     @classmethod
     def _search_options(cls, options: dict[str, int]) -> dict[str, int]:
-        return _field_check(check_search_options, options)
+        return field_check(check_search_options, options)
 
     @field_validator("lm")
     @classmethod
     def _lm_spec(cls, lm: str, info: ValidationInfo) -> str:
-        _field_check(parse_lm_spec, lm, api_base=info.data.get("api_base"), api_key_env=info.data.get("api_key_env"))
+        field_check(parse_lm_spec, lm, api_base=info.data.get("api_base"), api_key_env=info.data.get("api_key_env"))
         return lm
 
     @field_validator("methods")
@@ -229,7 +176,7 @@ class Experiment(BaseModel):
     def _index_folder(cls, index: str | None, info: ValidationInfo) -> str | None:
         if index is None:
             return None
-        index = _resolve(index, info)
+        index = resolve_path(index, info)
         if not (Path(index) / "manifest.json").is_file():
             raise ValueError(f"{index} is not an hcqr index folder (no manifest.json); build one with `hcqr index`")
         return index
@@ -273,7 +220,7 @@ class Experiment(BaseModel):
             raise ValueError("'encoder_backend' needs an 'index'")
         if self.index and (self.search_options or self.encoder_backend):
             # what the run would refuse when it loads the index, found before any LM call
-            _field_check(check_index_options, self.index, self.search_options, self.encoder_backend)
+            field_check(check_index_options, self.index, self.search_options, self.encoder_backend)
         for method in self.methods:  # a method left at its defaults must fit the budget too (rerank_rag's pool_k)
             if method not in self.method_options:
                 try:
