@@ -302,8 +302,8 @@ def test_a_program_json_edited_after_it_was_saved_is_refused_when_read(setup):
     "change, message",
     [
         (
-            {"format_version": 5, "new_key": 1},
-            r"meta.json: saved in program format version 5, newer than this hcqr-dspy reads \(4\)",
+            {"format_version": 6, "new_key": 1},
+            r"meta.json: saved in program format version 6, newer than this hcqr-dspy reads \(5\)",
         ),
         ({"format": "other"}, r"meta.json is not an hcqr-dspy-program file"),
         ({"format_version": "1"}, r"meta.json: format_version: Input should be a valid integer \(got '1'\)"),

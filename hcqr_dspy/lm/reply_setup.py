@@ -48,7 +48,9 @@ LM_FUNCTIONS = "dspy.clients.lm"
 # The setup of the LM whose call is under way (set by the callback :func:`register_lm` gives it; None outside).
 _asking: ContextVar[Callable[[], dict[str, Any]] | None] = ContextVar("hcqr_asking_lm", default=None)
 _recording_classes: dict[type, type] = {}
-# The cached replies of the block :func:`cached_reply_setups` wraps (None outside one).
+# The cached replies of the block :func:`cached_reply_setups` wraps (None outside one); also the DSPy setting
+# SERVED_SETTING there, which DSPy passes on to its worker threads.
+SERVED_SETTING = "hcqr_cached_replies"
 _served: ContextVar[list[tuple[str, dict[str, Any] | None]] | None] = ContextVar("hcqr_cached_replies", default=None)
 
 
@@ -186,6 +188,8 @@ def record_reply_setups() -> None:
         def get(self, request, ignored_args_for_cache_key=None):
             value = base.get(self, request, ignored_args_for_cache_key)
             served = _served.get()
+            if served is None:  # a worker thread of DSPy's ParallelExecutor inside the block: it passes settings on
+                served = dspy.settings.get(SERVED_SETTING)
             if value is None or served is None or not _is_lm_request(request):
                 return value
             try:
@@ -229,13 +233,17 @@ class CachedReplies:
 
 @contextmanager
 def cached_reply_setups() -> Iterator[CachedReplies]:
-    """Collect the setups of the LM replies DSPy's cache serves in the block (in this thread or task), after making
-    sure the cache records them (:func:`record_reply_setups`)."""
+    """Collect the setups of the LM replies DSPy's cache serves in the block (in this thread or task, and in the
+    worker threads DSPy's ``ParallelExecutor`` starts there, which inherit DSPy's settings), after making sure the
+    cache records them (:func:`record_reply_setups`)."""
+    import dspy
+
     record_reply_setups()
     replies = CachedReplies()
     token = _served.set(replies.served)
     try:
-        yield replies
+        with dspy.context(**{SERVED_SETTING: replies.served}):  # passed on to the threads DSPy's optimizers start
+            yield replies
     finally:
         _served.reset(token)
 

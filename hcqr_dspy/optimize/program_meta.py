@@ -19,7 +19,7 @@ from hcqr_dspy.optimize.recipes import Recipe
 from hcqr_dspy.programs.method_registry import PROGRAMS, check_options
 
 FORMAT = "hcqr-dspy-program"
-FORMAT_VERSION = 4  # 2: compile_cost; 3: program_sha256; 4: demos, bootstrap_shortfall
+FORMAT_VERSION = 5  # 2: compile_cost; 3: program_sha256; 4: demos, bootstrap_shortfall; 5: compile_setup
 STATE_FILE, META_FILE = "program.json", "meta.json"
 
 
@@ -79,6 +79,7 @@ class ProgramMeta(BaseModel):
     program_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
     demos: dict[str, dict[str, Annotated[int, Field(ge=0)]]] | None = None
     bootstrap_shortfall: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    compile_setup: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

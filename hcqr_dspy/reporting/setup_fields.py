@@ -12,12 +12,13 @@ RETRIEVAL_SETTINGS = ("budget", "k_per_query", "fusion", "max_context_tokens")
 # Where a run's index lies, not what it is (left out).
 INDEX_PLACES = ("path", "corpus_source")
 THREADS = "threads (flash attention on)"
+COMPILE_SETUP = "compile setup"
 # The order fields are listed in (an index's fields come where "index" is).
 FIELD_ORDER = (
     *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
     *("response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch", "n_ubatch"),
     *("flash_attn", "use_extra_bufts", THREADS, "dspy", "llama-cpp-python", "litellm"),
-    *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS),
+    *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS, COMPILE_SETUP),
 )
 
 
@@ -97,3 +98,19 @@ def _features(system_info: Any) -> str | None:
     if not isinstance(system_info, str):
         return None
     return " ".join(re.findall(r"(\w+) = 1\b", system_info)) or system_info
+
+
+def compile_setup_field(meta: Any) -> str | None:
+    """A saved program's compile setup as compared between compiled runs: the reply-setup fingerprint of the LM its
+    compile ran (``meta.json``'s ``compile_setup.session.reply_setup``, :func:`hcqr_dspy.lm.reply_setup.lm_setup`),
+    followed by ``+ cached <fingerprint>`` for each other setup under which replies DSPy's cache served the compile
+    were made (``unrecorded``: a reply cached without a record); ``None`` where the program records none (compiled
+    before programs recorded it, or no saved program)."""
+    setup = meta.get("compile_setup") if isinstance(meta, dict) else None
+    session = setup.get("session") if isinstance(setup, dict) else None
+    own = session.get("reply_setup") if isinstance(session, dict) else None
+    if not isinstance(own, str):
+        return None
+    cached = setup.get("cached_setups") if isinstance(setup.get("cached_setups"), list) else []
+    others = [e.get("setup") for e in cached if isinstance(e, dict) and e.get("setup") not in (own, None)]
+    return " ".join([own, *(f"+ cached {o}" for o in dict.fromkeys(others))])

@@ -9,6 +9,8 @@ its demos, its answer step) only when everything else was the same. A run's setu
   provider's default endpoint without one), response format, adapter; the questions (content and id SHA-256, seed,
   limit); for a method that retrieves, the index (its record without where it lies: retriever, corpus fingerprint
   and count, encoder, vector index, search options) and the retrieval settings :data:`RETRIEVAL_SETTINGS`;
+* for a run of a saved program, from the program's ``meta.json``: its compile setup
+  (:func:`~hcqr_dspy.reporting.setup_fields.compile_setup_field`), compared between compiled runs only;
 * from each ``hcqr eval`` session's record (``sessions.jsonl``, which may change when a run is resumed): the
   in-process llama.cpp engine's model file SHA-256, build and CPU features, ``n_batch``, ``n_ubatch``,
   ``flash_attn``, ``use_extra_bufts`` and, with flash attention on only, its threads (whose split of the attention
@@ -35,7 +37,15 @@ from typing import Any
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.lm.reply_setup import UNRECORDED
 from hcqr_dspy.reporting.runs import Run
-from hcqr_dspy.reporting.setup_fields import field_rank, lm_fields, run_fields, setup_value, shown_value
+from hcqr_dspy.reporting.setup_fields import (
+    COMPILE_SETUP,
+    compile_setup_field,
+    field_rank,
+    lm_fields,
+    run_fields,
+    setup_value,
+    shown_value,
+)
 
 NOTE = (
     "Fields that differ between runs are columns; those with one value wherever recorded are listed above. A run "
@@ -44,7 +54,10 @@ NOTE = (
     "an unrecorded one. Threads are a setting only with flash attention on, whose sums are split across threads "
     "(EngineSettings.reply_key); without it they do not change a reply and are not compared. A field a run does "
     "not have (an index or budget for a method without retrieval, an engine for an endpoint) or did not record "
-    "(–) is not compared. What is compared (method, program or saved program, demos, answer step) is no setup field."
+    "(–) is not compared. What is compared (method, program or saved program, demos, answer step) is no setup field; "
+    "a saved program's compile setup (the fingerprint of the setup its compile ran on, and of any other setup whose "
+    "cached replies it was served) is, between compiled runs: seeds of one arm compiled on different setups differ "
+    "in more than their seed."
 )
 
 
@@ -123,7 +136,10 @@ def arm_setup(run: Run) -> ArmSetup:
                 add(True, fields, row["qid"], "cached replies made under another setup")
             elif not isinstance(entry, dict) or entry.get("setup") == UNRECORDED:
                 add(False, {}, row["qid"], "cached replies of an unrecorded setup")
-    return ArmSetup(run.label, len(run.rows), run_fields(config), parts)
+    common = run_fields(config)
+    if run.program is not None:  # a saved program: the setup its compile ran on, compared between compiled runs
+        common[COMPILE_SETUP] = compile_setup_field(run.program.meta[0])
+    return ArmSetup(run.label, len(run.rows), common, parts)
 
 
 def _agree(a: dict[str, Any], b: dict[str, Any]) -> bool:

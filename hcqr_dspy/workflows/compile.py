@@ -22,7 +22,9 @@ from hcqr_dspy.errors import HCQRError, LMUnavailableError, RecipeError
 from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.outages import lm_failure
+from hcqr_dspy.evaluation.provenance import session_record
 from hcqr_dspy.lm.adapter import HCQRAdapter
+from hcqr_dspy.lm.reply_setup import cached_reply_setups
 from hcqr_dspy.optimize.attempts import watch_bootstrapping
 from hcqr_dspy.optimize.catalog import bootstraps_asked
 from hcqr_dspy.optimize.demo_counts import bootstrap_shortfall, stage_demos
@@ -269,7 +271,11 @@ def compile_and_save(
 
 def _compile(checked: CompileInputs, cost: dict[str, Any]):
     """Run the recipe's optimizer on the checked inputs under the task LM and :class:`HCQRAdapter`, and count the
-    compiled program's demos as its prompts show them; ``meta`` gains ``demos`` and ``bootstrap_shortfall``.
+    compiled program's demos as its prompts show them; ``meta`` gains ``demos``, ``bootstrap_shortfall`` and
+    ``compile_setup``: ``{"session": <the compile's session record, machine, packages, engine, LM settings and
+    reply-setup fingerprint (:func:`~hcqr_dspy.evaluation.provenance.session_record`)>, "cached_setups": <under
+    which setups the replies DSPy's cache served the compile were made (:func:`~hcqr_dspy.lm.reply_setup.
+    cached_reply_setups`)>}``.
 
     Returns:
         ``(compiled, counts, shortfall)`` (:func:`~hcqr_dspy.optimize.demo_counts.stage_demos`,
@@ -302,6 +308,7 @@ def _compile(checked: CompileInputs, cost: dict[str, Any]):
         with (
             dspy.context(lm=checked.lm, adapter=adapter, callbacks=callbacks),
             lm_costs(cost, time.perf_counter()),
+            cached_reply_setups() as cached,
         ):
             compiled = compile_program(
                 recipe, checked.student, checked.trainset, checked.valset, reflection_lm=checked.reflection_lm
@@ -318,5 +325,6 @@ def _compile(checked: CompileInputs, cost: dict[str, Any]):
         raise unavailable(failures[0])
     counts = stage_demos(compiled, adapter)
     shortfall = bootstrap_shortfall(bootstraps_asked(recipe.optimizer, recipe.settings, recipe.compile), counts)
-    checked.meta.update(demos=counts, bootstrap_shortfall=shortfall)
+    setup = {"session": session_record("compile", checked.lm), "cached_setups": cached.summary()}
+    checked.meta.update(demos=counts, bootstrap_shortfall=shortfall, compile_setup=setup)
     return compiled, counts, shortfall
