@@ -33,6 +33,7 @@ from hcqr_dspy.reporting.judge_tables import (
     judge_controls_table,
     mlflow_judges_table,
 )
+from hcqr_dspy.reporting.planning import PLANNING_NOTE, planning_table
 from hcqr_dspy.reporting.plots import PLOTS
 from hcqr_dspy.reporting.program_diff import program_diff
 from hcqr_dspy.reporting.query_diversity import QUERY_DIVERSITY_NOTE, query_diversity_section
@@ -191,6 +192,7 @@ def _report(
     compiled_md, compiled_figures = compiled_table(ordered)
     replicates_md, replicates_figures = replicates_table(ordered, groups, margins)
     arms_md, arms_figures = arm_contrasts(ordered, groups, margins)
+    planning_md, planning_figures = planning_table(ordered, groups, margins)
     gains_md, gains_figures = gain_against_gain(ordered)
     equivalence_md, equivalence_figures = equivalence_table(ordered, margins)
     calibration_md, calibration_figures = calibration_table(ordered)
@@ -222,6 +224,7 @@ def _report(
         *_section("Zero-shot against compiled programs (paired within each method)", compiled_md, COMPILED_NOTE),
         *_section("Replicate compiles: each optimizer arm over its seeds", replicates_md, REPLICATES_NOTE),
         *_section("Optimizer arm against optimizer arm", arms_md, ARMS_NOTE),
+        *_section("Planning: more seeds or more questions", planning_md, PLANNING_NOTE),
         *_section("Optimizer gain against optimizer gain (difference in differences)", gains_md, GAIN_NOTE),
         *_section("Equivalence within the margin (TOST, paired)", equivalence_md, EQUIVALENCE_NOTE),
         *_section("Calibration", calibration_md),
@@ -262,6 +265,7 @@ def _report(
         "compiled_gain_difference": gains_figures,
         "replicates": replicates_figures,
         "arm_contrasts": arms_figures,
+        "planning": planning_figures,
         "margins": margins or {},
         "equivalence": equivalence_figures,
         "calibration": calibration_figures,
