@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -204,7 +205,20 @@ def problem_line(error: dict[str, Any], model: type[BaseModel] | None, loc: tupl
         message = str(error["ctx"]["error"])
     else:
         message = f"{error['msg']} (got {_shown(error.get('input'))})"
+        if kind == "float_type" and _yaml_text_number(error.get("input")):
+            message += "; YAML reads a number in exponent form without a decimal point as text: write 5.0e-2, not 5e-2"
     return f"{field}: {message}" if field else message
+
+
+def _yaml_text_number(value: Any) -> bool:
+    """Whether ``value`` is text that Python reads as a finite number in exponent form (``5e-2``), which YAML 1.1,
+    as PyYAML implements it, takes for a string."""
+    if not isinstance(value, str) or "e" not in value.lower():
+        return False
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def _shown(value: Any) -> str:

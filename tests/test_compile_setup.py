@@ -71,14 +71,17 @@ def test_replies_served_in_dspys_worker_threads_are_collected(bench, own_cache):
         stub.stop()
 
 
-def seed_folder(root, seed, fingerprint, cached=()):
+def seed_folder(root, seed, fingerprint, cached=(), record=None):
+    """A saved program's folder whose meta.json holds a compile setup (``fingerprint`` None: none recorded;
+    ``record``: that record as given)."""
     folder = root / "programs" / f"seed-{seed}"
     folder.mkdir(parents=True)
-    record = {
-        "session": {"command": "compile", "reply_setup": fingerprint},
-        "cached_setups": [{"setup": c, "calls": 2} for c in cached],
-    }
-    (folder / "meta.json").write_text(json.dumps({"compile_setup": record}))
+    if record is None and fingerprint is not None:
+        record = {
+            "session": {"command": "compile", "reply_setup": fingerprint},
+            "cached_setups": [{"setup": c, "calls": 2} for c in cached],
+        }
+    (folder / "meta.json").write_text(json.dumps({} if record is None else {"compile_setup": record}))
     return {"folder": str(folder), "recipe": "bootstrap_fewshot", "seed": seed, "train_dataset": "medmcqa"}
 
 
@@ -111,3 +114,37 @@ def test_seeds_compiled_on_different_setups_are_flagged_and_refused(tmp_path):
         HCQRError, match=r"--strict-setup: runs .* differ in compile setup \(aaaa vs aaaa \+ cached bbbb\)"
     ):
         compare([zero, *same, other], out_dir=tmp_path / "strict", strict_setup=True)
+
+
+@pytest.mark.parametrize(
+    "record, shown",
+    [
+        (None, "not recorded"),  # a program saved before programs recorded their compile setup
+        ({"session": {"reply_setup": "aaaa"}, "cached_setups": [{"setup": {"a": 1}}]}, "malformed record"),
+        ({"session": {"reply_setup": "aaaa"}, "cached_setups": "bbbb"}, "malformed record"),
+        ({"session": "aaaa"}, "malformed record"),
+        ("aaaa", "malformed record"),
+    ],
+)
+def test_a_seed_without_a_readable_compile_setup_beside_one_with_it_is_flagged(tmp_path, record, shown):
+    rows = [i % 3 == 0 for i in range(N)]
+    zero = write_run(tmp_path / "zs", "simple_rag", [i % 2 == 0 for i in range(N)], [0.5] * N)
+    one = write_run(tmp_path / "s0", "simple_rag", rows, [0.6] * N, seed_folder(tmp_path / "a", 0, "aaaa"))
+    other = seed_folder(tmp_path / "b", 1, None, record=record)
+    two = write_run(tmp_path / "s1", "simple_rag", rows, [0.6] * N, other)
+    report, _ = compare([zero, one, two], out_dir=tmp_path / "out")
+    assert "differ in compile setup" in report.split("\n\n")[1]
+    with pytest.raises(HCQRError, match=rf"differ in compile setup \(aaaa vs {shown}\)"):
+        compare([zero, one, two], out_dir=tmp_path / "strict", strict_setup=True)
+
+
+def test_programs_none_of_which_records_a_compile_setup_are_not_compared_on_it(tmp_path):
+    rows = [i % 3 == 0 for i in range(N)]
+    zero = write_run(tmp_path / "zs", "simple_rag", [i % 2 == 0 for i in range(N)], [0.5] * N)
+    seeds = [
+        write_run(tmp_path / f"s{s}", "simple_rag", rows, [0.6] * N, seed_folder(tmp_path / f"a{s}", s, None))
+        for s in range(2)
+    ]
+    report, _ = compare([zero, *seeds], out_dir=tmp_path / "out", strict_setup=True)
+    recorded = next(line for line in report.split("## Setups")[1].splitlines() if "Recorded for every run" in line)
+    assert "ran on one setup" in recorded and "compile setup" not in recorded

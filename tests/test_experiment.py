@@ -135,7 +135,13 @@ def write_exp(folder, **overrides):
             r"encoder_backend: unknown encoder backend 'tensorrt'; choose one of torch, onnx, "
             r"onnx-int8, openvino, openvino-bf16",
         ),
-        ({"comparison": {"margin": 0}}, r"comparison.margin: Input should be greater than 0 \(got 0\)"),
+        ({"comparison": {"margin": 0}}, r"comparison.margin: Input should be greater than or equal to 0.01 \(got 0\)"),
+        ({"comparison": {"margin": 1e-200}}, r"comparison.margin: Input should be greater than or equal to 0.01"),
+        (
+            {"comparison": {"margin_pgold": "5e-2"}},
+            r"margin_pgold: Input should be a valid number \(got '5e-2'\); YAML reads a number in exponent form",
+        ),
+        ({"comparison": {"margin_pgold": float("nan")}}, r"comparison.margin_pgold: Input should be a finite number"),
         ({"comparison": {"margin": 101}}, r"comparison.margin: Input should be less than or equal to 100 \(got 101\)"),
         ({"comparison": {"margin_pgold": 1.5}}, r"comparison.margin_pgold: Input should be less than or equal to 1"),
         ({"comparison": {"margin": "5"}}, r"comparison.margin: Input should be a valid number \(got '5'\)"),

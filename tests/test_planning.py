@@ -6,8 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from test_arm_contrasts import effects, study  # noqa: F401 - study is a fixture
+from test_arm_contrasts import effects, saved, study  # noqa: F401 - study is a fixture
+from test_compiled_report import N, write_run
 
+from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.reporting.planning import (
     Z_TOST,
@@ -99,3 +101,32 @@ def test_a_report_plans_each_pooled_arm_and_tests_nothing_more(study, tmp_path):
 
     assert not [t for t in summary["tests"] if "plan" in t["section"]]
     assert {key(t) for t in summary["tests"] if t["margin"] is None} == {key(t) for t in plain["tests"]}
+
+
+def test_an_arm_of_too_few_questions_or_without_spread_is_not_planned(tmp_path):
+    rows, probs = [i % 2 == 0 for i in range(N)], [0.3 + 0.05 * i for i in range(N)]
+    runs = [write_run(tmp_path / "zs", "simple_rag", rows, probs)]
+    runs += [write_run(tmp_path / f"s{s}", "simple_rag", rows, probs, saved(s, "bootstrap_fewshot")) for s in (0, 1)]
+    report, _ = compare(runs, out_dir=tmp_path / "same", margin=5)
+    section = report.split("## Planning: more seeds or more questions")[1].split("\n## ")[0]
+    assert section.count("not planned: the differences have no spread | — | — | — | — | — |") == 2
+    plan = json.loads((tmp_path / "same" / "comparison.json").read_text())["planning"]
+    assert plan["simple_rag + bootstrap_fewshot"]["accuracy"]["why_not"] == "no spread"
+    for run in runs:  # one question left in every run
+        predictions = run / "predictions.jsonl"
+        predictions.write_text(predictions.read_text().splitlines()[0] + "\n")
+    report, _ = compare(runs, out_dir=tmp_path / "one")
+    assert "| 2 x 1 | not planned: 1 question(s) shared |" in report
+
+
+def test_an_arm_holding_one_compile_seed_twice_is_refused(tmp_path):
+    rows = [i % 2 == 0 for i in range(N)]
+    zero = write_run(tmp_path / "zs", "simple_rag", rows, [0.5] * N)
+    again = [
+        write_run(tmp_path / f"s{i}", "simple_rag", rows, [0.6] * N, saved(0, "bootstrap_fewshot")) for i in (0, 1)
+    ]
+    with pytest.raises(
+        HCQRError, match=r"optimizer arm simple_rag \+ bootstrap_fewshot: runs .* are both compile seed 0"
+    ):
+        compare([zero, *again], out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -247,13 +247,15 @@ def test_a_p_value_never_printed_is_no_member_and_numbers_follow_the_text():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"margin": 0}, "--margin must be percentage points > 0 and <= 100, got 0"),
+        ({"margin": 0}, "--margin must be percentage points from 0.01 to 100, got 0"),
         ({"margin": -5}, "got -5"),
         ({"margin": 100.5}, "got 100.5"),
         ({"margin": "5"}, "got '5'"),
         ({"margin": math.nan}, "got nan"),
         ({"margin": True}, "got True"),
-        ({"margin_pgold": 0.0}, "--margin-pgold must be a probability > 0 and <= 1, got 0.0"),
+        ({"margin_pgold": 0.0}, "--margin-pgold must be a probability from 0.0001 to 1, got 0.0"),
+        ({"margin": 1e-200}, "got 1e-200"),  # below a hundredth of a point: nothing a study resolves
+        ({"margin_pgold": 5e-324}, "got 5e-324"),
         ({"margin_pgold": 1.5}, "got 1.5"),
         ({"margin_pgold": -0.1}, "got -0.1"),
     ],
@@ -269,12 +271,13 @@ def test_a_bad_margin_is_refused_before_anything_is_written(tmp_path, kwargs, me
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--margin", "abc", "expected percentage points > 0 and <= 100, got 'abc'"),
+        ("--margin", "abc", "expected percentage points from 0.01 to 100, got 'abc'"),
         ("--margin", "0", "got '0'"),
         ("--margin", "-3", "got '-3'"),
         ("--margin", "101", "got '101'"),
         ("--margin", "inf", "got 'inf'"),
-        ("--margin-pgold", "0", "expected a probability > 0 and <= 1, got '0'"),
+        ("--margin-pgold", "0", "expected a probability from 0.0001 to 1, got '0'"),
+        ("--margin", "5e-324", "got '5e-324'"),
         ("--margin-pgold", "1.01", "got '1.01'"),
         ("--margin-pgold", "x", "got 'x'"),
     ],

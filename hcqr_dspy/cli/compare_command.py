@@ -50,23 +50,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bounded(text: str, high: float, what: str) -> float:
-    """``text`` as a number > 0 and <= ``high``, else argparse's error naming it."""
+def _bounded(text: str, low: float, high: float, what: str) -> float:
+    """``text`` as a number from ``low`` to ``high``, else argparse's error naming it."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what} > 0 and <= {high:g}, got {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= high):
-        raise argparse.ArgumentTypeError(f"expected {what} > 0 and <= {high:g}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what} from {low:g} to {high:g}, got {text!r}") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise argparse.ArgumentTypeError(f"expected {what} from {low:g} to {high:g}, got {text!r}")
     return value
 
 
 def _margin_points(text: str) -> float:
-    return _bounded(text, 100, "percentage points")
+    from hcqr_dspy.reporting.equivalence import MIN_MARGIN_POINTS
+
+    return _bounded(text, MIN_MARGIN_POINTS, 100, "percentage points")
 
 
 def _margin_pgold(text: str) -> float:
-    return _bounded(text, 1, "a probability")
+    from hcqr_dspy.reporting.equivalence import MIN_MARGIN_PGOLD
+
+    return _bounded(text, MIN_MARGIN_PGOLD, 1, "a probability")
 
 
 def _group(text: str) -> tuple[str, list[str]]:
@@ -109,7 +113,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         type=_margin_pgold,
         default=None,
         metavar="P",
-        help="equivalence margin for gold-option probability differences (0 < P <= 1), tested the same way",
+        help="equivalence margin for gold-option probability differences (0.0001 to 1), tested the same way",
     )
     p.add_argument(
         "--strict-setup",

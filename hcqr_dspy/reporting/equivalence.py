@@ -21,6 +21,10 @@ from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import tost_paired
 
 TOST_TEST = "TOST (paired t)"
+# The smallest margins taken: a hundredth of a point of accuracy (one question in 10,000) and 0.0001 of p(gold);
+# a margin below them means nothing a study of questions can resolve.
+MIN_MARGIN_POINTS = 0.01
+MIN_MARGIN_PGOLD = 0.0001
 
 EQUIVALENCE_NOTE = (
     "Two one-sided tests (TOST, Schuirmann 1987): paired t-tests of H0 mean difference <= -margin and of H0 mean "
@@ -41,19 +45,21 @@ def check_margins(margin: float | None, margin_pgold: float | None) -> dict[str,
     with only those given.
 
     Raises:
-        HCQRError: ``margin`` (percentage points) not a number > 0 and <= 100, or ``margin_pgold`` (a probability)
-            not a number > 0 and <= 1.
+        HCQRError: ``margin`` (percentage points) not a number from :data:`MIN_MARGIN_POINTS` to 100, or
+            ``margin_pgold`` (a probability) not a number from :data:`MIN_MARGIN_PGOLD` to 1.
     """
     margins: dict[str, float] = {}
     if margin is not None:
         points = _number(margin)
-        if points is None or not 0 < points <= 100:
-            raise HCQRError(f"--margin must be percentage points > 0 and <= 100, got {margin!r}")
+        if points is None or not MIN_MARGIN_POINTS <= points <= 100:
+            raise HCQRError(f"--margin must be percentage points from {MIN_MARGIN_POINTS:g} to 100, got {margin!r}")
         margins["accuracy"] = points / 100
     if margin_pgold is not None:
         prob = _number(margin_pgold)
-        if prob is None or not 0 < prob <= 1:
-            raise HCQRError(f"--margin-pgold must be a probability > 0 and <= 1, got {margin_pgold!r}")
+        if prob is None or not MIN_MARGIN_PGOLD <= prob <= 1:
+            raise HCQRError(
+                f"--margin-pgold must be a probability from {MIN_MARGIN_PGOLD:g} to 1, got {margin_pgold!r}"
+            )
         margins["gold_prob"] = prob
     return margins
 

@@ -30,6 +30,7 @@ from hcqr_dspy.reporting.replicates import Z_80, Z_975, effect_matrices, pooled_
 from hcqr_dspy.reporting.runs import Run
 
 Z = Z_975 + Z_80
+EMPTY = " | — | — | — | — | — |"  # the cells of a row not planned
 # A TOST at 5% with 80% power where the true difference is 0: both one-sided tests must reject (Chow, Shao & Wang
 # 2008, Sample Size Calculations in Clinical Research, section 3.2): z_0.95 + z_0.90 (scipy.stats.norm.ppf).
 Z_TOST = 1.6448536269514722 + 1.2815515655446004
@@ -43,7 +44,10 @@ PLANNING_NOTE = (
     "report's equivalence margin; to show equivalence: the n at which a TOST within the margin rejects with 80% "
     "power when the true effect is 0 (SE = margin / (z_0.95 + z_0.90); Chow, Shao & Wang 2008, section 3.2); at k "
     "and at 2k seeds. Where the seeds' own variance alone is too large, no number of questions suffices and the "
-    "seeds needed are given. A plan, not a test: it joins no family."
+    "seeds needed are given. The components are estimates: the seed one rests on k - 1 degrees of freedom, so "
+    "with few seeds it is rough (a negative estimate, shown 0, means the seeds differed no more than question "
+    "noise makes them; the between-seed SD of Replicate compiles includes that noise). Not planned: fewer than 2 "
+    "shared questions, or differences without spread. A plan, not a test: it joins no family."
 )
 
 
@@ -109,7 +113,8 @@ def planning_table(
 ) -> tuple[str | None, dict[str, Any]]:
     """Markdown and figures of the plan for every pooled optimizer arm (``None`` when there is none):
     ``{arm: {outcome: {**variance_components, "mde", "mde_double_seeds", "mde_double_questions",
-    "mde_quadruple_questions", "margin"}}}``, with a margin also ``"questions_for_margin"`` and
+    "mde_quadruple_questions", "margin"}}}`` (``{"seeds", "questions", "why_not"}`` where it is not planned: fewer
+    than 2 shared questions, or differences without spread), with a margin also ``"questions_for_margin"`` and
     ``"questions_for_tost"`` (``{seeds: questions or None}`` at k and 2k seeds) and ``"seeds_for_margin"`` (the
     fewest seeds with which some number of questions lets a TOST show equivalence)."""
     arms = pooled_arms(runs, explicit)
@@ -125,10 +130,18 @@ def planning_table(
     for name, (zero_shot, members) in arms.items():
         figures[name] = {}
         for outcome, (_, d) in effect_matrices(zero_shot, members).items():
-            if d.size == 0 or d.shape[1] < 2:
+            label = "accuracy, points" if outcome == "accuracy" else "p(gold)"
+            n = d.shape[1] if d.ndim == 2 else 0
+            if n < 2:  # nothing to split a variance over
+                figures[name][outcome] = {"seeds": len(members), "questions": n, "why_not": "too few questions"}
+                lines.append(f"| {name} | {label} | {len(members)} x {n} | not planned: {n} question(s) shared{EMPTY}")
                 continue
             c = variance_components(d)
-            k, n = c["seeds"], c["questions"]
+            k = c["seeds"]
+            if not any(c[v] for v in ("var_seed", "var_question", "var_residual")):
+                figures[name][outcome] = {**c, "why_not": "no spread"}
+                lines.append(f"| {name} | {label} | {k} x {n} | not planned: the differences have no spread{EMPTY}")
+                continue
             scale, digits, unit = (100, 1, " points") if outcome == "accuracy" else (1, 3, "")
             entry = {
                 **c,
@@ -162,6 +175,5 @@ def planning_table(
                 f"{entry[key] * scale:.{digits}f}"
                 for key in ("mde", "mde_double_seeds", "mde_double_questions", "mde_quadruple_questions")
             )
-            label = "accuracy, points" if outcome == "accuracy" else "p(gold)"
             lines.append(f"| {name} | {label} | {k} x {n} | {sd} | {mdes} | {need} |")
     return "\n".join(lines), figures

@@ -137,16 +137,28 @@ def replicate_groups(runs: Sequence[Run], explicit: dict[str, Sequence[str]] | N
 
 
 def check_groups(runs: Sequence[Run], explicit: dict[str, Sequence[str]] | None) -> None:
-    """Refuse, before a report is written, ``--group`` arms that cannot be compared: those
-    :func:`replicate_groups` refuses, an arm of fewer than two runs, or one without a zero-shot run of its method
-    among ``runs`` (``runs[0]``: the report's reference).
+    """Refuse, before a report is written, an optimizer arm that holds one compile seed twice (two runs of one draw
+    would count as two), and ``--group`` arms that cannot be compared: those :func:`replicate_groups` refuses, an
+    arm of fewer than two runs, or one without a zero-shot run of its method among ``runs`` (``runs[0]``: the
+    report's reference).
 
     Raises:
-        HCQRError: one line naming the group.
+        HCQRError: one line naming the arm or group.
     """
+    groups = replicate_groups(runs, explicit)
+    for name, members in groups.items():
+        seen: dict[int, str] = {}
+        for run in members:
+            seed = compile_seed(run)
+            if seed in seen:
+                raise HCQRError(
+                    f"optimizer arm {name}: runs {seen[seed]} and {run.label} are both compile seed {seed}; an arm's "
+                    "seeds are separate draws, so compare one of the two"
+                )
+            if seed is not None:
+                seen[seed] = run.label
     if not explicit:
         return
-    groups = replicate_groups(runs, explicit)
     for name in explicit:
         members = groups[name]
         if len(members) < 2:

@@ -13,6 +13,9 @@ RETRIEVAL_SETTINGS = ("budget", "k_per_query", "fusion", "max_context_tokens")
 INDEX_PLACES = ("path", "corpus_source")
 THREADS = "threads (flash attention on)"
 COMPILE_SETUP = "compile setup"
+# A saved program's compile setup that was not recorded (saved before programs recorded it), or not of its shape.
+NOT_RECORDED = "not recorded"
+MALFORMED = "malformed record"
 # The order fields are listed in (an index's fields come where "index" is).
 FIELD_ORDER = (
     *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
@@ -104,13 +107,24 @@ def compile_setup_field(meta: Any) -> str | None:
     """A saved program's compile setup as compared between compiled runs: the reply-setup fingerprint of the LM its
     compile ran (``meta.json``'s ``compile_setup.session.reply_setup``, :func:`hcqr_dspy.lm.reply_setup.lm_setup`),
     followed by ``+ cached <fingerprint>`` for each other setup under which replies DSPy's cache served the compile
-    were made (``unrecorded``: a reply cached without a record); ``None`` where the program records none (compiled
-    before programs recorded it, or no saved program)."""
-    setup = meta.get("compile_setup") if isinstance(meta, dict) else None
+    were made (``unrecorded``: a reply cached without a record); :data:`NOT_RECORDED` where the program records
+    none (compiled before programs recorded it), :data:`MALFORMED` where its record is not of that shape (edited by
+    hand), ``None`` for a ``meta.json`` that could not be read."""
+    if not isinstance(meta, dict):
+        return None
+    if "compile_setup" not in meta or meta["compile_setup"] is None:
+        return NOT_RECORDED
+    setup = meta["compile_setup"]
     session = setup.get("session") if isinstance(setup, dict) else None
     own = session.get("reply_setup") if isinstance(session, dict) else None
-    if not isinstance(own, str):
-        return None
-    cached = setup.get("cached_setups") if isinstance(setup.get("cached_setups"), list) else []
-    others = [e.get("setup") for e in cached if isinstance(e, dict) and e.get("setup") not in (own, None)]
+    cached = setup.get("cached_setups", []) if isinstance(setup, dict) else None
+    if not isinstance(own, str) or not isinstance(cached, list):
+        return MALFORMED
+    others = []
+    for entry in cached:
+        fingerprint = entry.get("setup") if isinstance(entry, dict) else None
+        if not isinstance(fingerprint, str):
+            return MALFORMED
+        if fingerprint != own:
+            others.append(fingerprint)
     return " ".join([own, *(f"+ cached {o}" for o in dict.fromkeys(others))])

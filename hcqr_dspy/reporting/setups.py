@@ -10,7 +10,8 @@ its demos, its answer step) only when everything else was the same. A run's setu
   limit); for a method that retrieves, the index (its record without where it lies: retriever, corpus fingerprint
   and count, encoder, vector index, search options) and the retrieval settings :data:`RETRIEVAL_SETTINGS`;
 * for a run of a saved program, from the program's ``meta.json``: its compile setup
-  (:func:`~hcqr_dspy.reporting.setup_fields.compile_setup_field`), compared between compiled runs only;
+  (:func:`~hcqr_dspy.reporting.setup_fields.compile_setup_field`), compared between compiled runs only, and only
+  where one of them records it (then a program that records none, or a malformed record, differs from it);
 * from each ``hcqr eval`` session's record (``sessions.jsonl``, which may change when a run is resumed): the
   in-process llama.cpp engine's model file SHA-256, build and CPU features, ``n_batch``, ``n_ubatch``,
   ``flash_attn``, ``use_extra_bufts`` and, with flash attention on only, its threads (whose split of the attention
@@ -39,6 +40,7 @@ from hcqr_dspy.lm.reply_setup import UNRECORDED
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.setup_fields import (
     COMPILE_SETUP,
+    NOT_RECORDED,
     compile_setup_field,
     field_rank,
     lm_fields,
@@ -138,7 +140,7 @@ def arm_setup(run: Run) -> ArmSetup:
                 add(False, {}, row["qid"], "cached replies of an unrecorded setup")
     common = run_fields(config)
     if run.program is not None:  # a saved program: the setup its compile ran on, compared between compiled runs
-        common[COMPILE_SETUP] = compile_setup_field(run.program.meta[0])
+        common[COMPILE_SETUP] = compile_setup_field(run.program.meta[0])  # setup_check drops it where none has one
     return ArmSetup(run.label, len(run.rows), common, parts)
 
 
@@ -331,6 +333,10 @@ def setup_check(runs: Sequence[Run]) -> SetupCheck:
     """The setups of ``runs`` (the reference first) compared: every pair's differences, and for each other run
     why its delta against the reference is confounded (its differences, its or the reference's mixed setups)."""
     arms = [arm_setup(r) for r in runs]
+    compiled = [a for a in arms if COMPILE_SETUP in a.common]
+    if all(a.common[COMPILE_SETUP] in (NOT_RECORDED, None) for a in compiled):  # none recorded: nothing to compare
+        for a in compiled:
+            a.common[COMPILE_SETUP] = None
     pairs = {(a.label, b.label): differences(a, b) for a, b in combinations(arms, 2)}
     unrecorded = {a.label for a in arms if not a.mixed and not any(p.recorded for p in a.parts)}
     unverified = {

@@ -14,6 +14,7 @@ from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import DataError, HCQRError
 from hcqr_dspy.optimize.seed_folders import seed_folders
 from hcqr_dspy.programs.method_registry import PROGRAMS
+from hcqr_dspy.reporting.equivalence import MIN_MARGIN_PGOLD, MIN_MARGIN_POINTS
 
 Positive = Annotated[int, Field(ge=1)]
 CELL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a folder name: the experiment's and each program cell's
@@ -55,13 +56,13 @@ class JudgeSpec(TypedDict, total=False):
 
 class ComparisonSpec(TypedDict, total=False):
     """``comparison:``: how each dataset's cells are compared (:func:`hcqr_dspy.reporting.compare`): equivalence
-    margins for accuracy (points, 0 < M <= 100) and p(gold) (0 < P <= 1), each adding a paired TOST per difference,
+    margins for accuracy (points, 0.01 to 100) and p(gold) (0.0001 to 1), each adding a paired TOST per difference,
     and ``strict_setup`` (refuse cells answered on different setups)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
 
-    margin: Annotated[float, Field(gt=0, le=100)]
-    margin_pgold: Annotated[float, Field(gt=0, le=1)]
+    margin: Annotated[float, Field(ge=MIN_MARGIN_POINTS, le=100, allow_inf_nan=False)]
+    margin_pgold: Annotated[float, Field(ge=MIN_MARGIN_PGOLD, le=1, allow_inf_nan=False)]
     strict_setup: bool
 
 

@@ -25,8 +25,8 @@ An experiment file (YAML) looks like::
                                            # reasoning: true, max_tokens: 512; limit: N, seed: 0 judges
                                            # the same seeded N questions of every cell)
     comparison:                            # optional: how the cells are compared (as `hcqr compare`)
-      margin: 5                            # TOST margin, accuracy points (0 < M <= 100)
-      margin_pgold: 0.05                   # TOST margin, p(gold) (0 < P <= 1)
+      margin: 5                            # TOST margin, accuracy points (0.01 to 100)
+      margin_pgold: 0.05                   # TOST margin, p(gold) (0.0001 to 1)
       strict_setup: true                   # refuse cells answered on different setups
 
 The file is a pydantic model (:class:`Experiment`, read by
@@ -44,8 +44,8 @@ one cell per ``seed-N/``, named ``<cell>-seed-N``) or a ``runs:/`` /
 and budget come with it (resolved, and their budget checked against the file's,
 before the first cell runs: :mod:`hcqr_dspy.workflows.experiment`);
 ``reference`` is a method or program cell; ``judge.mode`` is
-``context`` or ``passage``; ``comparison.margin`` is in (0, 100] points and
-``comparison.margin_pgold`` in (0, 1]
+``context`` or ``passage``; ``comparison.margin`` is from 0.01 to 100 points and
+``comparison.margin_pgold`` from 0.0001 to 1
 (:class:`~hcqr_dspy.workflows.experiment_fields.ComparisonSpec`). Every dataset must load with the question loader
 (:func:`hcqr_dspy.data.load_questions`), and retrieval methods need an index
 folder. An error is one line naming the file, the line, the field and what
