@@ -156,3 +156,18 @@ def test_mlflow_logs_a_mcnemar_p_only_for_a_run_the_report_tests_alone(study, tm
         line for line in note.splitlines() if line.startswith("| simple_rag+bootstrap_fewshot") and " pts | " in line
     ]
     assert len(seed_rows) == 3 and all(SEED_OF_ARM in line for line in seed_rows)
+
+
+def test_comparison_json_says_which_compiled_pairs_and_tosts_the_report_tests(study, tmp_path):
+    root, _ = study
+    names = ["simple_rag", *(f"simple_rag_bfs_{s}" for s in range(3)), "sr_mipro_0"]
+    compare([root / n for n in names], out_dir=tmp_path / "cmp", margin=5, margin_pgold=0.05)
+    summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    lone = "simple_rag+mipro_instructions"
+    tested = {label: f["tested"] for label, f in summary["compiled"].items()}
+    assert tested.pop(lone) is True and len(tested) == 3 and not any(tested.values())
+    # a TOST is flagged tested exactly when the family holds it (a test printed in two sections is one member)
+    numbered = {t["label"] for t in summary["tests"] if t["margin"] is not None}
+    for tost in summary["equivalence"]:
+        assert tost["tested"] == (tost["label"] in numbered), tost["label"]
+    assert any(t["tested"] for t in summary["equivalence"]) and not all(t["tested"] for t in summary["equivalence"])

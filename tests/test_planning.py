@@ -130,3 +130,26 @@ def test_an_arm_holding_one_compile_seed_twice_is_refused(tmp_path):
     ):
         compare([zero, *again], out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_mde_over_the_outcomes_range_reads_undetectable(tmp_path):
+    # two seeds that disagree on nearly every question: the seed component alone puts the MDE past 100 points
+    right = [True] * N
+    wrong = [i == 0 for i in range(N)]
+    almost = [i != 1 for i in range(N)]
+    probs = [0.5] * N
+    runs = [write_run(tmp_path / "zs", "simple_rag", right, probs)]
+    runs += [
+        write_run(tmp_path / f"s{s}", "simple_rag", rows, probs, saved(s, "bootstrap_fewshot"))
+        for s, rows in ((0, wrong), (1, almost))
+    ]
+    report, _ = compare(runs, out_dir=tmp_path / "out")
+    entry = json.loads((tmp_path / "out" / "comparison.json").read_text())["planning"]
+    accuracy = entry["simple_rag + bootstrap_fewshot"]["accuracy"]
+    assert accuracy["mde"] > 1 and accuracy["mde_quadruple_questions"] > 1
+    section = report.split("## Planning: more seeds or more questions")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| simple_rag + bootstrap_fewshot | acc"))
+    cells = [c.strip() for c in row.split("|")[5:9]]
+    # more questions do not shrink the seeds' part; twice the seeds do, under the range
+    assert accuracy["mde_double_seeds"] < 1
+    assert cells == ["undetectable", f"{accuracy['mde_double_seeds'] * 100:.1f}", "undetectable", "undetectable"], row

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hcqr_dspy.reporting.family import COMPILED, GAINS, MCNEMAR, WILCOXON, compared, mde_text, p_text
+from hcqr_dspy.reporting.family import (
+    COMPILED,
+    GAINS,
+    MCNEMAR,
+    WILCOXON,
+    compared,
+    mde_text,
+    p_text,
+    tested_alone,
+)
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.setups import pair_confounds
@@ -109,7 +118,9 @@ def compiled_pairs(runs: Sequence[Run], reference: Run | None = None) -> tuple[l
 
 def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
     """Markdown and figures of each (zero-shot, compiled) pair, ``runs[0]`` being the report's reference;
-    compiled runs without a partner are named under the table. ``None`` when no run is compiled."""
+    compiled runs without a partner are named under the table. ``None`` when no run is compiled. Each figure's
+    ``tested`` is false for a seed of an optimizer arm of seeds, tested pooled with its arm: its p-values are then
+    descriptive, in no family."""
     pairs, alone = compiled_pairs(runs, runs[0] if runs else None)
     if not pairs and not alone:
         return None, {}
@@ -158,6 +169,8 @@ def compiled_table(runs: Sequence[Run]) -> tuple[str | None, dict[str, Any]]:
             "accuracy_compiled": acc_run,
             "accuracy_diff": acc,
             "mcnemar": t,
+            # a seed of an arm of seeds is tested pooled with its arm: its p-values here are descriptive, no test
+            "tested": tested_alone(run.label),
             "gold_prob_scored": len(scored),
             "gold_prob_diff": gold,
             "compile_cost": cost,

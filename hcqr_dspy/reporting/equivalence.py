@@ -15,7 +15,7 @@ from typing import Any
 
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.reporting.compiled import compiled_pairs
-from hcqr_dspy.reporting.family import COMPILED, GOLD_PROBABILITY, REFERENCE, compared, p_text
+from hcqr_dspy.reporting.family import COMPILED, GOLD_PROBABILITY, REFERENCE, compared, p_text, runs_test
 from hcqr_dspy.reporting.gold_probability import gold_probs
 from hcqr_dspy.reporting.runs import Run
 from hcqr_dspy.reporting.stats import tost_paired
@@ -89,7 +89,8 @@ def _differences(ordered: Sequence[Run]) -> list[tuple[str, str, str, list[float
 
 def equivalence_table(ordered: Sequence[Run], margins: dict[str, float] | None) -> tuple[str | None, list[dict]]:
     """Markdown and figures of a TOST for every paired difference a margin applies to (``ordered[0]`` is the
-    reference); ``(None, [])`` without margins."""
+    reference); ``(None, [])`` without margins. Each figure's ``tested`` is false for a TOST of one seed of an
+    optimizer arm of seeds, which the report does not run (its p-value is descriptive, in no family)."""
     if not margins:
         return None, []
     lines = ["| tested difference | section | n | mean difference | TOST |", "|---|---|---:|---:|---|"]
@@ -113,7 +114,8 @@ def equivalence_table(ordered: Sequence[Run], margins: dict[str, float] | None) 
             )
         mean = "—" if t["mean_diff"] is None else f"{t['mean_diff'] * scale:+.{1 if key == 'accuracy' else 3}f}{unit}"
         lines.append(f"| {label} | {section} | {t['n']} | {mean} | {cell} |")
-        figures.append({"section": section, "label": label, "outcome": key, **t})
+        # a TOST of one seed of an arm of seeds is not run (SEED_OF_ARM): its p-value here is descriptive
+        figures.append({"section": section, "label": label, "outcome": key, **t, "tested": runs_test(section, label)})
     if not figures:
         return None, []
     return "\n".join(lines), figures

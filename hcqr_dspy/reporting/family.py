@@ -164,6 +164,12 @@ def tested_alone(label: str) -> bool:
     return label not in _ARM_SEEDS.get()
 
 
+def runs_test(section: str, label: str) -> bool:
+    """Whether :func:`p_text` runs the test ``label`` of ``section``: not a test of one seed of an optimizer arm
+    of two or more seeds outside :data:`ARM_SECTIONS` (:func:`seeds_tested_as_arms`)."""
+    return section in ARM_SECTIONS or not names_a_seed(label, _ARM_SEEDS.get())
+
+
 def names_a_seed(label: str, seeds: frozenset[str]) -> bool:
     """Whether a test's ``label`` compares one of ``seeds``: ``<seed> vs ...``, ``... vs <seed>: ...``
     (:func:`compared`) or ``gain of <seed> over ...`` (the gain-against-gain section)."""
@@ -200,7 +206,7 @@ def p_text(
     """
     if p is None or math.isnan(p):
         return "—"
-    if section not in ARM_SECTIONS and names_a_seed(label, _ARM_SEEDS.get()):
+    if not runs_test(section, label):
         return SEED_OF_ARM
     member = Member(float(p), section, label, test, difference or f"{section}: {label}", mde, margin)
     family = _ACTIVE.get()

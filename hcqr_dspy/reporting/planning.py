@@ -28,6 +28,7 @@ from typing import Any
 
 from hcqr_dspy.reporting.replicates import Z_80, Z_975, effect_matrices, pooled_arms
 from hcqr_dspy.reporting.runs import Run
+from hcqr_dspy.reporting.stats import format_mde
 
 Z = Z_975 + Z_80
 EMPTY = " | — | — | — | — | — |"  # the cells of a row not planned
@@ -46,7 +47,8 @@ PLANNING_NOTE = (
     "and at 2k seeds. Where the seeds' own variance alone is too large, no number of questions suffices and the "
     "seeds needed are given. The components are estimates: the seed one rests on k - 1 degrees of freedom, so "
     "with few seeds it is rough (a negative estimate, shown 0, means the seeds differed no more than question "
-    "noise makes them; the between-seed SD of Replicate compiles includes that noise). Not planned: fewer than 2 "
+    "noise makes them; the between-seed SD of Replicate compiles includes that noise). An MDE over the outcome's "
+    "range (100 points, or 1 of p(gold)) reads undetectable. Not planned: fewer than 2 "
     "shared questions, or differences without spread. A plan, not a test: it joins no family."
 )
 
@@ -172,7 +174,7 @@ def planning_table(
             sds = [math.sqrt(c[v]) * scale for v in ("var_seed", "var_question", "var_residual")]
             sd = "; ".join(f"{x:.{digits}f}" for x in sds)
             mdes = " | ".join(
-                f"{entry[key] * scale:.{digits}f}"
+                format_mde(entry[key], scale, digits)  # over the outcome's range: "undetectable"
                 for key in ("mde", "mde_double_seeds", "mde_double_questions", "mde_quadruple_questions")
             )
             lines.append(f"| {name} | {label} | {k} x {n} | {sd} | {mdes} | {need} |")
