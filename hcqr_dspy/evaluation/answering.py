@@ -37,6 +37,7 @@ from dspy.utils.exceptions import (
 )
 
 from hcqr_dspy.errors import DiskFullError, HCQRError, LMCapabilityError, LMReplyFormatError, ProgramError
+from hcqr_dspy.evaluation.cpu_pressure import PressureWindow
 from hcqr_dspy.evaluation.evidence import question_evidence
 from hcqr_dspy.evaluation.loop import run_resumable
 from hcqr_dspy.evaluation.outages import lm_failure
@@ -152,18 +153,20 @@ def evaluate(
     retriever = getattr(program, "retriever", None)
 
     def answer(example: dspy.Example) -> dict[str, Any]:
-        def attempt() -> tuple[dspy.Prediction, float, list[dict[str, Any]]]:
+        def attempt() -> tuple[dspy.Prediction, float, list[dict[str, Any]], float | None]:
+            window = PressureWindow()
             t0 = time.perf_counter()
             gold = {"gold": example.answer} if getattr(program, "uses_answer", False) else {}  # a bound's oracle
             with cached_reply_setups() as cached:
                 pred = program(question=example.question, options=example.options, **gold)
-            return pred, time.perf_counter() - t0, cached.summary()
+            return pred, time.perf_counter() - t0, cached.summary(), window.share()
 
         # a reply that is not the API's format (a gateway's HTML page, a cut JSON body) is retried with back-off
-        # like a refused connection; ``seconds`` and ``cached_setups`` are the answering try's
-        pred, seconds, cached = call_retrying_bad_replies(attempt)
+        # like a refused connection; ``seconds``, ``cached_setups`` and ``cpu_pressure`` are the answering try's
+        pred, seconds, cached, pressure = call_retrying_bad_replies(attempt)
         row = prediction_row(example, pred, method, seconds)
         row["cached_setups"] = cached  # under which setups the replies DSPy's cache served were made
+        row["cpu_pressure"] = pressure  # how contended the machine was meanwhile: are its seconds the method's?
         if retriever is not None and row["passages"] and example.answer is not None:
             shown = shown_documents(retriever, row["passages"])
             row["evidence"] = question_evidence(example.options, example.answer, shown)

@@ -40,7 +40,10 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
         ``distractor_coverage``, ``evidence_margin``); for HCQR rows also
         ``hypothesis_accuracy`` (over questions with a parsed hypothesis),
         ``hypothesis_invalid`` (questions whose hypothesis reply could not be
-        parsed) and ``answer_changed_rate`` (final answer differs from the hypothesis).
+        parsed) and ``answer_changed_rate`` (final answer differs from the hypothesis); ``mean_cpu_pressure`` and
+        ``cpu_pressure_rows``: the CPU contention over the rows that measured it
+        (:mod:`hcqr_dspy.evaluation.cpu_pressure`), as the share of their seconds in which some task waited for a
+        CPU (each row's share weighted by its seconds), and how many rows measured it (both absent when none did).
     """
     acc = MetricsAccumulator()
     for r in rows:
@@ -67,6 +70,7 @@ class MetricsAccumulator:
         self.sources: dict[str, int] = {}  # query source -> queries
         self.evidence_n, self.gold_mentioned, self.distractor_share = 0, 0, 0.0
         self.changes = dict.fromkeys(("with_hypothesis", "hypothesis_correct", *HYPOTHESIS_OUTCOMES), 0)
+        self.pressure_n, self.pressure_seconds, self.stalled_seconds = 0, 0.0, 0.0
 
     def add(self, r: dict[str, Any]) -> None:
         """Count one row (a record of ``predictions.jsonl``)."""
@@ -77,6 +81,10 @@ class MetricsAccumulator:
             self.correct += bool(r["correct"])
         for field in COST_FIELDS:
             self.costs[field] += r.get(field) or 0
+        if (pressure := r.get("cpu_pressure")) is not None:
+            self.pressure_n += 1
+            self.pressure_seconds += r.get("seconds") or 0
+            self.stalled_seconds += pressure * (r.get("seconds") or 0)
         for name, st in (r.get("stages") or {}).items():
             for field, value in st.items():
                 self.stages[name][field] += value or 0
@@ -129,6 +137,10 @@ class MetricsAccumulator:
         out.update(invalid=self.invalid, invalid_rate=self.invalid / n)
         for field, total in self.costs.items():
             out[f"mean_{field}"] = total / n
+        if self.pressure_n and self.pressure_seconds > 0:
+            out.update(
+                mean_cpu_pressure=self.stalled_seconds / self.pressure_seconds, cpu_pressure_rows=self.pressure_n
+            )
         for name, fields in self.stages.items():
             for field, total in fields.items():
                 out[f"{name}_mean_{field}"] = total / n

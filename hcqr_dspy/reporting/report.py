@@ -52,7 +52,13 @@ from hcqr_dspy.reporting.saved_programs import ProgramFolders
 from hcqr_dspy.reporting.setups import NOTE as SETUPS_NOTE
 from hcqr_dspy.reporting.setups import SetupCheck, setup_check
 from hcqr_dspy.reporting.stats import mcnemar_exact
-from hcqr_dspy.reporting.tables import cache_note, comparison_table, disagreements, stage_differences
+from hcqr_dspy.reporting.tables import (
+    cache_note,
+    comparison_table,
+    contention_note,
+    disagreements,
+    stage_differences,
+)
 
 # The notes under the report's tables.
 MCNEMAR_NOTE = (
@@ -218,6 +224,7 @@ def _report(
         MCNEMAR_NOTE
         + (f" {SEED_OF_ARM_NOTE}" if SEED_OF_ARM in reference_table else "")
         + (f"\n\n{note}" if (note := cache_note(ordered)) else "")
+        + (f"\n\n{contended}" if (contended := contention_note(ordered)) else "")
         + (f"\n\n{dagger}" if (dagger := setups.note()) else ""),
         "## Differences from the reference (percentage points)\n\n" + setups.mark(stage_differences(ordered, ref)),
         *_section("Gold-option probability (paired)", gold_md, GOLD_PROBABILITY_NOTE),

@@ -122,7 +122,8 @@ def _letter(value: Any) -> bool:
 def check_row(path: Path, row: dict[str, Any]) -> None:
     """Refuse a row a comparison would misread: a missing :data:`ROW_KEYS` field, a gold or predicted answer that
     is not an option letter, ``correct`` that disagrees with ``prediction`` and ``gold``, ``queries`` that are
-    not a list of strings, or a missing or negative cost (:data:`COST_KEYS`).
+    not a list of strings, a missing or negative cost (:data:`COST_KEYS`), or a ``cpu_pressure`` that is not a
+    share from 0 to 1.
 
     Raises:
         HCQRError: naming ``path`` and the question.
@@ -154,6 +155,11 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
         raise HCQRError(
             f"{where} has no usable cost ({', '.join(bad)}; each a finite number of at least 0, as `hcqr eval` "
             "writes); repair or delete that line"
+        )
+    pressure = row.get("cpu_pressure")
+    if pressure is not None and not (_amount(pressure) and pressure <= 1):
+        raise HCQRError(
+            f"{where} has cpu_pressure={pressure!r}, not a share from 0 to 1 (or null); repair or delete that line"
         )
 
 

@@ -79,6 +79,40 @@ def cache_note(runs: Sequence[Run]) -> str:
     )
 
 
+# A run whose answering time had some task waiting for a CPU this share of the time or more had its seconds inflated
+# by other work: its s/q is not the method's own cost.
+CONTENDED = 0.10
+
+
+def contention_note(runs: Sequence[Run]) -> str:
+    """A warning when the runs' seconds per question were measured under unlike CPU contention
+    (:mod:`hcqr_dspy.evaluation.cpu_pressure`, the rows' ``cpu_pressure``): some run was contended (at least
+    :data:`CONTENDED` of its answering time), or some runs measured it and others did not; ``""`` when every run
+    measured less, or none measured it."""
+    shares = {run.label: run.metrics.get("mean_cpu_pressure") for run in runs}
+    measured = [v for v in shares.values() if v is not None]
+    if not measured:
+        return ""
+    unmeasured = [label for label, v in shares.items() if v is None]
+    if not unmeasured and max(measured) < CONTENDED:
+        return ""
+
+    def share(run: Run) -> str:
+        value, m = shares[run.label], run.metrics
+        if value is None:
+            return f"{run.label} not measured"
+        rows = int(m.get("cpu_pressure_rows", 0))
+        return f"{run.label} {value:.0%}" + ("" if rows == m["n"] else f" ({rows}/{m['n']} questions measured)")
+
+    return (
+        "**Seconds and CPU contention:** s/q is wall time, which other work on the machine inflates. Share of each "
+        "run's answering time in which some task waited for a CPU (Linux pressure stall information, "
+        "/proc/pressure/cpu): " + "; ".join(share(run) for run in runs) + f". These runs' seconds were not measured "
+        f"alike (a share of {CONTENDED:.0%} or more, or a run not measured): compare "
+        "their s/q with care; LM calls and tokens per question do not depend on it."
+    )
+
+
 def stage_differences(runs: Sequence[Run], reference: Run) -> str:
     """Markdown: each run's accuracy, hypothesis accuracy, DUR and invalid rate minus the reference's (points)."""
 
@@ -120,7 +154,8 @@ def disagreements(runs: Sequence[Run], qids: Sequence[str]) -> str:
 
 
 def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Markdown table of accuracy ± standard error, invalid answers and cost per question.
+    """Markdown table of accuracy ± standard error, invalid answers and cost per question; a line under it names
+    the runs whose seconds were measured under CPU contention (:data:`CONTENDED` or more).
 
     Args:
         runs: ``(label, metrics)`` pairs, metrics from :func:`hcqr_dspy.evaluation.metrics.summarize`.
@@ -139,4 +174,17 @@ def metrics_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
             f"({m['invalid_rate']:.0%}) | {_calls(m)} | {m['mean_prompt_tokens']:.0f} | "
             f"{m['mean_completion_tokens']:.0f} | {m['mean_seconds']:.1f} |"
         )
+    contended = [f"{label} {m['mean_cpu_pressure']:.0%}" for label, m in runs if _contended(m)]
+    if contended:
+        lines += [
+            "",
+            "s/q measured under CPU contention (the share of the answering time some task waited for a CPU): "
+            + ", ".join(contended)
+            + "; other work on the machine inflated it.",
+        ]
     return "\n".join(lines)
+
+
+def _contended(m: dict[str, Any]) -> bool:
+    """Whether a run's metrics measured a CPU contention of :data:`CONTENDED` or more."""
+    return (m.get("mean_cpu_pressure") or 0) >= CONTENDED
