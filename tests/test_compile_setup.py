@@ -13,6 +13,7 @@ from test_optimize import setup, spec  # noqa: F401 - setup is a fixture
 from test_setups import other_versions, own_cache, stub_lm  # noqa: F401 - own_cache is a fixture
 
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.cpu_pressure import PSI_CPU
 from hcqr_dspy.lm.reply_setup import cached_reply_setups
 from hcqr_dspy.reporting import compare
 from hcqr_dspy.workflows.compile import run_compile
@@ -41,6 +42,11 @@ def test_a_compile_records_its_setup_and_whose_cached_replies_it_was_served(setu
         assert session["endpoint"]["root"] == "/models/stub-checkpoint-0" and recorded["cached_setups"] == []
         asked = stub.count
         assert asked > 0
+        cost = json.loads((Path(first["out"]) / "meta.json").read_text())["compile_cost"]
+        if PSI_CPU.exists():  # the machine's contention over the compile, a share of its seconds
+            assert 0 <= cost["cpu_pressure"] <= 1 and first["compile_cost"] == cost
+        else:
+            assert "cpu_pressure" not in cost
         with monkeypatch.context() as m:  # another dspy version: the same requests, answered from the cache
             other_versions(m)
             again = run_compile(stub_spec(setup, stub, "again"), track=False, lm=stub_lm(stub))

@@ -274,3 +274,16 @@ def test_a_difference_drawn_without_its_interval_is_hollow_and_the_axis_says_why
         ]
     )
     assert "hollow" not in fig.axes[1].get_xlabel()
+
+
+def test_a_compile_measured_under_contention_says_so_beside_its_cost(runs):
+    root = runs["root"]
+    cost = {"lm_calls": 40, "cached_lm_calls": 0, "prompt_tokens": 900, "completion_tokens": 100, "seconds": 600}
+    calm = saved_program(root / "p_calm", 0, 0, cost={**cost, "cpu_pressure": 0.03})
+    busy = saved_program(root / "p_busy", 0, 0, cost={**cost, "cpu_pressure": 0.42})
+    for name, program in (("calm", calm), ("busy", busy)):
+        compiled = write_run(root / f"hcqr_{name}", "hcqr", runs["bfs_h"], runs["p"]["ch"], program)
+        report, _ = compare([runs["hcqr"], compiled], out_dir=root / f"cmp_{name}")
+        said = "| 40 calls, 1,000 tokens, 600 s (under CPU contention: 42%) |"
+        assert (said in report) == (name == "busy")
+        assert "| 40 calls, 1,000 tokens, 600 s |" in report or name == "busy"

@@ -118,6 +118,7 @@ def print_compile(args: argparse.Namespace, out: dict, alias: str | None = None)
     print(
         f"  compile cost: {c['lm_calls']} LM calls (+{c['cached_lm_calls']} from the cache), "
         f"{c['prompt_tokens']} prompt + {c['completion_tokens']} completion tokens, {c['seconds']:.0f} s"
+        + (f" (some task waited for a CPU {c['cpu_pressure']:.0%} of that time)" if "cpu_pressure" in c else "")
     )
     if out["scores"].get("val_score") is not None:
         print(f"  the optimizer's validation score: {out['scores']['val_score']:.1%}")

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 PSI_CPU = Path("/proc/pressure/cpu")
+# A span of work during which some task waited for a CPU this share of the time or more had its seconds inflated by
+# other work: they are not the work's own cost.
+CONTENDED = 0.10
 
 
 def cpu_stall_us(path: Path = PSI_CPU) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hcqr_dspy.evaluation.cpu_pressure import CONTENDED
 from hcqr_dspy.reporting.family import (
     COMPILED,
     GAINS,
@@ -102,7 +103,13 @@ def _cost(cost: dict[str, float] | None, why: str | None) -> str:
     if cost is None:
         return f"not known ({why})"
     tokens = cost["prompt_tokens"] + cost["completion_tokens"]
-    return f"{cost['lm_calls']:.0f} calls, {tokens:,.0f} tokens, {cost['seconds']:,.0f} s"
+    pressure = cost.get("cpu_pressure")
+    contended = (
+        f" (under CPU contention: {pressure:.0%})"
+        if isinstance(pressure, float | int) and not isinstance(pressure, bool) and pressure >= CONTENDED
+        else ""
+    )
+    return f"{cost['lm_calls']:.0f} calls, {tokens:,.0f} tokens, {cost['seconds']:,.0f} s{contended}"
 
 
 def compiled_pairs(runs: Sequence[Run], reference: Run | None = None) -> tuple[list[tuple[Run, Run]], list[Run]]:

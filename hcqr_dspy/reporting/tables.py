@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hcqr_dspy.evaluation.cpu_pressure import CONTENDED
 from hcqr_dspy.reporting.family import MCNEMAR, REFERENCE, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run, judged_ids
 from hcqr_dspy.reporting.stats import discordant_mde, mcnemar_exact
@@ -77,11 +78,6 @@ def cache_note(runs: Sequence[Run]) -> str:
         "calls answered by DSPy's cache cost nothing here (the answer step's letter-distribution prefill is never "
         "cached and shows in the answer stage's seconds). Compare costs with care for: " + "; ".join(notes) + "."
     )
-
-
-# A run whose answering time had some task waiting for a CPU this share of the time or more had its seconds inflated
-# by other work: its s/q is not the method's own cost.
-CONTENDED = 0.10
 
 
 def contention_note(runs: Sequence[Run]) -> str:

@@ -20,6 +20,7 @@ from dspy.utils.exceptions import ContextWindowExceededError
 
 from hcqr_dspy.errors import HCQRError, LMUnavailableError, RecipeError
 from hcqr_dspy.evaluation.answering import LM_UNAVAILABLE
+from hcqr_dspy.evaluation.cpu_pressure import PressureWindow
 from hcqr_dspy.evaluation.lock import WriterLock
 from hcqr_dspy.evaluation.outages import lm_failure
 from hcqr_dspy.evaluation.provenance import session_record
@@ -304,6 +305,7 @@ def _compile(checked: CompileInputs, cost: dict[str, Any]):
 
     adapter = HCQRAdapter()
     callbacks = [*dspy.settings.get("callbacks", []), LMFailures()]
+    window = PressureWindow()  # how contended the machine was: are the compile's seconds its own?
     try:
         with (
             dspy.context(lm=checked.lm, adapter=adapter, callbacks=callbacks),
@@ -323,6 +325,8 @@ def _compile(checked: CompileInputs, cost: dict[str, Any]):
         ) from None
     if failures:
         raise unavailable(failures[0])
+    if (pressure := window.share()) is not None:  # without PSI nothing is measured, and nothing recorded
+        cost["cpu_pressure"] = pressure
     counts = stage_demos(compiled, adapter)
     shortfall = bootstrap_shortfall(bootstraps_asked(recipe.optimizer, recipe.settings, recipe.compile), counts)
     setup = {"session": session_record("compile", checked.lm), "cached_setups": cached.summary()}
