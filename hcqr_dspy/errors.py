@@ -69,6 +69,10 @@ class RunError(HCQRError):
     """A run folder cannot be used: another configuration, not writable, unreadable or foreign records."""
 
 
+class SetupMismatchError(HCQRError):
+    """A strict-setup run would answer on another setup than its run folders recorded (nothing was written)."""
+
+
 class ResponseCacheError(HCQRError):
     """DSPy's response cache folder (``$DSPY_CACHEDIR``) cannot take the run's memory bounds: it is not writable, or
     another process held it locked past diskcache's 60 s retry. Nothing has run yet."""

@@ -11,7 +11,8 @@ from dspy.utils import DummyLM
 from helpers import TINY_ROWS, snippet, write_jsonl
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.errors import ExperimentError, HCQRError
+from hcqr_dspy.errors import ExperimentError, HCQRError, SetupMismatchError
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.optimize.saved import save_program
 from hcqr_dspy.programs import HCQR
 from hcqr_dspy.retrieval import BM25Retriever, load_corpus, load_index
@@ -315,6 +316,25 @@ def test_the_files_comparison_margins_and_setup_check_reach_the_report(setup, ml
     lenient = load_experiment(write_exp(setup, **spec, comparison={"margin": 5}))
     run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert "2.6.0" in (folder / "comparison" / "comparison.md").read_text()  # flagged, not refused
+
+
+def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(setup, mlflow_store):
+    spec = {"datasets": {"d1": "d1.json"}, "methods": ["cot", "simple_rag"], "method_options": {}}
+    strict = {"strict_setup": True}
+    exp = load_experiment(write_exp(setup, **spec, comparison=strict))
+    run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    folder = setup / "runs" / "grid" / "d1"
+    sessions = folder / "cot" / "sessions.jsonl"  # the cot cell answered on another dspy than this process's
+    record = json.loads(sessions.read_text().splitlines()[0])
+    record["packages"]["dspy"] = "2.6.0"
+    sessions.write_text(json.dumps(record) + "\n")
+    grown = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}, comparison=strict))
+    with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/cot \(session 1\) recorded 2.6.0"):
+        run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert not (folder / "hcqr").exists()  # the new cell was refused before anything was written
+    lenient = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}))
+    run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert len(RunFolder(folder / "hcqr").rows()) == 2
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

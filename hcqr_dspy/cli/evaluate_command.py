@@ -54,7 +54,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     spec = _spec(EvalSpec, args, args.dataset, labelled=True)
     result, run_dir, run_id = run_evaluation(
-        spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, traces=args.traces
+        spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, traces=args.traces, strict_setup=args.strict_setup
     )
     print(metrics_table([(spec.method + (f" ({args.program})" if args.program else ""), result.metrics)]))
     print(f"\n{result.ran} questions run now, {result.resumed} resumed from {run_dir / 'predictions.jsonl'}")
@@ -104,6 +104,13 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         "store; mlflow:REF@STORE for another store) or a hub dataset name",
     )
     add_run_args(p, "evaluate")
+    p.add_argument(
+        "--strict-setup",
+        action="store_true",
+        help="resuming a run folder, refuse (before any question, nothing written) to answer on another setup than "
+        "its earlier sessions recorded: model file, llama.cpp build and CPU features, engine settings, endpoint "
+        "model card, dspy / llama-cpp-python / litellm versions (default: recorded, noted, and flagged by compare)",
+    )
     p.set_defaults(func=cmd_eval)
 
     p = command(

@@ -19,7 +19,7 @@ import dspy
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import HCQRError
 from hcqr_dspy.evaluation.answering import EvalResult, evaluate
-from hcqr_dspy.evaluation.provenance import machine_key
+from hcqr_dspy.evaluation.provenance import machine_key, session_record
 from hcqr_dspy.evaluation.records import write_probe
 from hcqr_dspy.evaluation.rows import answer_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
@@ -29,6 +29,7 @@ from hcqr_dspy.programs import refuse_bound
 from hcqr_dspy.trace_levels import trace_level
 from hcqr_dspy.tracking.evaluation_run import evaluation_run
 from hcqr_dspy.tracking.store import open_store
+from hcqr_dspy.workflows.setup_guard import check_same_setup
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ def run_evaluation(
     lm: Any = None,
     on_row: Any = None,
     traces: str | None = None,
+    strict_setup: bool = False,
+    same_setup_as: Sequence[str | Path] = (),
 ) -> tuple[EvalResult, Path, str | None]:
     """Resolve, run (resuming the run folder if it has rows) and track one evaluation as an MLflow run.
 
@@ -77,6 +80,10 @@ def run_evaluation(
         traces: What a tracked question's trace keeps (:func:`hcqr_dspy.trace_levels.trace_level`: ``full``, ``light``,
             ``off``; ``None``: ``$HCQR_TRACES``, else ``full``); ``off`` records no traces and scores none. The
             run's tag ``hcqr.traces`` names the last session's level.
+        strict_setup: Before a question is answered (when any is left), refuse to answer on another setup than
+            the ``hcqr eval`` sessions recorded in the run folder and in ``same_setup_as`` (other run folders, the
+            cells of one study): :func:`hcqr_dspy.workflows.setup_guard.check_same_setup`. Without it a resume on
+            another setup is recorded and noted, and ``hcqr compare`` flags the run as mixed.
 
     Tracked, the MLflow run is named ``method · dataset · LM · zero-shot|compiled:<recipe>``
     (:func:`~hcqr_dspy.tracking.evaluation_run.mlflow_run_name`) and tagged likewise; its description links the MLflow
@@ -89,7 +96,8 @@ def run_evaluation(
         The result, the run folder and the MLflow run id (``None`` untracked).
 
     Raises:
-        HCQRError: bad input or an unusable LM (before anything is written), an
+        HCQRError: bad input or an unusable LM (before anything is written), a
+            :class:`~hcqr_dspy.errors.SetupMismatchError` (strict setup; nothing written), an
             unusable run folder, :class:`~hcqr_dspy.errors.LMUnavailableError`
             or :class:`~hcqr_dspy.errors.ProgramError` mid-run.
     """
@@ -108,6 +116,8 @@ def run_evaluation(
                 api_key_env=spec.api_key_env,
             )
             check_lm(lm)
+        if strict_setup and {str(q.qid) for q in questions} - {r["qid"] for r in folder.iter_rows()}:
+            check_same_setup(session_record("eval", lm), [folder.path, *same_setup_as])  # before anything is written
         if track:  # a store that cannot be used is refused before the run folder is written
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))

@@ -53,7 +53,9 @@ def run_experiment(
 
     Raises:
         HCQRError: from any cell (finished cells and questions are kept;
-            re-running resumes).
+            re-running resumes). With ``comparison: {strict_setup: true}``, a
+            :class:`~hcqr_dspy.errors.SetupMismatchError` before a cell answers on another setup than any cell
+            recorded (:func:`hcqr_dspy.workflows.setup_guard.check_same_setup`).
     """
     import mlflow  # heavy: imported only to run
 
@@ -76,6 +78,7 @@ def run_experiment(
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
         cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
+        cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
         for dname, dfile in exp.datasets.items():
             out["cells"][dname] = {}
             run_dirs = []
@@ -99,7 +102,15 @@ def run_experiment(
                     search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
                     encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
                 )
-                result, run_dir, _ = run_evaluation(spec, mlflow_dir=mlflow_dir, progress=progress, lm=lm)
+                result, run_dir, _ = run_evaluation(
+                    spec,
+                    mlflow_dir=mlflow_dir,
+                    progress=progress,
+                    lm=lm,
+                    # one setup for every cell: a cell is refused before it answers on another than the others'
+                    strict_setup=bool(exp.comparison.get("strict_setup")),
+                    same_setup_as=cell_folders,
+                )
                 out["cells"][dname][cell] = result.metrics
                 run_dirs.append(run_dir)
             if exp.judge is not None:

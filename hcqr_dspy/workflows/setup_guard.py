@@ -1,0 +1,61 @@
+"""Refusing, before a question is answered, to add rows on another setup to runs meant to share one.
+
+``hcqr compare --strict-setup`` refuses runs whose recorded setups differ (:mod:`hcqr_dspy.reporting.setups`), but
+only once every run is done: a study resumed on a machine with another llama.cpp build (or another dspy, model file,
+batch size ...) would answer for hours and then be refused, or leave a run *mixed*. With a strict setup (``hcqr eval
+--strict-setup``, an experiment file's ``comparison: {strict_setup: true}``), this session's setup is checked first
+against every ``hcqr eval`` session the given run folders recorded, with the fields ``hcqr compare`` compares for a
+session (:func:`hcqr_dspy.reporting.setup_fields.lm_fields`: model file, build and CPU features, batches, flash
+attention, repacking, threads with flash attention on, an endpoint's model card, the versions of dspy and
+llama-cpp-python or litellm), and the first field that differs is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from hcqr_dspy.errors import SetupMismatchError
+from hcqr_dspy.evaluation.folders import SESSIONS
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.reporting.setup_fields import field_rank, lm_fields, shown_value
+
+
+def session_fields(session: dict[str, Any]) -> dict[str, Any]:
+    """The setup fields of a session record (``sessions.jsonl``), as ``hcqr compare`` compares them."""
+    return lm_fields(session.get("engine"), session.get("endpoint"), session.get("packages"))
+
+
+def recorded_setups(folders: Iterable[str | Path]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, fields)`` of every ``hcqr eval`` session the run folders recorded (a folder without
+    ``sessions.jsonl`` recorded none); ``where``: ``FOLDER (session N)``.
+
+    Raises:
+        RunError: a malformed ``sessions.jsonl`` (:meth:`~hcqr_dspy.evaluation.run_folder.RunFolder.sessions`).
+    """
+    for path in dict.fromkeys(Path(f) for f in folders):
+        if not (path / SESSIONS).is_file():
+            continue
+        for session in RunFolder(path).sessions():
+            if session.get("command") == "eval":
+                yield f"{path} (session {session['session']})", session_fields(session)
+
+
+def check_same_setup(session: dict[str, Any], folders: Iterable[str | Path]) -> None:
+    """Refuse ``session`` (:func:`~hcqr_dspy.evaluation.provenance.session_record` of the LM about to answer) when a
+    field it shares with a session recorded in ``folders`` has another value there.
+
+    Raises:
+        SetupMismatchError: naming the field, both values and the folder and session that recorded the other.
+        RunError: a malformed ``sessions.jsonl``.
+    """
+    now = session_fields(session)
+    for where, fields in recorded_setups(folders):
+        for name in sorted(now.keys() & fields.keys(), key=field_rank):
+            if now[name] != fields[name]:
+                raise SetupMismatchError(
+                    f"strict setup: this session's {name} is {shown_value(now[name])}, but {where} recorded "
+                    f"{shown_value(fields[name])}; answer on that setup (the same machine kind, build, settings and "
+                    "library versions), or drop the strict setup to record a mixed run; nothing was written"
+                )

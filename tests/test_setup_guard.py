@@ -1,0 +1,96 @@
+"""A strict setup refuses, before a question is answered, to add rows on another setup than the run folders recorded:
+`hcqr eval --strict-setup` against its own folder's sessions, an experiment file's `strict_setup` against every cell's;
+the field that differs is named in one line and nothing is written."""
+
+import json
+from importlib import metadata
+
+import pytest
+from stub_server import Stub
+from test_setups import ENGINE, evaluate, other_versions, own_cache, session, stub_lm  # noqa: F401 - a fixture
+
+from hcqr_dspy.cli import main
+from hcqr_dspy.errors import SetupMismatchError
+from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.workflows.evaluate import run_evaluation
+from hcqr_dspy.workflows.setup_guard import check_same_setup
+from hcqr_dspy.workflows.specs import EvalSpec
+
+
+def write_sessions(folder, *records):
+    folder.mkdir(parents=True)
+    (folder / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_the_first_field_that_differs_from_any_recorded_session_is_named(tmp_path):
+    same = write_sessions(tmp_path / "same", session(1, 0))
+    check_same_setup(session(9, 0), [same, tmp_path / "no-such-folder"])  # one setup; a folder never run: nothing
+    judged = write_sessions(tmp_path / "judged", {**session(1, 0, engine={"build": "portable"}), "command": "judge"})
+    check_same_setup(session(9, 0), [judged])  # a judge's session answered no question of the run
+    later = write_sessions(tmp_path / "later", session(1, 0), session(2, 3, engine={"n_ubatch": 256}))
+    with pytest.raises(
+        SetupMismatchError, match=r"this session's n_ubatch is 512, but .*later \(session 2\) recorded 256"
+    ):
+        check_same_setup(session(9, 0), [same, later])
+    # the first field in the report's order: the model file before the build, the build before the batch size
+    with pytest.raises(SetupMismatchError, match=r"this session's llama.cpp build is portable, but .*later"):
+        check_same_setup(session(9, 0, engine={"build": "portable", "n_ubatch": 128}), [later])
+    with pytest.raises(SetupMismatchError, match=r"this session's model file is cdcdcdcdcdcd, but .*recorded ababab"):
+        check_same_setup(session(9, 0, engine={"build": "portable", "model_sha256": "cd" * 32}), [later])
+    # threads are compared with flash attention on only, as compare does
+    two = write_sessions(tmp_path / "two", session(1, 0, engine={"n_threads": 2, "flash_attn": False}))
+    check_same_setup(session(9, 0, engine={"n_threads": 16, "flash_attn": False}), [two])
+    with pytest.raises(SetupMismatchError, match=r"flash_attn is on, but"):
+        check_same_setup(session(9, 0, engine={"n_threads": 2}), [two])
+    # an endpoint's session shares only dspy with an in-process one: nothing else is compared
+    card = {"id": "m", "root": "/ckpt"}
+    check_same_setup(session(9, 0, engine=None, endpoint=card), [same])
+    assert ENGINE["build"] == "avx512"
+
+
+def spec(bench, stub):
+    return EvalSpec(
+        method="cot",
+        dataset=str(bench / "qs.json"),
+        lm="openai/stub-model",
+        api_base=stub.base,
+        api_key_env="STUB_KEY",
+        run_dir=str(bench / "run"),
+    )
+
+
+def test_eval_strict_setup_refuses_a_resume_on_another_setup(bench, own_cache, monkeypatch, capsys):  # noqa: F811
+    stub = Stub()
+    try:
+        evaluate(bench, stub, "run", stub_lm(stub))
+        folder = RunFolder(bench / "run")
+        lines = folder.predictions.path.read_text().splitlines()
+        folder.predictions.path.write_text("\n".join(lines[:4]) + "\n")  # killed after four questions
+        before = (folder.predictions.path.read_text(), (bench / "run" / "sessions.jsonl").read_text())
+        real = metadata.version("dspy")
+        argv = ["eval", "--method", "cot", "--dataset", str(bench / "qs.json"), "--lm", "openai/stub-model"]
+        argv += ["--api-base", stub.base, "--api-key-env", "STUB_KEY", "--run-dir", str(bench / "run"), "--no-mlflow"]
+        with monkeypatch.context() as m:
+            other_versions(m)  # resumed after an upgrade of dspy
+            capsys.readouterr()
+            assert main([*argv, "--strict-setup"]) == 2
+            [line] = capsys.readouterr().err.strip().splitlines()
+            assert line.startswith("hcqr: error: strict setup: this session's dspy is 3.9.0, but ")
+            assert f"run (session 1) recorded {real}" in line and "nothing was written" in line
+            asked = stub.count
+            with pytest.raises(SetupMismatchError, match=r"dspy is 3.9.0"):
+                run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+            assert stub.count == asked  # refused before any question
+            assert before == (folder.predictions.path.read_text(), (bench / "run" / "sessions.jsonl").read_text())
+            # not strict: resumed on the other setup and recorded so (the run is mixed, which compare flags)
+            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub))
+            assert len(folder.rows()) == 6 and [s["packages"]["dspy"] for s in folder.sessions()] == [real, "3.9.0"]
+            # a finished run answers nothing: a strict rerun is not refused
+            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+        # a folder already mixed: a strict resume on either setup is refused
+        folder.predictions.path.write_text("\n".join(folder.predictions.path.read_text().splitlines()[:5]) + "\n")
+        with pytest.raises(SetupMismatchError, match=rf"dspy is {real}, but .*run \(session 2\) recorded 3.9.0"):
+            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+    finally:
+        stub.stop()
