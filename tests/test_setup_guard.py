@@ -6,12 +6,16 @@ import json
 from importlib import metadata
 
 import pytest
+from helpers import compile_spec
 from stub_server import Stub
+from test_compile_seeds import gold_lm
 from test_setups import ENGINE, evaluate, other_versions, own_cache, session, stub_lm  # noqa: F401 - a fixture
 
 from hcqr_dspy.cli import main
 from hcqr_dspy.errors import SetupMismatchError
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.optimize.saved import read_meta
+from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.setup_guard import check_same_setup
 from hcqr_dspy.workflows.specs import EvalSpec
@@ -94,3 +98,31 @@ def test_eval_strict_setup_refuses_a_resume_on_another_setup(bench, own_cache, m
             run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
     finally:
         stub.stop()
+
+
+def test_compile_seeds_strict_setup_refuses_the_seeds_left_on_another_setup(demo_bm25, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "bfs"
+    run_compile_seeds(compile_spec(demo_bm25, root), [0], track=False, lm=gold_lm())
+    real = metadata.version("dspy")
+    with monkeypatch.context() as m:
+        other_versions(m)  # the seeds left, compiled after an upgrade of dspy
+        with pytest.raises(SetupMismatchError, match=rf"dspy is 3.9.0, but .*bfs/seed-0 recorded {real}"):
+            run_compile_seeds(compile_spec(demo_bm25, root), [0, 1], track=False, lm=gold_lm(), strict_setup=True)
+        assert sorted(p.name for p in root.iterdir()) == ["seed-0"]  # nothing written
+        done = run_compile_seeds(compile_spec(demo_bm25, root), [0, 1], track=False, lm=gold_lm())
+    assert [s["status"] for s in done["seeds"]] == ["skipped", "compiled"]  # not strict: compiled, and recorded so
+    assert read_meta(root / "seed-1")["compile_setup"]["session"]["packages"]["dspy"] == "3.9.0"
+    # on the saved seeds' setup: compiled; a saved seed without a record cannot be checked
+    done = run_compile_seeds(compile_spec(demo_bm25, root), [0, 2], track=False, lm=gold_lm(), strict_setup=True)
+    assert [s["status"] for s in done["seeds"]] == ["skipped", "compiled"]
+    meta = json.loads((root / "seed-0" / "meta.json").read_text())
+    del meta["compile_setup"]
+    (root / "seed-0" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SetupMismatchError, match=r"saved program .*seed-0 records no compile setup"):
+        run_compile_seeds(compile_spec(demo_bm25, root), [0, 3], track=False, lm=gold_lm(), strict_setup=True)
+    assert not (root / "seed-3").exists()
+    argv = ["compile", "--recipe", "bootstrap_fewshot", "--train", "q.json", "--out", str(tmp_path / "x")]
+    capsys.readouterr()
+    assert main([*argv, "--strict-setup"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == "hcqr: error: --strict-setup applies to --seeds: it checks the seeds left against the seeds saved"

@@ -39,6 +39,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seed is not None:
         raise HCQRError(f"give either --seed {args.seed} or --seeds {args.seeds}, not both")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    if args.strict_setup and args.seeds is None:
+        raise HCQRError("--strict-setup applies to --seeds: it checks the seeds left against the seeds saved")
     options = parsed_program_options(args)
     if args.program in PROGRAMS:
         check_program_options(args.program, options)
@@ -69,7 +71,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         out = run_compile(spec, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow)
         print_compile(args, out)
         return 0
-    done = run_compile_seeds(spec, seeds, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, report=print)
+    done = run_compile_seeds(
+        spec, seeds, mlflow_dir=args.mlflow_dir, track=not args.no_mlflow, report=print, strict_setup=args.strict_setup
+    )
     for item in done["seeds"]:
         if item["status"] == "compiled":
             print_compile(args, item["result"], alias=f"{args.alias}-seed-{item['seed']}" if args.alias else None)
@@ -219,6 +223,13 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="replicate compiles: one per seed (e.g. 0,1,2,3), each saved in OUT/seed-N/, registered (--register) "
         "as its own version tagged seed=N; seeds already saved there are skipped, a failed seed does not stop the "
         "others (default: the recipe's seeds, else one compile)",
+    )
+    p.add_argument(
+        "--strict-setup",
+        action="store_true",
+        help="with --seeds: refuse (before any LM call of a compile, nothing written) to compile the seeds left on "
+        "another setup than the seeds saved in OUT recorded (meta.json's compile_setup: model file, llama.cpp build "
+        "and CPU features, engine settings, library versions), so one arm's seeds share one setup",
     )
     p.add_argument("--reflection-lm", default=None, help="GEPA's reflection LM spec (default: the recipe's)")
     add_endpoint_args(p, prefix="reflection-", who="the reflection LM")

@@ -22,6 +22,7 @@ from typing import Any
 
 from hcqr_dspy.data import load_questions
 from hcqr_dspy.errors import HCQRError, ProgramFormatError, RecipeError
+from hcqr_dspy.evaluation.provenance import session_record
 from hcqr_dspy.optimize.catalog import seed_problem
 from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.saved import META_FILE, read_meta
@@ -34,6 +35,7 @@ from hcqr_dspy.workflows.compile_inputs import (
     finished_program,
     seeded,
 )
+from hcqr_dspy.workflows.setup_guard import check_same_compile_setup
 
 SEED_FOLDER = re.compile(r"^seed-(\d+)$")
 SEED_LOCK = re.compile(r"^\.seed-\d+\.writer\.lock$")  # run_compile's lock beside a seed's folder
@@ -164,6 +166,7 @@ def run_compile_seeds(
     lm=None,
     reflection_lm=None,
     report: Callable[[str], None] | None = None,
+    strict_setup: bool = False,
 ) -> dict[str, Any]:
     """Compile ``spec`` once per seed, each into ``<spec.out>/seed-<N>/`` (:func:`seed_spec`,
     :func:`~hcqr_dspy.workflows.compile.run_compile`).
@@ -179,6 +182,9 @@ def run_compile_seeds(
     Args:
         seeds: The seeds (default: the recipe's ``seeds``).
         report: Called with one line as each seed is skipped, starts, or fails.
+        strict_setup: With seeds left to compile beside saved ones, refuse (before the first LM call of a compile,
+            nothing written) to compile them on another setup than the saved seeds recorded
+            (:func:`hcqr_dspy.workflows.setup_guard.check_same_compile_setup`): one arm's seeds on one setup.
         mlflow_dir, track, lm, reflection_lm: As for :func:`~hcqr_dspy.workflows.compile.run_compile`.
 
     Returns:
@@ -188,6 +194,7 @@ def run_compile_seeds(
 
     Raises:
         HCQRError, RecipeError, ProgramFormatError: bad input, as above (one line naming the value).
+        SetupMismatchError: with ``strict_setup``, this session's setup is not the saved seeds'.
     """
     say = report or (lambda line: None)
     if spec.seed is not None:
@@ -216,6 +223,8 @@ def run_compile_seeds(
     if todo:  # every other input, once; the LMs built here serve every seed
         checked = check_inputs(todo[0], track, lm, reflection_lm)
         lm, reflection_lm = checked.lm, checked.reflection_lm
+        if strict_setup and skipped:  # the seeds left, compiled now, beside the saved ones: one setup or refused
+            check_same_compile_setup(session_record("compile", lm), skipped.values())
     results = []
     for seed in seeds:
         if seed in skipped:

@@ -19,6 +19,7 @@ from typing import Any
 from hcqr_dspy.errors import SetupMismatchError
 from hcqr_dspy.evaluation.folders import SESSIONS
 from hcqr_dspy.evaluation.run_folder import RunFolder
+from hcqr_dspy.optimize.saved import read_meta
 from hcqr_dspy.reporting.setup_fields import field_rank, lm_fields, shown_value
 
 
@@ -50,12 +51,39 @@ def check_same_setup(session: dict[str, Any], folders: Iterable[str | Path]) -> 
         SetupMismatchError: naming the field, both values and the folder and session that recorded the other.
         RunError: a malformed ``sessions.jsonl``.
     """
-    now = session_fields(session)
-    for where, fields in recorded_setups(folders):
+    _refuse_other(session_fields(session), recorded_setups(folders), "answer", "record a mixed run")
+
+
+def check_same_compile_setup(session: dict[str, Any], programs: Iterable[str | Path]) -> None:
+    """Refuse ``session`` (the compile's :func:`~hcqr_dspy.evaluation.provenance.session_record`) when a field it
+    shares with the compile session that a saved program in ``programs`` recorded (``meta.json``'s
+    ``compile_setup``) has another value there, or when a saved program records none (it cannot be checked).
+
+    Raises:
+        SetupMismatchError: naming the field and both values, or the program without a record.
+    """
+    recorded = []
+    for folder in programs:
+        setup = read_meta(folder).get("compile_setup")
+        record = setup.get("session") if isinstance(setup, dict) else None
+        if not isinstance(record, dict):
+            raise SetupMismatchError(
+                f"strict setup: the saved program {folder} records no compile setup (saved before programs "
+                "recorded one, or edited), so whether it was compiled on this setup cannot be checked; nothing was "
+                "written"
+            )
+        recorded.append((str(folder), session_fields(record)))
+    _refuse_other(session_fields(session), recorded, "compile", "save seeds compiled on different setups")
+
+
+def _refuse_other(now: dict[str, Any], recorded: Iterable[tuple[str, dict[str, Any]]], verb: str, else_: str) -> None:
+    """Raise on the first field (in the report's order) of ``now`` that a ``(where, fields)`` of ``recorded``
+    holds with another value."""
+    for where, fields in recorded:
         for name in sorted(now.keys() & fields.keys(), key=field_rank):
             if now[name] != fields[name]:
                 raise SetupMismatchError(
                     f"strict setup: this session's {name} is {shown_value(now[name])}, but {where} recorded "
-                    f"{shown_value(fields[name])}; answer on that setup (the same machine kind, build, settings and "
-                    "library versions), or drop the strict setup to record a mixed run; nothing was written"
+                    f"{shown_value(fields[name])}; {verb} on that setup (the same machine kind, build, settings and "
+                    f"library versions), or drop the strict setup to {else_}; nothing was written"
                 )
