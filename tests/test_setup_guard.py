@@ -9,6 +9,7 @@ import pytest
 from helpers import compile_spec
 from stub_server import Stub
 from test_compile_seeds import gold_lm
+from test_faults import spec
 from test_setups import ENGINE, evaluate, other_versions, own_cache, session, stub_lm  # noqa: F401 - a fixture
 
 from hcqr_dspy.cli import main
@@ -18,7 +19,6 @@ from hcqr_dspy.optimize.saved import read_meta
 from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.setup_guard import check_same_setup
-from hcqr_dspy.workflows.specs import EvalSpec
 
 
 def write_sessions(folder, *records):
@@ -53,17 +53,6 @@ def test_the_first_field_that_differs_from_any_recorded_session_is_named(tmp_pat
     assert ENGINE["build"] == "avx512"
 
 
-def spec(bench, stub):
-    return EvalSpec(
-        method="cot",
-        dataset=str(bench / "qs.json"),
-        lm="openai/stub-model",
-        api_base=stub.base,
-        api_key_env="STUB_KEY",
-        run_dir=str(bench / "run"),
-    )
-
-
 def test_eval_strict_setup_refuses_a_resume_on_another_setup(bench, own_cache, monkeypatch, capsys):  # noqa: F811
     stub = Stub()
     try:
@@ -84,18 +73,20 @@ def test_eval_strict_setup_refuses_a_resume_on_another_setup(bench, own_cache, m
             assert f"run (session 1) recorded {real}" in line and "nothing was written" in line
             asked = stub.count
             with pytest.raises(SetupMismatchError, match=r"dspy is 3.9.0"):
-                run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+                run_evaluation(
+                    spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True
+                )
             assert stub.count == asked  # refused before any question
             assert before == (folder.predictions.path.read_text(), (bench / "run" / "sessions.jsonl").read_text())
             # not strict: resumed on the other setup and recorded so (the run is mixed, which compare flags)
-            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub))
+            run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub))
             assert len(folder.rows()) == 6 and [s["packages"]["dspy"] for s in folder.sessions()] == [real, "3.9.0"]
             # a finished run answers nothing: a strict rerun is not refused
-            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+            run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
         # a folder already mixed: a strict resume on either setup is refused
         folder.predictions.path.write_text("\n".join(folder.predictions.path.read_text().splitlines()[:5]) + "\n")
         with pytest.raises(SetupMismatchError, match=rf"dspy is {real}, but .*run \(session 2\) recorded 3.9.0"):
-            run_evaluation(spec(bench, stub), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+            run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
     finally:
         stub.stop()
 
