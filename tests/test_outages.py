@@ -48,11 +48,14 @@ def run_eval(bench, stub: Stub, name: str, method: str = "cot", index=None, on_r
 
 
 def untimed(rows: list[dict]) -> list:
-    """Rows without what differs between two runs of the same questions: durations and trace ids."""
+    """Rows without what differs between two runs of the same questions: durations, the CPU contention measured
+    over them, and trace ids."""
 
     def strip(value):
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if "seconds" not in k and k != "trace_id"}
+            return {
+                k: strip(v) for k, v in value.items() if "seconds" not in k and k not in ("trace_id", "cpu_pressure")
+            }
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value

@@ -52,6 +52,11 @@ def list_summary(rows):
     out.update(invalid=invalid, invalid_rate=invalid / n)
     for field in ("lm_calls", "cached_lm_calls", "prompt_tokens", "completion_tokens", "seconds"):
         out[f"mean_{field}"] = sum(r.get(field) or 0 for r in rows) / n
+    measured = [r for r in rows if r.get("cpu_pressure") is not None]
+    measured_seconds = sum(r.get("seconds") or 0 for r in measured)
+    if measured_seconds > 0:  # the share of the measured rows' seconds some task waited for a CPU
+        stalled = sum(r["cpu_pressure"] * (r.get("seconds") or 0) for r in measured)
+        out.update(mean_cpu_pressure=stalled / measured_seconds, cpu_pressure_rows=len(measured))
     per_stage = defaultdict(lambda: defaultdict(float))
     for r in rows:
         for name, st in (r.get("stages") or {}).items():
@@ -92,6 +97,7 @@ def varied_row(i):
         "prompt_tokens": 100 + i,
         "completion_tokens": None if i % 6 == 0 else 20 + i % 9,
         "seconds": 0.1 + i / 7,
+        "cpu_pressure": None if i % 4 == 3 else (i % 10) / 10,  # measured or not (a kernel without PSI)
         "stages": {
             "answer": {"seconds": i / 13, "lm_calls": 1},
             **({"hypothesis": {"seconds": None}} if i % 2 else {}),

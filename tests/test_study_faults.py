@@ -73,8 +73,11 @@ def rag_argv(bench, run_dir, stub, *extra):
 
 
 def outcomes(metrics):
-    """The metrics that do not count cost (seconds, calls and tokens differ when replies come from the cache)."""
-    return {k: v for k, v in metrics.items() if not any(w in k for w in ("seconds", "tokens", "lm_calls"))}
+    """The metrics that do not count cost (seconds, calls and tokens differ when replies come from the cache; the CPU
+    contention measured over the seconds differs with them)."""
+    return {
+        k: v for k, v in metrics.items() if not any(w in k for w in ("seconds", "tokens", "lm_calls", "cpu_pressure"))
+    }
 
 
 # -- one writer per run folder ------------------------------------------------------------------------------------
