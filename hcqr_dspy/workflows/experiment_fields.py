@@ -57,7 +57,8 @@ class JudgeSpec(TypedDict, total=False):
 class ComparisonSpec(TypedDict, total=False):
     """``comparison:``: how each dataset's cells are compared (:func:`hcqr_dspy.reporting.compare`): equivalence
     margins for accuracy (points, 0.01 to 100) and p(gold) (0.0001 to 1), each adding a paired TOST per difference,
-    and ``strict_setup`` (refuse cells answered on different setups)."""
+    and ``strict_setup`` (refuse a cell, before it answers, on another setup than the cells recorded, and a report
+    over cells of different setups)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
 
