@@ -311,7 +311,8 @@ def test_the_files_comparison_margins_and_setup_check_reach_the_report(setup, ml
     record = json.loads(sessions.read_text().splitlines()[0])
     record["packages"]["dspy"] = "2.6.0"
     sessions.write_text(json.dumps(record) + "\n")
-    with pytest.raises(HCQRError, match=r"dspy"):
+    # every cell complete: nothing to answer, so the report's check (not the one before answering) refuses
+    with pytest.raises(HCQRError, match=r"^--strict-setup: runs .* differ in dspy"):
         run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     lenient = load_experiment(write_exp(setup, **spec, comparison={"margin": 5}))
     run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
@@ -329,9 +330,17 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     record["packages"]["dspy"] = "2.6.0"
     sessions.write_text(json.dumps(record) + "\n")
     grown = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}, comparison=strict))
+    client = mlflow.MlflowClient()
+
+    def tracked():  # every MLflow run of the store, with its status and end
+        ids = [e.experiment_id for e in client.search_experiments()]
+        return {r.info.run_id: (r.info.status, r.info.end_time) for r in client.search_runs(ids, max_results=5000)}
+
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
     with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/cot \(session 1\) recorded 2.6.0"):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert not (folder / "hcqr").exists()  # the new cell was refused before anything was written
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state  # MLflow too
     lenient = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}))
     run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert len(RunFolder(folder / "hcqr").rows()) == 2

@@ -3,6 +3,7 @@
 the field that differs is named in one line and nothing is written."""
 
 import json
+import shutil
 from importlib import metadata
 
 import pytest
@@ -13,7 +14,7 @@ from test_faults import spec
 from test_setups import ENGINE, evaluate, other_versions, own_cache, session, stub_lm  # noqa: F401 - a fixture
 
 from hcqr_dspy.cli import main
-from hcqr_dspy.errors import SetupMismatchError
+from hcqr_dspy.errors import ProgramFormatError, SetupMismatchError
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.optimize.saved import read_meta
 from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
@@ -103,10 +104,34 @@ def test_compile_seeds_strict_setup_refuses_the_seeds_left_on_another_setup(demo
         done = run_compile_seeds(compile_spec(demo_bm25, root), [0, 1], track=False, lm=gold_lm())
     assert [s["status"] for s in done["seeds"]] == ["skipped", "compiled"]  # not strict: compiled, and recorded so
     assert read_meta(root / "seed-1")["compile_setup"]["session"]["packages"]["dspy"] == "3.9.0"
-    # on the saved seeds' setup: compiled; a saved seed without a record cannot be checked
+    # every seed saved in the folder is checked, asked for now or not: seed 1 (on 3.9.0) refuses seed 2 here
+    with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*bfs/seed-1 recorded 3.9.0"):
+        run_compile_seeds(compile_spec(demo_bm25, root), [0, 2], track=False, lm=gold_lm(), strict_setup=True)
+    shutil.rmtree(root / "seed-1")
+    # on the saved seeds' setup: compiled
     done = run_compile_seeds(compile_spec(demo_bm25, root), [0, 2], track=False, lm=gold_lm(), strict_setup=True)
     assert [s["status"] for s in done["seeds"]] == ["skipped", "compiled"]
+    # a seed served cached replies of an unrecorded setup cannot be checked
+    meta = json.loads((root / "seed-2" / "meta.json").read_text())
+    meta["compile_setup"]["cached_setups"] = [{"setup": "unrecorded", "calls": 3}]
+    (root / "seed-2" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SetupMismatchError, match=r"seed-2 was served cached replies of an unrecorded setup"):
+        run_compile_seeds(compile_spec(demo_bm25, root), [3], track=False, lm=gold_lm(), strict_setup=True)
+    # a seed served a reply made under another setup is on that setup too
+    other = {**meta["compile_setup"]["session"], "packages": {"dspy": "3.8.0"}}
+    meta["compile_setup"]["cached_setups"] = [{"setup": "abcd", "calls": 1, "record": other}]
+    (root / "seed-2" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SetupMismatchError, match=r"seed-2 \(a cached reply it was served\) recorded 3.8.0"):
+        run_compile_seeds(compile_spec(demo_bm25, root), [3], track=False, lm=gold_lm(), strict_setup=True)
+    shutil.rmtree(root / "seed-2")
+    # a meta.json malformed in itself is no interrupted save: refused, never compiled over, strict or not
     meta = json.loads((root / "seed-0" / "meta.json").read_text())
+    (root / "seed-0" / "meta.json").write_text(json.dumps({**meta, "compile_setup": "abc"}))
+    saved = (root / "seed-0" / "program.json").read_bytes()
+    with pytest.raises(ProgramFormatError, match=r"compile_setup.*not left so by an interrupted save: repair it"):
+        run_compile_seeds(compile_spec(demo_bm25, root), [0, 1], track=False, lm=gold_lm())
+    assert (root / "seed-0" / "program.json").read_bytes() == saved and not (root / "seed-1").exists()
+    # a saved seed without a record cannot be checked
     del meta["compile_setup"]
     (root / "seed-0" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(SetupMismatchError, match=r"saved program .*seed-0 records no compile setup"):
@@ -117,3 +142,29 @@ def test_compile_seeds_strict_setup_refuses_the_seeds_left_on_another_setup(demo
     assert main([*argv, "--strict-setup"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == "hcqr: error: --strict-setup applies to --seeds: it checks the seeds left against the seeds saved"
+
+
+def test_rows_no_session_wrote_cannot_be_checked_and_a_bad_row_is_refused_before_the_lm(bench, capsys):
+    stub = Stub()
+    try:
+        evaluate(bench, stub, "run", stub_lm(stub))
+        folder = RunFolder(bench / "run")
+        rows = folder.predictions.path.read_text().splitlines()
+        folder.predictions.path.write_text("\n".join(rows[:4]) + "\n")
+        (bench / "run" / "sessions.jsonl").write_text("")  # the session record lost: four rows of unknown setup
+        asked = stub.count
+        with pytest.raises(SetupMismatchError, match=r"4 row\(s\) of .*run were written before any recorded"):
+            run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+        assert stub.count == asked and len(folder.predictions.path.read_text().splitlines()) == 4
+        # a row edited by hand is refused in one line before the LM is asked, strict or not
+        first = json.loads(rows[0])
+        folder.predictions.path.write_text("\n".join([json.dumps({**first, "cpu_pressure": "abc"}), *rows[1:4]]) + "\n")
+        argv = ["eval", "--method", "cot", "--dataset", str(bench / "qs.json"), "--lm", "openai/stub-model"]
+        argv += ["--api-base", stub.base, "--api-key-env", "STUB_KEY", "--run-dir", str(bench / "run"), "--no-mlflow"]
+        capsys.readouterr()
+        assert main(argv) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert "the row of question 'q0' has cpu_pressure='abc', not a share from 0 to 1" in line
+        assert stub.count == asked and len(folder.predictions.path.read_text().splitlines()) == 4
+    finally:
+        stub.stop()

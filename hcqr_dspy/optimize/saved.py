@@ -213,6 +213,23 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
+def check_meta_record(folder: str | Path) -> None:
+    """Refuse a ``meta.json`` that is malformed in itself (not JSON, another format, ill-typed fields), whatever its
+    ``program.json`` holds: it is not what an interrupted save leaves (``meta.json`` is replaced atomically, after
+    ``program.json``), so a compile must not save over it.
+
+    Raises:
+        ProgramFormatError: as :func:`read_meta` for the record, with what to do.
+    """
+    try:
+        _read_record(Path(folder))
+    except ProgramFormatError as exc:
+        raise ProgramFormatError(
+            f"{exc}; {Path(folder) / META_FILE} was not left so by an interrupted save: repair it, or remove "
+            f"{folder} to compile it again"
+        ) from None
+
+
 def _read_record(folder: Path) -> dict[str, Any]:
     """:func:`read_meta` without the check of ``program.json`` against its hash (the caller checks the bytes it
     reads)."""

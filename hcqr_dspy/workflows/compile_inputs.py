@@ -24,7 +24,14 @@ from hcqr_dspy.optimize.catalog import entry
 from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.recipe_compile import check_recipe_for, split_train
 from hcqr_dspy.optimize.recipes import Recipe, load_recipe
-from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, question_keys, read_meta, refuse_overlap
+from hcqr_dspy.optimize.saved import (
+    META_FILE,
+    STATE_FILE,
+    check_meta_record,
+    question_keys,
+    read_meta,
+    refuse_overlap,
+)
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 
@@ -119,13 +126,20 @@ def probe_writable(folder: Path) -> None:
 def finished_program(folder: Path) -> dict[str, Any] | None:
     """``meta.json`` of the complete saved program in ``folder`` (:func:`~hcqr_dspy.optimize.saved.read_meta`
     accepts it and its ``program.json`` loads into its method); ``None`` when there is none, or only the part of
-    one that an interrupted save left (a compile saves over that)."""
+    one that an interrupted save left (a compile saves over that).
+
+    Raises:
+        ProgramFormatError: a ``meta.json`` malformed in itself beside a ``program.json``, which no interrupted save
+            leaves (:func:`~hcqr_dspy.optimize.saved.check_meta_record`): never saved over.
+    """
     if not (folder / META_FILE).is_file():
         return None
     try:
         meta = read_meta(folder)
         count_saved_program(folder)
     except ProgramFormatError:
+        if (folder / STATE_FILE).is_file():
+            check_meta_record(folder)
         return None
     return meta
 

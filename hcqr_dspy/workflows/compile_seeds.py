@@ -182,8 +182,8 @@ def run_compile_seeds(
     Args:
         seeds: The seeds (default: the recipe's ``seeds``).
         report: Called with one line as each seed is skipped, starts, or fails.
-        strict_setup: With seeds left to compile beside saved ones, refuse (before the first LM call of a compile,
-            nothing written) to compile them on another setup than the saved seeds recorded
+        strict_setup: With seeds left to compile, refuse (before the first LM call of a compile, nothing written)
+            to compile them on another setup than every seed saved in ``spec.out`` recorded, asked for now or not
             (:func:`hcqr_dspy.workflows.setup_guard.check_same_compile_setup`): one arm's seeds on one setup.
         mlflow_dir, track, lm, reflection_lm: As for :func:`~hcqr_dspy.workflows.compile.run_compile`.
 
@@ -223,8 +223,10 @@ def run_compile_seeds(
     if todo:  # every other input, once; the LMs built here serve every seed
         checked = check_inputs(todo[0], track, lm, reflection_lm)
         lm, reflection_lm = checked.lm, checked.reflection_lm
-        if strict_setup and skipped:  # the seeds left, compiled now, beside the saved ones: one setup or refused
-            check_same_compile_setup(session_record("compile", lm), skipped.values())
+        # the seeds left, compiled now, beside every seed saved in the folder (asked for now or not): one setup
+        saved = [f for f in sorted(root.glob("seed-*")) if f.is_dir() and finished_program(f)] if strict_setup else []
+        if saved:
+            check_same_compile_setup(session_record("compile", lm), saved)
     results = []
     for seed in seeds:
         if seed in skipped:

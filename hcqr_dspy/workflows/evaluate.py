@@ -26,6 +26,7 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
+from hcqr_dspy.reporting.runs import check_row
 from hcqr_dspy.trace_levels import trace_level
 from hcqr_dspy.tracking.evaluation_run import evaluation_run
 from hcqr_dspy.tracking.store import open_store
@@ -96,7 +97,8 @@ def run_evaluation(
         The result, the run folder and the MLflow run id (``None`` untracked).
 
     Raises:
-        HCQRError: bad input or an unusable LM (before anything is written), a
+        HCQRError: bad input or an unusable LM (before anything is written; a resumed row that ``hcqr compare``
+            would refuse, :func:`~hcqr_dspy.reporting.runs.check_row`, before the LM is loaded), a
             :class:`~hcqr_dspy.errors.SetupMismatchError` (strict setup; nothing written), an
             unusable run folder, :class:`~hcqr_dspy.errors.LMUnavailableError`
             or :class:`~hcqr_dspy.errors.ProgramError` mid-run.
@@ -106,6 +108,8 @@ def run_evaluation(
     # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
     folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
     try:
+        for row in folder.iter_rows():  # a row edited by hand is refused before the LM is loaded, not met mid-run
+            check_row(folder.predictions.path, row)
         if lm is None:
             lm = build_lm(
                 spec.lm,

@@ -18,6 +18,9 @@ from typing import Any
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
+from hcqr_dspy.evaluation.folders import CONFIG
+from hcqr_dspy.evaluation.provenance import session_record
+from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.method_registry import PROGRAMS
@@ -29,6 +32,7 @@ from hcqr_dspy.tracking.store import existing_mlflow_run_id
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track
+from hcqr_dspy.workflows.setup_guard import check_same_setup
 from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve_method
 
 
@@ -61,6 +65,11 @@ def run_experiment(
 
     programs = resolve_programs(exp, mlflow_dir)  # before anything is written: a bad program leaves no run behind
     root = Path(runs_root) / exp.name
+    cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
+    cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
+    strict = bool(exp.comparison.get("strict_setup"))
+    if strict:  # before the MLflow runs are opened: a refused experiment leaves them as they were
+        preflight_setup(exp, cell_folders, lm)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
@@ -77,8 +86,6 @@ def run_experiment(
     ) as parent:
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
-        cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
-        cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
         for dname, dfile in exp.datasets.items():
             out["cells"][dname] = {}
             run_dirs = []
@@ -108,7 +115,7 @@ def run_experiment(
                     progress=progress,
                     lm=lm,
                     # one setup for every cell: a cell is refused before it answers on another than the others'
-                    strict_setup=bool(exp.comparison.get("strict_setup")),
+                    strict_setup=strict,
                     same_setup_as=cell_folders,
                 )
                 out["cells"][dname][cell] = result.metrics
@@ -123,6 +130,33 @@ def run_experiment(
                     mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")
                 track_comparison(root / dname / "comparison", mlflow_dir=mlflow_dir)  # a child run, linking the cells
     return out
+
+
+def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -> None:
+    """With cells left to answer (:func:`unfinished`), refuse the experiment's LM when its setup is not the one the
+    cells recorded (:func:`~hcqr_dspy.workflows.setup_guard.check_same_setup`), before any MLflow run is opened
+    or any cell run; the LM built for the check (``lm``: a ready one instead) is dropped after it.
+
+    Raises:
+        SetupMismatchError: naming the field, both values and the cell that recorded the other.
+    """
+    if not any(unfinished(folder) for folder in cell_folders):
+        return  # nothing to answer: the report's own setup check is the one that applies
+    ready = lm or build_lm(
+        exp.lm, max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env
+    )
+    check_same_setup(session_record("eval", ready), cell_folders)
+
+
+def unfinished(folder: Path) -> bool:
+    """Whether a cell's run folder has questions left: none yet, or fewer rows than its ``config.json`` counts
+    (a folder that cannot be read counts as unfinished; its own run then says why)."""
+    try:
+        count = json.loads((folder / CONFIG).read_text())["questions"]["count"]
+        rows = {r["qid"] for r in RunFolder(folder).predictions.iter()}
+    except (OSError, ValueError, KeyError, TypeError, HCQRError):
+        return True
+    return len(rows) < count
 
 
 def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
