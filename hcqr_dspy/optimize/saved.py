@@ -193,8 +193,9 @@ def program_folder(source: str | Path) -> Path:
     return path
 
 
-def read_meta(folder: str | Path) -> dict[str, Any]:
-    """``meta.json`` of a saved program, validated by :class:`ProgramMeta`.
+def read_meta(folder: str | Path, check_state: bool = True) -> dict[str, Any]:
+    """``meta.json`` of a saved program, validated by :class:`ProgramMeta` (``check_state`` false: the record alone,
+    ``program.json`` not checked against its hash).
 
     Returns:
         The validated record as a dict (``ProgramMeta.model_dump()``: every field, ``None`` where unset).
@@ -208,26 +209,9 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     """
     folder = Path(folder)
     meta = _read_record(folder)
-    if meta["program_sha256"] is not None:
+    if check_state and meta["program_sha256"] is not None:
         _check_state(folder, _state_bytes(folder), meta["program_sha256"])
     return meta
-
-
-def check_meta_record(folder: str | Path) -> None:
-    """Refuse a ``meta.json`` that is malformed in itself (not JSON, another format, ill-typed fields), whatever its
-    ``program.json`` holds: it is not what an interrupted save leaves (``meta.json`` is replaced atomically, after
-    ``program.json``), so a compile must not save over it.
-
-    Raises:
-        ProgramFormatError: as :func:`read_meta` for the record, with what to do.
-    """
-    try:
-        _read_record(Path(folder))
-    except ProgramFormatError as exc:
-        raise ProgramFormatError(
-            f"{exc}; {Path(folder) / META_FILE} was not left so by an interrupted save: repair it, or remove "
-            f"{folder} to compile it again"
-        ) from None
 
 
 def _read_record(folder: Path) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from hcqr_dspy.optimize.recipes import Recipe, load_recipe
 from hcqr_dspy.optimize.saved import (
     META_FILE,
     STATE_FILE,
-    check_meta_record,
     question_keys,
     read_meta,
     refuse_overlap,
@@ -130,7 +129,7 @@ def finished_program(folder: Path) -> dict[str, Any] | None:
 
     Raises:
         ProgramFormatError: a ``meta.json`` malformed in itself beside a ``program.json``, which no interrupted save
-            leaves (:func:`~hcqr_dspy.optimize.saved.check_meta_record`): never saved over.
+            leaves (:func:`refuse_malformed_meta`): never saved over.
     """
     if not (folder / META_FILE).is_file():
         return None
@@ -139,9 +138,26 @@ def finished_program(folder: Path) -> dict[str, Any] | None:
         count_saved_program(folder)
     except ProgramFormatError:
         if (folder / STATE_FILE).is_file():
-            check_meta_record(folder)
+            refuse_malformed_meta(folder)
         return None
     return meta
+
+
+def refuse_malformed_meta(folder: Path) -> None:
+    """Refuse a ``meta.json`` malformed in itself (not JSON, another format, ill-typed fields), whatever its
+    ``program.json`` holds: no interrupted save leaves one (``meta.json`` is replaced atomically, after
+    ``program.json``), so a compile must not save over it.
+
+    Raises:
+        ProgramFormatError: as :func:`~hcqr_dspy.optimize.saved.read_meta` for the record, with what to do.
+    """
+    try:
+        read_meta(folder, check_state=False)
+    except ProgramFormatError as exc:
+        raise ProgramFormatError(
+            f"{exc}; {folder / META_FILE} was not left so by an interrupted save: repair it, or remove {folder} to "
+            "compile it again"
+        ) from None
 
 
 def check_out(out: Path, replace: bool = False) -> None:
