@@ -24,13 +24,7 @@ from hcqr_dspy.optimize.catalog import entry
 from hcqr_dspy.optimize.demo_counts import count_saved_program
 from hcqr_dspy.optimize.recipe_compile import check_recipe_for, split_train
 from hcqr_dspy.optimize.recipes import Recipe, load_recipe
-from hcqr_dspy.optimize.saved import (
-    META_FILE,
-    STATE_FILE,
-    question_keys,
-    read_meta,
-    refuse_overlap,
-)
+from hcqr_dspy.optimize.saved import META_FILE, STATE_FILE, question_keys, read_meta, refuse_overlap
 from hcqr_dspy.programs import PROGRAMS, make_program, refuse_bound
 from hcqr_dspy.workflows.specs import dataset_name, open_index
 

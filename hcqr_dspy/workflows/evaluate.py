@@ -108,8 +108,11 @@ def run_evaluation(
     # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
     folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
     try:
-        for row in folder.iter_rows():  # a row edited by hand is refused before the LM is loaded, not met mid-run
+        done = set()  # the questions answered already, each row checked: one edited by hand is refused before the
+        for row in folder.iter_rows():  # LM is loaded, not met mid-run
             check_row(folder.predictions.path, row)
+            done.add(row["qid"])
+        left = {str(q.qid) for q in questions} - done
         if lm is None:
             lm = build_lm(
                 spec.lm,
@@ -120,13 +123,13 @@ def run_evaluation(
                 api_key_env=spec.api_key_env,
             )
             check_lm(lm)
-        if strict_setup and {str(q.qid) for q in questions} - {r["qid"] for r in folder.iter_rows()}:
+        if strict_setup and left:
             check_same_setup(session_record("eval", lm), [folder.path, *same_setup_as])  # before anything is written
         if track:  # a store that cannot be used is refused before the run folder is written
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))
         note_first_recorded(folder)
-        if {str(q.qid) for q in questions} - {r["qid"] for r in folder.iter_rows()}:
+        if left:
             note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
         if not track:
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
