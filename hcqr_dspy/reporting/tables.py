@@ -103,9 +103,9 @@ def contention_note(runs: Sequence[Run]) -> str:
     return (
         "**Seconds and CPU contention:** s/q is wall time, which other work on the machine inflates. Share of each "
         "run's answering time in which some task waited for a CPU (Linux pressure stall information, "
-        "/proc/pressure/cpu): " + "; ".join(share(run) for run in runs) + f". These runs' seconds were not measured "
-        f"alike (a share of {CONTENDED:.0%} or more, or a run not measured): compare "
-        "their s/q with care; LM calls and tokens per question do not depend on it."
+        "/proc/pressure/cpu): " + "; ".join(share(run) for run in runs) + f". A share of {CONTENDED:.0%} or more means "
+        "other work inflated that run's seconds, and a run not measured cannot be checked: compare their s/q with "
+        "care; LM calls and tokens per question do not depend on it."
     )
 
 
