@@ -330,12 +330,6 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     record["packages"]["dspy"] = "2.6.0"
     sessions.write_text(json.dumps(record) + "\n")
     grown = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}, comparison=strict))
-    client = mlflow.MlflowClient()
-
-    def tracked():  # every MLflow run of the store, with its status and end
-        ids = [e.experiment_id for e in client.search_experiments()]
-        return {r.info.run_id: (r.info.status, r.info.end_time) for r in client.search_runs(ids, max_results=5000)}
-
     before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
     with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/cot \(session 1\) recorded 2.6.0"):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
@@ -344,6 +338,29 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     lenient = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}))
     run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert len(RunFolder(folder / "hcqr").rows()) == 2
+
+
+def tracked() -> dict:
+    """Every MLflow run of the active store, with its status and end time."""
+    client = mlflow.MlflowClient()
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return {r.info.run_id: (r.info.status, r.info.end_time) for r in client.search_runs(ids, max_results=5000)}
+
+
+def test_a_malformed_row_in_a_later_cell_is_refused_before_any_mlflow_run_is_reopened(setup, mlflow_store):
+    spec = {"datasets": {"d1": "d1.json"}, "methods": ["cot", "simple_rag"], "method_options": {}}
+    exp = load_experiment(write_exp(setup, **spec))
+    run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    predictions = setup / "runs" / "grid" / "d1" / "simple_rag" / "predictions.jsonl"
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    rows[-1]["cpu_pressure"] = 1.5  # edited by hand: not a share
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    grown = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}))
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
+    with pytest.raises(HCQRError, match=r"simple_rag/predictions.jsonl: the row of question .* cpu_pressure"):
+        run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
+    assert not (setup / "runs" / "grid" / "d1" / "hcqr").exists()
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

@@ -25,6 +25,7 @@ from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.reporting import compare
+from hcqr_dspy.reporting.runs import check_row
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.comparison import track_comparison
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
@@ -56,8 +57,8 @@ def run_experiment(
         ``{"parent_run_id", "cells": {dataset: {method: metrics}}, "reports": {dataset: path}}``.
 
     Raises:
-        HCQRError: from any cell (finished cells and questions are kept;
-            re-running resumes). With ``comparison: {strict_setup: true}``, a
+        HCQRError: from any cell (finished cells and questions are kept; re-running resumes); a malformed row in
+            any cell before anything is run (:func:`preflight_rows`). With ``comparison: {strict_setup: true}``, a
             :class:`~hcqr_dspy.errors.SetupMismatchError` before a cell answers on another setup than any cell
             recorded (:func:`hcqr_dspy.workflows.setup_guard.check_same_setup`).
     """
@@ -67,8 +68,10 @@ def run_experiment(
     root = Path(runs_root) / exp.name
     cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
     cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
+    # before the MLflow runs are opened: a refused experiment leaves them as they were
+    preflight_rows(cell_folders)
     strict = bool(exp.comparison.get("strict_setup"))
-    if strict:  # before the MLflow runs are opened: a refused experiment leaves them as they were
+    if strict:
         preflight_setup(exp, cell_folders, lm)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
@@ -130,6 +133,21 @@ def run_experiment(
                     mlflow.log_artifact(str(f), artifact_path=f"comparison/{dname}")
                 track_comparison(root / dname / "comparison", mlflow_dir=mlflow_dir)  # a child run, linking the cells
     return out
+
+
+def preflight_rows(cell_folders: list[Path]) -> None:
+    """Refuse the experiment when a cell's run folder holds a row its resume or the comparison would refuse (a
+    question recorded twice, or :func:`~hcqr_dspy.reporting.runs.check_row`), before any MLflow run is opened or
+    any cell run: a row edited by hand in a later cell does not leave the earlier cells' runs reopened and the
+    parent run failed. Cells not started yet are skipped.
+
+    Raises:
+        HCQRError: naming the file and the question.
+    """
+    for folder in cell_folders:
+        run = RunFolder(folder)
+        for row in run.iter_rows():
+            check_row(run.predictions.path, row)
 
 
 def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -> None:
