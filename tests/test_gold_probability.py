@@ -29,7 +29,7 @@ def cot_run(path, letters):
         method="cot",
         dataset=str(shipped_dir("demo") / "questions.json"),
         lm="openai/dummy",
-        limit=N,
+        limit=len(letters),
         run_dir=str(path),
     )
     lm = DummyLM([{"reasoning": "r", "answer": x} for x in letters], adapter=dspy.JSONAdapter())
@@ -110,6 +110,27 @@ def test_accuracy_mde_brier_and_baselines_match_direct_computation(comparison):
     assert baselines["uniform_accuracy"] == pytest.approx(np.mean([1 / options[q] for q in golds]))
     assert baselines["letters"]["cot (openai/dummy) (other)"] == {"C": N}
     assert f"always answering **{letter}**" in md
+
+
+def test_mdes_over_the_outcomes_range_read_undetectable_as_elsewhere_in_the_report(tmp_path):
+    """Three questions: no paired difference within the range of a 0/1 or probability outcome is detectable."""
+    ref, other = cot_run(tmp_path / "ref", ["A", "B", "C"]), cot_run(tmp_path / "other", ["D", "C", "A"])
+    for folder, golds in ((ref, [0.02, 0.98, 0.02]), (other, [0.98, 0.02, 0.98])):  # differences +-0.96
+        with open(folder.path / "option_probs.jsonl", "w", encoding="utf-8") as f:
+            for row, gold in zip(folder.rows(), golds):
+                others = [x for x in sorted(folder.load_questions()[row["qid"]].options) if x != row["gold"]]
+                probs = {row["gold"]: gold, **{x: (1 - gold) / len(others) for x in others}}
+                record = {"qid": row["qid"], "option_probs": probs, "gold_prob": gold, "option_probs_absent": None}
+                f.write(json.dumps({**record, "scored_by": "test"}) + "\n")
+    compare([str(ref.path), str(other.path)], out_dir=tmp_path / "cmp")
+    figures = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["gold_probability"]
+    label = "cot (openai/dummy) (other)"
+    assert figures[label]["gold_prob_diff"]["mde"] > 1 and figures[label]["accuracy_mde"] > 1
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    section = md[md.index("Gold-option probability (paired)") :]
+    line = next(x for x in section.splitlines() if x.startswith(f"| {label} |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == cells[-1] == "undetectable", cells
 
 
 @pytest.mark.parametrize("correct", [0, 7, 20])

@@ -21,7 +21,7 @@ from typing import Any
 
 from hcqr_dspy.reporting.family import GOLD_PROBABILITY, WILCOXON, compared, mde_text, p_text
 from hcqr_dspy.reporting.runs import Run
-from hcqr_dspy.reporting.stats import minimum_detectable_effect, paired_difference
+from hcqr_dspy.reporting.stats import format_mde, minimum_detectable_effect, paired_difference
 
 # Probabilities are clipped to [EPS, 1 - EPS] before log-odds, so a gold probability of 0 or 1 stays finite.
 EPS = 1e-6
@@ -89,7 +89,7 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
                 test=WILCOXON,
                 mde=mde_text(p["mde"]),
             ),
-            _mde(p["mde"]),
+            format_mde(p["mde"]),
             f"{_fmt(lo['mean_diff'], 2)} [{_fmt(lo['ci_low'], 2)}, {_fmt(lo['ci_high'], 2)}]",
             p_text(
                 lo["wilcoxon_p"],
@@ -98,11 +98,7 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
                 test=WILCOXON,
                 mde=mde_text(lo["mde"], digits=2, limit=math.inf, unit=" log-odds"),
             ),
-            "— (no discordant pair)"
-            if acc_mde is None
-            else f"{acc_mde * 100:.1f}"
-            if acc_mde <= 1
-            else "> 100 (undetectable)",
+            "— (no discordant pair)" if acc_mde is None else format_mde(acc_mde, scale=100, digits=1),
         ]
         lines.append("| " + " | ".join(row) + " |")
         figures[run.label] = {
@@ -113,12 +109,6 @@ def gold_probability_table(ordered: Sequence[Run]) -> tuple[str | None, dict[str
             "accuracy_mde": acc_mde,
         }
     return "\n".join(lines), figures
-
-
-def _mde(mde: float | None) -> str:
-    if mde is None:
-        return "— (no spread)"
-    return f"{mde:.3f}" if mde <= 1 else "> 1 (undetectable)"
 
 
 def _sd(values: Sequence[float]) -> float | None:
