@@ -338,6 +338,12 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     lenient = load_experiment(write_exp(setup, **{**spec, "methods": ["cot", "simple_rag", "hcqr"]}))
     run_experiment(lenient, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert len(RunFolder(folder / "hcqr").rows()) == 2
+    # every cell answered, on two setups: refused as its report would be, before an MLflow run is reopened
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
+    differ = rf"--strict-setup: runs simple_rag and cot differ in dspy \({re.escape(dspy.__version__)} vs 2.6.0\)"
+    with pytest.raises(HCQRError, match=differ):
+        run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
 
 
 def tracked() -> dict:

@@ -25,7 +25,9 @@ from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.reporting import compare
-from hcqr_dspy.reporting.runs import check_row
+from hcqr_dspy.reporting.runs import check_row, load_run
+from hcqr_dspy.reporting.saved_programs import ProgramFolders
+from hcqr_dspy.reporting.setups import setup_check
 from hcqr_dspy.retrieval import load_index
 from hcqr_dspy.tracking.comparison import track_comparison
 from hcqr_dspy.tracking.mlflow_runs import mlflow_run
@@ -151,15 +153,24 @@ def preflight_rows(cell_folders: list[Path]) -> None:
 
 
 def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -> None:
-    """With cells left to answer (:func:`unfinished`), refuse the experiment's LM when its setup is not the one the
-    cells recorded (:func:`~hcqr_dspy.workflows.setup_guard.check_same_setup`), before any MLflow run is opened
-    or any cell run; the LM built for the check (``lm``: a ready one instead) is dropped after it.
+    """Before any MLflow run is opened or any cell run: with cells left to answer (:func:`unfinished`), refuse the
+    experiment's LM when its setup is not the one the cells recorded
+    (:func:`~hcqr_dspy.workflows.setup_guard.check_same_setup`; the LM built for the check, ``lm`` a ready one
+    instead, is dropped after it); with every cell answered, refuse the cells of a dataset whose setups differ,
+    as its report would (:meth:`~hcqr_dspy.reporting.setups.SetupCheck.refuse`).
 
     Raises:
         SetupMismatchError: naming the field, both values and the cell that recorded the other.
+        HCQRError: ``--strict-setup: runs ... differ in ...`` (every cell answered).
     """
-    if not any(unfinished(folder) for folder in cell_folders):
-        return  # nothing to answer: the report's own setup check is the one that applies
+    if not any(unfinished(folder) for folder in cell_folders):  # nothing to answer: the report's check applies
+        for dataset in dict.fromkeys(folder.parent for folder in cell_folders):
+            cells = [f for f in cell_folders if f.parent == dataset]
+            cells.sort(key=lambda f: f.name != exp.reference)  # the reference first, as in its report
+            if len(cells) > 1:
+                programs = ProgramFolders()
+                setup_check([load_run(f, programs=programs) for f in cells]).refuse()
+        return
     ready = lm or build_lm(
         exp.lm, max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env
     )
