@@ -35,6 +35,7 @@ from typing import Any
 
 from hcqr_dspy.config import read_json
 from hcqr_dspy.errors import HCQRError
+from hcqr_dspy.evaluation.signed_rank import signed_rank_p
 
 QRELS_FILE = "qrels.json"
 
@@ -130,8 +131,9 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
     """Paired tests of two runs' evidence on the questions both measured.
 
     Gold mentions: exact McNemar (``statsmodels``). Per-question margins
-    (:func:`question_margin`): Wilcoxon signed-rank (``scipy.stats.wilcoxon``,
-    zero differences dropped, two-sided; ``p = 1`` when every difference is 0).
+    (:func:`question_margin`): Wilcoxon signed-rank (``scipy.stats.wilcoxon``'s p-value,
+    :func:`~hcqr_dspy.evaluation.signed_rank.signed_rank_p`; zero differences dropped, two-sided; ``p = 1``
+    when every difference is 0).
 
     Returns:
         ``n``, ``gold_b`` / ``gold_c`` (reference mentions the gold option and the other not / the
@@ -139,7 +141,6 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
         the per-question margin differences, ``ddof=1``; ``None`` for one question) and ``margin_p``; ``None``
         when no question has evidence in both.
     """
-    from scipy.stats import wilcoxon
     from statsmodels.stats.contingency_tables import mcnemar
 
     qids = [q for q in reference if reference.get(q) and other.get(q)]
@@ -154,7 +155,7 @@ def paired_evidence_tests(reference: dict[str, dict | None], other: dict[str, di
     gold_b, gold_c = table[0][1], table[1][0]
     gold_p = 1.0 if gold_b + gold_c == 0 else float(mcnemar(table, exact=True).pvalue)
     diffs = [question_margin(other[q]) - question_margin(reference[q]) for q in qids]
-    margin_p = 1.0 if not any(diffs) else float(wilcoxon(diffs, zero_method="wilcox").pvalue)
+    margin_p = 1.0 if not any(diffs) else signed_rank_p(diffs)
     return {
         "n": len(qids),
         "gold_b": gold_b,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hcqr_dspy.evaluation.signed_rank import signed_rank_p
 from hcqr_dspy.reporting.runs import Run
 
 
@@ -89,7 +90,7 @@ def paired_difference(reference: Sequence[float], other: Sequence[float]) -> dic
         ).confidence_interval
         low, high = float(ci.low), float(ci.high)
     nonzero = diff[diff != 0]
-    p = float(stats.wilcoxon(nonzero).pvalue) if nonzero.size else 1.0
+    p = signed_rank_p(nonzero) if nonzero.size else 1.0
     sd = float(diff.std(ddof=1))
     return {
         **out,
