@@ -76,9 +76,11 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 	$(MILVUS_VENV)/bin/python -c "import milvus; milvus._initialize_data_files('$(MILVUS_VENV)/server')"
 	@mkdir -p $(@D) && touch $@
 
-# pytest-xdist: one worker per core (at most 4), each test file kept on one worker (--dist loadfile), so a
-# file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. The longest test mostly
-# waits (a Milvus restart, for its port to leave TIME_WAIT); on 2 cores the suite took 368-470 s against 682 s.
+# pytest-xdist: one worker more than the cores (at most 4), each test file kept on one worker (--dist loadfile),
+# so a file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. Many tests wait rather
+# than compute (MLflow's trace-export flushes, servers starting, a Milvus restart for its port to leave
+# TIME_WAIT): on 2 cores, pytest took 852 s with 3 workers (169% CPU by `/usr/bin/time`) against 1,325 s with 2.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
 # --no-loadscope-reorder: files in collection order, where tests/conftest.py puts the files marked slow first
 # (xdist's own order, most tests first, left a one-test file of minutes running alone at the end).
 # --durations: the 25 slowest tests close the output, to see where a slower machine spends the suite's time.
@@ -86,7 +88,7 @@ test: setup-model-135m setup-milvus-server
 	$(VENV)/bin/ruff format --check hcqr_dspy tests bench
 	$(VENV)/bin/ruff check hcqr_dspy tests bench
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 docs: setup
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
