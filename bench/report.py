@@ -225,6 +225,7 @@ def _phases(d: dict) -> str:
         f"load average at start {', '.join(map(str, p['load_average_at_start']))}"
         + (f", {p['seconds']} s" if "seconds" in p else "")
         + (f", other processes {p['other_cpu_seconds']} CPU-s" if "other_cpu_seconds" in p else "")
+        + (f", CPU contention {p['cpu_pressure']:.0%}" if p.get("cpu_pressure") is not None else "")
         + ({True: ", LM study paused", False: ", LM study running"}.get(p.get("study_paused"), ""))
         + ")"
         for p in d.get("timed_phases", [])

@@ -761,6 +761,9 @@ class Pauser:
                     subprocess.run([pauser.command, "stop"], check=False)
                     time.sleep(1)
                 self.t0, self.busy, self.own = time.perf_counter(), busy_cpu_seconds(), own_cpu_seconds()
+                from hcqr_dspy.evaluation.cpu_pressure import PressureWindow
+
+                self.pressure = PressureWindow()
                 out["timed_phases"].append(
                     {
                         "phase": phase,
@@ -774,7 +777,11 @@ class Pauser:
             def __exit__(self, *exc):
                 seconds = time.perf_counter() - self.t0
                 other = (busy_cpu_seconds() - self.busy) - (own_cpu_seconds() - self.own)
-                out["timed_phases"][-1].update(seconds=round(seconds, 1), other_cpu_seconds=round(max(other, 0.0), 1))
+                out["timed_phases"][-1].update(
+                    seconds=round(seconds, 1),
+                    other_cpu_seconds=round(max(other, 0.0), 1),
+                    cpu_pressure=self.pressure.share(),  # the share of the phase some task waited for a CPU (PSI)
+                )
                 if pauser.command:
                     subprocess.run([pauser.command, "cont"], check=False)
                     pauser.paused_seconds += seconds

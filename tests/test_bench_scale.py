@@ -5,6 +5,8 @@ import json
 import pytest
 from helpers import load_bench_module
 
+from hcqr_dspy.evaluation.cpu_pressure import cpu_stall_us
+
 pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
 
 
@@ -61,6 +63,11 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     phases = {p["phase"]: p for p in d["timed_phases"]}
     assert {"3000: builds", "3000: search latency", "3000: memory-capped search"} <= set(phases)
     assert all(p["other_cpu_seconds"] >= 0 and p["seconds"] > 0 for p in phases.values())
+    if cpu_stall_us() is None:  # no PSI here: nothing measured, never a guess
+        assert all(p["cpu_pressure"] is None for p in phases.values())
+    else:
+        assert all(0 <= p["cpu_pressure"] <= 1 for p in phases.values())
+        assert "CPU contention " in (tmp_path / "RESULTS.md").read_text()
     report = (tmp_path / "RESULTS.md").read_text()
     assert "IVF-PQ with exact re-ranking: recall@15 >= 0.9" in report and "| 3,000 synthetic | HNSW | 16: " in report
     assert "| 3,000 synthetic | IVF-SQ8 | 256 | 1: " in report
