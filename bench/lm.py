@@ -15,6 +15,8 @@ In the child, for each model and each of :data:`SETTINGS` (weight repacking ``us
   (shorter if every length is): 64 / seconds, best of ``--repeats``.
 
 These are the raw rates: llama.cpp's own decode loop with no sampling, grammar, chat template or DSPy around it.
+Each (model, setting) records ``cpu_pressure``: the share of its measuring time in which some task waited for a
+CPU (:mod:`hcqr_dspy.evaluation.cpu_pressure`; ``None`` without PSI), where other work would have slowed the rates.
 Threads: ``$HCQR_N_THREADS`` or every core. Results are merged into ``--out`` under ``lm``.
 """
 
@@ -61,12 +63,14 @@ def measure(model: str, lengths: list[int], repeats: int, use_extra_bufts: bool,
 
     import numpy as np
 
+    from hcqr_dspy.evaluation.cpu_pressure import PressureWindow
     from hcqr_dspy.lm.engine_settings import EngineSettings
     from hcqr_dspy.lm.llama_cpp import LlamaCppEngine
     from hcqr_dspy.lm.packaged import packaged_model_path
 
     settings = replace(EngineSettings.from_env(), use_extra_bufts=use_extra_bufts, flash_attn=flash_attn)
     engine = LlamaCppEngine(packaged_model_path(model), n_ctx=max(lengths) + GEN_TOKENS + 16, settings=settings)
+    pressure = PressureWindow()  # the measurements' CPU contention, from their first eval to their last
     llm = engine.llm
     pool = llm.tokenize((TEXT * (max(lengths) // 20 + 1)).encode(), add_bos=False)
     out: dict = {"build": engine.build, "settings": settings.record(), "prefill_tokens_per_s": {}}
@@ -88,6 +92,7 @@ def measure(model: str, lengths: list[int], repeats: int, use_extra_bufts: bool,
             llm.eval([int(logits.argmax())])
         best = min(best, time.perf_counter() - t0)
     out["generation_tokens_per_s"] = round(GEN_TOKENS / best, 1)
+    out["cpu_pressure"] = pressure.share()  # None without PSI
     return out
 
 

@@ -19,8 +19,10 @@ def render_lm(section: dict) -> list[str]:
     ]
     lengths = section["lengths"]
     lines += [
-        "| model | build | settings | " + " | ".join(f"prefill {n}" for n in lengths) + " | generation |",
-        "|---|---|---|" + "---:|" * (len(lengths) + 1),
+        "| model | build | settings | "
+        + " | ".join(f"prefill {n}" for n in lengths)
+        + " | generation | CPU contention |",
+        "|---|---|---|" + "---:|" * (len(lengths) + 2),
     ]
     for build, models in section["builds"].items():
         if "error" in models:
@@ -29,7 +31,9 @@ def render_lm(section: dict) -> list[str]:
         for model, by_setting in models.items():
             for setting, m in by_setting.items():
                 rates = " | ".join(str(m["prefill_tokens_per_s"][str(n)]) for n in lengths)
-                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} |")
+                pressure = m.get("cpu_pressure")  # absent from results measured before it was recorded
+                shown = "–" if pressure is None else f"{pressure:.0%}"
+                lines.append(f"| {model} | {build} | {setting} | {rates} | {m['generation_tokens_per_s']} | {shown} |")
     for model, ratio in section.get("fastest_over_portable", {}).items():
         lines.append("")
         lines.append(

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import load_bench_module
 
+from hcqr_dspy.evaluation.cpu_pressure import cpu_stall_us
+
 pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: scheduled first (conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +43,10 @@ def test_lm_bench_measures_each_cached_build_in_its_own_child(tmp_path, monkeypa
             assert m["build"] == expected and m["settings"]["use_extra_bufts"] is bufts
             assert m["settings"]["flash_attn"] is fa
             assert set(m["prefill_tokens_per_s"]) == {"32", "64"} and m["generation_tokens_per_s"] > 0
-    assert "## LM path: raw llama.cpp rates per build" in out.with_name("RESULTS.md").read_text()
+            pressure = m["cpu_pressure"]  # measured with PSI, None without it
+            assert pressure is None if cpu_stall_us() is None else 0 <= pressure <= 1
+    report = out.with_name("RESULTS.md").read_text()
+    assert "## LM path: raw llama.cpp rates per build" in report and "| generation | CPU contention |" in report
 
 
 def test_lm_pipeline_bench_reads_demo_run_folders_and_sets_each_stage_against_raw_llama_cpp(tmp_path, monkeypatch):
