@@ -17,6 +17,8 @@ from hcqr_dspy.cli import main
 from hcqr_dspy.errors import ProgramFormatError, SetupMismatchError
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.optimize.saved import read_meta
+from hcqr_dspy.reporting.runs import load_run
+from hcqr_dspy.reporting.setups import arm_setup, mixed_fields
 from hcqr_dspy.workflows.compile_seeds import run_compile_seeds
 from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.setup_guard import check_same_setup
@@ -87,6 +89,25 @@ def test_eval_strict_setup_refuses_a_resume_on_another_setup(bench, own_cache, m
         folder.predictions.path.write_text("\n".join(folder.predictions.path.read_text().splitlines()[:5]) + "\n")
         with pytest.raises(SetupMismatchError, match=rf"dspy is {real}, but .*run \(session 2\) recorded 3.9.0"):
             run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+    finally:
+        stub.stop()
+
+
+def test_a_resume_with_other_questions_in_flight_is_refused_strict_and_mixed_otherwise(bench, own_cache):  # noqa: F811
+    stub = Stub()
+    try:
+        evaluate(bench, stub, "run", stub_lm(stub))  # one question at a time
+        folder = RunFolder(bench / "run")
+        lines = folder.predictions.path.read_text().splitlines()
+        folder.predictions.path.write_text("\n".join(lines[:4]) + "\n")
+        [first] = folder.sessions()
+        assert first["questions_in_flight"] == 1
+        four = spec(bench, stub, "run", num_threads=4)
+        with pytest.raises(SetupMismatchError, match=r"questions in flight is 4, but .*run \(session 1\) recorded 1;"):
+            run_evaluation(four, progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+        run_evaluation(four, progress=False, track=False, lm=stub_lm(stub))  # not strict: recorded, and mixed
+        assert [s["questions_in_flight"] for s in folder.sessions()] == [1, 4]
+        assert mixed_fields(arm_setup(load_run(bench / "run"))) == ["questions in flight"]
     finally:
         stub.stop()
 

@@ -47,7 +47,7 @@ CONFIG = {
 }
 
 
-def session(number, before, engine=ENGINE, packages=PACKAGES, endpoint=None):
+def session(number, before, engine=ENGINE, packages=PACKAGES, endpoint=None, questions_in_flight=1):
     """A session record of `hcqr eval` as sessions.jsonl holds it."""
     return {
         "session": number,
@@ -57,6 +57,7 @@ def session(number, before, engine=ENGINE, packages=PACKAGES, endpoint=None):
         "packages": {**PACKAGES, **packages},
         "engine": engine and {**ENGINE, **engine},
         "endpoint": endpoint,
+        "questions_in_flight": questions_in_flight,
         "predictions_before": before,
         "judgments_before": 0,
     }
@@ -83,6 +84,7 @@ APART = {
     "n_ubatch": ({}, {}, {"engine": {"n_ubatch": 256}}),
     "llama.cpp build": ({}, {}, {"engine": {"build": "avx2"}}),
     "threads (flash attention on)": ({}, {}, {"engine": {"n_threads": 4}}),
+    "questions in flight": (REMOTE, {}, {"questions_in_flight": 4}),  # a server batches concurrent requests
     "llama-cpp-python": ({}, {}, {"packages": {"llama_cpp_python": "0.3.40"}}),
     "temperature": ({}, {"lm": {"temperature": 0.7}}, {}),
     "endpoint": (REMOTE, {"lm": {"api_base": "http://b/v1"}}, {}),  # the same --lm name served at two addresses

@@ -53,6 +53,8 @@ SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "lm": (dict, type(None)),
     "reply_setup": (str, type(None)),
     "response_cache": (dict, type(None)),
+    # absent from records written before it was recorded, and from sessions that answer no question (judge, rescore)
+    "questions_in_flight": (int, type(None)),
     "predictions_before": int,
     "judgments_before": int,
 }
@@ -90,22 +92,28 @@ def engine_record(lm: Any) -> dict[str, Any] | None:
     }
 
 
-def session_record(command: str, lm: Any = None) -> dict[str, Any]:
+def session_record(command: str, lm: Any = None, questions_in_flight: int | None = None) -> dict[str, Any]:
     """One session's record (without its place in the folder, which the folder adds).
 
     Args:
         command: What wrote the records (``"eval"``, ``"judge"``).
         lm: The session's ``dspy.LM`` (its llama.cpp engine, if any, is described).
+        questions_in_flight: How many questions the session answers at once (``hcqr eval --threads``); ``None``
+            for a session that answers none. A server batches concurrent requests, and vLLM's replies depend on
+            the batch (vLLM's documentation, "Reproducibility": not reproducible by default, online only with
+            batch invariance); an in-process engine resumes each prompt from the one before it, whose order the
+            concurrency sets.
 
     Returns:
         ``{"command", "started" (UTC, ISO 8601), "machine": {"cpu", "cores", "arch", "os", "python"},
         "packages": {name: version}, "engine": {...} or None, "endpoint": {...} or None, "lm": {...} or None,
-        "reply_setup": str or None, "response_cache": {...} or None}``: the engine of an in-process model, the model
-        card an OpenAI-compatible server listed when the LM was built
+        "reply_setup": str or None, "response_cache": {...} or None, "questions_in_flight": int or None}``: the
+        engine of an in-process model, the model card an OpenAI-compatible server listed when the LM was built
         (:func:`~hcqr_dspy.lm.endpoint_card.endpoint_card`), the LM's temperature, max tokens and whether it caches
         (:func:`~hcqr_dspy.lm.reply_setup.lm_settings`), the fingerprint of its setup that its cached replies carry
         (:func:`~hcqr_dspy.lm.reply_setup.lm_setup`) and the response cache's folder
-        (:func:`~hcqr_dspy.lm.reply_setup.response_cache`); the last three ``None`` without an LM.
+        (:func:`~hcqr_dspy.lm.reply_setup.response_cache`), those three ``None`` without an LM; and
+        ``questions_in_flight``.
     """
     return {
         "command": command,
@@ -123,6 +131,7 @@ def session_record(command: str, lm: Any = None) -> dict[str, Any]:
         "lm": lm_settings(lm) if lm is not None else None,
         "reply_setup": lm_setup(lm)["fingerprint"] if lm is not None else None,
         "response_cache": response_cache(lm) if lm is not None else None,
+        "questions_in_flight": questions_in_flight,
     }
 
 

@@ -314,9 +314,9 @@ class RunFolder:
             )
         return judgments
 
-    def record_session(self, command: str, lm: Any = None) -> dict[str, Any]:
+    def record_session(self, command: str, lm: Any = None, questions_in_flight: int | None = None) -> dict[str, Any]:
         """Append this session's record to ``sessions.jsonl``
-        (:func:`~hcqr_dspy.evaluation.provenance.session_record`),
+        (:func:`~hcqr_dspy.evaluation.provenance.session_record`, with ``questions_in_flight``),
         numbered after the existing ones, with how many predictions and judgments the folder held before it.
 
         Returns:
@@ -328,7 +328,7 @@ class RunFolder:
         previous = self.sessions()
         record = {
             "session": len(previous) + 1,
-            **session_record(command, lm),
+            **session_record(command, lm, questions_in_flight),
             "predictions_before": len(self.predictions.read()),
             "judgments_before": len(self.judgments_table.read()),
         }

@@ -12,6 +12,7 @@ RETRIEVAL_SETTINGS = ("budget", "k_per_query", "fusion", "max_context_tokens")
 # Where a run's index lies, not what it is (left out).
 INDEX_PLACES = ("path", "corpus_source")
 THREADS = "threads (flash attention on)"
+IN_FLIGHT = "questions in flight"
 COMPILE_SETUP = "compile setup"
 # A saved program's compile setup that was not recorded (saved before programs recorded it), or not of its shape.
 NOT_RECORDED = "not recorded"
@@ -20,7 +21,7 @@ MALFORMED = "malformed record"
 FIELD_ORDER = (
     *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
     *("response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch", "n_ubatch"),
-    *("flash_attn", "use_extra_bufts", THREADS, "dspy", "llama-cpp-python", "litellm"),
+    *("flash_attn", "use_extra_bufts", THREADS, IN_FLIGHT, "dspy", "llama-cpp-python", "litellm"),
     *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS, COMPILE_SETUP),
 )
 
@@ -69,10 +70,11 @@ def run_fields(config: dict[str, Any]) -> dict[str, Any]:
     return {k: setup_value(v) for k, v in fields.items()}
 
 
-def lm_fields(engine: Any, card: Any, packages: Any) -> dict[str, Any]:
+def lm_fields(engine: Any, card: Any, packages: Any, in_flight: Any = None) -> dict[str, Any]:
     """The fields of a setup that a session (or a cached reply's record) holds: the in-process engine's (model file,
     build, CPU features, batches, flash attention, repacking, threads with flash attention on), an endpoint's model
-    card (without its address) and the library versions that decide replies there."""
+    card (without its address), the library versions that decide replies there, and how many questions the session
+    answered at once (``in_flight``; a cached reply's record and a session before it was recorded have none)."""
     engine = engine if isinstance(engine, dict) else {}
     packages = packages if isinstance(packages, dict) else {}
     fields: dict[str, Any] = {}
@@ -93,6 +95,7 @@ def lm_fields(engine: Any, card: Any, packages: Any) -> dict[str, Any]:
         shown = {k: v for k, v in sorted(card.items()) if k not in ("url", "api_base") and v is not None}
         fields["endpoint model card"] = ", ".join(f"{k} {v}" for k, v in shown.items())
     fields["dspy"] = packages.get("dspy")
+    fields[IN_FLIGHT] = in_flight if isinstance(in_flight, int) and not isinstance(in_flight, bool) else None
     return {k: setup_value(v) for k, v in fields.items() if v is not None}
 
 

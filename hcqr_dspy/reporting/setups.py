@@ -125,7 +125,8 @@ def arm_setup(run: Run) -> ArmSetup:
             add(False, {}, row["qid"], "written before sessions were recorded")
         else:
             card = owner.get("endpoint")
-            add(True, lm_fields(owner.get("engine"), card, owner.get("packages")), row["qid"], "written in a session")
+            fields = lm_fields(owner.get("engine"), card, owner.get("packages"), owner.get("questions_in_flight"))
+            add(True, fields, row["qid"], "written in a session")
         entries = row.get("cached_setups")
         if entries is None:
             if (row.get("cached_lm_calls") or 0) > 0 and owner is not None:

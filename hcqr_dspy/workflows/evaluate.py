@@ -124,13 +124,15 @@ def run_evaluation(
             )
             check_lm(lm)
         if strict_setup and left:
-            check_same_setup(session_record("eval", lm), [folder.path, *same_setup_as])  # before anything is written
+            now = session_record("eval", lm, spec.num_threads)
+            check_same_setup(now, [folder.path, *same_setup_as])  # before anything is written
         if track:  # a store that cannot be used is refused before the run folder is written
             open_store(mlflow_dir)
         note_moved_inputs(folder, folder.start(config))
         note_first_recorded(folder)
         if left:
-            note_other_machine(folder, folder.record_session("eval", lm))  # only a session with questions to answer
+            # only a session with questions to answer
+            note_other_machine(folder, folder.record_session("eval", lm, spec.num_threads))
         if not track:
             with dspy.context(lm=lm, adapter=HCQRAdapter()):
                 result = evaluate(program_module, questions, folder, spec.method, spec.num_threads, progress, on_row)

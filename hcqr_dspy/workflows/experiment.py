@@ -174,7 +174,7 @@ def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -
     ready = lm or build_lm(
         exp.lm, max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env
     )
-    check_same_setup(session_record("eval", ready), cell_folders)
+    check_same_setup(session_record("eval", ready, exp.threads), cell_folders)
 
 
 def unfinished(folder: Path) -> bool:

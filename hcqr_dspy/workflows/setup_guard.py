@@ -7,7 +7,7 @@ batch size ...) would answer for hours and then be refused, or leave a run *mixe
 against every ``hcqr eval`` session the given run folders recorded, with the fields ``hcqr compare`` compares for a
 session (:func:`hcqr_dspy.reporting.setup_fields.lm_fields`: model file, build and CPU features, batches, flash
 attention, repacking, threads with flash attention on, an endpoint's model card, the versions of dspy and
-llama-cpp-python or litellm), and the first field that differs is named.
+llama-cpp-python or litellm, the questions in flight), and the first field that differs is named.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from hcqr_dspy.reporting.setup_fields import field_rank, lm_fields, shown_value
 
 def session_fields(session: dict[str, Any]) -> dict[str, Any]:
     """The setup fields of a session record (``sessions.jsonl``), as ``hcqr compare`` compares them."""
-    return lm_fields(session.get("engine"), session.get("endpoint"), session.get("packages"))
+    return lm_fields(
+        session.get("engine"), session.get("endpoint"), session.get("packages"), session.get("questions_in_flight")
+    )
 
 
 def recorded_setups(folders: Iterable[str | Path]) -> Iterator[tuple[str, dict[str, Any]]]:
