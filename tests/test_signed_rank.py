@@ -24,6 +24,17 @@ def test_the_p_value_is_scipys_own(diffs):
     assert signed_rank_p(diffs) == pytest.approx(float(stats.wilcoxon(diffs).pvalue), rel=1e-12, abs=1e-15)
 
 
-def test_nothing_to_rank_is_refused():
-    with pytest.raises(ValueError, match="every paired difference is zero"):
-        signed_rank_p([0.0, 0.0])
+@pytest.mark.parametrize(
+    "diffs",
+    [[0.0, 0.0], [0.0, -0.0], [0.0] * 20, [1.0, 1.0, -1.0, float("nan")], [float("nan")] * 2, [3, 3, -1, 0], []],
+)
+def test_nothing_to_rank_nan_and_integers_are_scipys_own_too(diffs):
+    assert signed_rank_p(diffs) == pytest.approx(float(stats.wilcoxon(diffs).pvalue), nan_ok=True)
+
+
+@pytest.mark.parametrize("diffs", [[None, 1.0], ["a", "b"]])
+def test_what_scipy_refuses_is_refused(diffs):
+    with pytest.raises(ValueError):
+        stats.wilcoxon(diffs)
+    with pytest.raises(ValueError):
+        signed_rank_p(diffs)

@@ -19,30 +19,32 @@ EXHAUSTIVE_MAX_N = 13
 
 
 def signed_rank_p(diffs: Sequence[float]) -> float:
-    """The two-sided p-value of ``scipy.stats.wilcoxon(diffs)``.
+    """The two-sided p-value of ``scipy.stats.wilcoxon(diffs)``, whatever ``diffs`` holds (scipy's own result or
+    error where the vectorized permutation test does not apply: NaN, no nonzero difference, not numbers).
 
     Args:
-        diffs: Paired differences, at least one of them not zero (zeros are dropped from the ranking).
+        diffs: Paired differences (zeros are dropped from the ranking).
 
     Raises:
-        ValueError: every difference is zero (as scipy).
+        ValueError: as ``scipy.stats.wilcoxon``.
     """
     import numpy as np
     from scipy import stats
 
-    d = np.asarray(diffs, dtype=float)
-    nonzero = np.abs(d[d != 0])
-    if not nonzero.size:
-        raise ValueError("every paired difference is zero: the signed-rank test has nothing to rank")
+    d = np.asarray(diffs)
+    numeric = d.ndim == 1 and d.dtype.kind in "iuf" and not np.isnan(d).any()
+    nonzero = np.abs(d[d != 0]) if numeric else None
+    if not numeric or not nonzero.size or d.size > EXHAUSTIVE_MAX_N:
+        return float(stats.wilcoxon(diffs).pvalue)
     ties = np.unique(nonzero).size < nonzero.size
-    if d.size > EXHAUSTIVE_MAX_N or not (ties or nonzero.size < d.size):
-        return float(stats.wilcoxon(d).pvalue)
+    if not (ties or nonzero.size < d.size):
+        return float(stats.wilcoxon(diffs).pvalue)  # scipy's exact null distribution
 
     def positive_rank_sum(x, axis):  # scipy's statistic (r_plus), for every sign assignment along the other axes
         ranks = stats.rankdata(np.where(x == 0, np.nan, np.abs(x)), axis=axis, nan_policy="omit")
         return np.nansum(ranks * (x > 0), axis=axis)
 
     test = stats.permutation_test(
-        (d,), positive_rank_sum, permutation_type="samples", vectorized=True, alternative="two-sided", axis=-1
+        (d.astype(float),), positive_rank_sum, permutation_type="samples", vectorized=True, alternative="two-sided"
     )
     return float(test.pvalue)
