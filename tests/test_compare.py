@@ -1,6 +1,7 @@
 """Paired comparison: exact McNemar against a hand-checked example, question-set checks, report and plots."""
 
 import json
+import re
 
 import pytest
 from helpers import TINY_ROWS, comparison_row, snippet, write_jsonl, write_session
@@ -672,6 +673,13 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
             {"seconds": float("inf"), "cached_lm_calls": True},
             r"'q1' has no usable cost \(seconds=inf, cached_lm_calls=True; each",
         ),
+        ({"lm_calls": 10**400}, r"'q1' has no usable cost \(lm_calls=1000000000000000000000000000000000000000; each"),
+        (
+            {"stages": {"answer": {"seconds": "abc", "prompt_tokens": 10**400, "lm_calls": 1}}},
+            r"'q1' has no usable cost \(stages.answer.seconds='abc', stages.answer.prompt_tokens=10+; each",
+        ),
+        ({"stages": {"answer": 3}}, r"'q1' has no usable cost \(stages is not a mapping of stages; each"),
+        ({"fallbacks": {"rewrite_failed": -1}}, r"'q1' has no usable cost \(fallbacks.rewrite_failed=-1; each"),
     ],
 )
 def test_a_row_a_comparison_would_misread_is_refused_before_anything_is_written(tmp_path, change, message):
@@ -682,6 +690,18 @@ def test_a_row_a_comparison_would_misread_is_refused_before_anything_is_written(
     with pytest.raises(HCQRError, match=r"b/predictions.jsonl: the row of question " + message):
         compare([a, b], out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()  # no plot written before the refusal
+
+
+@pytest.mark.parametrize("qid", [["x"], {"a": 1}, None, 1.5, True])
+def test_a_question_id_that_is_not_text_is_refused_in_one_line(tmp_path, qid, capsys):
+    a = make_run(tmp_path / "a", "cot", [True, False])
+    b = make_run(tmp_path / "b", "hcqr", [True, False])
+    first, second = (b / "predictions.jsonl").read_text().splitlines()
+    (b / "predictions.jsonl").write_text(first + "\n" + json.dumps({**json.loads(second), "qid": qid}) + "\n")
+    assert main(["compare", str(a), str(b), "--no-mlflow", "--out", str(tmp_path / "out")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert re.search(r"b/predictions.jsonl:2: its qid is not text or a whole number \(.+\); repair or delete", line)
+    assert not (tmp_path / "out").exists()
 
 
 def test_runs_that_disagree_on_a_gold_answer_are_refused(tmp_path):

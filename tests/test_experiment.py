@@ -344,6 +344,20 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     with pytest.raises(HCQRError, match=differ):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
+    # every cell on that other setup, and the file's sample grown by a question: the cells have one left, so this
+    # session's setup is refused, before an MLflow run is reopened
+    for cell in ("simple_rag", "hcqr"):
+        (folder / cell / "sessions.jsonl").write_text(sessions.read_text())
+    more = {**spec, "methods": ["cot", "simple_rag", "hcqr"], "questions": {"limit": 3, "seed": 1}}
+    with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/\w+ \(session 1\) recorded 2.6.0"):
+        run_experiment(
+            load_experiment(write_exp(setup, **more, comparison=strict)),
+            runs_root=setup / "runs",
+            mlflow_dir=mlflow_store,
+            progress=False,
+            lm=routed_lm(),
+        )
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
 
 
 def tracked() -> dict:

@@ -92,8 +92,8 @@ class JsonlTable:
         cannot leave one, since a record is one JSON object and a cut one does not parse.
 
         Raises:
-            RunError: a line that is not UTF-8, not JSON, or not a record with a ``qid``
-                (file and line named).
+            RunError: a line that is not UTF-8, not JSON, or not a record with a ``qid`` (its key) that is text
+                or a whole number (file and line named).
         """
         return list(self.iter())
 
@@ -126,6 +126,11 @@ class JsonlTable:
                 if not isinstance(row, dict) or self.key not in row:
                     raise RunError(
                         f"{self.path}:{lineno}: not a {self.what} record (no {self.key}); repair or delete that line"
+                    )
+                if not isinstance(row[self.key], str | int) or isinstance(row[self.key], bool):
+                    raise RunError(
+                        f"{self.path}:{lineno}: its {self.key} is not text or a whole number "
+                        f"({json.dumps(row[self.key])[:40]}); repair or delete that line"
                     )
                 yield row
 

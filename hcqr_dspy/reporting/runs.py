@@ -112,7 +112,13 @@ def load_run(path: str | Path, label: str | None = None, programs: ProgramFolder
 
 
 def _amount(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    """A finite number of at least 0 that a float holds (a whole number past a float's range is none)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:
+        return False
 
 
 def _letter(value: Any) -> bool:
@@ -122,8 +128,8 @@ def _letter(value: Any) -> bool:
 def check_row(path: Path, row: dict[str, Any]) -> None:
     """Refuse a row a comparison would misread: a missing :data:`ROW_KEYS` field, a gold or predicted answer that
     is not an option letter, ``correct`` that disagrees with ``prediction`` and ``gold``, ``queries`` that are
-    not a list of strings, a missing or negative cost (:data:`COST_KEYS`), or a ``cpu_pressure`` that is not a
-    share from 0 to 1.
+    not a list of strings, a missing or negative cost (:data:`COST_KEYS`), a per-stage cost or fallback count that
+    is not a finite number of at least 0, or a ``cpu_pressure`` that is not a share from 0 to 1.
 
     Raises:
         HCQRError: naming ``path`` and the question.
@@ -150,7 +156,8 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
     # a missing cost would count as nothing in the cost columns, making a method look free
     bad = [f"{k} missing" for k in COST_KEYS if row.get(k) is None]
     present = [k for k in (*COST_KEYS, "cached_lm_calls") if row.get(k) is not None]
-    bad += [f"{k}={row[k]!r}" for k in present if not _amount(row[k])]
+    bad += [f"{k}={row[k]!r:.40}" for k in present if not _amount(row[k])]
+    bad += _bad_parts(row, "stages") + _bad_parts(row, "fallbacks")
     if bad:
         raise HCQRError(
             f"{where} has no usable cost ({', '.join(bad)}; each a finite number of at least 0, as `hcqr eval` "
@@ -161,6 +168,22 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
         raise HCQRError(
             f"{where} has cpu_pressure={pressure!r}, not a share from 0 to 1 (or null); repair or delete that line"
         )
+
+
+def _bad_parts(row: dict[str, Any], key: str) -> list[str]:
+    """What is wrong with a row's per-stage costs (``stages``: ``{stage: {field: amount}}``) or fallback counts
+    (``fallbacks``: ``{name: amount}``), which the run's metrics add up: each value null or an amount."""
+    parts = row.get(key)
+    if parts is None:
+        return []
+    if not isinstance(parts, dict) or (key == "stages" and not all(isinstance(v, dict) for v in parts.values())):
+        return [f"{key} is not a mapping of {'stages' if key == 'stages' else 'counts'}"]
+    values = (
+        {f"{key}.{name}.{f}": v for name, st in parts.items() for f, v in st.items()}
+        if key == "stages"
+        else {f"{key}.{name}": v for name, v in parts.items()}
+    )
+    return [f"{where}={v!r:.40}" for where, v in values.items() if v is not None and not _amount(v)]
 
 
 def check_same_gold(runs: Sequence[Run]) -> None:

@@ -163,7 +163,8 @@ def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -
         SetupMismatchError: naming the field, both values and the cell that recorded the other.
         HCQRError: ``--strict-setup: runs ... differ in ...`` (every cell answered).
     """
-    if not any(unfinished(folder) for folder in cell_folders):  # nothing to answer: the report's check applies
+    wanted = {name: {str(q.qid) for q in question_sample(exp, name)} for name in exp.datasets}
+    if not any(unfinished(f, wanted[f.parent.name]) for f in cell_folders):  # nothing to answer: the report's check
         for dataset in dict.fromkeys(folder.parent for folder in cell_folders):
             cells = [f for f in cell_folders if f.parent == dataset]
             cells.sort(key=lambda f: f.name != exp.reference)  # the reference first, as in its report
@@ -177,15 +178,27 @@ def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -
     check_same_setup(session_record("eval", ready, exp.threads), cell_folders)
 
 
-def unfinished(folder: Path) -> bool:
-    """Whether a cell's run folder has questions left: none yet, or fewer rows than its ``config.json`` counts
-    (a folder that cannot be read counts as unfinished; its own run then says why)."""
+def unfinished(folder: Path, wanted: set[str] | None = None) -> bool:
+    """Whether a cell's run folder has questions left: none yet, a question of ``wanted`` (the file's question
+    sample) it has no row for, or (without ``wanted``) fewer rows than its ``config.json`` counts. A folder that
+    cannot be read counts as unfinished; its own run then says why."""
     try:
         count = json.loads((folder / CONFIG).read_text())["questions"]["count"]
-        rows = {r["qid"] for r in RunFolder(folder).predictions.iter()}
+        rows = {str(r["qid"]) for r in RunFolder(folder).predictions.iter()}
     except (OSError, ValueError, KeyError, TypeError, HCQRError):
         return True
-    return len(rows) < count
+    return not wanted <= rows if wanted is not None else len(rows) < count
+
+
+def question_sample(exp: Experiment, dataset: str) -> list[Any]:
+    """The questions every cell of ``dataset`` answers: the file's ``questions`` sample of it."""
+    questions = exp.questions
+    return select(
+        load_questions(exp.datasets[dataset]),
+        limit=questions.get("limit"),
+        seed=int(questions.get("seed", 0)),
+        ids=questions.get("ids"),
+    )
 
 
 def resolve_programs(exp: Experiment, mlflow_dir=None) -> list[tuple[str, str]]:
@@ -236,13 +249,7 @@ def _training_overlap(exp: Experiment, meta: dict[str, Any], ref: str, samples: 
         return None
     for dname, file in exp.datasets.items():
         if dname not in samples:
-            questions = exp.questions
-            samples[dname] = select(
-                load_questions(file),
-                limit=questions.get("limit"),
-                seed=int(questions.get("seed", 0)),
-                ids=questions.get("ids"),
-            )
+            samples[dname] = question_sample(exp, dname)
         try:
             refuse_overlap(meta["train"], samples[dname], dataset_name(file), f"saved program {ref}")
         except HCQRError as exc:
