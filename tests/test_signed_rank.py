@@ -24,6 +24,7 @@ def test_the_p_value_is_scipys_own(diffs):
     assert signed_rank_p(diffs) == pytest.approx(float(stats.wilcoxon(diffs).pvalue), rel=1e-12, abs=1e-15)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore:One or more sample arguments is too small")  # scipy's
 @pytest.mark.parametrize(
     "diffs",
     [[0.0, 0.0], [0.0, -0.0], [0.0] * 20, [1.0, 1.0, -1.0, float("nan")], [float("nan")] * 2, [3, 3, -1, 0], []],
