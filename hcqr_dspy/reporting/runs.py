@@ -157,7 +157,7 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
     bad = [f"{k} missing" for k in COST_KEYS if row.get(k) is None]
     present = [k for k in (*COST_KEYS, "cached_lm_calls") if row.get(k) is not None]
     bad += [f"{k}={row[k]!r:.40}" for k in present if not _amount(row[k])]
-    bad += _bad_parts(row, "stages") + _bad_parts(row, "fallbacks")
+    bad += _bad_parts(row)
     if bad:
         raise HCQRError(
             f"{where} has no usable cost ({', '.join(bad)}; each a finite number of at least 0, as `hcqr eval` "
@@ -170,20 +170,31 @@ def check_row(path: Path, row: dict[str, Any]) -> None:
         )
 
 
-def _bad_parts(row: dict[str, Any], key: str) -> list[str]:
-    """What is wrong with a row's per-stage costs (``stages``: ``{stage: {field: amount}}``) or fallback counts
+def _bad_parts(row: dict[str, Any]) -> list[str]:
+    """What is wrong with a row's per-stage costs (``stages``: ``{stage: {field: amount}}``) and fallback counts
     (``fallbacks``: ``{name: amount}``), which the run's metrics add up: each value null or an amount."""
-    parts = row.get(key)
-    if parts is None:
-        return []
-    if not isinstance(parts, dict) or (key == "stages" and not all(isinstance(v, dict) for v in parts.values())):
-        return [f"{key} is not a mapping of {'stages' if key == 'stages' else 'counts'}"]
-    values = (
-        {f"{key}.{name}.{f}": v for name, st in parts.items() for f, v in st.items()}
-        if key == "stages"
-        else {f"{key}.{name}": v for name, v in parts.items()}
-    )
-    return [f"{where}={v!r:.40}" for where, v in values.items() if v is not None and not _amount(v)]
+    stages, fallbacks, bad = row.get("stages") or {}, row.get("fallbacks") or {}, []
+    if not (isinstance(stages, dict) and all(isinstance(st, dict) for st in stages.values())):
+        stages, bad = {}, ["stages is not a mapping of stages"]
+    if not isinstance(fallbacks, dict):
+        fallbacks, bad = {}, [*bad, "fallbacks is not a mapping of counts"]
+    values = {f"stages.{name}.{f}": v for name, st in stages.items() for f, v in st.items()}
+    values |= {f"fallbacks.{name}": v for name, v in fallbacks.items()}
+    return bad + [f"{where}={v!r:.40}" for where, v in values.items() if v is not None and not _amount(v)]
+
+
+def checked_questions(folder: RunFolder) -> set[str]:
+    """The question ids of a run folder's rows, each row checked (:meth:`RunFolder.iter_rows`: a question recorded
+    twice; :func:`check_row`).
+
+    Raises:
+        HCQRError: naming the file and the question.
+    """
+    done = set()
+    for row in folder.iter_rows():
+        check_row(folder.predictions.path, row)
+        done.add(str(row["qid"]))
+    return done
 
 
 def check_same_gold(runs: Sequence[Run]) -> None:

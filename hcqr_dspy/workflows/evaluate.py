@@ -26,7 +26,7 @@ from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm
 from hcqr_dspy.lm.adapter import HCQRAdapter
 from hcqr_dspy.programs import refuse_bound
-from hcqr_dspy.reporting.runs import check_row
+from hcqr_dspy.reporting.runs import checked_questions
 from hcqr_dspy.trace_levels import trace_level
 from hcqr_dspy.tracking.evaluation_run import evaluation_run
 from hcqr_dspy.tracking.store import open_store
@@ -108,11 +108,8 @@ def run_evaluation(
     # the folder's one writer before the LM is loaded or asked: a second process on it is refused at once
     folder = RunFolder.claim(Path(spec.run_dir) if spec.run_dir else default_run_dir(spec, config), "eval")
     try:
-        done = set()  # the questions answered already, each row checked: one edited by hand is refused before the
-        for row in folder.iter_rows():  # LM is loaded, not met mid-run
-            check_row(folder.predictions.path, row)
-            done.add(row["qid"])
-        left = {str(q.qid) for q in questions} - done
+        # the questions answered already, each row checked: one edited by hand is refused before the LM is loaded
+        left = {str(q.qid) for q in questions} - checked_questions(folder)
         if lm is None:
             lm = build_lm(
                 spec.lm,

@@ -18,14 +18,13 @@ from typing import Any
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
-from hcqr_dspy.evaluation.folders import CONFIG
 from hcqr_dspy.evaluation.provenance import session_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm
 from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.reporting import compare
-from hcqr_dspy.reporting.runs import check_row, load_run
+from hcqr_dspy.reporting.runs import checked_questions, load_run
 from hcqr_dspy.reporting.saved_programs import ProgramFolders
 from hcqr_dspy.reporting.setups import setup_check
 from hcqr_dspy.retrieval import load_index
@@ -71,10 +70,10 @@ def run_experiment(
     cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
     cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
     # before the MLflow runs are opened: a refused experiment leaves them as they were
-    preflight_rows(cell_folders)
+    answered = preflight_rows(cell_folders)
     strict = bool(exp.comparison.get("strict_setup"))
     if strict:
-        preflight_setup(exp, cell_folders, lm)
+        preflight_setup(exp, answered, lm)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
@@ -137,23 +136,24 @@ def run_experiment(
     return out
 
 
-def preflight_rows(cell_folders: list[Path]) -> None:
+def preflight_rows(cell_folders: list[Path]) -> dict[Path, set[str]]:
     """Refuse the experiment when a cell's run folder holds a row its resume or the comparison would refuse (a
     question recorded twice, or :func:`~hcqr_dspy.reporting.runs.check_row`), before any MLflow run is opened or
     any cell run: a row edited by hand in a later cell does not leave the earlier cells' runs reopened and the
-    parent run failed. Cells not started yet are skipped.
+    parent run failed.
+
+    Returns:
+        Each cell folder's answered questions (none for a cell not started).
 
     Raises:
         HCQRError: naming the file and the question.
     """
-    for folder in cell_folders:
-        run = RunFolder(folder)
-        for row in run.iter_rows():
-            check_row(run.predictions.path, row)
+    return {folder: checked_questions(RunFolder(folder)) for folder in cell_folders}
 
 
-def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -> None:
-    """Before any MLflow run is opened or any cell run: with cells left to answer (:func:`unfinished`), refuse the
+def preflight_setup(exp: Experiment, answered: dict[Path, set[str]], lm: Any = None) -> None:
+    """Before any MLflow run is opened or any cell run: with cells left to answer (``answered``, each cell folder's
+    answered questions, lacks one of the file's question sample of its dataset), refuse the
     experiment's LM when its setup is not the one the cells recorded
     (:func:`~hcqr_dspy.workflows.setup_guard.check_same_setup`; the LM built for the check, ``lm`` a ready one
     instead, is dropped after it); with every cell answered, refuse the cells of a dataset whose setups differ,
@@ -163,8 +163,9 @@ def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -
         SetupMismatchError: naming the field, both values and the cell that recorded the other.
         HCQRError: ``--strict-setup: runs ... differ in ...`` (every cell answered).
     """
+    cell_folders = list(answered)
     wanted = {name: {str(q.qid) for q in question_sample(exp, name)} for name in exp.datasets}
-    if not any(unfinished(f, wanted[f.parent.name]) for f in cell_folders):  # nothing to answer: the report's check
+    if all(wanted[f.parent.name] <= done for f, done in answered.items()):  # nothing to answer: the report's check
         for dataset in dict.fromkeys(folder.parent for folder in cell_folders):
             cells = [f for f in cell_folders if f.parent == dataset]
             cells.sort(key=lambda f: f.name != exp.reference)  # the reference first, as in its report
@@ -176,18 +177,6 @@ def preflight_setup(exp: Experiment, cell_folders: list[Path], lm: Any = None) -
         exp.lm, max_tokens=exp.max_tokens, n_ctx=exp.n_ctx, api_base=exp.api_base, api_key_env=exp.api_key_env
     )
     check_same_setup(session_record("eval", ready, exp.threads), cell_folders)
-
-
-def unfinished(folder: Path, wanted: set[str] | None = None) -> bool:
-    """Whether a cell's run folder has questions left: none yet, a question of ``wanted`` (the file's question
-    sample) it has no row for, or (without ``wanted``) fewer rows than its ``config.json`` counts. A folder that
-    cannot be read counts as unfinished; its own run then says why."""
-    try:
-        count = json.loads((folder / CONFIG).read_text())["questions"]["count"]
-        rows = {str(r["qid"]) for r in RunFolder(folder).predictions.iter()}
-    except (OSError, ValueError, KeyError, TypeError, HCQRError):
-        return True
-    return not wanted <= rows if wanted is not None else len(rows) < count
 
 
 def question_sample(exp: Experiment, dataset: str) -> list[Any]:
