@@ -46,7 +46,9 @@ class Stub:
     ``switch_for``: the number of requests answered in ``switch_to`` before it is ``ok`` again). ``delay``
     seconds pass before each reply; ``shift`` moves every answer letter along by that many (a server of
     another checkpoint under the same model name); ``reasoning`` is the answer step's reasoning text. Every
-    request's headers and body are kept in ``seen``. ``GET /v1/models`` lists ``stub-model`` as vLLM would.
+    request's headers and body are kept in ``seen``. ``GET /v1/models`` lists ``stub-model`` as vLLM would; with a
+    ``version`` (settable while it runs, as a server upgraded in place), its card is owned by ``vllm`` and
+    ``GET /version`` gives ``{"version": version}``, as vLLM's.
     ``port``: where to listen (default any free port; a stopped stub's port to restart it at the same address).
     """
 
@@ -60,7 +62,9 @@ class Stub:
         reasoning="r",
         switch_for=None,
         port=0,
+        version=None,
     ):
+        self.version = version  # what GET /version reports (None: no such route, as a server not vLLM)
         self.mode, self.down_after, self.count, self.seen = "ok", down_after, 0, []
         self.delay, self.shift = delay, shift  # seconds before each reply; letters shifted (another checkpoint)
         self.reasoning = reasoning  # the answer step's reasoning text
@@ -73,7 +77,16 @@ class Stub:
 
             def do_GET(self):
                 """``/v1/models``: a vLLM-shaped listing of ``stub-model``, its checkpoint named by ``shift``
-                (``created`` and ``permission`` new on every request, as vLLM's); not counted in ``count``."""
+                (``created`` and ``permission`` new on every request, as vLLM's); ``/version``: ``version``; neither
+                counted in ``count``."""
+                if self.path.rstrip("/") == "/version" and stub.version is not None:
+                    payload = json.dumps({"version": stub.version}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 if self.path.rstrip("/") != "/v1/models":
                     self.send_error(404)
                     return
@@ -82,7 +95,7 @@ class Stub:
                     "id": "stub-model",
                     "object": "model",
                     "created": now,
-                    "owned_by": "stub",
+                    "owned_by": "stub" if stub.version is None else "vllm",
                     "root": f"/models/stub-checkpoint-{stub.shift}",
                     "parent": None,
                     "max_model_len": 4096,

@@ -22,7 +22,19 @@ BODIES = {
     "deep": "[" * 100_000 + "]" * 100_000,
     "oddvalue": json.dumps({"data": [{**CARD, "root": {"nested": 1}}]}),
     "huge": json.dumps({"data": [{**CARD, "root": "x" * (MAX_LISTING_BYTES + 1)}]}),
+    "llamacpp": json.dumps({"data": [{"id": "m", "object": "model", "owned_by": "llamacpp", "created": 1}]}),
+    "me": json.dumps({"data": [{"id": "m", "object": "model", "owned_by": "me"}]}),  # llama-cpp-python's server
 }
+# What each mode's server answers on its version routes (absent: HTTP 404).
+VERSION_REPLIES = {
+    ("ok", "version"): {"version": "0.11.0"},
+    ("llamacpp", "props"): {"build_info": "b6500-a1b2c3d", "total_slots": 1},
+    ("versionnum", "version"): {"version": 11},
+    ("versionnan", "version"): "NaN",
+}
+
+
+seen: list[str] = []  # the paths asked, in order
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +46,19 @@ def server():
             pass
 
         def do_GET(self):
-            mode = self.path.strip("/").split("/")[0]
+            seen.append(self.path)
+            mode, route = self.path.strip("/").split("/")[0], self.path.strip("/").split("/")[-1]
+            if route in ("version", "props"):
+                reply = VERSION_REPLIES.get((mode, route))
+                if reply is None:
+                    self.send_error(404)
+                    return
+                body = (reply if isinstance(reply, str) else json.dumps(reply)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             if mode == "badstatus":
                 self.wfile.write(b"HELLO THERE\r\n\r\n")
                 self.close_connection = True
@@ -77,7 +101,28 @@ def test_a_vllm_listing_gives_its_card_without_the_per_request_fields(server):
         "owned_by": "vllm",
         "root": "/ckpt",
         "max_model_len": 4096,
+        "server_version": "0.11.0",  # GET /version, at the server's root
     }
+
+
+@pytest.mark.parametrize(
+    "mode, version",
+    [
+        ("llamacpp", "b6500-a1b2c3d"),  # llama-server: GET /props, its build_info
+        ("e404", "unavailable (HTTP 404 from /version)"),  # a vLLM card, but no version route (a proxy)
+        ("versionnum", "unavailable (/version gives no version as short text)"),
+        ("versionnan", "unavailable (ValueError from /version: NaN is not JSON)"),
+    ],
+)
+def test_a_server_whose_version_route_is_known_has_its_version_recorded_or_said_unavailable(server, mode, version):
+    base = f"{server}/{mode}/v1"
+    assert card(base)["server_version"] == version
+    route = "/props" if mode == "llamacpp" else "/version"
+    assert seen[-2:] == [f"/{mode}/v1/models", f"/{mode}{route}"]
+
+
+def test_a_server_without_a_known_version_route_is_not_asked_for_one(server):
+    assert "server_version" not in card(f"{server}/me/v1") and seen[-1] == "/me/v1/models"
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,27 @@ def test_a_resume_with_other_questions_in_flight_is_refused_strict_and_mixed_oth
         stub.stop()
 
 
+def test_a_resume_on_a_server_upgraded_in_place_is_refused_strict_and_not_served_from_the_cache(bench, own_cache):  # noqa: F811
+    stub = Stub(version="0.10.1")  # vLLM 0.10.1 serving the same checkpoint under the same name
+    try:
+        evaluate(bench, stub, "run", stub_lm(stub))
+        folder = RunFolder(bench / "run")
+        lines = folder.predictions.path.read_text().splitlines()
+        folder.predictions.path.write_text("\n".join(lines[:4]) + "\n")
+        [first] = folder.sessions()
+        assert first["endpoint"]["server_version"] == "0.10.1"
+        stub.version = "0.11.0"  # upgraded; its model card is unchanged
+        with pytest.raises(SetupMismatchError, match=r"endpoint server version is 0.11.0, but .*recorded 0.10.1;"):
+            run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub), strict_setup=True)
+        asked = stub.count
+        run_evaluation(spec(bench, stub, "run"), progress=False, track=False, lm=stub_lm(stub))  # mixed, recorded
+        assert stub.count - asked == 2  # the two questions left were asked anew, not served from 0.10.1's replies
+        assert [s["endpoint"]["server_version"] for s in folder.sessions()] == ["0.10.1", "0.11.0"]
+        assert mixed_fields(arm_setup(load_run(bench / "run"))) == ["endpoint server version"]
+    finally:
+        stub.stop()
+
+
 def test_compile_seeds_strict_setup_refuses_the_seeds_left_on_another_setup(demo_bm25, tmp_path, monkeypatch, capsys):
     root = tmp_path / "bfs"
     run_compile_seeds(compile_spec(demo_bm25, root), [0], track=False, lm=gold_lm())

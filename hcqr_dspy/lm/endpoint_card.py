@@ -11,6 +11,12 @@ vLLM's ``ModelCard`` (``vllm/entrypoints/openai/protocol.py``) that describe wha
 ``root`` (the checkpoint path or hub id vLLM loaded), ``parent`` and ``max_model_len``; its ``created`` and
 ``permission`` are left out (vLLM fills them anew on every request). llama-cpp-python's server gives ``id`` and
 ``owned_by`` only, OpenAI's API ``id``, ``owned_by`` (and ``created``, left out).
+
+The server's own version decides replies too (its kernels, its batching), and a model card does not carry it: where
+the card's ``owned_by`` names a server whose version route is known (:data:`VERSION_ROUTES`), the card gets
+``server_version``, read from that route at the server's root (``api_base`` without its trailing ``/v1``): vLLM's
+``GET /version`` (its ``show_version`` route: ``{"version": VLLM_VERSION}``) and llama.cpp's ``llama-server``
+``GET /props`` (its ``build_info``: build number and commit).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import urllib.request
 from typing import Any
 
 CARD_FIELDS = ("id", "owned_by", "root", "parent", "max_model_len")
+# A server's ``owned_by`` -> (the route at its root that gives its version, the field of that reply holding it).
+VERSION_ROUTES = {"vllm": ("/version", "version"), "llamacpp": ("/props", "build_info")}
 MAX_LISTING_BYTES = 1 << 20  # a model listing is a few KB; more is not a listing
 
 
@@ -38,7 +46,8 @@ def endpoint_card(cfg: Any, api_key: str | None = None, timeout: float = 10.0) -
     Returns:
         ``{"url", <CARD_FIELDS present, as text, whole numbers or null>}``, or ``{"url", "unavailable": <why>}``
         when the server does not list its models, not this one, or answers with anything else (recorded so,
-        never guessed; this function does not raise).
+        never guessed; this function does not raise). A card of a server named in :data:`VERSION_ROUTES` also has
+        ``server_version`` (:func:`server_version`).
     """
     if cfg.kind != "litellm" or not cfg.api_base:
         return None
@@ -58,7 +67,31 @@ def endpoint_card(cfg: Any, api_key: str | None = None, timeout: float = 10.0) -
     odd = [k for k, v in card.items() if not (v is None or isinstance(v, str | int)) or isinstance(v, bool)]
     if odd or any(isinstance(v, str) and len(v) > 1000 for v in card.values()):
         return {"url": url, "unavailable": f"its card has values that are not short text or whole numbers ({odd})"}
+    if card.get("owned_by") in VERSION_ROUTES:
+        card["server_version"] = server_version(cfg.api_base, card["owned_by"], api_key, timeout)
     return {"url": url, **card}
+
+
+def server_version(api_base: str, owned_by: str, api_key: str | None = None, timeout: float = 10.0) -> str:
+    """The version the server at ``api_base`` reports on its :data:`VERSION_ROUTES` route for ``owned_by``.
+
+    Returns:
+        The version as the server gives it (``"0.11.0"``, ``"b6500-a1b2c3d"``), or ``"unavailable (<why>)"`` when
+        the route fails or its reply lacks a short text version (recorded so, never guessed; never raises).
+    """
+    route, field = VERSION_ROUTES[owned_by]
+    root = api_base.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    try:
+        reply = _read_listing(root + route, api_key, timeout)
+    except urllib.error.HTTPError as exc:
+        return f"unavailable (HTTP {exc.code} from {route})"
+    except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:
+        return f"unavailable ({type(exc).__name__} from {route}: {str(exc)[:80]})"
+    version = reply.get(field) if isinstance(reply, dict) else None
+    if not isinstance(version, str) or not version or len(version) > 200:
+        return f"unavailable ({route} gives no {field} as short text)"
+    return version
 
 
 def _read_listing(url: str, api_key: str | None, timeout: float) -> Any:

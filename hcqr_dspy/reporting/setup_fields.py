@@ -19,9 +19,9 @@ NOT_RECORDED = "not recorded"
 MALFORMED = "malformed record"
 # The order fields are listed in (an index's fields come where "index" is).
 FIELD_ORDER = (
-    *("LM", "model", "model file", "endpoint", "endpoint model card", "temperature", "max tokens", "n_ctx"),
-    *("response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch", "n_ubatch"),
-    *("flash_attn", "use_extra_bufts", THREADS, IN_FLIGHT, "dspy", "llama-cpp-python", "litellm"),
+    *("LM", "model", "model file", "endpoint", "endpoint model card", "endpoint server version", "temperature"),
+    *("max tokens", "n_ctx", "response format", "adapter", "llama.cpp build", "llama.cpp CPU features", "n_batch"),
+    *("n_ubatch", "flash_attn", "use_extra_bufts", THREADS, IN_FLIGHT, "dspy", "llama-cpp-python", "litellm"),
     *("questions", "question ids", "seed", "limit", "index", *RETRIEVAL_SETTINGS, COMPILE_SETUP),
 )
 
@@ -73,8 +73,10 @@ def run_fields(config: dict[str, Any]) -> dict[str, Any]:
 def lm_fields(engine: Any, card: Any, packages: Any, in_flight: Any = None) -> dict[str, Any]:
     """The fields of a setup that a session (or a cached reply's record) holds: the in-process engine's (model file,
     build, CPU features, batches, flash attention, repacking, threads with flash attention on), an endpoint's model
-    card (without its address), the library versions that decide replies there, and how many questions the session
-    answered at once (``in_flight``; a cached reply's record and a session before it was recorded have none)."""
+    card (without its address) and the version its server reports
+    (:func:`~hcqr_dspy.lm.endpoint_card.server_version`), the library versions that decide replies there, and how
+    many questions the session answered at once (``in_flight``; a cached reply's record and a session before it was
+    recorded have none)."""
     engine = engine if isinstance(engine, dict) else {}
     packages = packages if isinstance(packages, dict) else {}
     fields: dict[str, Any] = {}
@@ -92,8 +94,10 @@ def lm_fields(engine: Any, card: Any, packages: Any, in_flight: Any = None) -> d
     else:
         fields["litellm"] = packages.get("litellm")
     if isinstance(card, dict) and card:
-        shown = {k: v for k, v in sorted(card.items()) if k not in ("url", "api_base") and v is not None}
+        own = ("url", "api_base", "server_version")  # the address, and the server's version (a field of its own)
+        shown = {k: v for k, v in sorted(card.items()) if k not in own and v is not None}
         fields["endpoint model card"] = ", ".join(f"{k} {v}" for k, v in shown.items())
+        fields["endpoint server version"] = card.get("server_version")
     fields["dspy"] = packages.get("dspy")
     fields[IN_FLIGHT] = in_flight if isinstance(in_flight, int) and not isinstance(in_flight, bool) else None
     return {k: setup_value(v) for k, v in fields.items() if v is not None}
