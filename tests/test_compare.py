@@ -656,6 +656,11 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
     (b / "predictions.jsonl").write_text("")
     with pytest.raises(HCQRError, match=r"run .*b has no finished question$"):
         compare([a, b], out_dir=tmp_path / "out")
+    # a folder where a file of records goes
+    (b / "predictions.jsonl").unlink()
+    (b / "predictions.jsonl").mkdir()
+    with pytest.raises(HCQRError, match=r"b/predictions.jsonl is a folder, not a file of question records; move it"):
+        compare([a, b], out_dir=tmp_path / "out")
 
 
 @pytest.mark.parametrize(

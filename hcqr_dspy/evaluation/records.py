@@ -101,11 +101,17 @@ class JsonlTable:
         """:meth:`read`'s records one at a time, the file read line by line (one record in memory at once).
 
         Raises:
-            RunError: as :meth:`read`, when the bad line is reached.
+            RunError: as :meth:`read`, when the bad line is reached; the path is a folder or cannot be read.
         """
         if not self.path.exists():
             return
-        with self.path.open("rb") as fh:
+        if self.path.is_dir():
+            raise RunError(f"{self.path} is a folder, not a file of {self.what} records; move it away")
+        try:
+            fh = self.path.open("rb")
+        except OSError as exc:
+            raise RunError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
+        with fh:
             for lineno, raw in enumerate(fh, start=1):
                 if not raw.endswith(b"\n") and _whole_record(raw, self.key) is None:
                     break  # partial write of a killed process: its item is redone
