@@ -80,7 +80,9 @@ $(MILVUS_VENV)/.stamps/server: Makefile
 # so a file's session fixtures (the Milvus server, the encoded Pathoma corpus) start once. Many tests wait rather
 # than compute (MLflow's trace-export flushes, servers starting, a Milvus restart for its port to leave
 # TIME_WAIT): on 2 cores, pytest took 852 s with 3 workers (169% CPU by `/usr/bin/time`) against 1,325 s with 2.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+DEFAULT_TEST_WORKERS = $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+# TEST_WORKERS=N sets the count; left out or blank (TEST_WORKERS=), the default
+TEST_WORKERS_N = $(or $(strip $(TEST_WORKERS)),$(DEFAULT_TEST_WORKERS))
 # --no-loadscope-reorder: files in collection order, where tests/conftest.py puts the files marked slow first
 # (xdist's own order, most tests first, left a one-test file of minutes running alone at the end).
 # --durations: the 25 slowest tests close the output, to see where a slower machine spends the suite's time.
@@ -88,7 +90,7 @@ test: setup-model-135m setup-milvus-server
 	$(VENV)/bin/ruff format --check hcqr_dspy tests bench
 	$(VENV)/bin/ruff check hcqr_dspy tests bench
 	$(VENV)/bin/mkdocs build --strict --site-dir build/site
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS_N) --dist loadfile --no-loadscope-reorder --durations=25
 
 docs: setup
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
