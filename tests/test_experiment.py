@@ -24,6 +24,11 @@ pytestmark = pytest.mark.slow  # a file of a minute or more on 2 cores: schedule
 
 @pytest.fixture
 def setup(tmp_path):
+    return make_setup(tmp_path)
+
+
+def make_setup(tmp_path):
+    """Two datasets of three questions and a BM25 index of the tiny rows, in ``tmp_path``."""
     corpus = load_corpus(write_jsonl(tmp_path / "corpus.jsonl", [snippet(*r) for r in TINY_ROWS]))
     BM25Retriever(corpus, show_progress=False).save(tmp_path / "idx")
     for name in ("d1", "d2"):
@@ -344,12 +349,12 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
     with pytest.raises(HCQRError, match=differ):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
-    # every cell on that other setup, and the file's sample grown by a question: the cells have one left, so this
-    # session's setup is refused, before an MLflow run is reopened
+    # every cell on that other setup, and the file's sample grown by a question: each cell's folder holds another
+    # configuration, refused before an MLflow run is reopened
     for cell in ("simple_rag", "hcqr"):
         (folder / cell / "sessions.jsonl").write_text(sessions.read_text())
     more = {**spec, "methods": ["cot", "simple_rag", "hcqr"], "questions": {"limit": 3, "seed": 1}}
-    with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/\w+ \(session 1\) recorded 2.6.0"):
+    with pytest.raises(HCQRError, match=r"d1/cot holds a run with another configuration \(differs in: questions\)"):
         run_experiment(
             load_experiment(write_exp(setup, **more, comparison=strict)),
             runs_root=setup / "runs",
@@ -357,6 +362,13 @@ def test_a_strict_setup_file_refuses_a_cell_on_another_setup_before_it_answers(s
             progress=False,
             lm=routed_lm(),
         )
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
+    # the same file, a cell's last row lost (killed before it was written): that cell has a question left, so this
+    # session's setup is refused, before an MLflow run is reopened
+    rows = (folder / "hcqr" / "predictions.jsonl").read_text().splitlines()
+    (folder / "hcqr" / "predictions.jsonl").write_text("\n".join(rows[:-1]) + "\n")
+    with pytest.raises(SetupMismatchError, match=r"dspy is .*, but .*d1/\w+ \(session 1\) recorded 2.6.0"):
+        run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
 
 
@@ -381,6 +393,72 @@ def test_a_malformed_row_in_a_later_cell_is_refused_before_any_mlflow_run_is_reo
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
     assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
     assert not (setup / "runs" / "grid" / "d1" / "hcqr").exists()
+
+
+ANSWERED = {"datasets": {"d1": "d1.json"}, "methods": ["cot", "simple_rag"], "method_options": {}}
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory, mlflow_store):
+    """A folder holding an experiment of two cells, every question answered."""
+    setup = make_setup(tmp_path_factory.mktemp("answered"))
+    exp = load_experiment(write_exp(setup, **ANSWERED))
+    run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    return setup
+
+
+def damage(cell, how):
+    """Damage an answered cell's folder (or, for ``file``, put a file where a cell not yet run goes; for ``limit``
+    and ``budget``, nothing: the experiment file changes)."""
+    if how == "file":
+        cell.parent.joinpath("hcqr").write_text("not a run folder\n")
+    elif how == "option_probs":
+        qid = json.loads((cell / "predictions.jsonl").read_text().splitlines()[0])["qid"]
+        (cell / "option_probs.jsonl").write_text(json.dumps({"qid": qid, "option_probs": {"A": 7}}) + "\n")
+    elif how == "foreign_option_probs":
+        (cell / "option_probs.jsonl").write_text(json.dumps({"qid": "elsewhere", "option_probs": None}) + "\n")
+    elif how == "judgments":
+        (cell / "judgments.jsonl").write_text(json.dumps({"qid": "elsewhere", "valid": True}) + "\n")
+    elif how == "sessions":
+        (cell / "sessions.jsonl").write_text('{"session": "one"}\n')
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("file", r"grid/d1/hcqr is a file, not a run folder, where the experiment keeps its cell .hcqr."),
+        ("option_probs", r"simple_rag/option_probs.jsonl: question .*: option_probs is not a distribution"),
+        ("foreign_option_probs", r"option_probs.jsonl scores 1 question\(s\) the run does not hold \(elsewhere\)"),
+        ("judgments", r"simple_rag/judgments.jsonl"),
+        ("sessions", r"simple_rag/sessions.jsonl"),
+        # the file changed since the cells were answered: each cell's evaluation would refuse its folder
+        ("limit", r"grid/d1/cot holds a run with another configuration \(differs in: questions\); the experiment file"),
+        ("budget", r"grid/d1/cot holds a run with another configuration \(differs in: program\); the experiment file"),
+    ],
+)
+def test_a_damaged_cell_is_refused_before_any_mlflow_run_is_reopened(answered, tmp_path, mlflow_store, how, message):
+    setup = tmp_path / "copy"
+    shutil.copytree(answered, setup)  # its parent MLflow run is the original's, reopened by a run of the copy
+    damage(setup / "runs" / "grid" / "d1" / "simple_rag", how)
+    changed = {"limit": {"questions": {"limit": 3, "seed": 1}}, "budget": {"budget": 2}}.get(how, {})
+    grown = load_experiment(write_exp(setup, **{**ANSWERED, "methods": ["cot", "simple_rag", "hcqr"], **changed}))
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
+    with pytest.raises(HCQRError, match=message):
+        run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
+
+
+def test_an_lm_that_cannot_be_built_is_refused_before_any_mlflow_run_is_reopened(setup, mlflow_store, monkeypatch):
+    spec = {"datasets": {"d1": "d1.json"}, "methods": ["cot", "simple_rag"], "method_options": {}}
+    keyed = {**spec, "api_base": "http://127.0.0.1:9/v1", "api_key_env": "HCQR_TEST_UNSET_KEY"}
+    monkeypatch.setenv("HCQR_TEST_UNSET_KEY", "sk-test")
+    exp = load_experiment(write_exp(setup, **keyed))
+    run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
+    monkeypatch.delenv("HCQR_TEST_UNSET_KEY")  # every cell answered; the key's variable gone
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
+    with pytest.raises(HCQRError, match=r"environment variable HCQR_TEST_UNSET_KEY .* is not set"):
+        run_experiment(exp, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False)
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
 
 
 def test_a_subset_of_the_datasets_can_be_run(setup):

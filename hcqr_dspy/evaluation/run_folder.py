@@ -130,18 +130,30 @@ class RunFolder:
         self._written = [] if cpath.exists() else [cpath]
         self._stored = None
         if cpath.exists():
+            self.refuse_other_config(config)
             stored, old = self.stored, self.stored.config
-            keys = differing_keys(old, config, stored.unrecorded)
-            if keys:
-                raise RunError(
-                    f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
-                    "use another --run-dir or remove it"
-                )
             moved = moved_inputs(old, config)
             self.first_recorded = first_recorded(stored.unrecorded, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
         return moved
+
+    def refuse_other_config(self, config: dict[str, Any], advice: str = "use another --run-dir or remove it") -> None:
+        """Refuse ``config`` where the folder's ``config.json`` differs from it in what decides a row
+        (:func:`~hcqr_dspy.evaluation.run_config.differing_keys`); a folder without one takes any. ``advice`` ends
+        the message.
+
+        Raises:
+            RunError: naming the differing keys; ``config.json`` unreadable or of a newer format.
+        """
+        if not (self.path / CONFIG).exists():
+            return
+        keys = differing_keys(self.stored.config, config, self.stored.unrecorded)
+        if keys:
+            raise RunError(
+                f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
+                + advice
+            )
 
     def release(self) -> None:
         """Release :meth:`claim`'s writer lock (if any); the folders it created are removed again while empty."""

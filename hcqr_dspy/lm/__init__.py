@@ -41,7 +41,7 @@ The names below are re-exported here: ``from hcqr_dspy.lm import build_lm``.
 
 from hcqr_dspy.errors import LMReplyFormatError, LMSpecError
 from hcqr_dspy.lm.cache import ENDPOINT_KEYS, key_cache_by_endpoint
-from hcqr_dspy.lm.dspy_lm import build_lm, check_lm, count_tokens, engine_model_name
+from hcqr_dspy.lm.dspy_lm import build_lm, check_lm, check_lm_spec, count_tokens, engine_model_name
 from hcqr_dspy.lm.engine_settings import EngineSettings, build_features, default_extra_bufts, default_threads
 from hcqr_dspy.lm.llama_cpp import (
     DEFAULT_N_CTX,
@@ -76,6 +76,7 @@ __all__ = [
     "cache_dir",
     "call_retrying_bad_replies",
     "check_lm",
+    "check_lm_spec",
     "build_features",
     "check_route",
     "count_tokens",

@@ -10,7 +10,7 @@ from hcqr_dspy.errors import LMSpecError
 from hcqr_dspy.lm.cache import key_cache_by_card, key_cache_by_endpoint
 from hcqr_dspy.lm.endpoint_card import endpoint_card
 from hcqr_dspy.lm.llama_cpp import DEFAULT_N_CTX, LlamaCppEngine, engine_for
-from hcqr_dspy.lm.model_file import gguf_sha256
+from hcqr_dspy.lm.model_file import gguf_sha256, require_gguf_file
 from hcqr_dspy.lm.packaged import packaged_model_path
 from hcqr_dspy.lm.reply_setup import record_reply_setups, register_lm
 from hcqr_dspy.lm.spec import LMConfig, check_route, parse_lm_spec
@@ -63,10 +63,7 @@ def build_lm(
         if cfg.api_base:
             kwargs["api_base"] = cfg.api_base
         if cfg.api_key_env:
-            key = os.environ.get(cfg.api_key_env)
-            if not key:
-                raise LMSpecError(f"environment variable {cfg.api_key_env} (the API key for {cfg.model}) is not set")
-            kwargs["api_key"] = key
+            kwargs["api_key"] = key = api_key(cfg)
             register_secret(key)  # masked wherever it would be printed or recorded
         from hcqr_dspy.lm import redacted_errors
 
@@ -86,6 +83,36 @@ def build_lm(
     if cache:
         record_reply_setups()
     return lm
+
+
+def api_key(cfg: LMConfig) -> str:
+    """The API key of a remote LM, from its ``api_key_env`` variable.
+
+    Raises:
+        LMSpecError: the variable is not set (or empty).
+    """
+    key = os.environ.get(cfg.api_key_env or "")
+    if not key:
+        raise LMSpecError(f"environment variable {cfg.api_key_env} (the API key for {cfg.model}) is not set")
+    return key
+
+
+def check_lm_spec(spec: str, api_base: str | None = None, api_key_env: str | None = None) -> None:
+    """What :func:`build_lm` checks of a spec before it loads a model or asks a server anything: the spec, a
+    packaged model's file, and a remote LM's route and key variable.
+
+    Raises:
+        LMSpecError: as :func:`build_lm` would.
+    """
+    cfg = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env)
+    if cfg.kind == "packaged":
+        packaged_model_path(cfg.model.split("/", 1)[1])
+    elif cfg.kind == "gguf":
+        require_gguf_file(cfg.path)
+    elif cfg.kind == "litellm":
+        check_route(cfg.model)
+        if cfg.api_key_env:
+            api_key(cfg)
 
 
 def check_lm(lm, timeout: float = 60.0) -> None:

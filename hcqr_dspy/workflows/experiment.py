@@ -12,15 +12,17 @@ and the reports logged to the parent MLflow run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
+from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.provenance import session_record
 from hcqr_dspy.evaluation.run_folder import RunFolder
-from hcqr_dspy.lm import build_lm
+from hcqr_dspy.lm import build_lm, check_lm_spec
 from hcqr_dspy.optimize.saved import refuse_overlap
 from hcqr_dspy.programs.method_registry import PROGRAMS
 from hcqr_dspy.reporting import compare
@@ -35,7 +37,7 @@ from hcqr_dspy.workflows.evaluate import run_evaluation
 from hcqr_dspy.workflows.experiment_file import Experiment
 from hcqr_dspy.workflows.judge import judge_and_track
 from hcqr_dspy.workflows.setup_guard import check_same_setup
-from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve_method
+from hcqr_dspy.workflows.specs import EvalSpec, dataset_name, resolve, resolve_method
 
 
 def run_experiment(
@@ -58,19 +60,28 @@ def run_experiment(
         ``{"parent_run_id", "cells": {dataset: {method: metrics}}, "reports": {dataset: path}}``.
 
     Raises:
-        HCQRError: from any cell (finished cells and questions are kept; re-running resumes); a malformed row in
-            any cell before anything is run (:func:`preflight_rows`). With ``comparison: {strict_setup: true}``, a
-            :class:`~hcqr_dspy.errors.SetupMismatchError` before a cell answers on another setup than any cell
-            recorded (:func:`hcqr_dspy.workflows.setup_guard.check_same_setup`).
+        HCQRError: from any cell (finished cells and questions are kept; re-running resumes); before any MLflow
+            run is opened or any cell run: a malformed record in any cell (:func:`preflight_rows`), a cell whose
+            inputs do not resolve or whose folder holds another configuration (:func:`preflight_configs`), an LM
+            spec that cannot be built (:func:`~hcqr_dspy.lm.check_lm_spec`). With ``comparison: {strict_setup:
+            true}``, a :class:`~hcqr_dspy.errors.SetupMismatchError` before a cell answers on another setup than any
+            cell recorded (:func:`hcqr_dspy.workflows.setup_guard.check_same_setup`).
     """
     import mlflow  # heavy: imported only to run
 
     programs = resolve_programs(exp, mlflow_dir)  # before anything is written: a bad program leaves no run behind
     root = Path(runs_root) / exp.name
     cells = [(m, m, None) for m in exp.methods] + [(name, method, exp.programs[name]) for name, method in programs]
-    cell_folders = [root / d / cell for d in exp.datasets for cell, _, _ in cells]
+    specs = {
+        d: [cell_spec(exp, d, root / d / cell, method, program) for cell, method, program in cells]
+        for d in exp.datasets
+    }
+    cell_folders = [Path(spec.run_dir) for d in exp.datasets for spec in specs[d]]
     # before the MLflow runs are opened: a refused experiment leaves them as they were
     answered = preflight_rows(cell_folders)
+    preflight_configs([spec for d in exp.datasets for spec in specs[d]], mlflow_dir)
+    if lm is None:  # what building the LM checks before it loads a model or asks a server
+        check_lm_spec(exp.lm, api_base=exp.api_base, api_key_env=exp.api_key_env)
     strict = bool(exp.comparison.get("strict_setup"))
     if strict:
         preflight_setup(exp, answered, lm)
@@ -90,29 +101,10 @@ def run_experiment(
     ) as parent:
         state["parent_run_id"] = out["parent_run_id"] = parent.info.run_id
         state_path.write_text(json.dumps(state, indent=2) + "\n")
-        for dname, dfile in exp.datasets.items():
+        for dname in exp.datasets:
             out["cells"][dname] = {}
             run_dirs = []
-            for cell, method, program in cells:
-                spec = EvalSpec(
-                    method=method,
-                    program=program,
-                    dataset=dfile,
-                    index=exp.index,
-                    lm=exp.lm,
-                    limit=exp.questions.get("limit"),
-                    seed=int(exp.questions.get("seed", 0)),
-                    ids=exp.questions.get("ids"),
-                    program_options={} if program else {"budget": exp.budget, **exp.method_options.get(method, {})},
-                    max_tokens=exp.max_tokens,
-                    n_ctx=exp.n_ctx,
-                    api_base=exp.api_base,
-                    api_key_env=exp.api_key_env,
-                    num_threads=exp.threads,
-                    run_dir=str(root / dname / cell),
-                    search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
-                    encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
-                )
+            for (cell, _, _), spec in zip(cells, specs[dname], strict=True):
                 result, run_dir, _ = run_evaluation(
                     spec,
                     mlflow_dir=mlflow_dir,
@@ -136,19 +128,71 @@ def run_experiment(
     return out
 
 
+def cell_spec(exp: Experiment, dataset: str, run_dir: Path, method: str, program: str | None) -> EvalSpec:
+    """The evaluation of one cell: ``method`` (a saved ``program`` of it, or ``None``) on the file's ``dataset``,
+    in ``run_dir``, with the experiment's LM, questions, index and settings."""
+    return EvalSpec(
+        method=method,
+        program=program,
+        dataset=exp.datasets[dataset],
+        index=exp.index,
+        lm=exp.lm,
+        limit=exp.questions.get("limit"),
+        seed=int(exp.questions.get("seed", 0)),
+        ids=exp.questions.get("ids"),
+        program_options={} if program else {"budget": exp.budget, **exp.method_options.get(method, {})},
+        max_tokens=exp.max_tokens,
+        n_ctx=exp.n_ctx,
+        api_base=exp.api_base,
+        api_key_env=exp.api_key_env,
+        num_threads=exp.threads,
+        run_dir=str(run_dir),
+        search_options=exp.search_options if PROGRAMS[method].uses_retrieval else {},
+        encoder_backend=exp.encoder_backend if PROGRAMS[method].uses_retrieval else None,
+    )
+
+
+def preflight_configs(specs: list[EvalSpec], mlflow_dir=None) -> None:
+    """Refuse the experiment, before any MLflow run is opened or any cell run, when a cell's inputs do not resolve
+    (:func:`~hcqr_dspy.workflows.specs.resolve`) or its run folder holds a run of another configuration (the
+    file's questions, budget or LM settings changed since: :meth:`RunFolder.refuse_other_config`), as the cell's
+    evaluation would once the earlier cells had reopened their MLflow runs.
+
+    Raises:
+        HCQRError: naming the run folder and the differing keys, or the input that does not resolve.
+    """
+    for spec in specs:
+        config, _, _ = resolve(dataclasses.replace(spec), mlflow_dir)
+        RunFolder(spec.run_dir).refuse_other_config(
+            config,
+            "the experiment file changed since that cell was answered: undo the change, or rename the experiment",
+        )
+
+
 def preflight_rows(cell_folders: list[Path]) -> dict[Path, set[str]]:
-    """Refuse the experiment when a cell's run folder holds a row its resume or the comparison would refuse (a
-    question recorded twice, or :func:`~hcqr_dspy.reporting.runs.check_row`), before any MLflow run is opened or
-    any cell run: a row edited by hand in a later cell does not leave the earlier cells' runs reopened and the
-    parent run failed.
+    """Refuse the experiment when a cell's run folder holds a record its resume or the comparison would refuse (a
+    question recorded twice, :func:`~hcqr_dspy.reporting.runs.check_row`; a malformed or foreign
+    ``option_probs.jsonl``, ``judgments.jsonl`` or ``sessions.jsonl``), or a file lies where a cell's folder goes,
+    before any MLflow run is opened or any cell run: a record edited by hand in a later cell does not leave the
+    earlier cells' runs reopened and the parent run failed.
 
     Returns:
         Each cell folder's answered questions (none for a cell not started).
 
     Raises:
-        HCQRError: naming the file and the question.
+        HCQRError: naming the file (and the question or line).
     """
-    return {folder: checked_questions(RunFolder(folder)) for folder in cell_folders}
+    answered = {}
+    for path in cell_folders:
+        if path.exists() and not path.is_dir():
+            raise HCQRError(f"{path} is a file, not a run folder, where the experiment keeps its cell {path.name!r}")
+        folder = RunFolder(path)
+        answered[path] = checked_questions(folder)
+        if answered[path]:  # its other records, as the comparison reads them
+            folder_rows_with_option_probs(folder)
+            folder.judgments()
+            folder.sessions()
+    return answered
 
 
 def preflight_setup(exp: Experiment, answered: dict[Path, set[str]], lm: Any = None) -> None:
