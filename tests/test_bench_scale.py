@@ -1,6 +1,7 @@
 """bench/scale.py on a small synthetic dataset: every index type measured in its own children and rendered."""
 
 import json
+import sys
 
 import pytest
 from helpers import load_bench_module
@@ -14,9 +15,10 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
     """bench/scale.py on 3,000 synthetic passages (Flat, HNSW, IVF-SQ8, IVF-PQ+refine, BM25; the real corpus and plain
     IVF-PQ are left to `make bench`), then Flat and refine alone again: the other types keep their figures."""
     module = load_bench_module("scale")
+    target_constants = sys.modules["scale_targets"]  # as bench/scale.py imported it: the cap and the targets read it
     out = tmp_path / "results.json"
     # at 3,000 passages 1/8 of Flat (0.55 MB) is below faiss's own tables; the cap's mechanics are what is tested here
-    monkeypatch.setattr(module, "PQ_BYTES_FRACTION", 2.0)
+    monkeypatch.setattr(target_constants, "PQ_BYTES_FRACTION", 2.0)
     args = [
         "--corpus",
         str(tiny_corpus_file),
@@ -77,7 +79,7 @@ def test_scale_bench_measures_types_and_renders_targets(tmp_path, tiny_corpus_fi
         assert "| 3,000 synthetic | IVF-PQ+refine | " + f"{cap_mb} | {capped['capped_peak_mb']} |" in report
 
     # again, Flat and refine only, with a cap too small for the index: the process is killed and that is recorded
-    monkeypatch.setattr(module, "PQ_BYTES_FRACTION", 1e-4)
+    monkeypatch.setattr(target_constants, "PQ_BYTES_FRACTION", 1e-4)
     assert module.main([*args, "--types", "Flat,IVF-PQ+refine"]) == 0
     again = json.loads(out.read_text())["scale"]["datasets"]["3000"]
     assert again["types"]["HNSW"] == {"date": d["date"], **hnsw} and again["bm25"] == {**d["bm25"], "date": d["date"]}
