@@ -13,7 +13,10 @@ it to a new temporary folder each time) resume the same run, and the configurati
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from hcqr_dspy.errors import RunError
 
 # Written anew by each session whatever the folder held (the MLflow run a resumed run continues).
 MUTABLE_KEYS = ("mlflow_run_id",)
@@ -39,6 +42,22 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any], unrecorded: Sequenc
         and k not in unrecorded
         and _identity(k, old.get(k)) != _identity(k, _as_old(k, old.get(k), new.get(k), unrecorded))
     )
+
+
+def refuse_other_config(
+    folder: Path, old: dict[str, Any], new: dict[str, Any], unrecorded: Sequence[str] = (), advice: str = ""
+) -> None:
+    """Refuse to resume ``folder``, whose recorded configuration is ``old``, with ``new`` where they differ in what
+    decides a row (:func:`differing_keys`); ``advice`` ends the message.
+
+    Raises:
+        RunError: ``run folder F holds a run with another configuration (differs in: K, ...); <advice>``.
+    """
+    keys = differing_keys(old, new, unrecorded)
+    if keys:
+        raise RunError(
+            f"run folder {folder} holds a run with another configuration (differs in: {', '.join(keys)}); {advice}"
+        )
 
 
 def _as_old(key: str, old: Any, new: Any, unrecorded: Sequence[str]) -> Any:

@@ -44,7 +44,7 @@ from hcqr_dspy.evaluation.metrics import summarize
 from hcqr_dspy.evaluation.outages import disk_full, disk_full_error
 from hcqr_dspy.evaluation.provenance import malformed_fields, session_record
 from hcqr_dspy.evaluation.records import JsonlTable, atomic_write_text, read_json_object, remove_empty_folders
-from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, differing_keys, moved_inputs
+from hcqr_dspy.evaluation.run_config import MUTABLE_KEYS, moved_inputs, refuse_other_config
 from hcqr_dspy.evaluation.run_questions import rebuild_question_sample, reload_questions
 from hcqr_dspy.evaluation.tracebacks import clear_traceback, save_traceback
 
@@ -122,8 +122,7 @@ class RunFolder:
             :func:`~hcqr_dspy.evaluation.run_config.moved_inputs`), empty for a new folder.
 
         Raises:
-            RunError: its ``config.json`` differs in what decides a row (the differing keys are named), or is
-                unreadable.
+            RunError: its ``config.json`` differs in what decides a row (:meth:`refuse_other_config`), or is unreadable.
         """
         cpath = self.path / CONFIG
         moved: list[str] = []
@@ -131,29 +130,18 @@ class RunFolder:
         self._stored = None
         if cpath.exists():
             self.refuse_other_config(config)
-            stored, old = self.stored, self.stored.config
+            old = self.stored.config
             moved = moved_inputs(old, config)
-            self.first_recorded = first_recorded(stored.unrecorded, config)
+            self.first_recorded = first_recorded(self.stored.unrecorded, config)
             config = {**config, **{k: old.get(k) for k in MUTABLE_KEYS}}
         self._write_config(config)
         return moved
 
     def refuse_other_config(self, config: dict[str, Any], advice: str = "use another --run-dir or remove it") -> None:
-        """Refuse ``config`` where the folder's ``config.json`` differs from it in what decides a row
-        (:func:`~hcqr_dspy.evaluation.run_config.differing_keys`); a folder without one takes any. ``advice`` ends
-        the message.
-
-        Raises:
-            RunError: naming the differing keys; ``config.json`` unreadable or of a newer format.
-        """
-        if not (self.path / CONFIG).exists():
-            return
-        keys = differing_keys(self.stored.config, config, self.stored.unrecorded)
-        if keys:
-            raise RunError(
-                f"run folder {self.path} holds a run with another configuration (differs in: {', '.join(keys)}); "
-                + advice
-            )
+        """:func:`~hcqr_dspy.evaluation.run_config.refuse_other_config` against the folder's ``config.json``; a
+        folder without one takes any. RunError: also ``config.json`` unreadable or of a newer format."""
+        if (self.path / CONFIG).exists():
+            refuse_other_config(self.path, self.stored.config, config, self.stored.unrecorded, advice)
 
     def release(self) -> None:
         """Release :meth:`claim`'s writer lock (if any); the folders it created are removed again while empty."""
