@@ -661,6 +661,15 @@ def test_a_malformed_row_or_a_missing_folder_is_one_line(tmp_path):
     (b / "predictions.jsonl").mkdir()
     with pytest.raises(HCQRError, match=r"b/predictions.jsonl is a folder, not a file of question records; move it"):
         compare([a, b], out_dir=tmp_path / "out")
+    # a link to nothing (its records would be written elsewhere, or lost), a link to itself
+    (b / "predictions.jsonl").rmdir()
+    (b / "predictions.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises(HCQRError, match=r"b/predictions.jsonl is a symbolic link to nothing; remove it"):
+        compare([a, b], out_dir=tmp_path / "out")
+    (b / "predictions.jsonl").unlink()
+    (b / "predictions.jsonl").symlink_to("predictions.jsonl")
+    with pytest.raises(HCQRError, match=r"predictions.jsonl: cannot be read \(Too many levels of symbolic links\)"):
+        compare([a, b], out_dir=tmp_path / "out")
 
 
 @pytest.mark.parametrize(

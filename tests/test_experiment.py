@@ -421,6 +421,16 @@ def damage(cell, how):
         (cell / "judgments.jsonl").write_text(json.dumps({"qid": "elsewhere", "valid": True}) + "\n")
     elif how == "sessions":
         (cell / "sessions.jsonl").write_text('{"session": "one"}\n')
+    elif how == "looping_rows":
+        (cell / "predictions.jsonl").unlink()
+        (cell / "predictions.jsonl").symlink_to("predictions.jsonl")
+    elif how == "dangling_sessions":
+        (cell / "sessions.jsonl").unlink()
+        (cell / "sessions.jsonl").symlink_to(cell / "nowhere.jsonl")
+    elif how == "looping_cell":
+        cell.parent.joinpath("hcqr").symlink_to("hcqr")
+    elif how == "state":
+        (cell.parent.parent / "experiment.json").write_bytes(b"\xff\xfe")
 
 
 @pytest.mark.parametrize(
@@ -432,8 +442,13 @@ def damage(cell, how):
         ("judgments", r"simple_rag/judgments.jsonl"),
         ("sessions", r"simple_rag/sessions.jsonl"),
         # the file changed since the cells were answered: each cell's evaluation would refuse its folder
-        ("limit", r"grid/d1/cot holds a run with another configuration \(differs in: questions\); the experiment file"),
-        ("budget", r"grid/d1/cot holds a run with another configuration \(differs in: program\); the experiment file"),
+        ("limit", r"grid/d1/cot holds a run with another configuration \(differs in: questions\); the experiment's"),
+        ("budget", r"grid/d1/cot holds a run with another configuration \(differs in: program\); the experiment's"),
+        # links to nothing: records that would be written elsewhere or lost, a cell folder that is not there
+        ("looping_rows", r"simple_rag/predictions.jsonl: cannot be read \(Too many levels of symbolic links\)"),
+        ("dangling_sessions", r"simple_rag/sessions.jsonl is a symbolic link to nothing; remove it"),
+        ("looping_cell", r"grid/d1/hcqr is a symbolic link to nothing \(a loop, or its target is gone\); remove it"),
+        ("state", r"experiment.json:1: not valid UTF-8 text"),
     ],
 )
 def test_a_damaged_cell_is_refused_before_any_mlflow_run_is_reopened(answered, tmp_path, mlflow_store, how, message):
@@ -442,10 +457,10 @@ def test_a_damaged_cell_is_refused_before_any_mlflow_run_is_reopened(answered, t
     damage(setup / "runs" / "grid" / "d1" / "simple_rag", how)
     changed = {"limit": {"questions": {"limit": 3, "seed": 1}}, "budget": {"budget": 2}}.get(how, {})
     grown = load_experiment(write_exp(setup, **{**ANSWERED, "methods": ["cot", "simple_rag", "hcqr"], **changed}))
-    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_text()
+    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_bytes()
     with pytest.raises(HCQRError, match=message):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
-    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_text() == state
+    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_bytes() == state
 
 
 def test_an_lm_that_cannot_be_built_is_refused_before_any_mlflow_run_is_reopened(setup, mlflow_store, monkeypatch):

@@ -150,7 +150,10 @@ def run_without_config(folder: Path) -> str | None:
 def run_dir_fault(folder: Path) -> str | None:
     """Why ``hcqr eval --run-dir`` ``folder`` cannot hold a run: it is a file, it holds another tool's records
     (:func:`out_folder_fault`), or a run's records without their ``config.json`` (:func:`run_without_config`);
-    ``None`` when it can (missing, empty, or a run folder)."""
+    ``None`` when it can (missing, empty, or a run folder). A symbolic link to nothing (a loop, a target gone) is
+    refused too: a folder made through it would lie elsewhere."""
+    if folder.is_symlink() and not folder.exists():
+        return f"run folder {folder} is a symbolic link to nothing (a loop, or its target is gone); remove it"
     if folder.exists() and not folder.is_dir():
         return f"run folder {folder} is a file; give --run-dir a folder"
     return out_folder_fault(folder, "run", option="--run-dir") or run_without_config(folder)

@@ -101,14 +101,17 @@ class JsonlTable:
         """:meth:`read`'s records one at a time, the file read line by line (one record in memory at once).
 
         Raises:
-            RunError: as :meth:`read`, when the bad line is reached; the path is a folder or cannot be read.
+            RunError: as :meth:`read`, when the bad line is reached; the path is a folder, a symbolic link to
+                nothing, or cannot be read (a link loop, no permission).
         """
-        if not self.path.exists():
-            return
-        if self.path.is_dir():
-            raise RunError(f"{self.path} is a folder, not a file of {self.what} records; move it away")
         try:
             fh = self.path.open("rb")
+        except FileNotFoundError:
+            if self.path.is_symlink():  # a link to nothing: records that would be written elsewhere, or lost
+                raise RunError(f"{self.path} is a symbolic link to nothing; remove it") from None
+            return
+        except IsADirectoryError:
+            raise RunError(f"{self.path} is a folder, not a file of {self.what} records; move it away") from None
         except OSError as exc:
             raise RunError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
         with fh:

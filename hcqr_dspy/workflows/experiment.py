@@ -19,8 +19,10 @@ from typing import Any
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
+from hcqr_dspy.evaluation.folders import run_dir_fault
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.provenance import session_record
+from hcqr_dspy.evaluation.records import read_json_object
 from hcqr_dspy.evaluation.run_folder import RunFolder
 from hcqr_dspy.lm import build_lm, check_lm_spec
 from hcqr_dspy.optimize.saved import refuse_overlap
@@ -87,7 +89,7 @@ def run_experiment(
         preflight_setup(exp, answered, lm)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    state = read_json_object(state_path, "experiment state") if state_path.exists() else {}
     params = {k: v for k, v in exp.__dict__.items() if k not in ("description",)}
     out: dict[str, Any] = {"cells": {}, "reports": {}}
     with mlflow_run(
@@ -165,7 +167,8 @@ def preflight_configs(specs: list[EvalSpec], mlflow_dir=None) -> None:
         config, _, _ = resolve(dataclasses.replace(spec), mlflow_dir)
         RunFolder(spec.run_dir).refuse_other_config(
             config,
-            "the experiment file changed since that cell was answered: undo the change, or rename the experiment",
+            "the experiment's questions or settings (its file, or an option given) changed since that cell was "
+            "answered: undo the change, or rename the experiment",
         )
 
 
@@ -186,6 +189,8 @@ def preflight_rows(cell_folders: list[Path]) -> dict[Path, set[str]]:
     for path in cell_folders:
         if path.exists() and not path.is_dir():
             raise HCQRError(f"{path} is a file, not a run folder, where the experiment keeps its cell {path.name!r}")
+        if fault := run_dir_fault(path):  # a link to nothing, another tool's records, rows without config.json
+            raise HCQRError(fault)
         folder = RunFolder(path)
         answered[path] = checked_questions(folder)
         if answered[path]:  # its other records, as the comparison reads them
