@@ -21,6 +21,7 @@ BODIES = {
     "nan": '{"data": [{"id": "m", "max_model_len": NaN}]}',
     "deep": "[" * 100_000 + "]" * 100_000,
     "oddvalue": json.dumps({"data": [{**CARD, "root": {"nested": 1}}]}),
+    "ctlvalue": json.dumps({"data": [{**CARD, "root": "/ckpt\u001b[31m"}]}),
     "huge": json.dumps({"data": [{**CARD, "root": "x" * (MAX_LISTING_BYTES + 1)}]}),
     "llamacpp": json.dumps({"data": [{"id": "m", "object": "model", "owned_by": "llamacpp", "created": 1}]}),
     "me": json.dumps({"data": [{"id": "m", "object": "model", "owned_by": "me"}]}),  # llama-cpp-python's server
@@ -31,6 +32,8 @@ VERSION_REPLIES = {
     ("llamacpp", "props"): {"build_info": "b6500-a1b2c3d", "total_slots": 1},
     ("versionnum", "version"): {"version": 11},
     ("versionnan", "version"): "NaN",
+    ("versionctl", "version"): {"version": "0.11.0\n| pipe |"},  # would break the setups table and one-line errors
+    ("versionblank", "version"): {"version": "   "},
 }
 
 
@@ -61,6 +64,17 @@ def server():
                 return
             if mode == "badstatus":
                 self.wfile.write(b"HELLO THERE\r\n\r\n")
+                self.close_connection = True
+                return
+            if mode == "headerdrip":  # the status line, then a header byte every 0.3 s: each read is quick
+                try:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for _ in range(40):
+                        self.wfile.write(b"X")
+                        self.wfile.flush()
+                        time.sleep(0.3)
+                except BrokenPipeError:
+                    pass
                 self.close_connection = True
                 return
             if mode == "e500":
@@ -112,6 +126,8 @@ def test_a_vllm_listing_gives_its_card_without_the_per_request_fields(server):
         ("e404", "unavailable (HTTP 404 from /version)"),  # a vLLM card, but no version route (a proxy)
         ("versionnum", "unavailable (/version gives no version as short text)"),
         ("versionnan", "unavailable (ValueError from /version: NaN is not JSON)"),
+        ("versionctl", "unavailable (/version gives no version as short text)"),
+        ("versionblank", "unavailable (/version gives no version as short text)"),
     ],
 )
 def test_a_server_whose_version_route_is_known_has_its_version_recorded_or_said_unavailable(server, mode, version):
@@ -134,6 +150,7 @@ def test_a_server_without_a_known_version_route_is_not_asked_for_one(server):
         ("nan", "NaN is not JSON"),
         ("deep", "RecursionError"),
         ("oddvalue", "not short text or whole numbers"),
+        ("ctlvalue", "not short text or whole numbers (['root'])"),
         ("huge", f"larger than {MAX_LISTING_BYTES} bytes"),
         ("badstatus", "BadStatusLine"),
         ("e500", "HTTP 500"),
@@ -148,6 +165,12 @@ def test_a_listing_that_trickles_in_is_cut_at_the_time_limit(server):
     t0 = time.monotonic()
     got = card(f"{server}/trickle/v1", timeout=1.0)
     assert got["unavailable"] == "ValueError: the listing took more than 1 s" and time.monotonic() - t0 < 3
+
+
+def test_a_reply_whose_headers_trickle_in_is_cut_at_the_time_limit(server):
+    t0 = time.monotonic()
+    got = card(f"{server}/headerdrip/v1", timeout=1.0)
+    assert got["unavailable"] == "ValueError: the listing took more than 1 s" and time.monotonic() - t0 < 2
 
 
 def test_a_malformed_address_is_recorded_not_raised():

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
+import unicodedata
 import urllib.error
 import urllib.request
 from typing import Any
@@ -64,8 +66,12 @@ def endpoint_card(cfg: Any, api_key: str | None = None, timeout: float = 10.0) -
     if not cards:
         return {"url": url, "unavailable": f"{served!r} is not among the models it lists"}
     card = {k: cards[0][k] for k in CARD_FIELDS if k in cards[0]}
-    odd = [k for k, v in card.items() if not (v is None or isinstance(v, str | int)) or isinstance(v, bool)]
-    if odd or any(isinstance(v, str) and len(v) > 1000 for v in card.values()):
+    odd = [
+        k
+        for k, v in card.items()
+        if not (v is None or isinstance(v, int) or short_text(v, 1000, blank=True)) or isinstance(v, bool)
+    ]
+    if odd:
         return {"url": url, "unavailable": f"its card has values that are not short text or whole numbers ({odd})"}
     if card.get("owned_by") in VERSION_ROUTES:
         card["server_version"] = server_version(cfg.api_base, card["owned_by"], api_key, timeout)
@@ -89,19 +95,45 @@ def server_version(api_base: str, owned_by: str, api_key: str | None = None, tim
     except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:
         return f"unavailable ({type(exc).__name__} from {route}: {str(exc)[:80]})"
     version = reply.get(field) if isinstance(reply, dict) else None
-    if not isinstance(version, str) or not version or len(version) > 200:
+    if not short_text(version, 200):
         return f"unavailable ({route} gives no {field} as short text)"
     return version
 
 
 def _read_listing(url: str, api_key: str | None, timeout: float) -> Any:
-    """``GET url`` parsed as strict JSON (no ``NaN``), read within ``timeout`` seconds in all and at most
-    :data:`MAX_LISTING_BYTES`.
+    """``GET url`` parsed as strict JSON (no ``NaN``), read within ``timeout`` seconds in all (headers included: a
+    server that drips its reply byte by byte is cut off too) and at most :data:`MAX_LISTING_BYTES`.
 
     Raises:
         ValueError: a malformed URL, a reply too large or too slow, not JSON. OSError, http.client.HTTPException:
         the connection or the HTTP exchange failed.
     """
+    got: dict[str, Any] = {}
+
+    def fetch() -> None:
+        try:
+            got["body"] = _fetch(url, api_key, timeout)
+        except BaseException as exc:  # handed to the caller below
+            got["error"] = exc
+
+    # the socket's own timeout bounds each read, not the exchange: the whole of it runs on a thread of its own,
+    # left to its socket timeout when it overruns (a daemon: it never holds the process open)
+    worker = threading.Thread(target=fetch, name="hcqr-endpoint-card", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise ValueError(f"the listing took more than {timeout:g} s")
+    if "error" in got:
+        raise got["error"]
+
+    def refuse(name: str) -> float:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(got["body"], parse_constant=refuse)
+
+
+def _fetch(url: str, api_key: str | None, timeout: float) -> bytes:
+    """The body of ``GET url``, at most :data:`MAX_LISTING_BYTES`. ValueError: larger, or slower than ``timeout``."""
     deadline = time.monotonic() + timeout
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     body = b""
@@ -112,8 +144,15 @@ def _read_listing(url: str, api_key: str | None, timeout: float) -> Any:
                 raise ValueError(f"the listing is larger than {MAX_LISTING_BYTES} bytes")
             if time.monotonic() > deadline:
                 raise ValueError(f"the listing took more than {timeout:g} s")
+    return body
 
-    def refuse(name: str) -> float:
-        raise ValueError(f"{name} is not JSON")
 
-    return json.loads(body, parse_constant=refuse)
+def short_text(value: Any, limit: int, blank: bool = False) -> bool:
+    """Whether ``value`` is text of at most ``limit`` characters without control characters (a newline or an
+    escape sequence would break the tables and one-line messages it is shown in), and not blank unless ``blank``."""
+    return (
+        isinstance(value, str)
+        and len(value) <= limit
+        and (blank or bool(value.strip()))
+        and not any(unicodedata.category(c) == "Cc" for c in value)
+    )
