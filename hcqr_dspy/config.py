@@ -46,6 +46,8 @@ def read_text(path: Path, error: type[HCQRError], what: str) -> str:
             first bad byte are named).
     """
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO or device: reading it would block
+            raise error(f"cannot read {what} {path}: not a regular file")
         data = path.read_bytes()
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None

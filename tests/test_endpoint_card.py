@@ -34,6 +34,7 @@ VERSION_REPLIES = {
     ("versionnan", "version"): "NaN",
     ("versionctl", "version"): {"version": "0.11.0\n| pipe |"},  # would break the setups table and one-line errors
     ("versionblank", "version"): {"version": "   "},
+    ("versionrlo", "version"): {"version": "\u202e0.11"},  # a right-to-left override reorders what is shown
 }
 
 
@@ -128,6 +129,7 @@ def test_a_vllm_listing_gives_its_card_without_the_per_request_fields(server):
         ("versionnan", "unavailable (ValueError from /version: NaN is not JSON)"),
         ("versionctl", "unavailable (/version gives no version as short text)"),
         ("versionblank", "unavailable (/version gives no version as short text)"),
+        ("versionrlo", "unavailable (/version gives no version as short text)"),
     ],
 )
 def test_a_server_whose_version_route_is_known_has_its_version_recorded_or_said_unavailable(server, mode, version):

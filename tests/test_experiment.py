@@ -1,6 +1,7 @@
 """Experiment files: validation before any LM call, a grid with parent/child MLflow runs, resume, comparison."""
 
 import json
+import os
 import re
 import shutil
 
@@ -431,6 +432,15 @@ def damage(cell, how):
         cell.parent.joinpath("hcqr").symlink_to("hcqr")
     elif how == "state":
         (cell.parent.parent / "experiment.json").write_bytes(b"\xff\xfe")
+    elif how == "dataset_loop":  # the folder above the cells
+        shutil.rmtree(cell.parent)
+        cell.parent.symlink_to(cell.parent.name)
+    elif how == "state_loop":
+        (cell.parent.parent / "experiment.json").unlink()
+        (cell.parent.parent / "experiment.json").symlink_to("experiment.json")
+    elif how == "fifo_rows":  # reading it would wait for a writer
+        (cell / "predictions.jsonl").unlink()
+        os.mkfifo(cell / "predictions.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -449,6 +459,9 @@ def damage(cell, how):
         ("dangling_sessions", r"simple_rag/sessions.jsonl is a symbolic link to nothing; remove it"),
         ("looping_cell", r"grid/d1/hcqr is a symbolic link to nothing \(a loop, or its target is gone\); remove it"),
         ("state", r"experiment.json:1: not valid UTF-8 text"),
+        ("dataset_loop", r"grid/d1 is a symbolic link to nothing \(a loop, or its target is gone\); remove it"),
+        ("state_loop", r"grid/experiment.json is a symbolic link to nothing"),
+        ("fifo_rows", r"simple_rag/predictions.jsonl is not a regular file \(a FIFO or device would block\)"),
     ],
 )
 def test_a_damaged_cell_is_refused_before_any_mlflow_run_is_reopened(answered, tmp_path, mlflow_store, how, message):
@@ -457,10 +470,11 @@ def test_a_damaged_cell_is_refused_before_any_mlflow_run_is_reopened(answered, t
     damage(setup / "runs" / "grid" / "d1" / "simple_rag", how)
     changed = {"limit": {"questions": {"limit": 3, "seed": 1}}, "budget": {"budget": 2}}.get(how, {})
     grown = load_experiment(write_exp(setup, **{**ANSWERED, "methods": ["cot", "simple_rag", "hcqr"], **changed}))
-    before, state = tracked(), (setup / "runs" / "grid" / "experiment.json").read_bytes()
+    state_file = setup / "runs" / "grid" / "experiment.json"
+    before, state = tracked(), state_file.read_bytes() if state_file.exists() else None
     with pytest.raises(HCQRError, match=message):
         run_experiment(grown, runs_root=setup / "runs", mlflow_dir=mlflow_store, progress=False, lm=routed_lm())
-    assert tracked() == before and (setup / "runs" / "grid" / "experiment.json").read_bytes() == state
+    assert tracked() == before and (state_file.read_bytes() if state_file.exists() else None) == state
 
 
 def test_an_lm_that_cannot_be_built_is_refused_before_any_mlflow_run_is_reopened(setup, mlflow_store, monkeypatch):

@@ -91,6 +91,15 @@ def _is_index(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == "hcqr-index"
 
 
+def link_fault(path: Path) -> str | None:
+    """Why ``path`` cannot be written through: it, or a folder on its way, is a symbolic link to nothing (a loop,
+    or a target gone: a folder made there would lie elsewhere, or fail with "File exists"); ``None`` otherwise."""
+    for place in (path, *path.parents):
+        if place.is_symlink() and not place.exists():
+            return f"{place} is a symbolic link to nothing (a loop, or its target is gone); remove it"
+    return None
+
+
 def out_folder_fault(out: Path, what: str, option: str = "--out") -> str | None:
     """Why output folder ``out`` cannot hold ``what``, as one line naming the folder, the files that say what it
     is, and what to do; ``None`` when it can.
@@ -104,6 +113,8 @@ def out_folder_fault(out: Path, what: str, option: str = "--out") -> str | None:
     Faults: ``out`` is a file; it is inside an index or saved program folder (:func:`enclosing_records`); it
     holds the records of another kind (:func:`records_held`).
     """
+    if fault := link_fault(out):
+        return f"{option} {out}: {fault}"
     if out.exists() and not out.is_dir():
         return f"{option} {out} exists and is not a folder; choose another {option}"
     if enclosing := enclosing_records(out, what):
@@ -152,8 +163,8 @@ def run_dir_fault(folder: Path) -> str | None:
     (:func:`out_folder_fault`), or a run's records without their ``config.json`` (:func:`run_without_config`);
     ``None`` when it can (missing, empty, or a run folder). A symbolic link to nothing (a loop, a target gone) is
     refused too: a folder made through it would lie elsewhere."""
-    if folder.is_symlink() and not folder.exists():
-        return f"run folder {folder} is a symbolic link to nothing (a loop, or its target is gone); remove it"
+    if fault := link_fault(folder):
+        return f"run folder {folder}: {fault}"
     if folder.exists() and not folder.is_dir():
         return f"run folder {folder} is a file; give --run-dir a folder"
     return out_folder_fault(folder, "run", option="--run-dir") or run_without_config(folder)

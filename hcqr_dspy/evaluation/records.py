@@ -102,9 +102,11 @@ class JsonlTable:
 
         Raises:
             RunError: as :meth:`read`, when the bad line is reached; the path is a folder, a symbolic link to
-                nothing, or cannot be read (a link loop, no permission).
+                nothing, not a regular file, or cannot be read (a link loop, no permission).
         """
         try:
+            if self.path.exists() and not self.path.is_dir() and not self.path.is_file():
+                raise RunError(f"{self.path} is not a regular file (a FIFO or device would block); remove it")
             fh = self.path.open("rb")
         except FileNotFoundError:
             if self.path.is_symlink():  # a link to nothing: records that would be written elsewhere, or lost

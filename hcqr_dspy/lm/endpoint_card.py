@@ -148,11 +148,12 @@ def _fetch(url: str, api_key: str | None, timeout: float) -> bytes:
 
 
 def short_text(value: Any, limit: int, blank: bool = False) -> bool:
-    """Whether ``value`` is text of at most ``limit`` characters without control characters (a newline or an
-    escape sequence would break the tables and one-line messages it is shown in), and not blank unless ``blank``."""
+    """Whether ``value`` is text of at most ``limit`` characters without control, format or line-separator
+    characters (Unicode ``Cc``, ``Cf``, ``Zl``, ``Zp``: a newline, an escape sequence or a right-to-left override
+    would break the tables and one-line messages it is shown in), and not blank unless ``blank``."""
     return (
         isinstance(value, str)
         and len(value) <= limit
         and (blank or bool(value.strip()))
-        and not any(unicodedata.category(c) == "Cc" for c in value)
+        and not any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value)
     )

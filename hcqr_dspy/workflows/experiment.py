@@ -19,7 +19,7 @@ from typing import Any
 
 from hcqr_dspy.data import load_questions, select
 from hcqr_dspy.errors import ExperimentError, HCQRError
-from hcqr_dspy.evaluation.folders import run_dir_fault
+from hcqr_dspy.evaluation.folders import link_fault, run_dir_fault
 from hcqr_dspy.evaluation.option_probs import folder_rows_with_option_probs
 from hcqr_dspy.evaluation.provenance import session_record
 from hcqr_dspy.evaluation.records import read_json_object
@@ -89,6 +89,8 @@ def run_experiment(
         preflight_setup(exp, answered, lm)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / "experiment.json"
+    if fault := link_fault(state_path):
+        raise HCQRError(fault)
     state = read_json_object(state_path, "experiment state") if state_path.exists() else {}
     params = {k: v for k, v in exp.__dict__.items() if k not in ("description",)}
     out: dict[str, Any] = {"cells": {}, "reports": {}}
